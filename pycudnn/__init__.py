@@ -1,0 +1,68 @@
+"""pycudnn: NVIDIA cuDNN convolutions for any Python GPU stack, through ctypes.
+
+Importing pycudnn is cheap: no submodule with heavy imports and no libcudnn is loaded until a
+name that needs it is first used (PEP 562 module ``__getattr__``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> submodule that defines it
+_EXPORTS: dict[str, str] = {
+    # library
+    "version": "_lib", "version_tuple": "_lib", "library_path": "_lib", "cudart_version": "_lib",
+    # errors
+    "PycudnnError": "errors", "CudnnError": "errors", "CudnnBadParamError": "errors",
+    "CudnnNotSupportedError": "errors", "CudnnInternalError": "errors",
+    "CudnnExecutionError": "errors", "CudnnAllocationError": "errors",
+    "CudnnNotInitializedError": "errors", "OutOfMemoryError": "errors",
+    "CudnnNotFoundError": "errors", "NoDeviceError": "errors", "NoAlgorithmError": "errors",
+    "StreamCaptureError": "errors",
+    # descriptors
+    "TensorDescriptor": "descriptors", "FilterDescriptor": "descriptors",
+    "ConvolutionDescriptor": "descriptors", "ActivationDescriptor": "descriptors",
+    # tensors
+    "Tensor": "tensor", "as_tensor": "tensor", "tensor_from_pointer": "tensor", "empty": "tensor",
+    "zeros": "tensor", "from_numpy": "tensor",
+    # handles and streams
+    "get_handle": "handle", "device_count": "handle",
+    # configuration
+    "config": "config", "flags": "config",
+    # algorithm search and caches
+    "benchmark_cache": "algos", "clear_caches": "algos", "ConvolutionParams": "algos",
+    # convolutions
+    "convolution": "conv", "conv_transpose": "conv", "convolution_backward_data": "conv",
+    "convolution_backward_filter": "conv", "convolution_add_relu": "conv",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pycudnn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from ._lib import cudart_version, library_path, version, version_tuple
+    from .algos import ConvolutionParams, benchmark_cache, clear_caches
+    from .config import config, flags
+    from .conv import (conv_transpose, convolution, convolution_add_relu,
+                       convolution_backward_data, convolution_backward_filter)
+    from .descriptors import (ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor,
+                              TensorDescriptor)
+    from .errors import *  # noqa: F403
+    from .handle import device_count, get_handle
+    from .tensor import Tensor, as_tensor, empty, from_numpy, tensor_from_pointer, zeros

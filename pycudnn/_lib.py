@@ -1,0 +1,418 @@
+"""Finding and loading libcudnn lazily, the prototype table, and the status checker.
+
+``import pycudnn`` never opens libcudnn: :func:`lib` does, on first use, in this order:
+
+1. the path in the environment variable ``PYCUDNN_LIBRARY``;
+2. ``cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")`` (NVIDIA wheels, conda, system);
+3. the sonames ``libcudnn.so.9`` then ``libcudnn.so``.
+
+If none loads, :class:`~pycudnn.errors.CudnnNotFoundError` lists every place tried and why.
+
+Every C function pycudnn calls is one row of :data:`PROTOTYPES`, with explicit ``restype`` and
+``argtypes`` (``c_void_p`` for handles and pointers, ``c_size_t`` for sizes: ctypes' default
+``int`` restype would truncate 64-bit values). Rows are bound on first use and then cached as
+attributes of the :class:`Library` object, so a hot-path call is one attribute lookup.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from ctypes import POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_void_p
+
+from .errors import CudnnError, CudnnNotFoundError, error_class_for_status
+
+__all__ = ["PROTOTYPES", "Library", "lib", "check", "raise_status", "version", "version_tuple",
+           "library_path", "cudart_version", "is_loaded", "status_name", "MIN_VERSION"]
+
+#: cuDNN 9.0.0 in cudnnGetVersion's encoding (major * 10000 + minor * 100 + patch)
+MIN_VERSION = 90000
+
+_p = c_void_p          # any handle, descriptor or device pointer
+_pi = POINTER(c_int)
+_pi64 = POINTER(c_int64)
+_psz = POINTER(c_size_t)
+_pp = POINTER(c_void_p)
+
+# name: (restype, argtypes)   C signature in the comment above each row.
+PROTOTYPES: dict[str, tuple[object, tuple]] = {
+    # --- library ---------------------------------------------------------------------------------
+    # size_t cudnnGetVersion(void)
+    "cudnnGetVersion": (c_size_t, ()),
+    # size_t cudnnGetCudartVersion(void)
+    "cudnnGetCudartVersion": (c_size_t, ()),
+    # const char *cudnnGetErrorString(cudnnStatus_t status)
+    "cudnnGetErrorString": (c_char_p, (c_int,)),
+    # void cudnnGetLastErrorString(char *message, size_t max_size)
+    "cudnnGetLastErrorString": (None, (c_char_p, c_size_t)),
+    # cudnnStatus_t cudnnGetProperty(libraryPropertyType type, int *value)
+    "cudnnGetProperty": (c_int, (c_int, _pi)),
+    # --- handle ----------------------------------------------------------------------------------
+    # cudnnStatus_t cudnnCreate(cudnnHandle_t *handle)
+    "cudnnCreate": (c_int, (_pp,)),
+    # cudnnStatus_t cudnnDestroy(cudnnHandle_t handle)
+    "cudnnDestroy": (c_int, (_p,)),
+    # cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t streamId)
+    "cudnnSetStream": (c_int, (_p, _p)),
+    # cudnnStatus_t cudnnGetStream(cudnnHandle_t handle, cudaStream_t *streamId)
+    "cudnnGetStream": (c_int, (_p, _pp)),
+    # --- tensor descriptor -----------------------------------------------------------------------
+    # cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *tensorDesc)
+    "cudnnCreateTensorDescriptor": (c_int, (_pp,)),
+    # cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t tensorDesc,
+    #     cudnnDataType_t dataType, int nbDims, const int dimA[], const int strideA[])
+    "cudnnSetTensorNdDescriptor": (c_int, (_p, c_int, c_int, _pi, _pi)),
+    # cudnnStatus_t cudnnGetTensorNdDescriptor(const cudnnTensorDescriptor_t tensorDesc,
+    #     int nbDimsRequested, cudnnDataType_t *dataType, int *nbDims, int dimA[], int strideA[])
+    "cudnnGetTensorNdDescriptor": (c_int, (_p, c_int, _pi, _pi, _pi, _pi)),
+    # cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t tensorDesc)
+    "cudnnDestroyTensorDescriptor": (c_int, (_p,)),
+    # --- filter descriptor -----------------------------------------------------------------------
+    # cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *filterDesc)
+    "cudnnCreateFilterDescriptor": (c_int, (_pp,)),
+    # cudnnStatus_t cudnnSetFilterNdDescriptor(cudnnFilterDescriptor_t filterDesc,
+    #     cudnnDataType_t dataType, cudnnTensorFormat_t format, int nbDims, const int filterDimA[])
+    "cudnnSetFilterNdDescriptor": (c_int, (_p, c_int, c_int, c_int, _pi)),
+    # cudnnStatus_t cudnnGetFilterNdDescriptor(const cudnnFilterDescriptor_t filterDesc,
+    #     int nbDimsRequested, cudnnDataType_t *dataType, cudnnTensorFormat_t *format,
+    #     int *nbDims, int filterDimA[])
+    "cudnnGetFilterNdDescriptor": (c_int, (_p, c_int, _pi, _pi, _pi, _pi)),
+    # cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t filterDesc)
+    "cudnnDestroyFilterDescriptor": (c_int, (_p,)),
+    # --- convolution descriptor ------------------------------------------------------------------
+    # cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t *convDesc)
+    "cudnnCreateConvolutionDescriptor": (c_int, (_pp,)),
+    # cudnnStatus_t cudnnSetConvolutionNdDescriptor(cudnnConvolutionDescriptor_t convDesc,
+    #     int arrayLength, const int padA[], const int filterStrideA[], const int dilationA[],
+    #     cudnnConvolutionMode_t mode, cudnnDataType_t computeType)
+    "cudnnSetConvolutionNdDescriptor": (c_int, (_p, c_int, _pi, _pi, _pi, c_int, c_int)),
+    # cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t convDesc, int groupCount)
+    "cudnnSetConvolutionGroupCount": (c_int, (_p, c_int)),
+    # cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t convDesc, cudnnMathType_t mathType)
+    "cudnnSetConvolutionMathType": (c_int, (_p, c_int)),
+    # cudnnStatus_t cudnnGetConvolutionMathType(cudnnConvolutionDescriptor_t convDesc, cudnnMathType_t *mathType)
+    "cudnnGetConvolutionMathType": (c_int, (_p, _pi)),
+    # cudnnStatus_t cudnnGetConvolutionNdForwardOutputDim(const cudnnConvolutionDescriptor_t convDesc,
+    #     const cudnnTensorDescriptor_t inputTensorDesc, const cudnnFilterDescriptor_t filterDesc,
+    #     int nbDims, int tensorOuputDimA[])
+    "cudnnGetConvolutionNdForwardOutputDim": (c_int, (_p, _p, _p, c_int, _pi)),
+    # cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t convDesc)
+    "cudnnDestroyConvolutionDescriptor": (c_int, (_p,)),
+    # --- activation and op-tensor descriptors -----------------------------------------------------
+    # cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t *activationDesc)
+    "cudnnCreateActivationDescriptor": (c_int, (_pp,)),
+    # cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t activationDesc,
+    #     cudnnActivationMode_t mode, cudnnNanPropagation_t reluNanOpt, double coef)
+    "cudnnSetActivationDescriptor": (c_int, (_p, c_int, c_int, c_double)),
+    # cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t activationDesc)
+    "cudnnDestroyActivationDescriptor": (c_int, (_p,)),
+    # cudnnStatus_t cudnnCreateOpTensorDescriptor(cudnnOpTensorDescriptor_t *opTensorDesc)
+    "cudnnCreateOpTensorDescriptor": (c_int, (_pp,)),
+    # cudnnStatus_t cudnnSetOpTensorDescriptor(cudnnOpTensorDescriptor_t opTensorDesc,
+    #     cudnnOpTensorOp_t opTensorOp, cudnnDataType_t opTensorCompType, cudnnNanPropagation_t opTensorNanOpt)
+    "cudnnSetOpTensorDescriptor": (c_int, (_p, c_int, c_int, c_int)),
+    # cudnnStatus_t cudnnDestroyOpTensorDescriptor(cudnnOpTensorDescriptor_t opTensorDesc)
+    "cudnnDestroyOpTensorDescriptor": (c_int, (_p,)),
+    # --- tensor operations -----------------------------------------------------------------------
+    # cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha,
+    #     const cudnnTensorDescriptor_t aDesc, const void *A, const void *beta,
+    #     const cudnnTensorDescriptor_t cDesc, void *C)
+    "cudnnAddTensor": (c_int, (_p, _p, _p, _p, _p, _p, _p)),
+    # cudnnStatus_t cudnnOpTensor(cudnnHandle_t handle, const cudnnOpTensorDescriptor_t opTensorDesc,
+    #     const void *alpha1, const cudnnTensorDescriptor_t aDesc, const void *A,
+    #     const void *alpha2, const cudnnTensorDescriptor_t bDesc, const void *B,
+    #     const void *beta, const cudnnTensorDescriptor_t cDesc, void *C)
+    "cudnnOpTensor": (c_int, (_p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p)),
+    # cudnnStatus_t cudnnActivationForward(cudnnHandle_t handle, cudnnActivationDescriptor_t activationDesc,
+    #     const void *alpha, const cudnnTensorDescriptor_t xDesc, const void *x,
+    #     const void *beta, const cudnnTensorDescriptor_t yDesc, void *y)
+    "cudnnActivationForward": (c_int, (_p, _p, _p, _p, _p, _p, _p, _p)),
+    # cudnnStatus_t cudnnSetTensor(cudnnHandle_t handle, const cudnnTensorDescriptor_t yDesc,
+    #     void *y, const void *valuePtr)
+    "cudnnSetTensor": (c_int, (_p, _p, _p, _p)),
+    # cudnnStatus_t cudnnTransformTensor(cudnnHandle_t handle, const void *alpha,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x, const void *beta,
+    #     const cudnnTensorDescriptor_t yDesc, void *y)
+    "cudnnTransformTensor": (c_int, (_p, _p, _p, _p, _p, _p, _p)),
+    # --- forward convolution ---------------------------------------------------------------------
+    # cudnnStatus_t cudnnGetConvolutionForwardAlgorithmMaxCount(cudnnHandle_t handle, int *count)
+    "cudnnGetConvolutionForwardAlgorithmMaxCount": (c_int, (_p, _pi)),
+    # cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t srcDesc, const cudnnFilterDescriptor_t filterDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t destDesc,
+    #     const int requestedAlgoCount, int *returnedAlgoCount,
+    #     cudnnConvolutionFwdAlgoPerf_t *perfResults)
+    "cudnnGetConvolutionForwardAlgorithm_v7": (c_int, (_p, _p, _p, _p, _p, c_int, _pi, _p)),
+    # cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnFilterDescriptor_t wDesc,
+    #     const void *w, const cudnnConvolutionDescriptor_t convDesc,
+    #     const cudnnTensorDescriptor_t yDesc, void *y, const int requestedAlgoCount,
+    #     int *returnedAlgoCount, cudnnConvolutionFwdAlgoPerf_t *perfResults,
+    #     void *workSpace, size_t workSpaceSizeInBytes)
+    "cudnnFindConvolutionForwardAlgorithmEx": (
+        c_int, (_p, _p, _p, _p, _p, _p, _p, _p, c_int, _pi, _p, _p, c_size_t)),
+    # cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t xDesc, const cudnnFilterDescriptor_t wDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t yDesc,
+    #     cudnnConvolutionFwdAlgo_t algo, size_t *sizeInBytes)
+    "cudnnGetConvolutionForwardWorkspaceSize": (c_int, (_p, _p, _p, _p, _p, c_int, _psz)),
+    # cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnFilterDescriptor_t wDesc,
+    #     const void *w, const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionFwdAlgo_t algo,
+    #     void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
+    #     const cudnnTensorDescriptor_t yDesc, void *y)
+    "cudnnConvolutionForward": (
+        c_int, (_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p, _p)),
+    # cudnnStatus_t cudnnConvolutionBiasActivationForward(cudnnHandle_t handle, const void *alpha1,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnFilterDescriptor_t wDesc,
+    #     const void *w, const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionFwdAlgo_t algo,
+    #     void *workSpace, size_t workSpaceSizeInBytes, const void *alpha2,
+    #     const cudnnTensorDescriptor_t zDesc, const void *z, const cudnnTensorDescriptor_t biasDesc,
+    #     const void *bias, const cudnnActivationDescriptor_t activationDesc,
+    #     const cudnnTensorDescriptor_t yDesc, void *y)
+    "cudnnConvolutionBiasActivationForward": (
+        c_int, (_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p, _p, _p, _p, _p, _p, _p)),
+    # --- backward data ---------------------------------------------------------------------------
+    # cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnnHandle_t handle, int *count)
+    "cudnnGetConvolutionBackwardDataAlgorithmMaxCount": (c_int, (_p, _pi)),
+    # cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle,
+    #     const cudnnFilterDescriptor_t filterDesc, const cudnnTensorDescriptor_t diffDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t gradDesc,
+    #     const int requestedAlgoCount, int *returnedAlgoCount,
+    #     cudnnConvolutionBwdDataAlgoPerf_t *perfResults)
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7": (c_int, (_p, _p, _p, _p, _p, c_int, _pi, _p)),
+    # cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t handle,
+    #     const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnTensorDescriptor_t dyDesc,
+    #     const void *dy, const cudnnConvolutionDescriptor_t convDesc,
+    #     const cudnnTensorDescriptor_t dxDesc, void *dx, const int requestedAlgoCount,
+    #     int *returnedAlgoCount, cudnnConvolutionBwdDataAlgoPerf_t *perfResults,
+    #     void *workSpace, size_t workSpaceSizeInBytes)
+    "cudnnFindConvolutionBackwardDataAlgorithmEx": (
+        c_int, (_p, _p, _p, _p, _p, _p, _p, _p, c_int, _pi, _p, _p, c_size_t)),
+    # cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle,
+    #     const cudnnFilterDescriptor_t wDesc, const cudnnTensorDescriptor_t dyDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc,
+    #     cudnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes)
+    "cudnnGetConvolutionBackwardDataWorkspaceSize": (c_int, (_p, _p, _p, _p, _p, c_int, _psz)),
+    # cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha,
+    #     const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnTensorDescriptor_t dyDesc,
+    #     const void *dy, const cudnnConvolutionDescriptor_t convDesc,
+    #     cudnnConvolutionBwdDataAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes,
+    #     const void *beta, const cudnnTensorDescriptor_t dxDesc, void *dx)
+    "cudnnConvolutionBackwardData": (
+        c_int, (_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p, _p)),
+    # --- backward filter -------------------------------------------------------------------------
+    # cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnnHandle_t handle, int *count)
+    "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount": (c_int, (_p, _pi)),
+    # cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t srcDesc, const cudnnTensorDescriptor_t diffDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
+    #     const int requestedAlgoCount, int *returnedAlgoCount,
+    #     cudnnConvolutionBwdFilterAlgoPerf_t *perfResults)
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7": (c_int, (_p, _p, _p, _p, _p, c_int, _pi, _p)),
+    # cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t dyDesc,
+    #     const void *y, const cudnnConvolutionDescriptor_t convDesc,
+    #     const cudnnFilterDescriptor_t dwDesc, void *dw, const int requestedAlgoCount,
+    #     int *returnedAlgoCount, cudnnConvolutionBwdFilterAlgoPerf_t *perfResults,
+    #     void *workSpace, size_t workSpaceSizeInBytes)
+    "cudnnFindConvolutionBackwardFilterAlgorithmEx": (
+        c_int, (_p, _p, _p, _p, _p, _p, _p, _p, c_int, _pi, _p, _p, c_size_t)),
+    # cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t dyDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
+    #     cudnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes)
+    "cudnnGetConvolutionBackwardFilterWorkspaceSize": (c_int, (_p, _p, _p, _p, _p, c_int, _psz)),
+    # cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t dyDesc,
+    #     const void *dy, const cudnnConvolutionDescriptor_t convDesc,
+    #     cudnnConvolutionBwdFilterAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes,
+    #     const void *beta, const cudnnFilterDescriptor_t dwDesc, void *dw)
+    "cudnnConvolutionBackwardFilter": (
+        c_int, (_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p, _p)),
+    # --- backend (graph) API ---------------------------------------------------------------------
+    # cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t descriptorType,
+    #     cudnnBackendDescriptor_t *descriptor)
+    "cudnnBackendCreateDescriptor": (c_int, (c_int, _pp)),
+    # cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t descriptor)
+    "cudnnBackendDestroyDescriptor": (c_int, (_p,)),
+    # cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor)
+    "cudnnBackendFinalize": (c_int, (_p,)),
+    # cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
+    #     cudnnBackendAttributeName_t attributeName, cudnnBackendAttributeType_t attributeType,
+    #     int64_t elementCount, const void *arrayOfElements)
+    "cudnnBackendSetAttribute": (c_int, (_p, c_int, c_int, c_int64, _p)),
+    # cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const descriptor,
+    #     cudnnBackendAttributeName_t attributeName, cudnnBackendAttributeType_t attributeType,
+    #     int64_t requestedElementCount, int64_t *elementCount, void *arrayOfElements)
+    "cudnnBackendGetAttribute": (c_int, (_p, c_int, c_int, c_int64, _pi64, _p)),
+    # cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan,
+    #     cudnnBackendDescriptor_t variantPack)
+    "cudnnBackendExecute": (c_int, (_p, _p, _p)),
+}
+
+
+class Library:
+    """The loaded libcudnn: C functions bound lazily from :data:`PROTOTYPES` as attributes."""
+
+    def __init__(self, cdll: ctypes.CDLL, path: str, found_via: str) -> None:
+        self._cdll = cdll
+        self.path = path
+        self.found_via = found_via
+        self._bind_lock = threading.Lock()
+
+    def __getattr__(self, name: str):
+        # Only reached for names not yet bound; binds the row and caches it on the instance.
+        if name.startswith("_") or name not in PROTOTYPES:
+            raise AttributeError(f"{name!r} is not in pycudnn's prototype table")
+        restype, argtypes = PROTOTYPES[name]
+        with self._bind_lock:
+            fn = getattr(self._cdll, name)  # AttributeError if the library lacks it
+            fn.restype = restype
+            fn.argtypes = list(argtypes)
+            self.__dict__[name] = fn
+        return fn
+
+
+_lock = threading.Lock()
+_library: Library | None = None
+
+
+def _candidates() -> list[tuple[str, object]]:
+    """(description, loader) in the order they are tried; each loader returns (CDLL, path)."""
+    out: list[tuple[str, object]] = []
+    env = os.environ.get("PYCUDNN_LIBRARY")
+    if env:
+        out.append((f"PYCUDNN_LIBRARY={env}", lambda: (ctypes.CDLL(env, mode=ctypes.RTLD_GLOBAL), env)))
+
+    def from_pathfinder():
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        loaded = load_nvidia_dynamic_lib("cudnn")
+        # The library is already open in this process; CDLL on its path returns the same handle.
+        return ctypes.CDLL(loaded.abs_path, mode=ctypes.RTLD_GLOBAL), loaded.abs_path
+
+    out.append(('cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")', from_pathfinder))
+    for soname in ("libcudnn.so.9", "libcudnn.so"):
+        out.append((soname, lambda s=soname: (ctypes.CDLL(s, mode=ctypes.RTLD_GLOBAL), s)))
+    return out
+
+
+_INSTALL_HINT = ('install the cuDNN 9 wheel that matches your CUDA: pip install "pycudnn[cu12]" '
+                 '(or [cu13]), or set PYCUDNN_LIBRARY to the path of libcudnn.so.9')
+
+
+def _load() -> Library:
+    tried: list[str] = []
+    for description, loader in _candidates():
+        try:
+            cdll, path = loader()
+        except Exception as exc:  # OSError from dlopen, DynamicLibNotFoundError, ImportError
+            tried.append(f"  - {description}: {type(exc).__name__}: {exc}")
+            continue
+        try:
+            get_version = cdll.cudnnGetVersion
+        except AttributeError:
+            tried.append(f"  - {description}: loaded {path} but it has no cudnnGetVersion")
+            continue
+        get_version.restype = c_size_t
+        get_version.argtypes = []
+        ver = int(get_version())
+        if ver < MIN_VERSION:
+            raise CudnnNotFoundError(
+                f"pycudnn needs cuDNN >= 9.0 but found cuDNN {_format_version(ver)} at {path} "
+                f"(via {description}); {_INSTALL_HINT}")
+        # When PYCUDNN_LIBRARY names a file, the user asked for it: do not silently fall back.
+        return Library(cdll, str(path), description)
+    raise CudnnNotFoundError("could not load libcudnn; tried, in order:\n" + "\n".join(tried)
+                             + f"\n{_INSTALL_HINT}")
+
+
+def lib() -> Library:
+    """The loaded library, loading it on first use (thread-safe)."""
+    global _library
+    library = _library
+    if library is None:
+        with _lock:
+            if _library is None:
+                _library = _load()
+            library = _library
+    return library
+
+
+def is_loaded() -> bool:
+    """Whether libcudnn has been opened by pycudnn in this process."""
+    return _library is not None
+
+
+def _reset_for_tests() -> None:
+    """Forget the loaded library so that a test can exercise loading again."""
+    global _library
+    with _lock:
+        _library = None
+
+
+# ---- status checking ----------------------------------------------------------------------------
+
+def status_name(status: int) -> str:
+    """Symbolic cuDNN 9 name of a status, e.g. ``CUDNN_STATUS_BAD_PARAM``."""
+    from ._types import Status
+
+    try:
+        return Status(status).symbol
+    except ValueError:
+        return f"CUDNN_STATUS_UNKNOWN_{status}"
+
+
+def last_error_string() -> str:
+    """cuDNN's explanation of the last failure on this thread (empty when there is none)."""
+    buf = ctypes.create_string_buffer(1024)
+    lib().cudnnGetLastErrorString(buf, 1024)
+    return buf.value.decode("utf-8", "replace").strip()
+
+
+def raise_status(status: int, function: str, *context: str):
+    """Raise the :class:`CudnnError` subclass for ``status`` returned by ``function``."""
+    reason = last_error_string()
+    raise error_class_for_status(status)(status, function, status_name(status), reason, list(context))
+
+
+def check(status: int, function: str, *context: str) -> None:
+    """Raise if ``status`` is not success. Hot paths inline ``if status: raise_status(...)``."""
+    if status:
+        raise_status(status, function, *context)
+
+
+def call(function: str, *args) -> None:
+    """Call a table function that returns a status and raise on failure."""
+    status = getattr(lib(), function)(*args)
+    if status:
+        raise_status(status, function)
+
+
+# ---- versions -----------------------------------------------------------------------------------
+
+def _format_version(v: int) -> str:
+    return f"{v // 10000}.{(v % 10000) // 100}.{v % 100}"
+
+
+def version() -> int:
+    """cuDNN's version as cudnnGetVersion encodes it (e.g. 91900 for 9.19.0)."""
+    return int(lib().cudnnGetVersion())
+
+
+def version_tuple() -> tuple[int, int, int]:
+    """cuDNN's version as ``(major, minor, patch)``."""
+    v = version()
+    return v // 10000, (v % 10000) // 100, v % 100
+
+
+def library_path() -> str:
+    """Path of the loaded libcudnn (loads it if needed)."""
+    return lib().path
+
+
+def cudart_version() -> int:
+    """The CUDA runtime version cuDNN was built against (e.g. 12090 for 12.9)."""
+    return int(lib().cudnnGetCudartVersion())
