@@ -99,6 +99,12 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
     "cudnnGetConvolutionNdForwardOutputDim": (c_int, (_p, _p, _p, c_int, _pi)),
     # cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t convDesc)
     "cudnnDestroyConvolutionDescriptor": (c_int, (_p,)),
+    # cudnnStatus_t cudnnGetConvolutionNdDescriptor(const cudnnConvolutionDescriptor_t convDesc,
+    #     int arrayLengthRequested, int *arrayLength, int padA[], int strideA[], int dilationA[],
+    #     cudnnConvolutionMode_t *mode, cudnnDataType_t *computeType)
+    "cudnnGetConvolutionNdDescriptor": (c_int, (_p, c_int, _pi, _pi, _pi, _pi, _pi, _pi)),
+    # cudnnStatus_t cudnnGetConvolutionGroupCount(cudnnConvolutionDescriptor_t convDesc, int *groupCount)
+    "cudnnGetConvolutionGroupCount": (c_int, (_p, _pi)),
     # --- activation and op-tensor descriptors -----------------------------------------------------
     # cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t *activationDesc)
     "cudnnCreateActivationDescriptor": (c_int, (_pp,)),
@@ -107,6 +113,9 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
     "cudnnSetActivationDescriptor": (c_int, (_p, c_int, c_int, c_double)),
     # cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t activationDesc)
     "cudnnDestroyActivationDescriptor": (c_int, (_p,)),
+    # cudnnStatus_t cudnnGetActivationDescriptor(const cudnnActivationDescriptor_t activationDesc,
+    #     cudnnActivationMode_t *mode, cudnnNanPropagation_t *reluNanOpt, double *coef)
+    "cudnnGetActivationDescriptor": (c_int, (_p, _pi, _pi, POINTER(c_double))),
     # cudnnStatus_t cudnnCreateOpTensorDescriptor(cudnnOpTensorDescriptor_t *opTensorDesc)
     "cudnnCreateOpTensorDescriptor": (c_int, (_pp,)),
     # cudnnStatus_t cudnnSetOpTensorDescriptor(cudnnOpTensorDescriptor_t opTensorDesc,
@@ -114,6 +123,10 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
     "cudnnSetOpTensorDescriptor": (c_int, (_p, c_int, c_int, c_int)),
     # cudnnStatus_t cudnnDestroyOpTensorDescriptor(cudnnOpTensorDescriptor_t opTensorDesc)
     "cudnnDestroyOpTensorDescriptor": (c_int, (_p,)),
+    # cudnnStatus_t cudnnGetOpTensorDescriptor(const cudnnOpTensorDescriptor_t opTensorDesc,
+    #     cudnnOpTensorOp_t *opTensorOp, cudnnDataType_t *opTensorCompType,
+    #     cudnnNanPropagation_t *opTensorNanOpt)
+    "cudnnGetOpTensorDescriptor": (c_int, (_p, _pi, _pi, _pi)),
     # --- tensor operations -----------------------------------------------------------------------
     # cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha,
     #     const cudnnTensorDescriptor_t aDesc, const void *A, const void *beta,

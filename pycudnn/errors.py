@@ -29,7 +29,23 @@ __all__ = [
 
 
 class PycudnnError(RuntimeError):
-    """Base class of every error pycudnn raises on its own account."""
+    """Base class of every error pycudnn raises on its own account.
+
+    ``add_context(*lines)`` appends lines (shapes, descriptors, algorithm, a repro snippet) to the
+    message, the way CuPy's ``add_infos`` and PyTorch's ``AT_CUDNN_CHECK_WITH_SHAPES`` do.
+    """
+
+    def add_context(self, *lines: str) -> "PycudnnError":
+        """Attach context lines to the message; returns self so callers can re-raise."""
+        context = getattr(self, "context", None)
+        if context is None:
+            context = self.context = []
+        context.extend(lines)
+        base = getattr(self, "_base_message", None)
+        if base is None:
+            base = self._base_message = str(self.args[0]) if self.args else ""
+        self.args = (base + "\n" + "\n".join(context),) + tuple(self.args[1:])
+        return self
 
 
 class CudnnError(PycudnnError):

@@ -1,0 +1,648 @@
+"""Algorithm search, the benchmark cache and the iterator that tries candidates in order.
+
+This is the behaviour of PyTorch's ``Conv_v7.cpp`` (see ``docs/architecture.md``):
+
+* :class:`ConvolutionParams` is the immutable cache key: everything that changes the answer.
+* :class:`BenchmarkCache` holds one record per key, one cache per direction, thread-safe, with a
+  per-key search lock so two threads asking for the same new key run one search, and a reader
+  never waits on a search for another key.
+* :func:`try_all` is the reference's ``AlgoIterator::try_all``: the cached record first (searched
+  again when it runs out of memory), else every candidate in order, skipping those that run out of
+  memory or fail inside cuDNN, caching the first that succeeds; when all fail it raises
+  :class:`~pycudnn.errors.NoAlgorithmError` listing each candidate and why.
+* A *search strategy* supplies the candidates and runs one. :class:`V7Search` here is the legacy
+  Get/Find search; the graph engine supplies another strategy with the same contract, so the key,
+  caches, iterator, guards and batch splitting are shared, never forked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from . import _lib
+from ._types import (BwdDataAlgo, BwdFilterAlgo, ConvolutionBwdDataAlgoPerf,
+                     ConvolutionBwdFilterAlgoPerf, ConvolutionFwdAlgoPerf, Determinism, FwdAlgo,
+                     MathType, Status)
+from .errors import (CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError,
+                     StreamCaptureError)
+
+__all__ = [
+    "DIRECTIONS", "ConvolutionParams", "ConvolutionArgs", "AlgoRecord", "BenchmarkCache",
+    "SearchStrategy", "V7Search", "try_all", "caches", "benchmark_cache", "clear_caches",
+    "strategy_for", "register_strategy", "check_precision", "error_if_capturing",
+]
+
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
+
+
+# ---- the key ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConvolutionParams:
+    """Everything that changes which algorithm is right (the cache key; immutable and hashable).
+
+    Shapes are those cuDNN sees: 1-D convolutions arrive here already as 2-D with a unit height.
+    ``input``/``weight``/``output`` are the forward convolution's roles in every direction (for
+    backward data, ``input`` is the gradient being computed), as in the reference.
+    """
+
+    direction: str
+    device: int
+    cudnn_version: int
+    dtype: str
+    input_shape: tuple[int, ...]
+    input_strides: tuple[int, ...]
+    weight_shape: tuple[int, ...]
+    weight_format: str                   # "NCHW" or "NHWC" (filters have a format, not strides)
+    output_shape: tuple[int, ...]
+    output_strides: tuple[int, ...]
+    padding: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    deterministic: bool
+    allow_tf32: bool
+    workspace_limit: int | None
+    engine: str
+    #: fused epilogue: "" (none), "bias", "bias_relu" or "add_relu" (conv + alpha*z + bias, relu)
+    epilogue: str = ""
+    #: strides of the residual z for "add_relu" (its shape is the output's)
+    z_strides: tuple[int, ...] | None = None
+    alpha: float = 1.0
+
+    def short(self) -> str:
+        """One line for logs and the cache listing."""
+        ep = f" +{self.epilogue}" if self.epilogue else ""
+        return (f"{self.direction}{ep} {self.dtype} x{list(self.input_shape)} w{list(self.weight_shape)}"
+                f" y{list(self.output_shape)} pad{list(self.padding)} stride{list(self.stride)}"
+                f" dil{list(self.dilation)} groups={self.groups} fmt={self.weight_format}"
+                f" det={self.deterministic} tf32={self.allow_tf32} engine={self.engine}")
+
+
+# ---- records and arguments ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AlgoRecord:
+    """One legacy (v7) candidate: algorithm, math type and workspace, applied together."""
+
+    algo: int
+    math_type: int
+    workspace: int
+    time_ms: float = -1.0                # measured by Find; -1 for heuristics
+    deterministic: bool = True
+    direction: str = "forward"
+    source: str = "heuristics"           # "heuristics", "find" or "default"
+
+    @property
+    def algo_name(self) -> str:
+        enum = _V7_TABLE[self.direction].algo_enum
+        try:
+            return f"{enum.__name__}.{enum(self.algo).name}"
+        except ValueError:
+            return f"algo {self.algo}"
+
+    def describe(self) -> str:
+        t = f", {self.time_ms:.4f} ms" if self.time_ms >= 0 else ""
+        return (f"{self.algo_name} (math={MathType(self.math_type).name}, "
+                f"workspace={self.workspace} B{t}, {self.source})")
+
+
+@dataclass
+class ConvolutionArgs:
+    """One call's arguments: the key, where it runs, and the device pointers of each role.
+
+    ``x``/``w``/``y`` are the forward roles (pointers); ``z``/``bias`` the fused epilogue's.
+    ``out_may_hold_data``: the output buffer must not be scribbled on by a search (beta != 0 or
+    aliasing an input), so searches that write their output use a scratch buffer.
+    """
+
+    params: ConvolutionParams
+    handle: int
+    stream: int
+    x: int
+    w: int
+    y: int
+    benchmark: bool = False
+    z: int = 0
+    bias: int = 0
+    out_may_hold_data: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SearchStrategy(Protocol):
+    """What an engine supplies; the caches and the iterator are shared."""
+
+    name: str
+
+    def candidates(self, args: ConvolutionArgs) -> Sequence[Any]:
+        """Heuristic (``args.benchmark`` False) or measured candidates, best first."""
+
+    def default_candidates(self, args: ConvolutionArgs) -> Sequence[Any]:
+        """The deterministic default when deterministic and not benchmarking."""
+
+    def run(self, args: ConvolutionArgs, record: Any) -> None:
+        """Run the convolution with one record (allocating its workspace); raise on failure."""
+
+
+# ---- the cache ------------------------------------------------------------------------------------
+
+class BenchmarkCache:
+    """Thread-safe map ConvolutionParams -> record, bounded, with per-key search locks.
+
+    Reads take no lock (a dict lookup is atomic in CPython); writes and evictions do.
+    """
+
+    def __init__(self, direction: str, maxsize: int | None = 4096) -> None:
+        self.direction = direction
+        self.maxsize = maxsize
+        self._map: OrderedDict[ConvolutionParams, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._search_locks: dict[ConvolutionParams, threading.Lock] = {}
+        self.searches = 0  # number of searches run (tests assert one per key)
+
+    def get(self, key: ConvolutionParams) -> Any:
+        return self._map.get(key)
+
+    def insert(self, key: ConvolutionParams, record: Any) -> None:
+        with self._lock:
+            self._map[key] = record
+            self._map.move_to_end(key)
+            if self.maxsize is not None:
+                while len(self._map) > self.maxsize:
+                    old, _ = self._map.popitem(last=False)
+                    self._search_locks.pop(old, None)
+
+    def search_lock(self, key: ConvolutionParams) -> threading.Lock:
+        with self._lock:
+            lock = self._search_locks.get(key)
+            if lock is None:
+                lock = self._search_locks[key] = threading.Lock()
+            return lock
+
+    def clear(self) -> None:
+        with self._lock:
+            self._map.clear()
+            self._search_locks.clear()
+            self.searches = 0
+
+    def items(self) -> list[tuple[ConvolutionParams, Any]]:
+        with self._lock:
+            return list(self._map.items())
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+
+caches: dict[str, BenchmarkCache] = {d: BenchmarkCache(d) for d in DIRECTIONS}
+
+
+def benchmark_cache() -> list[dict[str, Any]]:
+    """The cached choices of every direction, one dict per entry (for display and debugging)."""
+    rows = []
+    for direction, cache in caches.items():
+        for params, record in cache.items():
+            rows.append({
+                "direction": direction,
+                "engine": params.engine,
+                "fused": bool(params.epilogue),
+                "epilogue": params.epilogue,
+                "params": params,
+                "choice": record.describe() if hasattr(record, "describe") else repr(record),
+                "workspace": getattr(record, "workspace", None),
+            })
+    return rows
+
+
+def clear_caches() -> None:
+    """Forget every cached choice (and every engine's prepared state)."""
+    for cache in caches.values():
+        cache.clear()
+    for strategy in _STRATEGIES.values():
+        clear = getattr(strategy, "clear", None)
+        if clear is not None:
+            clear()
+
+
+# ---- guards ---------------------------------------------------------------------------------------
+
+def check_precision(params: ConvolutionParams, math_type: int) -> None:
+    """The reference's ASSERT_CORRECT_PRECISION: strict float32 never runs on tensor-op math."""
+    if params.dtype == "float32" and not params.allow_tf32 and math_type != MathType.FMA_MATH:
+        raise PycudnnError(
+            f"internal error: float32 with allow_tf32=False must run with FMA math, "
+            f"got {MathType(math_type).name}")
+
+
+def error_if_capturing(stream: int, what: str) -> None:
+    """Measuring during CUDA stream capture is refused (the reference's errorIfCapturingCudnnBenchmark)."""
+    from .memory import stream_is_capturing
+
+    if stream_is_capturing(stream):
+        raise StreamCaptureError(
+            f"{what}: cannot benchmark (search by measurement) while the stream is being captured "
+            f"into a CUDA graph; run the convolution once with the same shapes before capturing "
+            f"(a warm-up fills the cache), or pass benchmark=False")
+
+
+# ---- the iterator -------------------------------------------------------------------------------
+
+def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCache | None = None) -> Any:
+    """Run the convolution with the first record that works; return that record.
+
+    Order: the cached record (on out-of-memory, search again); else the strategy's candidates
+    (defaults only when deterministic without benchmark), skipping candidates above the workspace
+    limit, those that run out of memory, and those that fail inside cuDNN. The first success is
+    cached. One search per key at a time.
+    """
+    params = args.params
+    if cache is None:
+        cache = caches[params.direction]
+    only_default = params.deterministic and not args.benchmark
+    failed_cached = None
+    if not only_default:
+        record = cache.get(params)
+        if record is not None:
+            try:
+                strategy.run(args, record)
+                return record
+            except OutOfMemoryError:
+                failed_cached = record  # search again: the next candidate may need less memory
+
+    failures: list[tuple[str, str]] = []
+    with cache.search_lock(params):
+        if not only_default:
+            # Another thread may have finished the search while this one waited for the lock.
+            record = cache.get(params)
+            if record is not None and record is not failed_cached:
+                try:
+                    strategy.run(args, record)
+                    return record
+                except OutOfMemoryError as exc:
+                    failures.append((_describe(record), f"OutOfMemoryError: {exc}"))
+        if only_default:
+            candidates: Iterable[Any] = strategy.default_candidates(args)
+        else:
+            cache.searches += 1
+            candidates = strategy.candidates(args)
+        limit = params.workspace_limit
+        for record in candidates:
+            if limit is not None and getattr(record, "workspace", 0) > limit:
+                failures.append((_describe(record),
+                                 f"needs a workspace of {record.workspace} B, above workspace_limit={limit}"))
+                continue
+            try:
+                strategy.run(args, record)
+            except (OutOfMemoryError, CudnnError) as exc:
+                failures.append((_describe(record), f"{type(exc).__name__}: {_first_line(exc)}"))
+                continue
+            if not only_default:
+                cache.insert(params, record)
+            return record
+    lines = [f"  - {what}: {why}" for what, why in failures] or ["  (no candidate was offered)"]
+    raise NoAlgorithmError(
+        f"unable to find a valid cuDNN algorithm to run the convolution ({params.short()}); "
+        f"candidates tried:\n" + "\n".join(lines), failures)
+
+
+def _describe(record: Any) -> str:
+    return record.describe() if hasattr(record, "describe") else repr(record)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.split("\n", 1)[0]
+
+
+# ---- the v7 (legacy API) strategy -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _V7Direction:
+    perf_struct: type
+    algo_enum: type
+    algos: tuple[int, ...]           # every algorithm Find and the workspace sizing consider
+    default_algo: int
+    get_fn: str
+    find_fn: str
+    workspace_fn: str
+    run_fn: str
+
+
+_V7_TABLE: dict[str, _V7Direction] = {
+    "forward": _V7Direction(
+        ConvolutionFwdAlgoPerf, FwdAlgo, tuple(FwdAlgo), FwdAlgo.IMPLICIT_PRECOMP_GEMM,
+        "cudnnGetConvolutionForwardAlgorithm_v7", "cudnnFindConvolutionForwardAlgorithmEx",
+        "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward"),
+    "backward_data": _V7Direction(
+        ConvolutionBwdDataAlgoPerf, BwdDataAlgo, tuple(BwdDataAlgo), BwdDataAlgo.ALGO_1,
+        "cudnnGetConvolutionBackwardDataAlgorithm_v7", "cudnnFindConvolutionBackwardDataAlgorithmEx",
+        "cudnnGetConvolutionBackwardDataWorkspaceSize", "cudnnConvolutionBackwardData"),
+    "backward_filter": _V7Direction(
+        # WINOGRAD is not implemented for backward filter: the reference leaves it out too.
+        ConvolutionBwdFilterAlgoPerf, BwdFilterAlgo,
+        tuple(a for a in BwdFilterAlgo if a != BwdFilterAlgo.WINOGRAD), BwdFilterAlgo.ALGO_1,
+        "cudnnGetConvolutionBackwardFilterAlgorithm_v7", "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+        "cudnnGetConvolutionBackwardFilterWorkspaceSize", "cudnnConvolutionBackwardFilter"),
+}
+
+# alpha/beta scalars: float for half, bfloat16 and float data; double for double (kept alive here)
+_SCALARS = {
+    "float": (ctypes.c_float(1.0), ctypes.c_float(0.0)),
+    "double": (ctypes.c_double(1.0), ctypes.c_double(0.0)),
+}
+_ONE_F, _ZERO_F = (ctypes.addressof(s) for s in _SCALARS["float"])
+_ONE_D, _ZERO_D = (ctypes.addressof(s) for s in _SCALARS["double"])
+
+
+def scalar_pointers(dtype: str) -> tuple[int, int]:
+    """Addresses of the constants 1 and 0 in the scaling type cuDNN expects for ``dtype``."""
+    return (_ONE_D, _ZERO_D) if dtype == "float64" else (_ONE_F, _ZERO_F)
+
+
+def scalar(dtype: str, value: float):
+    """A ctypes scalar in cuDNN's scaling type for ``dtype`` (keep it alive across the call)."""
+    return ctypes.c_double(value) if dtype == "float64" else ctypes.c_float(value)
+
+
+class V7Descriptors:
+    """Legacy descriptors for one ConvolutionParams; the convolution descriptor per math type.
+
+    Descriptors are never mutated after creation, so threads can share them: instead of setting
+    the math type on one shared convolution descriptor, each math type gets its own.
+    """
+
+    def __init__(self, params: ConvolutionParams) -> None:
+        from .descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
+
+        self.params = params
+        self.x = TensorDescriptor(params.input_shape, params.dtype, params.input_strides)
+        self.w = FilterDescriptor(params.weight_shape, params.dtype, params.weight_format)
+        self.y = TensorDescriptor(params.output_shape, params.dtype, params.output_strides)
+        self._conv: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._conv_cls = ConvolutionDescriptor
+        self.search_conv = self.conv(None)  # flags-derived math type, used by Get/Find
+        self.z = (TensorDescriptor(params.output_shape, params.dtype, params.z_strides)
+                  if params.z_strides is not None else None)
+        self.bias = None
+        if params.epilogue in ("add_relu",):
+            k = params.output_shape[1]
+            ones = (1,) * (len(params.output_shape) - 2)
+            self.bias = TensorDescriptor((1, k) + ones, params.dtype, None)
+
+    def conv(self, math_type: int | None):
+        """The convolution descriptor with ``math_type`` applied (None: the flags' default)."""
+        desc = self._conv.get(math_type)  # type: ignore[arg-type]
+        if desc is None:
+            with self._lock:
+                desc = self._conv.get(math_type)  # type: ignore[arg-type]
+                if desc is None:
+                    p = self.params
+                    desc = self._conv_cls(p.padding, p.stride, p.dilation, groups=p.groups,
+                                          dtype=p.dtype, allow_tf32=p.allow_tf32)
+                    if math_type is not None:
+                        desc.math_type = math_type
+                    self._conv[math_type] = desc  # type: ignore[index]
+        return desc
+
+    def operands(self, direction: str, args: ConvolutionArgs):
+        """(a_desc, a_ptr, b_desc, b_ptr, out_desc, out_ptr) in the C argument order of ``direction``."""
+        if direction == "forward":
+            return self.x.handle, args.x, self.w.handle, args.w, self.y.handle, args.y
+        if direction == "backward_data":
+            return self.w.handle, args.w, self.y.handle, args.y, self.x.handle, args.x
+        return self.x.handle, args.x, self.y.handle, args.y, self.w.handle, args.w
+
+
+class V7Search:
+    """Conv_v7.cpp's search: cudnnGet*_v7 (heuristics) or cudnnFind*Ex (measurement)."""
+
+    name = "v7"
+
+    def __init__(self, max_prepared: int = 1024) -> None:
+        self._prepared: OrderedDict[ConvolutionParams, V7Descriptors] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_prepared = max_prepared
+
+    def clear(self) -> None:
+        with self._lock:
+            self._prepared.clear()
+
+    def descriptors(self, params: ConvolutionParams) -> V7Descriptors:
+        descs = self._prepared.get(params)
+        if descs is None:
+            descs = V7Descriptors(params)
+            with self._lock:
+                self._prepared[params] = descs
+                while len(self._prepared) > self.max_prepared:
+                    self._prepared.popitem(last=False)
+        return descs
+
+    def describe_params(self, params: ConvolutionParams) -> list[str]:
+        """The legacy descriptors of ``params`` as cuDNN holds them (for error context)."""
+        d = self.descriptors(params)
+        lines = [f"input: {d.x!r}", f"weight: {d.w!r}", f"output: {d.y!r}", f"conv: {d.search_conv!r}"]
+        if d.z is not None:
+            lines.append(f"z: {d.z!r}")
+        return lines
+
+    # -- workspace sizing --
+    def workspace_size(self, args: ConvolutionArgs, algo: int, math_type: int | None = None) -> int:
+        """cudnnGet*WorkspaceSize for one algorithm; raises CudnnError if it is not supported."""
+        p = args.params
+        table = _V7_TABLE[p.direction]
+        descs = self.descriptors(p)
+        a, _, b, _, out, _ = descs.operands(p.direction, args)
+        size = ctypes.c_size_t(0)
+        fn = getattr(_lib.lib(), table.workspace_fn)
+        status = fn(args.handle, a, b, descs.conv(math_type).handle, out, int(algo), ctypes.byref(size))
+        if status:
+            _lib.raise_status(status, table.workspace_fn)
+        return size.value
+
+    def max_workspace_size(self, args: ConvolutionArgs) -> int:
+        """The reference's getMaxWorkspaceSize: the largest per-algorithm workspace that can be
+        allocated now (free device memory), never above ``workspace_limit``."""
+        from .memory import mem_get_info
+
+        p = args.params
+        free, _total = mem_get_info(p.device)
+        ceiling = free if p.workspace_limit is None else min(free, p.workspace_limit)
+        best = 0
+        for algo in _V7_TABLE[p.direction].algos:
+            try:
+                size = self.workspace_size(args, algo)
+            except CudnnError:
+                continue
+            if best < size <= ceiling:
+                best = size
+        return best
+
+    # -- candidates --
+    def candidates(self, args: ConvolutionArgs) -> list[AlgoRecord]:
+        p = args.params
+        table = _V7_TABLE[p.direction]
+        descs = self.descriptors(p)
+        a, a_ptr, b, b_ptr, out, out_ptr = descs.operands(p.direction, args)
+        n = len(table.algos)
+        perf = (table.perf_struct * n)()
+        count = ctypes.c_int(0)
+        library = _lib.lib()
+        if not args.benchmark:
+            status = getattr(library, table.get_fn)(
+                args.handle, a, b, descs.search_conv.handle, out, n, ctypes.byref(count), perf)
+            if status:
+                _lib.raise_status(status, table.get_fn, f"  params: {p.short()}")
+            source = "heuristics"
+        else:
+            error_if_capturing(args.stream, table.find_fn)
+            from .memory import allocate
+
+            ws_size = self.max_workspace_size(args)
+            workspace = allocate(ws_size, p.device, args.stream)
+            scratch = None
+            try:
+                if args.out_may_hold_data:
+                    # cudnnFind*Ex writes garbage into its output: never into data the caller needs.
+                    scratch = allocate(_span_bytes(p, p.direction), p.device, args.stream)
+                    out_ptr = scratch.ptr
+                status = getattr(library, table.find_fn)(
+                    args.handle, a, a_ptr, b, b_ptr, descs.search_conv.handle, out, out_ptr,
+                    n, ctypes.byref(count), perf, workspace.ptr, ws_size)
+                if status:
+                    _lib.raise_status(status, table.find_fn, f"  params: {p.short()}")
+            finally:
+                workspace.close(args.stream)
+                if scratch is not None:
+                    scratch.close(args.stream)
+            source = "find"
+        return self._valid(p, perf, count.value, source)
+
+    @staticmethod
+    def _valid(p: ConvolutionParams, perf, count: int, source: str) -> list[AlgoRecord]:
+        """The reference's getValidAlgorithms: success, deterministic when asked, right precision.
+
+        The reference also blocklists FFT algorithms for strided backward data on cuDNN < 7.5;
+        pycudnn requires cuDNN >= 9, where that bug is fixed, so there is nothing to block.
+        """
+        out = []
+        for i in range(count):
+            r = perf[i]
+            if r.status != Status.SUCCESS:
+                continue
+            deterministic = r.determinism == Determinism.DETERMINISTIC
+            if p.deterministic and not deterministic:
+                continue
+            if p.dtype == "float32" and not p.allow_tf32 and r.mathType != MathType.FMA_MATH:
+                continue  # would break the precision rule; check_precision guards the launch too
+            out.append(AlgoRecord(int(r.algo), int(r.mathType), int(r.memory), float(r.time),
+                                  deterministic, p.direction, source))
+        if not out:
+            raise NoAlgorithmError(
+                f"no valid convolution algorithms available in cuDNN for {p.short()} "
+                f"({count} returned by {source}, none successful"
+                f"{' and deterministic' if p.deterministic else ''})")
+        return out
+
+    def default_candidates(self, args: ConvolutionArgs) -> list[AlgoRecord]:
+        """The reference's onlyDefaultAlgorithm, with its math-type rule."""
+        p = args.params
+        table = _V7_TABLE[p.direction]
+        if p.dtype in ("float16", "bfloat16"):
+            math = MathType.TENSOR_OP_MATH
+        elif p.dtype == "float32" and not p.allow_tf32:
+            math = MathType.FMA_MATH
+        else:
+            math = MathType.DEFAULT_MATH
+        ws = self.workspace_size(args, table.default_algo, int(math))
+        return [AlgoRecord(int(table.default_algo), int(math), ws, -1.0, True, p.direction, "default")]
+
+    # -- running --
+    def run(self, args: ConvolutionArgs, record: AlgoRecord) -> None:
+        from .memory import allocate
+
+        p = args.params
+        check_precision(p, record.math_type)
+        descs = self.descriptors(p)
+        conv = descs.conv(record.math_type)
+        workspace = allocate(record.workspace, p.device, args.stream)
+        try:
+            if p.epilogue == "add_relu":
+                self._run_bias_activation(args, descs, conv, record, workspace.ptr)
+                return
+            table = _V7_TABLE[p.direction]
+            a, a_ptr, b, b_ptr, out, out_ptr = descs.operands(p.direction, args)
+            one, zero = scalar_pointers(p.dtype)
+            beta = args.extra.get("beta_ptr", zero)
+            status = getattr(_lib.lib(), table.run_fn)(
+                args.handle, one, a, a_ptr, b, b_ptr, conv.handle, record.algo,
+                workspace.ptr, record.workspace, beta, out, out_ptr)
+            if status:
+                _lib.raise_status(status, table.run_fn)
+        finally:
+            workspace.close(args.stream)
+
+    def _run_bias_activation(self, args, descs, conv, record, ws_ptr) -> None:
+        from .descriptors import ActivationDescriptor
+
+        p = args.params
+        act = _relu_descriptor(ActivationDescriptor)
+        one, _ = scalar_pointers(p.dtype)
+        alpha2 = scalar(p.dtype, p.alpha)
+        status = _lib.lib().cudnnConvolutionBiasActivationForward(
+            args.handle, one, descs.x.handle, args.x, descs.w.handle, args.w, conv.handle,
+            record.algo, ws_ptr, record.workspace, ctypes.addressof(alpha2), descs.z.handle, args.z,
+            descs.bias.handle, args.bias, act.handle, descs.y.handle, args.y)
+        if status:
+            _lib.raise_status(status, "cudnnConvolutionBiasActivationForward")
+
+
+_relu_lock = threading.Lock()
+_relu_desc: list[Any] = []
+
+
+def _relu_descriptor(cls):
+    if not _relu_desc:
+        with _relu_lock:
+            if not _relu_desc:
+                _relu_desc.append(cls())
+    return _relu_desc[0]
+
+
+def _span_bytes(p: ConvolutionParams, direction: str) -> int:
+    """Bytes spanned by the output of ``direction`` (for a scratch copy during Find)."""
+    from .tensor import span_elements
+
+    itemsize = 8 if p.dtype == "float64" else (4 if p.dtype == "float32" else 2)
+    if direction == "forward":
+        return span_elements(p.output_shape, p.output_strides) * itemsize
+    if direction == "backward_data":
+        return span_elements(p.input_shape, p.input_strides) * itemsize
+    n = 1
+    for s in p.weight_shape:
+        n *= s
+    return n * itemsize
+
+
+# ---- strategy registry --------------------------------------------------------------------------
+
+_STRATEGIES: dict[str, Any] = {"v7": V7Search()}
+
+
+def register_strategy(strategy: Any) -> None:
+    """Make an engine's search strategy available under ``strategy.name``."""
+    _STRATEGIES[strategy.name] = strategy
+
+
+def strategy_for(engine: str) -> Any:
+    strategy = _STRATEGIES.get(engine)
+    if strategy is None and engine == "graph":
+        from . import graph_engine  # noqa: F401  (registers itself)
+
+        strategy = _STRATEGIES.get(engine)
+    if strategy is None:
+        raise ValueError(f"engine: expected one of {sorted(_STRATEGIES)} or 'graph', got {engine!r}")
+    return strategy

@@ -1,0 +1,107 @@
+"""Global defaults for the convolution flags, and ``flags()`` to override them for a block.
+
+``pycudnn.config.benchmark = True`` changes the default for every thread. ``with
+pycudnn.flags(benchmark=True): ...`` overrides it for the current thread (and asyncio task) only,
+through a :class:`contextvars.ContextVar`; nesting restores the previous values on exit. A flag
+passed to a convolution call beats both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import threading
+from typing import Any, Iterator
+
+__all__ = ["config", "flags", "Config", "FLAG_NAMES"]
+
+#: every flag and its built-in default (PyTorch's defaults where PyTorch has the flag)
+_DEFAULTS: dict[str, Any] = {
+    "benchmark": False,        # measure (Find) instead of cuDNN's heuristics (Get)
+    "deterministic": False,    # only deterministic algorithms
+    "allow_tf32": True,        # float32 may run on TF32 tensor cores (PyTorch's default for cuDNN)
+    "workspace_limit": None,   # bytes; None = as much as is free
+    "engine": "v7",            # "v7" (legacy API, Conv_v7.cpp's behaviour) or "graph" (backend API)
+    "benchmark_limit": None,   # graph engine: time at most this many candidates (None = all)
+}
+FLAG_NAMES = tuple(_DEFAULTS)
+_ENGINES = ("v7", "graph")
+
+_overrides: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "pycudnn_flags", default=None)
+
+
+def _validate(name: str, value: Any) -> Any:
+    if name not in _DEFAULTS:
+        raise TypeError(f"unknown flag {name!r}; expected one of {', '.join(FLAG_NAMES)}")
+    if name in ("benchmark", "deterministic", "allow_tf32"):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: expected a bool, got {value!r}")
+    elif name in ("workspace_limit", "benchmark_limit"):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name}: expected None or a non-negative int, got {value!r}")
+    elif name == "engine":
+        if value not in _ENGINES:
+            raise ValueError(f"engine: expected one of {', '.join(map(repr, _ENGINES))}, got {value!r}")
+    return value
+
+
+class Config:
+    """Process-wide defaults; attribute reads honour an active ``flags()`` block of this thread."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_lock", threading.Lock())
+        object.__setattr__(self, "_values", dict(_DEFAULTS))
+        env_engine = os.environ.get("PYCUDNN_ENGINE")
+        if env_engine:
+            self._values["engine"] = _validate("engine", env_engine)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in _DEFAULTS:
+            raise AttributeError(f"pycudnn.config has no flag {name!r}; flags are {', '.join(FLAG_NAMES)}")
+        over = _overrides.get()
+        if over is not None and name in over:
+            return over[name]
+        return self._values[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        value = _validate(name, value)
+        with self._lock:
+            self._values[name] = value
+
+    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
+        """All flags for one call: explicit keyword arguments, then ``flags()``, then globals."""
+        values = dict(self._values)
+        over = _overrides.get()
+        if over:
+            values.update(over)
+        for name, value in given.items():
+            values[name] = _validate(name, value)
+        return values
+
+    def reset(self) -> None:
+        """Restore the built-in defaults (tests use this)."""
+        with self._lock:
+            self._values.update(_DEFAULTS)
+
+    def __repr__(self) -> str:
+        values = self.resolve({})
+        return "pycudnn.config(" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + ")"
+
+
+config = Config()
+
+
+@contextlib.contextmanager
+def flags(**overrides: Any) -> Iterator[Config]:
+    """Override flags for a block on this thread: ``with pycudnn.flags(benchmark=True): ...``."""
+    for name, value in overrides.items():
+        _validate(name, value)
+    merged = dict(_overrides.get() or {})
+    merged.update(overrides)
+    token = _overrides.set(merged)
+    try:
+        yield config
+    finally:
+        _overrides.reset(token)

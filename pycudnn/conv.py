@@ -1,0 +1,612 @@
+"""The public convolution functions.
+
+Each function validates its arguments in Python (PyTorch's wording), chooses the memory format
+the way ``cudnn_conv_suggest_memory_format`` does, turns 1-D convolutions into 2-D ones with a
+unit height, splits the batch when a tensor exceeds 2^31 - 1 elements, and hands one
+:class:`~pycudnn.algos.ConvolutionArgs` per piece to the engine's search strategy through
+:func:`~pycudnn.algos.try_all`. How the search is done is not this module's business.
+
+Nothing is launched before every argument has been checked, so bad input leaves the caller's
+buffers untouched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _lib
+from .algos import ConvolutionArgs, ConvolutionParams, scalar_pointers, strategy_for, try_all
+from .config import config
+from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError
+from .tensor import Tensor, as_tensor, empty
+
+__all__ = ["convolution", "conv_transpose", "convolution_backward_data",
+           "convolution_backward_filter", "convolution_add_relu", "output_size",
+           "suggest_memory_format"]
+
+log = logging.getLogger("pycudnn")
+
+INT_MAX = 2**31 - 1
+_CONV_NAMES = {3: "conv1d", 4: "conv2d", 5: "conv3d"}
+IntOrTuple = "int | Sequence[int]"
+
+
+# ---- validation helpers ---------------------------------------------------------------------------
+
+def _spatial(name: str, value: Any, nd: int, minimum: int, what: str) -> tuple[int, ...]:
+    """An int or one int per spatial dim, each >= minimum; PyTorch-style errors otherwise."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        values = (int(value),) * nd
+    elif isinstance(value, (tuple, list)):
+        if len(value) != nd or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in value):
+            raise ValueError(
+                f"expected {name} to be a single integer value or a list of {nd} values to match "
+                f"the convolution dimensions, but got {name}={list(value)}")
+        values = tuple(int(v) for v in value)
+    else:
+        raise TypeError(f"{name}: expected an int or a tuple of {nd} ints, got {type(value).__name__} {value!r}")
+    if any(v < minimum for v in values):
+        raise ValueError(f"{what}, but got {name}={list(values)}")
+    return values
+
+
+def _geometry(stride, padding, dilation, nd):
+    return (_spatial("stride", stride, nd, 1, "non-positive stride is not supported"),
+            _spatial("padding", padding, nd, 0, "negative padding is not supported"),
+            _spatial("dilation", dilation, nd, 1, "dilation should be greater than zero"))
+
+
+def _groups(groups: Any) -> int:
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)):
+        raise TypeError(f"groups: expected a positive int, got {groups!r}")
+    if groups < 1:
+        raise ValueError(f"non-positive groups is not supported, but got groups={int(groups)}")
+    return int(groups)
+
+
+def _check_rank(t: Tensor, name: str, fn: str) -> int:
+    if t.ndim not in (3, 4, 5):
+        raise ValueError(f"{fn}: expected {name} to have 3, 4 or 5 dims (batch, channels and 1 to 3 "
+                         f"spatial dims), but got {name} of size {list(t.shape)}")
+    return t.ndim - 2
+
+
+def _check_pair(a: Tensor, a_name: str, b: Tensor, b_name: str) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"{a_name} type ({a.dtype.name}) and {b_name} type ({b.dtype.name}) should be the same")
+    if a.device != b.device:
+        raise ValueError(f"expected {a_name} and {b_name} to be on the same device, but got "
+                         f"{a_name} on cuda:{a.device} and {b_name} on cuda:{b.device}")
+    if a.ndim != b.ndim:
+        raise ValueError(f"expected {b_name} to have {a.ndim} dims like {a_name} "
+                         f"(size {list(a.shape)}), but got {b_name} of size {list(b.shape)}")
+
+
+def output_size(input_size: Sequence[int], kernel: Sequence[int], stride, padding, dilation) -> tuple[int, ...]:
+    """Spatial output sizes of a convolution: ``(i + 2p - d*(k-1) - 1) // s + 1``."""
+    return tuple((i + 2 * p - d * (k - 1) - 1) // s + 1
+                 for i, k, s, p, d in zip(input_size, kernel, stride, padding, dilation))
+
+
+def _check_output_positive(x_shape, kernel, stride, padding, dilation, fn: str) -> tuple[int, ...]:
+    spatial = output_size(x_shape[2:], kernel, stride, padding, dilation)
+    if any(o < 1 for o in spatial):
+        padded = " x ".join(str(i + 2 * p) for i, p in zip(x_shape[2:], padding))
+        eff = " x ".join(str(d * (k - 1) + 1) for k, d in zip(kernel, dilation))
+        raise ValueError(f"{fn}: calculated padded input size per channel: ({padded}). Kernel size "
+                         f"(dilated): ({eff}). Kernel size can't be greater than actual input size "
+                         f"(output size would be {list(spatial)})")
+    return spatial
+
+
+def _check_channels(x_shape, w_shape, groups: int, fn: str, x_name="input", w_name="weight") -> None:
+    if w_shape[0] % groups != 0:
+        raise ValueError(f"{fn}: expected {w_name} of size {list(w_shape)} to have a first dim "
+                         f"(output channels) divisible by groups={groups}, but got {w_shape[0]}")
+    if x_shape[1] != w_shape[1] * groups:
+        raise ValueError(f"{fn}: given groups={groups}, {w_name} of size {list(w_shape)}, expected "
+                         f"{x_name}{list(x_shape)} to have {w_shape[1] * groups} channels, but got "
+                         f"{x_shape[1]} channels instead")
+    if any(k < 1 for k in w_shape):
+        raise ValueError(f"{fn}: expected {w_name} to have positive sizes, got {list(w_shape)}")
+
+
+def _check_bias(bias: Tensor, k: int, ref: Tensor) -> Tensor:
+    bias = as_tensor(bias)
+    if bias.ndim != 1 or bias.shape[0] != k:
+        raise ValueError(f"expected bias to be 1-dimensional with {k} elements, but got bias of size {list(bias.shape)}")
+    if bias.dtype != ref.dtype:
+        raise TypeError(f"bias type ({bias.dtype.name}) and input type ({ref.dtype.name}) should be the same")
+    if bias.device != ref.device:
+        raise ValueError(f"expected bias on cuda:{ref.device} like the input, got cuda:{bias.device}")
+    return bias
+
+
+def suggest_memory_format(*tensors: Tensor) -> str:
+    """``cudnn_conv_suggest_memory_format``: channels_last when input or weight is channels_last."""
+    if tensors[0].ndim in (4, 5):
+        for t in tensors:
+            if t.memory_format == "channels_last":
+                return "channels_last"
+    return "contiguous"
+
+
+def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: int, name: str = "out") -> Tensor:
+    if out is None:
+        return empty(shape, like.dtype, memory_format=fmt, device=like.device, stream=stream)
+    out = as_tensor(out)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(out.shape)}")
+    if out.dtype != like.dtype:
+        raise TypeError(f"{name}: expected dtype {like.dtype.name}, got {out.dtype.name}")
+    if out.device != like.device:
+        raise ValueError(f"{name}: expected a tensor on cuda:{like.device}, got cuda:{out.device}")
+    return out
+
+
+def _flags(given: dict[str, Any]) -> dict[str, Any]:
+    return config.resolve(given)
+
+
+# ---- the runner -----------------------------------------------------------------------------------
+
+class _Call:
+    """One convolution call after validation: tensors in forward roles and the geometry."""
+
+    def __init__(self, api: str, direction: str, x: Tensor, w: Tensor, y: Tensor,
+                 stride, padding, dilation, groups: int, flags: dict[str, Any], stream: Any,
+                 epilogue: str = "", z: Tensor | None = None, bias: Tensor | None = None,
+                 alpha: float = 1.0) -> None:
+        from .memory import resolve_stream
+
+        self.api, self.direction = api, direction
+        self.x, self.w, self.y = x, w, y
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        self.flags = flags
+        self.stream = resolve_stream(stream)
+        # The tensors given so far (the written one is attached after allocation): x and w for
+        # forward, dy and w for backward data, x and dy for backward filter.
+        given = [t for t in (x, w, y) if t is not None]
+        self.device = given[0].device
+        self._handle: int | None = None
+        self.fmt = suggest_memory_format(*given)
+        self.epilogue, self.z, self.bias, self.alpha = epilogue, z, bias, float(alpha)
+        self.strategy = strategy_for(flags["engine"])
+
+    @property
+    def handle(self) -> int:
+        """This thread's cuDNN handle for the device, with the call's stream set (on first use,
+        so that validation never needs a GPU)."""
+        if self._handle is None:
+            from .handle import get_handle
+
+            self._handle = get_handle(self.device, self.stream)
+        return self._handle
+
+    # -- layout helpers --
+    def _dense(self, t: Tensor) -> bool:
+        return t.is_contiguous(self.fmt)
+
+    def _copy(self, src: Tensor, dst: Tensor) -> None:
+        """dst <- src through cudnnTransformTensor (any strides, same shape and dtype)."""
+        transform(self.handle, src, dst)
+
+    def run(self) -> None:
+        written = {"forward": "y", "backward_data": "x", "backward_filter": "w"}[self.direction]
+        roles = {"x": self.x, "w": self.w, "y": self.y}
+        user_out = roles[written]
+        staged: list[Tensor] = []
+        for role in ("x", "w", "y"):
+            t = roles[role]
+            if self._dense(t):
+                continue
+            tmp = empty(t.shape, t.dtype, memory_format=self.fmt, device=t.device, stream=self.stream)
+            staged.append(tmp)
+            if role != written:
+                self._copy(t, tmp)
+            roles[role] = tmp
+        z = self.z
+        if z is not None and not self._dense(z):
+            z = empty(z.shape, z.dtype, memory_format=self.fmt, device=z.device, stream=self.stream)
+            self._copy(self.z, z)
+        self._run_split(roles["x"], roles["w"], roles["y"], z)
+        if roles[written] is not user_out:
+            self._copy(roles[written], user_out)
+
+    def _run_split(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None) -> None:
+        """split_batch_dim_to_32bit_out: pieces along N when a tensor exceeds 2^31 - 1 elements."""
+        ni, no = x.size, y.size
+        if ni <= INT_MAX and no <= INT_MAX:
+            self._run_one(x, w, y, z, accumulate=False)
+            return
+        n = x.shape[0]
+        inner = max(ni, no) // n
+        if inner > INT_MAX:
+            raise ValueError(
+                f"{self.api}: one sample holds {inner} elements (input {list(x.shape[1:])}, output "
+                f"{list(y.shape[1:])}), more than cuDNN's 32-bit indexing allows (2^31 - 1); split "
+                f"the channels or spatial dims yourself")
+        # The reference's heuristic: pieces of 256M (512M for backward filter) elements at most.
+        budget = (1 << 29) if self.direction == "backward_filter" else (1 << 28)
+        split = max(budget // inner, 1)
+        log.debug("%s: splitting the batch of %d into pieces of %d (tensors above 2^31-1 elements)",
+                  self.api, n, split)
+        if self.direction == "backward_filter":
+            self._run_filter_split(x, w, y, split)
+            return
+        for start in range(0, n, split):
+            length = min(split, n - start)
+            self._run_one(x.narrow(0, start, length), w, y.narrow(0, start, length),
+                          z.narrow(0, start, length) if z is not None else None, accumulate=False)
+
+    def _run_filter_split(self, x: Tensor, w: Tensor, dy: Tensor, split: int) -> None:
+        """Backward filter over batch pieces, summed in float32 for half and bfloat16, cast once."""
+        from .tensor import zeros
+
+        n = x.shape[0]
+        acc_dtype = "float32" if w.dtype.name in ("float16", "bfloat16") else w.dtype
+        acc = zeros(w.shape, acc_dtype, memory_format=self.fmt, device=w.device, stream=self.stream)
+        piece = empty(w.shape, w.dtype, memory_format=self.fmt, device=w.device, stream=self.stream)
+        for start in range(0, n, split):
+            length = min(split, n - start)
+            self._run_one(x.narrow(0, start, length), piece, dy.narrow(0, start, length), None,
+                          accumulate=False)
+            add_tensor(self.handle, piece, acc, beta=1.0)
+        transform(self.handle, acc, w)
+
+    def _params(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None) -> ConvolutionParams:
+        f = self.flags
+        x4, w4, y4 = _unsqueeze(x), _unsqueeze(w), _unsqueeze(y)
+        stride, padding, dilation = self.stride, self.padding, self.dilation
+        if x.ndim == 3:
+            stride, padding, dilation = (1,) + stride, (0,) + padding, (1,) + dilation
+        return ConvolutionParams(
+            direction=self.direction, device=self.device, cudnn_version=_lib.version(),
+            dtype=x.dtype.name, input_shape=x4.shape, input_strides=x4.strides,
+            weight_shape=w4.shape, weight_format="NHWC" if self.fmt == "channels_last" else "NCHW",
+            output_shape=y4.shape, output_strides=y4.strides, padding=padding, stride=stride,
+            dilation=dilation, groups=self.groups, deterministic=f["deterministic"],
+            allow_tf32=f["allow_tf32"], workspace_limit=f["workspace_limit"], engine=f["engine"],
+            epilogue=self.epilogue,
+            z_strides=_unsqueeze(z).strides if z is not None else None,
+            alpha=self.alpha if self.epilogue == "add_relu" else 1.0)
+
+    def _run_one(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None, accumulate: bool) -> None:
+        params = self._params(x, w, y, z)
+        written = {"forward": y, "backward_data": x, "backward_filter": w}[self.direction]
+        reads = [x, w, y] if self.direction != "forward" else [x, w]
+        reads = [t for t in reads if t is not written] + ([z] if z is not None else [])
+        args = ConvolutionArgs(
+            params=params, handle=self.handle, stream=self.stream, x=x.ptr, w=w.ptr, y=y.ptr,
+            benchmark=self.flags["benchmark"], z=z.ptr if z is not None else 0,
+            bias=self.bias.ptr if self.bias is not None else 0,
+            out_may_hold_data=any(_overlaps(written, t) for t in reads))
+        args.extra["benchmark_limit"] = self.flags.get("benchmark_limit")
+        try:
+            record = try_all(args, self.strategy)
+        except (CudnnError, NoAlgorithmError, OutOfMemoryError) as exc:
+            raise exc.add_context(*self._context(params)) from None
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: %s -> %s", self.api, params.short(), _describe(record))
+
+    def _context(self, params: ConvolutionParams) -> list[str]:
+        from .repro import repro_lines
+
+        return repro_lines(self, params)
+
+
+def _describe(record: Any) -> str:
+    return record.describe() if hasattr(record, "describe") else repr(record)
+
+
+def _overlaps(a: Tensor, b: Tensor) -> bool:
+    """Whether the memory spans of two tensors intersect (conservative: by extent)."""
+    if a.size == 0 or b.size == 0:
+        return False
+    a0, a1 = a.ptr, a.ptr + a.span_bytes
+    b0, b1 = b.ptr, b.ptr + b.span_bytes
+    return a0 < b1 and b0 < a1
+
+
+def _unsqueeze(t: Tensor) -> Tensor:
+    """A 3-D (N, C, L) tensor as 4-D (N, C, 1, L); others unchanged (a view, no copy)."""
+    if t.ndim != 3:
+        return t
+    return t.unsqueeze(2)
+
+
+# ---- cuDNN tensor operations used around the convolution ---------------------------------------
+
+def _tensor_desc(t: Tensor):
+    from .descriptors import TensorDescriptor
+
+    t4 = _unsqueeze(t) if t.ndim == 3 else t
+    return TensorDescriptor(t4.shape, t4.dtype, t4.strides)
+
+
+def transform(handle: int, src: Tensor, dst: Tensor) -> None:
+    """``dst = src`` for tensors of one shape with any strides (and dtypes cuDNN converts)."""
+    if src.size == 0:
+        return
+    with _tensor_desc(src) as sd, _tensor_desc(dst) as dd:
+        one, zero = scalar_pointers(dst.dtype.name if dst.dtype.name == "float64" else "float32")
+        st = _lib.lib().cudnnTransformTensor(handle, one, sd.handle, src.ptr, zero, dd.handle, dst.ptr)
+        if st:
+            _lib.raise_status(st, "cudnnTransformTensor", f"  src: {sd!r}", f"  dst: {dd!r}")
+
+
+def add_tensor(handle: int, a: Tensor, c: Tensor, alpha: float = 1.0, beta: float = 1.0) -> None:
+    """``c = alpha * a + beta * c`` (a broadcast over c where a has unit dims) via cudnnAddTensor."""
+    if c.size == 0:
+        return
+    with _tensor_desc(a) as ad, _tensor_desc(c) as cd:
+        kind = "float64" if c.dtype.name == "float64" else "float32"
+        al = ctypes.c_double(alpha) if kind == "float64" else ctypes.c_float(alpha)
+        be = ctypes.c_double(beta) if kind == "float64" else ctypes.c_float(beta)
+        st = _lib.lib().cudnnAddTensor(handle, ctypes.addressof(al), ad.handle, a.ptr,
+                                       ctypes.addressof(be), cd.handle, c.ptr)
+        if st:
+            _lib.raise_status(st, "cudnnAddTensor", f"  A: {ad!r}", f"  C: {cd!r}")
+
+
+def _bias_view(bias: Tensor, ndim: int) -> Tensor:
+    """The 1-D bias as (1, K, 1, ...) for broadcasting over an ``ndim``-dim output."""
+    from .tensor import tensor_from_pointer
+
+    k = bias.shape[0]
+    s = bias.strides[0] if bias.strides else 1
+    return tensor_from_pointer(bias.ptr, (1, k) + (1,) * (ndim - 2), bias.dtype,
+                               strides=(k * s, s) + (s,) * (ndim - 2), device=bias.device, owner=bias)
+
+
+def add_bias(handle: int, y: Tensor, bias: Tensor) -> None:
+    add_tensor(handle, _bias_view(bias, y.ndim), y, 1.0, 1.0)
+
+
+def relu_(handle: int, y: Tensor) -> None:
+    """In-place ReLU through cudnnActivationForward."""
+    from .algos import _relu_descriptor
+    from .descriptors import ActivationDescriptor
+
+    if y.size == 0:
+        return
+    act = _relu_descriptor(ActivationDescriptor)
+    with _tensor_desc(y) as yd:
+        one, zero = scalar_pointers(y.dtype.name)
+        st = _lib.lib().cudnnActivationForward(handle, act.handle, one, yd.handle, y.ptr, zero,
+                                               yd.handle, y.ptr)
+        if st:
+            _lib.raise_status(st, "cudnnActivationForward", f"  y: {yd!r}")
+
+
+def _fill_zero(t: Tensor, stream: int) -> None:
+    from .memory import memset
+
+    if t.size:
+        memset(t.ptr, t.span_bytes, stream)
+
+
+# ---- public API -----------------------------------------------------------------------------------
+
+def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
+                dilation: Any = 1, groups: int = 1, out: Any = None, stream: Any = None,
+                **flags: Any) -> Tensor:
+    """Convolution (cross-correlation, as PyTorch's ``conv1d/2d/3d``) on device memory.
+
+    Args:
+        x: input ``(N, C, *spatial)``, anything :func:`pycudnn.as_tensor` accepts (1 to 3 spatial dims).
+        w: weight ``(K, C/groups, *kernel)``.
+        bias: optional ``(K,)``, added to the output.
+        stride, padding, dilation: an int or one int per spatial dim.
+        groups: number of channel groups.
+        out: optional output tensor of the right shape, dtype and device (any strides).
+        stream: the CUDA stream to run on (int handle, cuda.core Stream, or an object with
+            ``__cuda_stream__``); default the legacy default stream.
+        **flags: ``benchmark``, ``deterministic``, ``allow_tf32``, ``workspace_limit``, ``engine``;
+            defaults from :data:`pycudnn.config`.
+
+    Returns:
+        The output ``(N, K, *out_spatial)`` as a :class:`pycudnn.Tensor` (``out`` when given).
+    """
+    x, w = as_tensor(x), as_tensor(w)
+    fn = _CONV_NAMES.get(x.ndim, "convolution")
+    nd = _check_rank(x, "input", fn)
+    _check_pair(x, "input", w, "weight")
+    stride, padding, dilation = _geometry(stride, padding, dilation, nd)
+    groups = _groups(groups)
+    _check_channels(x.shape, w.shape, groups, fn)
+    spatial = _check_output_positive(x.shape, w.shape[2:], stride, padding, dilation, fn)
+    b = _check_bias(bias, w.shape[0], x) if bias is not None else None
+    f = _flags(flags)
+    call = _Call(fn, "forward", x, w, None, stride, padding, dilation, groups, f, stream)  # type: ignore[arg-type]
+    y = _output(out, (x.shape[0], w.shape[0]) + spatial, x, call.fmt, call.stream)
+    call.y = y
+    if x.size == 0 or y.size == 0:
+        _fill_zero(y, call.stream)
+    else:
+        call.run()
+    if b is not None and y.size:
+        add_bias(call.handle, y, b)
+    return y
+
+
+def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
+                   output_padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
+                   stream: Any = None, **flags: Any) -> Tensor:
+    """Transposed convolution (PyTorch's ``conv_transpose1d/2d/3d``): the gradient of a
+    convolution with respect to its input.
+
+    ``w`` is ``(C, K/groups, *kernel)``; the output is ``(N, K, *o)`` with
+    ``o = (i - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1``.
+    """
+    x, w = as_tensor(x), as_tensor(w)
+    fn = {3: "conv_transpose1d", 4: "conv_transpose2d", 5: "conv_transpose3d"}.get(x.ndim, "conv_transpose")
+    nd = _check_rank(x, "input", fn)
+    _check_pair(x, "input", w, "weight")
+    stride, padding, dilation = _geometry(stride, padding, dilation, nd)
+    output_padding = _spatial("output_padding", output_padding, nd, 0, "negative output_padding is not supported")
+    for op, s, d in zip(output_padding, stride, dilation):
+        if op >= s and op >= d:
+            raise ValueError(f"{fn}: output padding must be smaller than either stride or dilation, "
+                             f"but got output_padding={list(output_padding)}, stride={list(stride)}, "
+                             f"dilation={list(dilation)}")
+    groups = _groups(groups)
+    if w.shape[0] != x.shape[1]:
+        raise ValueError(f"{fn}: given weight of size {list(w.shape)}, expected input{list(x.shape)} to "
+                         f"have {w.shape[0]} channels, but got {x.shape[1]} channels instead")
+    if w.shape[0] % groups:
+        raise ValueError(f"{fn}: expected weight of size {list(w.shape)} to have a first dim "
+                         f"divisible by groups={groups}")
+    k_out = w.shape[1] * groups
+    spatial = tuple((i - 1) * s - 2 * p + d * (k - 1) + op + 1
+                    for i, k, s, p, d, op in zip(x.shape[2:], w.shape[2:], stride, padding, dilation, output_padding))
+    if any(o < 1 for o in spatial):
+        raise ValueError(f"{fn}: calculated output size {list(spatial)} is too small")
+    b = _check_bias(bias, k_out, x) if bias is not None else None
+    y = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride, padding, dilation, groups,
+                       out, stream, flags)
+    if b is not None and y.size:
+        from .handle import get_handle
+        from .memory import resolve_stream
+
+        s = resolve_stream(stream)
+        add_bias(get_handle(y.device, s), y, b)
+    return y
+
+
+def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *, stride: Any = 1,
+                              padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
+                              stream: Any = None, **flags: Any) -> Tensor:
+    """Gradient of a convolution with respect to its input, of shape ``input_shape``."""
+    grad_y, w = as_tensor(grad_y), as_tensor(w)
+    fn = "convolution_backward_data"
+    nd = _check_rank(grad_y, "grad_y", fn)
+    _check_pair(grad_y, "grad_y", w, "weight")
+    stride, padding, dilation = _geometry(stride, padding, dilation, nd)
+    groups = _groups(groups)
+    input_shape = _shape_arg("input_shape", input_shape, grad_y.ndim)
+    _check_channels(input_shape, w.shape, groups, fn)
+    expected = (input_shape[0], w.shape[0]) + _check_output_positive(input_shape, w.shape[2:], stride, padding, dilation, fn)
+    if tuple(grad_y.shape) != expected:
+        raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input_shape "
+                         f"{list(input_shape)} and weight {list(w.shape)}, but got {list(grad_y.shape)}")
+    return _backward_data(fn, grad_y, w, input_shape, stride, padding, dilation, groups, out, stream, flags)
+
+
+def _backward_data(fn, dy: Tensor, w: Tensor, input_shape, stride, padding, dilation, groups, out, stream, flags) -> Tensor:
+    f = _flags(flags)
+    call = _Call(fn, "backward_data", None, w, dy, stride, padding, dilation, groups, f, stream)  # type: ignore[arg-type]
+    dx = _output(out, tuple(input_shape), dy, call.fmt, call.stream)
+    call.x = dx
+    if dx.size == 0:
+        return dx
+    if dy.size == 0:
+        _fill_zero(dx, call.stream)
+        return dx
+    call.run()
+    return dx
+
+
+def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int], *, stride: Any = 1,
+                                padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
+                                stream: Any = None, **flags: Any) -> Tensor:
+    """Gradient of a convolution with respect to its weight, of shape ``weight_shape``."""
+    x, grad_y = as_tensor(x), as_tensor(grad_y)
+    fn = "convolution_backward_filter"
+    nd = _check_rank(x, "input", fn)
+    _check_pair(x, "input", grad_y, "grad_y")
+    stride, padding, dilation = _geometry(stride, padding, dilation, nd)
+    groups = _groups(groups)
+    weight_shape = _shape_arg("weight_shape", weight_shape, x.ndim)
+    _check_channels(x.shape, weight_shape, groups, fn)
+    expected = (x.shape[0], weight_shape[0]) + _check_output_positive(x.shape, weight_shape[2:], stride, padding, dilation, fn)
+    if tuple(grad_y.shape) != expected:
+        raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input {list(x.shape)} "
+                         f"and weight_shape {list(weight_shape)}, but got {list(grad_y.shape)}")
+    f = _flags(flags)
+    call = _Call(fn, "backward_filter", x, None, grad_y, stride, padding, dilation, groups, f, stream)  # type: ignore[arg-type]
+    fmt = call.fmt
+    dw = _output(out, weight_shape, x, fmt, call.stream)
+    call.w = dw
+    if x.size == 0 or grad_y.size == 0:
+        _fill_zero(dw, call.stream)  # an empty batch contributes nothing to the gradient
+        return dw
+    call.run()
+    return dw
+
+
+def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: Any = None,
+                         stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                         out: Any = None, stream: Any = None, **flags: Any) -> Tensor:
+    """``relu(conv(x, w) + alpha * z + bias)``, fused where cuDNN can, else in separate steps.
+
+    ``z`` has the output's shape; ``out`` may be ``z`` itself (an in-place residual).
+    """
+    x, w, z = as_tensor(x), as_tensor(w), as_tensor(z)
+    fn = "convolution_add_relu"
+    nd = _check_rank(x, "input", fn)
+    _check_pair(x, "input", w, "weight")
+    _check_pair(x, "input", z, "z")
+    stride, padding, dilation = _geometry(stride, padding, dilation, nd)
+    groups = _groups(groups)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
+        raise TypeError(f"alpha: expected a real number, got {alpha!r}")
+    _check_channels(x.shape, w.shape, groups, fn)
+    spatial = _check_output_positive(x.shape, w.shape[2:], stride, padding, dilation, fn)
+    shape = (x.shape[0], w.shape[0]) + spatial
+    if tuple(z.shape) != shape:
+        raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got {list(z.shape)}")
+    b = _check_bias(bias, w.shape[0], x) if bias is not None else None
+    f = _flags(flags)
+    call = _Call(fn, "forward", x, w, None, stride, padding, dilation, groups, f, stream,  # type: ignore[arg-type]
+                 epilogue="add_relu", z=z, alpha=float(alpha))
+    y = _output(out, shape, x, call.fmt, call.stream)
+    if y.size == 0:
+        return y
+    if x.size == 0:
+        _fill_zero(y, call.stream)
+        _epilogue_steps(call.handle, y, z, float(alpha), b)
+        return y
+    if b is None:
+        from .tensor import zeros
+
+        b_full = zeros((w.shape[0],), x.dtype, device=x.device, stream=call.stream)
+    else:
+        b_full = b
+    call.y, call.bias = y, b_full
+    try:
+        call.run()
+        return y
+    except NoAlgorithmError as exc:
+        log.info("%s: no fused algorithm ran (%s); falling back to separate operations",
+                 fn, str(exc).split("\n", 1)[0])
+    # Fallback (the reference's raw_cudnn_convolution_add_relu_fallback_out): conv, then add, relu.
+    target = y if not _overlaps(y, z) else empty(shape, x.dtype, memory_format=call.fmt,
+                                                 device=x.device, stream=call.stream)
+    convolution(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups, out=target,
+                stream=call.stream, **flags)
+    _epilogue_steps(call.handle, target, z, float(alpha), b)
+    if target is not y:
+        transform(call.handle, target, y)
+    return y
+
+
+def _epilogue_steps(handle: int, y: Tensor, z: Tensor, alpha: float, bias: Tensor | None) -> None:
+    add_tensor(handle, z, y, alpha=alpha, beta=1.0)
+    if bias is not None:
+        add_bias(handle, y, bias)
+    relu_(handle, y)
+
+
+def _shape_arg(name: str, shape: Any, ndim: int) -> tuple[int, ...]:
+    if not isinstance(shape, (tuple, list)) or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in shape):
+        raise TypeError(f"{name}: expected a tuple of {ndim} ints, got {shape!r}")
+    if len(shape) != ndim:
+        raise ValueError(f"{name}: expected {ndim} sizes, got {len(shape)}: {list(shape)}")
+    if any(s < 0 for s in shape):
+        raise ValueError(f"{name}: expected non-negative sizes, got {list(shape)}")
+    return tuple(int(s) for s in shape)

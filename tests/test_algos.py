@@ -1,0 +1,287 @@
+"""CPU tests of the search contract: the cache key, the caches and the iterator's fallback order.
+
+The strategies here are scripted stand-ins for an engine (they decide which candidate fails and
+how); the iterator, cache and key under test are pycudnn's real ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+
+from pycudnn import algos
+from pycudnn.algos import (AlgoRecord, BenchmarkCache, ConvolutionArgs, ConvolutionParams,
+                           check_precision, try_all)
+from pycudnn.errors import (CudnnBadParamError, CudnnNotSupportedError, NoAlgorithmError,
+                            OutOfMemoryError, PycudnnError)
+
+
+def make_params(**over) -> ConvolutionParams:
+    base = dict(direction="forward", device=0, cudnn_version=91900, dtype="float32",
+                input_shape=(2, 4, 8, 8), input_strides=(256, 64, 8, 1),
+                weight_shape=(8, 4, 3, 3), weight_format="NCHW",
+                output_shape=(2, 8, 8, 8), output_strides=(512, 64, 8, 1),
+                padding=(1, 1), stride=(1, 1), dilation=(1, 1), groups=1,
+                deterministic=False, allow_tf32=True, workspace_limit=None, engine="v7")
+    base.update(over)
+    return ConvolutionParams(**base)
+
+
+# ---- the key ------------------------------------------------------------------------------------
+
+def test_params_equal_and_hash_equal():
+    a, b = make_params(), make_params()
+    assert a == b and hash(a) == hash(b)
+    assert len({a, b}) == 1
+
+
+@pytest.mark.parametrize("field,value", [
+    ("device", 1), ("cudnn_version", 92800), ("dtype", "float16"),
+    ("input_shape", (2, 4, 8, 9)), ("input_strides", (256, 1, 32, 4)),
+    ("weight_shape", (8, 4, 1, 1)), ("weight_format", "NHWC"),
+    ("output_strides", (512, 1, 64, 8)), ("padding", (0, 1)), ("stride", (2, 1)),
+    ("dilation", (1, 2)), ("groups", 2), ("deterministic", True), ("allow_tf32", False),
+    ("workspace_limit", 1 << 20), ("engine", "graph"), ("epilogue", "add_relu"),
+    ("direction", "backward_data"), ("alpha", 0.5),
+])
+def test_every_field_changes_the_key(field, value):
+    # CuPy's key left out dilation and groups; PaddlePaddle shipped the same bug.
+    a = make_params()
+    b = dataclasses.replace(a, **{field: value})
+    assert a != b
+    assert hash(a) != hash(b) or a != b  # distinct keys even if the hashes collided
+    cache = BenchmarkCache("forward")
+    cache.insert(a, "A")
+    assert cache.get(b) is None
+
+
+def test_params_are_immutable():
+    p = make_params()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.groups = 2  # type: ignore[misc]
+
+
+# ---- scripted strategy ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Rec:
+    name: str
+    workspace: int = 0
+
+    def describe(self) -> str:
+        return f"rec {self.name} ({self.workspace} B)"
+
+
+class Scripted:
+    """Candidates in a fixed order; ``fail`` maps a candidate name to the exception it raises."""
+
+    name = "scripted"
+
+    def __init__(self, candidates, fail=None, default=None, delay=0.0):
+        self._candidates = list(candidates)
+        self.fail = dict(fail or {})
+        self.default = default or [Rec("default")]
+        self.ran: list[str] = []
+        self.searches = 0
+        self.delay = delay
+        self.lock = threading.Lock()
+
+    def candidates(self, args):
+        with self.lock:
+            self.searches += 1
+        time.sleep(self.delay)
+        return list(self._candidates)
+
+    def default_candidates(self, args):
+        return list(self.default)
+
+    def run(self, args, record):
+        with self.lock:
+            self.ran.append(record.name)
+        exc = self.fail.get(record.name)
+        if exc is not None:
+            raise exc
+
+
+def args_for(params, benchmark=False):
+    return ConvolutionArgs(params=params, handle=0, stream=0, x=0, w=0, y=0, benchmark=benchmark)
+
+
+def oom():
+    return OutOfMemoryError("out of memory (injected)")
+
+
+def bad():
+    return CudnnBadParamError(2000, "cudnnConvolutionForward", "CUDNN_STATUS_BAD_PARAM", "injected")
+
+
+def test_first_success_is_cached_and_tried_first_next_time():
+    s = Scripted([Rec("a"), Rec("b")])
+    cache = BenchmarkCache("forward")
+    p = make_params()
+    assert try_all(args_for(p), s, cache).name == "a"
+    assert cache.get(p) == Rec("a")
+    s.ran.clear()
+    assert try_all(args_for(p), s, cache).name == "a"
+    assert s.ran == ["a"] and s.searches == 1  # cache hit: no second search
+
+
+def test_candidate_failing_with_cudnn_error_falls_to_next():
+    s = Scripted([Rec("a"), Rec("b"), Rec("c")], fail={"a": bad(), "b": CudnnNotSupportedError(3000, "f")})
+    cache = BenchmarkCache("forward")
+    assert try_all(args_for(make_params()), s, cache).name == "c"
+    assert s.ran == ["a", "b", "c"]
+    assert cache.get(make_params()).name == "c"
+
+
+def test_cached_record_out_of_memory_searches_again():
+    s = Scripted([Rec("big", 1 << 30), Rec("small", 0)])
+    cache = BenchmarkCache("forward")
+    p = make_params()
+    cache.insert(p, Rec("big", 1 << 30))
+    s.fail = {"big": oom()}
+    assert try_all(args_for(p), s, cache).name == "small"
+    assert s.ran == ["big", "big", "small"] and s.searches == 1
+    assert cache.get(p).name == "small"
+
+
+def test_cached_record_failing_with_other_error_propagates():
+    # The reference only recovers from out-of-memory on the cached record.
+    s = Scripted([Rec("a")], fail={"a": bad()})
+    cache = BenchmarkCache("forward")
+    cache.insert(make_params(), Rec("a"))
+    with pytest.raises(CudnnBadParamError):
+        try_all(args_for(make_params()), s, cache)
+
+
+def test_workspace_limit_skips_large_candidates():
+    s = Scripted([Rec("huge", 10_000), Rec("fits", 100)])
+    p = make_params(workspace_limit=1000)
+    assert try_all(args_for(p), s, BenchmarkCache("forward")).name == "fits"
+    assert s.ran == ["fits"]
+
+
+def test_all_fail_lists_every_candidate_and_why():
+    s = Scripted([Rec("a", 1), Rec("b", 2), Rec("c", 5000)], fail={"a": oom(), "b": bad()})
+    p = make_params(workspace_limit=100)
+    with pytest.raises(NoAlgorithmError) as info:
+        try_all(args_for(p), s, BenchmarkCache("forward"))
+    msg = str(info.value)
+    assert "rec a (1 B): OutOfMemoryError" in msg
+    assert "rec b (2 B): CudnnBadParamError" in msg
+    assert "rec c (5000 B)" in msg and "workspace_limit=100" in msg
+    assert [f[0] for f in info.value.failures] == ["rec a (1 B)", "rec b (2 B)", "rec c (5000 B)"]
+
+
+def test_other_exceptions_are_not_swallowed():
+    s = Scripted([Rec("a"), Rec("b")], fail={"a": ZeroDivisionError("bug")})
+    with pytest.raises(ZeroDivisionError):
+        try_all(args_for(make_params()), s, BenchmarkCache("forward"))
+
+
+def test_deterministic_without_benchmark_uses_only_the_default_and_does_not_cache():
+    s = Scripted([Rec("a")], default=[Rec("default")])
+    cache = BenchmarkCache("forward")
+    p = make_params(deterministic=True)
+    assert try_all(args_for(p, benchmark=False), s, cache).name == "default"
+    assert s.searches == 0 and cache.get(p) is None
+    # with benchmark the search runs (and filters for determinism itself)
+    assert try_all(args_for(p, benchmark=True), s, cache).name == "a"
+    assert s.searches == 1
+
+
+def test_one_search_per_key_across_threads():
+    s = Scripted([Rec("a")], delay=0.05)
+    cache = BenchmarkCache("forward")
+    p = make_params()
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(try_all(args_for(p), s, cache)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8 and all(r.name == "a" for r in results)
+    assert s.searches == 1 and cache.searches == 1
+
+
+def test_reader_does_not_wait_on_a_search_for_another_key():
+    slow = Scripted([Rec("slow")], delay=1.0)
+    cache = BenchmarkCache("forward")
+    p_slow, p_fast = make_params(), make_params(groups=2)
+    cache.insert(p_fast, Rec("fast"))
+    t = threading.Thread(target=try_all, args=(args_for(p_slow), slow, cache))
+    t.start()
+    time.sleep(0.1)  # the slow search now holds its key's lock
+    t0 = time.perf_counter()
+    fast = Scripted([Rec("fast")])
+    assert try_all(args_for(p_fast), fast, cache).name == "fast"
+    assert time.perf_counter() - t0 < 0.5
+    t.join()
+
+
+def test_cache_is_bounded_and_clearable():
+    cache = BenchmarkCache("forward", maxsize=3)
+    keys = [make_params(groups=g) for g in range(1, 6)]
+    for i, k in enumerate(keys):
+        cache.insert(k, i)
+    assert len(cache) == 3
+    assert cache.get(keys[0]) is None and cache.get(keys[-1]) == 4
+    cache.clear()
+    assert len(cache) == 0
+
+
+def test_benchmark_cache_listing_and_clear_caches():
+    algos.clear_caches()
+    p = make_params(epilogue="add_relu")
+    algos.caches["forward"].insert(p, AlgoRecord(1, 0, 128, 0.5, True, "forward", "find"))
+    rows = algos.benchmark_cache()
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["direction"] == "forward" and row["fused"] is True and row["workspace"] == 128
+    assert "IMPLICIT_PRECOMP_GEMM" in row["choice"] and "0.5000 ms" in row["choice"]
+    algos.clear_caches()
+    assert algos.benchmark_cache() == []
+
+
+# ---- v7 rules that need no GPU ----------------------------------------------------------------------
+
+def test_precision_rule():
+    strict = make_params(allow_tf32=False)
+    check_precision(strict, 3)  # FMA_MATH
+    with pytest.raises(PycudnnError, match="FMA"):
+        check_precision(strict, 1)  # TENSOR_OP_MATH
+    check_precision(make_params(allow_tf32=True), 1)
+    check_precision(make_params(dtype="float16", allow_tf32=False), 1)
+
+
+def _perf(direction, rows):
+    table = algos._V7_TABLE[direction]
+    arr = (table.perf_struct * len(rows))()
+    for i, (algo, status, det, math, mem) in enumerate(rows):
+        arr[i].algo, arr[i].status, arr[i].determinism = algo, status, det
+        arr[i].mathType, arr[i].memory, arr[i].time = math, mem, 0.1 * (i + 1)
+    return arr
+
+
+def test_valid_algorithm_filter():
+    rows = [(1, 0, 0, 0, 10), (0, 3000, 1, 0, 0), (2, 0, 1, 1, 20), (3, 0, 1, 3, 30)]
+    perf = _perf("forward", rows)
+    got = algos.V7Search._valid(make_params(), perf, 4, "find")
+    assert [r.algo for r in got] == [1, 2, 3]  # status != success dropped, order kept
+    det = algos.V7Search._valid(make_params(deterministic=True), perf, 4, "find")
+    assert [r.algo for r in det] == [2, 3]
+    strict = algos.V7Search._valid(make_params(allow_tf32=False), perf, 4, "find")
+    assert [r.algo for r in strict] == [3]  # only FMA math for strict float32
+    with pytest.raises(NoAlgorithmError, match="no valid convolution algorithms"):
+        algos.V7Search._valid(make_params(), _perf("forward", [(0, 3000, 1, 0, 0)]), 1, "find")
+
+
+def test_backward_filter_search_leaves_out_winograd():
+    assert 4 not in algos._V7_TABLE["backward_filter"].algos
+    assert len(algos._V7_TABLE["backward_filter"].algos) == 6
+    assert len(algos._V7_TABLE["forward"].algos) == 8
+    assert len(algos._V7_TABLE["backward_data"].algos) == 6
