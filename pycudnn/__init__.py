@@ -31,7 +31,7 @@ _EXPORTS: dict[str, str] = {
     # handles and streams
     "get_handle": "handle", "device_count": "handle",
     # configuration
-    "config": "config", "flags": "config",
+    "config": "configuration", "flags": "configuration",
     # algorithm search and caches
     "benchmark_cache": "algos", "clear_caches": "algos", "ConvolutionParams": "algos",
     # convolutions
@@ -58,7 +58,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ._lib import cudart_version, library_path, version, version_tuple
     from .algos import ConvolutionParams, benchmark_cache, clear_caches
-    from .config import config, flags
+    from .configuration import config, flags
     from .conv import (conv_transpose, convolution, convolution_add_relu,
                        convolution_backward_data, convolution_backward_filter)
     from .descriptors import (ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
-from ctypes import c_bool, c_char, c_double, c_float, c_int, c_int32, c_int64, c_void_p
+from ctypes import c_bool, c_char, c_double, c_float, c_int32, c_int64, c_void_p
 from enum import IntEnum
 from typing import Iterable, Sequence
 
@@ -410,7 +410,15 @@ def to_data_type(value) -> int:
         raise TypeError(f"not a data type: {value!r}")
     if isinstance(value, int):
         return int(DataType(value))  # ValueError for unknown numbers
+    if isinstance(value, str):  # names need no ml_dtypes (bfloat16 by name works without it)
+        v = _DATA_TYPE_NAMES.get(value.lower())
+        if v is not None:
+            return v
     return int(dtype_to_cudnn(value))  # TypeError naming accepted dtypes
+
+
+_DATA_TYPE_NAMES = {"float32": 0, "float": 0, "float64": 1, "double": 1, "float16": 2, "half": 2,
+                    "bfloat16": 9}
 
 
 # ---- live counter ------------------------------------------------------------------------------
@@ -487,19 +495,21 @@ class BackendDescriptor:
     __slots__ = ("_ptr", "dtype", "finalized", "_children", "_finalizer", "__weakref__")
 
     def __init__(self, dtype: DescriptorType | int) -> None:
-        if isinstance(dtype, bool) or not isinstance(dtype, int):
-            raise TypeError(f"BackendDescriptor: descriptor type must be a DescriptorType, "
-                            f"got {dtype!r}")
-        try:
-            dtype = DescriptorType(dtype)
-        except ValueError:
-            dtype = int(dtype)
+        if type(dtype) is not DescriptorType:  # the common case skips the enum lookup
+            if isinstance(dtype, bool) or not isinstance(dtype, int):
+                raise TypeError(f"BackendDescriptor: descriptor type must be a DescriptorType, "
+                                f"got {dtype!r}")
+            try:
+                dtype = DescriptorType(dtype)
+            except ValueError:
+                dtype = int(dtype)
         L = _lib.lib()
         out = c_void_p()
-        status = L.cudnnBackendCreateDescriptor(int(dtype), ctypes.byref(out))
+        idtype = int(dtype)
+        status = L.cudnnBackendCreateDescriptor(idtype, ctypes.byref(out))
         if status:
             _lib.raise_status(status, "cudnnBackendCreateDescriptor", f"type: {_dtype_label(dtype)}")
-        ptr = int(out.value or 0)
+        ptr = out.value
         if not ptr:
             raise PycudnnError(f"cudnnBackendCreateDescriptor returned NULL for {_dtype_label(dtype)}")
         self._ptr: int | None = ptr
@@ -507,10 +517,10 @@ class BackendDescriptor:
         self.finalized = False
         # Descriptors set on this one: kept alive as long as it is (children are not freed first).
         self._children: list[BackendDescriptor] = []
-        _live.inc(int(dtype))
-        self._finalizer = weakref.finalize(self, _destroy, L.cudnnBackendDestroyDescriptor, ptr,
-                                           _live, int(dtype))
-        self._finalizer.atexit = False
+        _live.inc(idtype)
+        fin = weakref.finalize(self, _destroy, L.cudnnBackendDestroyDescriptor, ptr, _live, idtype)
+        fin.atexit = False
+        self._finalizer = fin
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _lib
 from .algos import ConvolutionArgs, ConvolutionParams, scalar_pointers, strategy_for, try_all
-from .config import config
+from .configuration import config
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError
 from .tensor import Tensor, as_tensor, empty
 

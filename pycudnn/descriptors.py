@@ -1,4 +1,4 @@
-"""RAII wrappers over cuDNN's legacy descriptors: tensor, filter, convolution, activation, op-tensor.
+"""RAII wrappers of cuDNN's legacy descriptors: tensor, filter, convolution, activation, op-tensor.
 
 Each class owns one C descriptor. It is destroyed by a :func:`weakref.finalize` whose callback
 holds only what it needs (the destroy function and the integer handle) and never the Python
@@ -123,17 +123,21 @@ _index = operator.index
 
 def _ints(values: Any, name: str) -> tuple[int, ...]:
     """``values`` as a tuple of Python ints; TypeError for a non-sequence, a bool or a non-int."""
-    if not isinstance(values, (str, bytes)):
+    if type(values) not in (tuple, list):
         try:
-            out = tuple(map(_index, values))  # fast path, at C speed
+            if isinstance(values, (str, bytes)):
+                raise TypeError
+            values = tuple(values)  # iterators are read once; numpy arrays become scalars
         except TypeError:
-            pass
-        else:
-            if bool not in map(type, values):  # bool is an int subclass, never a size here
-                return out
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise TypeError(f"{name}: expected a sequence of ints, got {type(values).__name__} "
-                        f"{values!r}")
+            raise TypeError(f"{name}: expected a sequence of ints, got {type(values).__name__} "
+                            f"{values!r}") from None
+    try:
+        out = tuple(map(_index, values))  # fast path, at C speed
+    except TypeError:
+        pass
+    else:
+        if bool not in map(type, values):  # bool is an int subclass, never a size here
+            return out
     for i, v in enumerate(values):
         if isinstance(v, (bool, np.bool_)):
             raise TypeError(f"{name}: expected ints, got bool {v!r} at index {i} of {values!r}")
@@ -142,7 +146,7 @@ def _ints(values: Any, name: str) -> tuple[int, ...]:
         except TypeError:
             raise TypeError(f"{name}: expected ints, got {type(v).__name__} {v!r} at index {i} "
                             f"of {values!r}") from None
-    raise TypeError(f"{name}: expected a sequence of ints, got {values!r}")  # pragma: no cover
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _check_int32(values: tuple[int, ...], name: str, what: str = "value") -> None:
@@ -191,7 +195,8 @@ def _enum(enum_cls: type, value: Any, name: str):
         except (TypeError, ValueError):
             pass
     choices = ", ".join(m.name for m in enum_cls)
-    raise ValueError(f"{name}: expected a {enum_cls.__name__} ({choices}), got {value!r}")
+    raise ValueError(f"{name}: expected one of {enum_cls.__name__}'s members ({choices}), "
+                     f"got {value!r}")
 
 
 # cuDNN's C spelling of enum values, for repr()
@@ -707,7 +712,7 @@ class ConvolutionDescriptor(_Descriptor):
                              f"larger than the padded input")
 
     def _query(self) -> tuple[list[int], list[int], list[int], int, int, int, int]:
-        """(padding, stride, dilation, mode, compute type, groups, math type) as cuDNN holds them."""
+        """(padding, stride, dilation, mode, compute type, groups, math type) as cuDNN holds."""
         L = lib()
         h = self.handle
         n = MAX_SPATIAL_DIMS

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import pycudnn
-from pycudnn.config import config, flags
+from pycudnn.configuration import config, flags
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,182 @@
+"""cuDNN handles: one per (thread, device), created lazily, pooled across threads.
+
+A cuDNN handle must not be used by two threads at the same moment (ctypes releases the GIL around
+every call, so threads really run concurrently), and creating one costs milliseconds. pycudnn
+therefore does what PyTorch's ``DeviceThreadHandlePool`` does:
+
+* each thread keeps its handles in a ``threading.local`` object, a dict keyed by device;
+* when the thread ends, that object is collected and a ``weakref.finalize`` (which holds the dict,
+  never the object) puts its handles back into a global pool guarded by a lock;
+* a thread that needs a handle takes one from the pool before creating a new one.
+
+Handles are never destroyed: not at thread end (they go back to the pool) and not at interpreter
+exit. PyTorch leaks them on purpose too, because ``cudnnDestroy`` from an exit handler can run
+after the CUDA driver has started shutting down and crash the process. The driver reclaims
+everything when the process ends.
+
+:func:`get_handle` also makes the device current and sets the caller's stream on the handle with
+``cudnnSetStream`` (as PyTorch's ``getCudnnHandle()`` does), skipping the call when the stream is
+the one last set on that handle by this thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from typing import Any
+
+from . import memory as _mem
+from .errors import CudnnError, NoDeviceError
+from .memory import device_count
+
+__all__ = ["get_handle", "device_count", "live_handle_count", "pooled_handle_count"]
+
+_pool_lock = threading.Lock()
+_pool: dict[int, list[int]] = {}     # device -> handles no thread holds
+_created: dict[int, int] = {}        # device -> handles ever created (none is ever destroyed)
+_tls = threading.local()
+_set_stream_fn: Any = None           # lib().cudnnSetStream, bound on first use
+
+# cuDNN statuses that mean "cannot initialise here" rather than a bug: the NOT_INITIALIZED family
+# (1xxx) and the incompatible driver / runtime / architecture / prerequisite ones.
+_INIT_FAILURES = frozenset({3005, 3006, 3007, 3008})
+
+
+def _give_back(handles: dict[int, int], _lock: Any = _pool_lock, _pool: dict = _pool) -> None:
+    """Finalizer of a thread's handle set: return its handles to the pool. It refers neither to
+    the thread's object nor to module globals (the lock and the pool are bound as defaults)."""
+    with _lock:
+        for device, handle in handles.items():
+            _pool.setdefault(device, []).append(handle)
+    handles.clear()
+
+
+class _ThreadHandles:
+    """The calling thread's handles (device -> handle) and the stream last set on each."""
+
+    __slots__ = ("handles", "streams", "__weakref__")
+
+    def __init__(self) -> None:
+        self.handles: dict[int, int] = {}
+        self.streams: dict[int, int] = {}
+        fin = weakref.finalize(self, _give_back, self.handles)
+        fin.atexit = False  # at exit nothing needs pooling, and handles are never destroyed
+
+
+def _thread_handles() -> _ThreadHandles:
+    try:
+        return _tls.state
+    except AttributeError:
+        state = _tls.state = _ThreadHandles()
+        return state
+
+
+def _create(device: int) -> int:
+    """``cudnnCreate`` on ``device`` (already current). Raises NoDeviceError when cuDNN cannot
+    initialise there, with cuDNN's reason."""
+    from . import _lib
+
+    out = ctypes.c_void_p()
+    status = _lib.lib().cudnnCreate(ctypes.byref(out))
+    if status:
+        try:
+            _lib.raise_status(status, "cudnnCreate")
+        except CudnnError as err:
+            if status // 1000 == 1 or status in _INIT_FAILURES:
+                raise NoDeviceError(f"get_handle: cuDNN could not initialise on device {device}: "
+                                    f"{err}") from err
+            raise
+    if not out.value:
+        raise NoDeviceError(f"get_handle: cudnnCreate returned a null handle on device {device}")
+    with _pool_lock:
+        _created[device] = _created.get(device, 0) + 1
+    return out.value
+
+
+def _set_stream(handle: int, stream: int) -> None:
+    global _set_stream_fn
+    fn = _set_stream_fn
+    if fn is None:
+        from . import _lib
+
+        fn = _set_stream_fn = _lib.lib().cudnnSetStream
+    status = fn(handle, stream)
+    if status:
+        from . import _lib
+
+        _lib.raise_status(status, "cudnnSetStream", f"  stream: {stream:#x}")
+
+
+def _acquire(device: Any, state: _ThreadHandles) -> tuple[int, int]:
+    """Cache miss: validate the device, make it current, take a pooled handle or create one."""
+    dev = _mem.normalize_device(device, what="get_handle")  # NoDeviceError before cudnnCreate
+    handle = state.handles.get(dev)
+    if handle is not None:  # device was given in another spelling (e.g. a cuda.core Device)
+        _mem.ensure_device(dev)
+        return dev, handle
+    _mem.ensure_device(dev)
+    with _pool_lock:
+        free = _pool.get(dev)
+        handle = free.pop() if free else None
+    if handle is None:
+        handle = _create(dev)
+    state.handles[dev] = handle
+    state.streams.pop(dev, None)  # the stream on a pooled handle is unknown: set it on first use
+    return dev, handle
+
+
+def get_handle(device: Any = None, stream: Any = None) -> int:
+    """This thread's cuDNN handle for ``device``, with ``stream`` set on it.
+
+    Args:
+        device: device ordinal (default: the current device); the device is made current.
+        stream: anything :func:`pycudnn.memory.resolve_stream` accepts (default: the legacy
+            default stream).
+
+    Returns:
+        The ``cudnnHandle_t`` as an int.
+
+    Raises:
+        NoDeviceError: no driver or no device (the driver's reason is in the message), or cuDNN
+            could not initialise (cuDNN's reason).
+        ValueError: a device ordinal that does not exist.
+    """
+    s = 0 if stream is None else (stream if type(stream) is int else _mem.resolve_stream(stream))
+    try:
+        state = _tls.state
+    except AttributeError:
+        state = _thread_handles()
+    if device is None:
+        device = _mem.current_device()  # NoDeviceError with the driver's reason when none
+    handle = state.handles.get(device) if type(device) is int else None
+    if handle is None:
+        device, handle = _acquire(device, state)
+    else:
+        _mem.ensure_device(device)
+    if state.streams.get(device) != s:
+        _set_stream(handle, s)
+        state.streams[device] = s
+    return handle
+
+
+def live_handle_count(device: int | None = None) -> int:
+    """Handles created so far (on ``device``, or on all devices); none is ever destroyed."""
+    with _pool_lock:
+        if device is None:
+            return sum(_created.values())
+        return _created.get(device, 0)
+
+
+def pooled_handle_count(device: int | None = None) -> int:
+    """Handles in the pool, waiting for a thread (on ``device``, or on all devices)."""
+    with _pool_lock:
+        if device is None:
+            return sum(len(v) for v in _pool.values())
+        return len(_pool.get(device, ()))
+
+
+def thread_handle_count() -> int:
+    """Handles the calling thread holds (one per device it used)."""
+    state = getattr(_tls, "state", None)
+    return len(state.handles) if state is not None else 0

@@ -1,0 +1,751 @@
+"""Device memory and CUDA runtime helpers. This module knows nothing of cuDNN.
+
+* **Errors.** :func:`check_cuda` turns a ``cuda.bindings.runtime`` status into a Python exception:
+  no driver / no device -> :class:`~pycudnn.errors.NoDeviceError` naming the driver's reason,
+  ``cudaErrorMemoryAllocation`` -> :class:`~pycudnn.errors.OutOfMemoryError`, anything else ->
+  :class:`CudaError`.
+* **Devices.** :func:`device_count` (0 where there is no driver; never raises),
+  :func:`current_device`, :func:`ensure_device` and the :class:`device_guard` context manager.
+  Both use the runtime's notion of the current device (``cudaGetDevice`` / ``cudaSetDevice``, as
+  PyTorch does), so they agree with PyTorch, CuPy and cuDNN itself, and they skip
+  ``cudaSetDevice`` when the device is already current.
+* **Streams.** :func:`resolve_stream` turns whatever the caller gave into a ``cudaStream_t``
+  handle (an ``int``); ``None`` is the legacy default stream, ``0``.
+* **Memory.** :func:`allocate` returns a :class:`DeviceBuffer` from cuda.core's stream-ordered
+  memory resource of the device (``Device(i).memory_resource``, the driver's memory pool).
+
+Only ``cuda.bindings.runtime`` calls whose signatures are the same in cuda-bindings 12.x and 13.x
+are used, and cuda.core is imported on the first allocation (it takes ~0.4 s to import).
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import weakref
+from typing import Any
+
+from .errors import NoDeviceError, OutOfMemoryError, PycudnnError
+
+__all__ = [
+    "CudaError", "check_cuda", "device_count", "no_device_reason", "normalize_device",
+    "current_device", "ensure_device", "device_guard", "DeviceBuffer", "allocate",
+    "mem_get_info", "stream_is_capturing", "synchronize", "stream_synchronize", "stream_wait",
+    "resolve_stream", "copy_host_to_device", "copy_device_to_host", "memset", "pointer_device",
+    "empty_cache", "MAX_ALLOCATION",
+]
+
+#: Allocations from this size up are refused as out of memory without asking the driver: cuDNN
+#: sometimes reports workspace sizes near 2^64 (PyTorch's Conv_v7.cpp applies the same 1 TiB rule).
+MAX_ALLOCATION = 1 << 40
+
+LEGACY_DEFAULT_STREAM = 0  #: what ``None`` resolves to (``cudaStreamLegacy`` is 1, the same stream)
+
+
+class CudaError(PycudnnError):
+    """A CUDA runtime call failed for a reason other than "no device" or "out of memory".
+
+    Attributes:
+        code: the ``cudaError_t`` value.
+        what: the call (or operation) that failed.
+    """
+
+    def __init__(self, code: int, what: str, text: str = "") -> None:
+        self.code = int(code)
+        self.what = what
+        super().__init__(f"{what} failed: {text or f'cudaError {code}'}")
+
+    def __reduce__(self):
+        return (_rebuild_cuda_error, (self.code, self.what, str(self)))
+
+
+def _rebuild_cuda_error(code: int, what: str, message: str) -> "CudaError":
+    err = CudaError.__new__(CudaError)
+    err.code, err.what = code, what
+    PycudnnError.__init__(err, message)
+    return err
+
+
+# ---- the runtime module, imported on first use ----------------------------------------------------
+
+_rt: Any = None
+
+
+def _runtime() -> Any:
+    global _rt
+    if _rt is None:
+        from cuda.bindings import runtime
+
+        _rt = runtime
+    return _rt
+
+
+_cc: Any = None
+
+
+def _core() -> Any:
+    """The cuda.core namespace (top-level from cuda-core 1.0; ``cuda.core.experimental`` before)."""
+    global _cc
+    if _cc is None:
+        import cuda.core as cc
+
+        if not hasattr(cc, "Device"):  # cuda-core < 1.0 kept everything under .experimental
+            import cuda.core.experimental as cc
+        _cc = cc
+    return _cc
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+_NO_DEVICE_NAMES = (
+    "cudaErrorInitializationError", "cudaErrorStubLibrary", "cudaErrorInsufficientDriver",
+    "cudaErrorCallRequiresNewerDriver", "cudaErrorDevicesUnavailable", "cudaErrorNoDevice",
+    "cudaErrorSystemNotReady", "cudaErrorSystemDriverMismatch",
+    "cudaErrorCompatNotSupportedOnDevice", "cudaErrorDeviceUninitialized",
+)
+_no_device_codes: frozenset[int] | None = None
+_OOM_CODE = 2  # cudaErrorMemoryAllocation
+_INVALID_DEVICE = 101  # cudaErrorInvalidDevice
+
+_HINTS = {
+    35: " (no NVIDIA driver (libcuda.so.1) was found, or it is older than this CUDA runtime)",
+    34: " (the process loaded the CUDA driver stub library instead of the real driver)",
+}
+
+
+def _no_device_set() -> frozenset[int]:
+    global _no_device_codes
+    if _no_device_codes is None:
+        rt = _runtime()
+        codes = {3, 34, 35, 36, 46, 100, 201, 802, 803, 804}
+        for name in _NO_DEVICE_NAMES:
+            value = getattr(rt.cudaError_t, name, None)
+            if value is not None:
+                codes.add(int(value))
+        _no_device_codes = frozenset(codes)
+    return _no_device_codes
+
+
+def error_text(code: int) -> str:
+    """``"cudaErrorName: description"`` for a ``cudaError_t`` value."""
+    try:
+        rt = _runtime()
+        err = rt.cudaError_t(int(code))
+        name = rt.cudaGetErrorName(err)[1]
+        desc = rt.cudaGetErrorString(err)[1]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        desc = desc.decode() if isinstance(desc, bytes) else str(desc)
+        return f"{name}: {desc}"
+    except Exception:  # an unknown code, or a runtime that cannot even name errors
+        return f"cudaError {int(code)}"
+
+
+def cuda_error(err: Any, what: str) -> Exception:
+    """The exception :func:`check_cuda` raises for a failed ``err`` (not raised here)."""
+    code = int(err)
+    text = error_text(code)
+    if code in _no_device_set():
+        return NoDeviceError(f"{what}: no usable CUDA device: {text}{_HINTS.get(code, '')}")
+    if code == _INVALID_DEVICE:
+        return NoDeviceError(f"{what}: {text} (this machine has {device_count()} CUDA device(s))")
+    if code == _OOM_CODE:
+        return OutOfMemoryError(f"{what}: out of device memory: {text}")
+    return CudaError(code, what, text)
+
+
+def check_cuda(err: Any, what: str) -> None:
+    """Raise if ``err`` (a ``cudaError_t``, an int, or a result tuple whose first item is one)
+    is not ``cudaSuccess``.
+
+    Raises:
+        NoDeviceError: no driver, an old driver, no device, an invalid device ordinal; the message
+            carries the runtime's name and description of the error.
+        OutOfMemoryError: ``cudaErrorMemoryAllocation``.
+        CudaError: anything else.
+    """
+    if type(err) is tuple:
+        err = err[0]
+    if int(err):
+        raise cuda_error(err, what)
+
+
+# ---- devices --------------------------------------------------------------------------------------
+
+_count: int | None = None  # cached once positive: the set of visible devices never changes
+
+
+def _probe_devices() -> tuple[int, str | None]:
+    try:
+        err, n = _runtime().cudaGetDeviceCount()
+    except Exception as exc:  # e.g. cuda.pathfinder failing to find libcuda
+        return 0, f"cudaGetDeviceCount raised {type(exc).__name__}: {exc}"
+    if int(err):
+        code = int(err)
+        return 0, f"{error_text(code)}{_HINTS.get(code, '')}"
+    if not n:
+        return 0, "cudaErrorNoDevice: no CUDA-capable device is detected (cudaGetDeviceCount returned 0)"
+    return int(n), None
+
+
+def device_count() -> int:
+    """Number of visible CUDA devices; 0 where there is no driver or no device. Never raises."""
+    global _count
+    if _count is not None:
+        return _count
+    n, _reason = _probe_devices()
+    if n:
+        _count = n
+    return n
+
+
+def no_device_reason() -> str | None:
+    """None when a CUDA device is usable, else the driver's reason (e.g.
+    ``"cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"``)."""
+    if _count:
+        return None
+    return _probe_devices()[1]
+
+
+def require_device(what: str = "pycudnn") -> int:
+    """The device count, or :class:`NoDeviceError` naming the driver's reason when it is 0."""
+    n = _count or device_count()
+    if not n:
+        raise NoDeviceError(f"{what}: no usable CUDA device: {no_device_reason()}")
+    return n
+
+
+def current_device() -> int:
+    """The calling thread's current device (``cudaGetDevice``)."""
+    err, dev = (_rt or _runtime()).cudaGetDevice()
+    if err:
+        check_cuda(err, "cudaGetDevice")
+    return dev
+
+
+def normalize_device(device: Any, parameter: str = "device", what: str = "pycudnn") -> int:
+    """Validate a device given by the caller and return its ordinal.
+
+    Accepts ``None`` (the current device), an ``int`` (or anything with ``__index__``), or an
+    object with an integer ``device_id`` (a cuda.core ``Device``).
+
+    Raises:
+        TypeError: not a device.
+        ValueError: a negative ordinal or one past the last device.
+        NoDeviceError: no usable device at all (with the driver's reason).
+    """
+    if device is None:
+        require_device(what)
+        return current_device()
+    if type(device) is not int:
+        if isinstance(device, bool):
+            raise TypeError(f"{parameter}: expected a device ordinal (int), got bool")
+        try:
+            device = operator.index(device)
+        except TypeError:
+            dev_id = getattr(device, "device_id", None)
+            if type(dev_id) is not int:
+                raise TypeError(f"{parameter}: expected a device ordinal (int) or a cuda.core Device, "
+                                f"got {type(device).__name__}") from None
+            device = dev_id
+    if device < 0:
+        raise ValueError(f"{parameter}: expected a device ordinal >= 0, got {device}")
+    n = require_device(what)
+    if device >= n:
+        raise ValueError(f"{parameter}: device {device} does not exist; this machine has {n} CUDA "
+                         f"device(s) (0..{n - 1})")
+    return device
+
+
+_tls = threading.local()
+
+
+def ensure_device(device: int) -> int:
+    """Make ``device``'s primary context current on this thread; return the previous device.
+
+    Cheap when it is already current: one ``cudaGetDevice``. The first call on each thread also
+    calls ``cudaSetDevice`` once, because ``cudaGetDevice`` answers 0 on a thread where no context
+    was ever made current, and driver-API work (cuda.core allocations) needs a current context.
+    No validation: callers pass an ordinal checked by :func:`normalize_device`.
+    """
+    rt = _rt or _runtime()
+    err, cur = rt.cudaGetDevice()
+    if err:
+        check_cuda(err, "cudaGetDevice")
+    if cur != device or not getattr(_tls, "bound", False):
+        err, = rt.cudaSetDevice(device)
+        if err:
+            check_cuda(err, f"cudaSetDevice({device})")
+        _tls.bound = True
+    return cur
+
+
+class device_guard:
+    """Context manager: ``device`` is current inside, and the previous device is restored after.
+
+    ``with device_guard(1): ...`` costs one ``cudaGetDevice`` when device 1 is already current.
+    """
+
+    __slots__ = ("device", "_prev")
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self._prev = device
+
+    def __enter__(self) -> int:
+        self._prev = ensure_device(self.device)
+        return self.device
+
+    def __exit__(self, *exc: Any) -> None:
+        prev = self._prev
+        if prev != self.device:
+            err, = (_rt or _runtime()).cudaSetDevice(prev)
+            if err and exc[0] is None:
+                check_cuda(err, f"cudaSetDevice({prev})")
+
+
+def pointer_device(ptr: int) -> int:
+    """The device that owns the memory at ``ptr`` (``cudaPointerGetAttributes``).
+
+    ``ptr == 0`` (an empty array) gives the current device. Where no device is usable at all this
+    returns 0 instead of raising: such a tensor cannot be used by any operation anyway, which will
+    raise :class:`NoDeviceError` itself. Raises TypeError for plain (unregistered) host memory.
+    """
+    if not _count and not device_count():
+        return 0
+    if not ptr:
+        return current_device()
+    rt = _rt or _runtime()
+    err, attrs = rt.cudaPointerGetAttributes(ptr)
+    if err:
+        check_cuda(err, f"cudaPointerGetAttributes({ptr:#x})")
+    mtype = int(attrs.type)
+    if mtype == 0:  # cudaMemoryTypeUnregistered: ordinary host memory
+        raise TypeError(f"pointer {ptr:#x} is host memory, not CUDA device memory")
+    return int(attrs.device)
+
+
+# ---- streams --------------------------------------------------------------------------------------
+
+def resolve_stream(stream: Any) -> int:
+    """The ``cudaStream_t`` handle (an int) of ``stream``.
+
+    Accepted, in the order checked:
+
+    * ``None``: the legacy default stream, ``0``;
+    * an ``int``: a raw handle (``0``/``1`` legacy default, ``2`` per-thread default);
+    * any object with ``__cuda_stream__`` (the CUDA stream protocol: a method or attribute giving
+      ``(version, handle)``): cuda.core ``Stream``, recent CuPy and PyTorch streams, Numba;
+    * an object with an integer ``.cuda_stream`` (``torch.cuda.Stream``, ``torch.cuda.ExternalStream``);
+    * an object with an integer ``.ptr`` (``cupy.cuda.Stream``);
+    * a cuda.bindings ``CUstream`` / ``cudaStream_t`` object, or anything with ``__index__``.
+
+    Raises:
+        TypeError: naming ``stream`` and what was given.
+        ValueError: a negative handle.
+    """
+    if stream is None:
+        return 0
+    if type(stream) is int:
+        if stream < 0:
+            raise ValueError(f"stream: expected a non-negative cudaStream_t handle, got {stream}")
+        return stream
+    return _resolve_stream_object(stream)
+
+
+def _resolve_stream_object(stream: Any) -> int:
+    if isinstance(stream, bool):
+        raise TypeError("stream: expected a CUDA stream, got bool")
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        info = proto() if callable(proto) else proto
+        try:
+            _version, handle = info
+            return _stream_int(int(handle))
+        except (TypeError, ValueError):
+            raise TypeError(f"stream: {type(stream).__name__}.__cuda_stream__ returned {info!r}, "
+                            "expected (version, handle)") from None
+    for attr in ("cuda_stream", "ptr"):
+        handle = getattr(stream, attr, None)
+        if handle is not None and not isinstance(handle, bool):
+            try:
+                return _stream_int(operator.index(handle))
+            except TypeError:
+                pass
+    if type(stream).__name__ in ("CUstream", "cudaStream_t"):
+        return _stream_int(int(stream))
+    try:
+        return _stream_int(operator.index(stream))
+    except TypeError:
+        pass
+    raise TypeError(
+        f"stream: expected None, an int cudaStream_t handle, a cuda.core Stream, an object with "
+        f"__cuda_stream__, .cuda_stream (PyTorch) or .ptr (CuPy); got {type(stream).__module__}."
+        f"{type(stream).__qualname__}")
+
+
+def _stream_int(handle: int) -> int:
+    if handle < 0:
+        raise ValueError(f"stream: expected a non-negative cudaStream_t handle, got {handle}")
+    return handle
+
+
+def stream_is_capturing(stream: Any) -> bool:
+    """Whether ``stream`` is being captured into a CUDA graph (``cudaStreamIsCapturing``; an
+    invalidated capture counts as capturing)."""
+    handle = stream if type(stream) is int else resolve_stream(stream)
+    err, status = (_rt or _runtime()).cudaStreamIsCapturing(handle)
+    if err:
+        check_cuda(err, "cudaStreamIsCapturing")
+    return int(status) != 0
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for all work on ``device`` (default: the current device)."""
+    dev = normalize_device(device)
+    with device_guard(dev):
+        check_cuda((_rt or _runtime()).cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
+
+def stream_synchronize(stream: Any) -> None:
+    """Wait for all work on ``stream`` (anything :func:`resolve_stream` accepts)."""
+    handle = stream if type(stream) is int else resolve_stream(stream)
+    check_cuda((_rt or _runtime()).cudaStreamSynchronize(handle), "cudaStreamSynchronize")
+
+
+def _same_stream(a: int, b: int) -> bool:
+    return a == b or (a <= 1 and b <= 1)  # 0 and 1 both name the legacy default stream
+
+
+def stream_wait(waiting: Any, producer: Any) -> None:
+    """Make ``waiting`` wait for the work queued so far on ``producer`` (an event, no host sync).
+
+    Nothing is done when both name the same stream.
+    """
+    w = waiting if type(waiting) is int else resolve_stream(waiting)
+    p = producer if type(producer) is int else resolve_stream(producer)
+    if _same_stream(w, p):
+        return
+    rt = _rt or _runtime()
+    flags = getattr(rt, "cudaEventDisableTiming", 2)
+    err, event = rt.cudaEventCreateWithFlags(flags)
+    check_cuda(err, "cudaEventCreateWithFlags")
+    try:
+        check_cuda(rt.cudaEventRecord(event, p), "cudaEventRecord")
+        check_cuda(rt.cudaStreamWaitEvent(w, event, 0), "cudaStreamWaitEvent")
+    finally:
+        rt.cudaEventDestroy(event)
+
+
+# ---- copies and fills (used by pycudnn.tensor) ----------------------------------------------------
+
+def copy_host_to_device(dst_ptr: int, array: Any, stream: Any = None) -> None:
+    """Copy a host numpy array's bytes (made C-contiguous first) to ``dst_ptr``, then wait for the
+    copy on ``stream`` (the host array may be pageable and temporary)."""
+    import numpy as np
+
+    a = np.ascontiguousarray(array)
+    n = a.nbytes
+    if not n:
+        return
+    rt = _rt or _runtime()
+    handle = stream if type(stream) is int else resolve_stream(stream)
+    check_cuda(rt.cudaMemcpyAsync(dst_ptr, a.ctypes.data, n, rt.cudaMemcpyKind.cudaMemcpyHostToDevice,
+                                  handle), f"cudaMemcpyAsync (host to device, {n} bytes)")
+    check_cuda(rt.cudaStreamSynchronize(handle), "cudaStreamSynchronize")
+
+
+def copy_device_to_host(array: Any, src_ptr: int, stream: Any = None) -> None:
+    """Copy ``array.nbytes`` bytes from ``src_ptr`` into a C-contiguous, writable numpy ``array``,
+    and wait for the copy on ``stream``."""
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        raise ValueError("array: expected a C-contiguous, writable numpy array")
+    n = array.nbytes
+    if not n:
+        return
+    rt = _rt or _runtime()
+    handle = stream if type(stream) is int else resolve_stream(stream)
+    check_cuda(rt.cudaMemcpyAsync(array.ctypes.data, src_ptr, n,
+                                  rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, handle),
+               f"cudaMemcpyAsync (device to host, {n} bytes)")
+    check_cuda(rt.cudaStreamSynchronize(handle), "cudaStreamSynchronize")
+
+
+def memset(ptr: int, nbytes: int, stream: Any = None, value: int = 0) -> None:
+    """Fill ``nbytes`` bytes at ``ptr`` with the byte ``value``, ordered on ``stream`` (no sync)."""
+    if not nbytes:
+        return
+    handle = stream if type(stream) is int else resolve_stream(stream)
+    check_cuda((_rt or _runtime()).cudaMemsetAsync(ptr, value, nbytes, handle),
+               f"cudaMemsetAsync ({nbytes} bytes)")
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """``(free, total)`` bytes of ``device`` (default: the current device), ``cudaMemGetInfo``."""
+    dev = normalize_device(device)
+    with device_guard(dev):
+        err, free, total = (_rt or _runtime()).cudaMemGetInfo()
+        check_cuda(err, "cudaMemGetInfo")
+    return int(free), int(total)
+
+
+# ---- allocation -----------------------------------------------------------------------------------
+
+def _fmt_bytes(n: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+_core_streams: dict[int, Any] = {}
+_memory_resources: dict[int, Any] = {}
+_core_lock = threading.Lock()
+
+
+def _core_stream(handle: int) -> Any:
+    """A cuda.core ``Stream`` for a raw handle (cached: ``Stream.from_handle`` costs ~16 us).
+
+    0 and 1 map to cuda.core's ``LEGACY_DEFAULT_STREAM``, 2 to ``PER_THREAD_DEFAULT_STREAM``.
+    A cached wrapper only borrows the handle: it never destroys the stream.
+    """
+    s = _core_streams.get(handle)
+    if s is None:
+        cc = _core()
+        if handle <= 1:
+            s = getattr(cc, "LEGACY_DEFAULT_STREAM", None)
+        elif handle == 2:
+            s = getattr(cc, "PER_THREAD_DEFAULT_STREAM", None)
+        if s is None:
+            s = cc.Stream.from_handle(handle)
+        with _core_lock:
+            if len(_core_streams) >= 64:
+                _core_streams.clear()
+            _core_streams[handle] = s
+    return s
+
+
+def _memory_resource(device: int) -> Any:
+    mr = _memory_resources.get(device)
+    if mr is None:
+        Device = _core().Device
+        with _core_lock:
+            mr = _memory_resources.get(device)
+            if mr is None:
+                mr = _memory_resources[device] = Device(device).memory_resource
+    return mr
+
+
+def empty_cache(device: Any = None) -> None:
+    """Return the memory that the device's stream-ordered pool keeps for reuse to the driver.
+
+    cuda.core raises the release threshold of the device's current memory pool to the maximum, so
+    memory freed by pycudnn stays reserved in that pool, where allocators that do not use it
+    (PyTorch's caching allocator, CuPy's default pool) cannot reach it. Call this before handing a
+    large amount of memory over to them. Memory still in use is not touched. Does nothing before
+    pycudnn's first allocation on the device.
+    """
+    dev = normalize_device(device)
+    mr = _memory_resources.get(dev)
+    if mr is None:
+        return
+    with device_guard(dev):
+        check_cuda((_rt or _runtime()).cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        if not isinstance(mr, _core().DeviceMemoryResource):  # no memory-pool support: nothing is kept
+            return
+        from cuda.bindings import driver
+
+        err, = driver.cuMemPoolTrimTo(mr.handle, 0)
+        if int(err):
+            raise CudaError(int(err), "cuMemPoolTrimTo", str(err))
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    return ("OUT_OF_MEMORY" in text or "cudaErrorMemoryAllocation" in text
+            or "out of memory" in text.lower())
+
+
+def _oom(nbytes: int, device: int, reason: str) -> OutOfMemoryError:
+    try:
+        free, total = mem_get_info(device)
+        mem = f"device {device} has {_fmt_bytes(free)} free of {_fmt_bytes(total)} total"
+    except Exception:
+        mem = f"free/total memory of device {device} unknown"
+    return OutOfMemoryError(f"out of memory: could not allocate {nbytes} bytes ({_fmt_bytes(nbytes)}) "
+                            f"on device {device}: {reason}; {mem}")
+
+
+def _check_nbytes(nbytes: Any) -> int:
+    if type(nbytes) is not int:
+        if isinstance(nbytes, bool):
+            raise TypeError("nbytes: expected a non-negative int, got bool")
+        try:
+            nbytes = operator.index(nbytes)
+        except TypeError:
+            raise TypeError(f"nbytes: expected a non-negative int, got {type(nbytes).__name__}") from None
+    if nbytes < 0:
+        raise ValueError(f"nbytes: expected a non-negative int, got {nbytes}")
+    return nbytes
+
+
+def _release(buffer: Any, device: int, stream_ref: Any = None) -> None:
+    """Finalizer of a DeviceBuffer: free stream-ordered on the stream recorded at allocation.
+
+    Binds everything it needs as arguments (``stream_ref`` keeps the caller's stream object alive
+    until the free is queued): it never refers to the DeviceBuffer.
+    """
+    try:
+        with device_guard(device):
+            buffer.close()
+    except Exception:  # a finalizer must not raise; the memory is lost at worst
+        pass
+
+
+class DeviceBuffer:
+    """Device memory from :func:`allocate`.
+
+    Attributes:
+        ptr: the device address (0 for an empty buffer); reading it after :meth:`close` raises.
+        nbytes: its size in bytes.
+        device: the device ordinal.
+
+    Freed stream-ordered on :meth:`close` (on the stream given, else on the allocation stream) or,
+    when it is garbage-collected, on the allocation stream by a ``weakref.finalize`` that holds no
+    reference to the object. Nothing is freed at interpreter exit (the driver reclaims it).
+    The stream an allocation was made on must outlive the buffer unless ``close(stream=...)`` names
+    another one (when ``stream`` was an object, the buffer keeps a reference to it).
+    """
+
+    __slots__ = ("_ptr", "nbytes", "device", "_buffer", "_finalizer", "_stream_ref", "__weakref__")
+
+    def __init__(self, ptr: int, nbytes: int, device: int, buffer: Any = None,
+                 stream_ref: Any = None) -> None:
+        self._ptr = ptr
+        self.nbytes = nbytes
+        self.device = device
+        self._buffer = buffer
+        self._stream_ref = stream_ref
+        if buffer is not None:
+            self._finalizer = weakref.finalize(self, _release, buffer, device, stream_ref)
+            self._finalizer.atexit = False
+        else:
+            self._finalizer = None
+
+    @property
+    def ptr(self) -> int:
+        ptr = self._ptr
+        if ptr is None:
+            raise ValueError("DeviceBuffer: used after close()")
+        return ptr
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def close(self, stream: Any = None) -> None:
+        """Free the memory now, ordered on ``stream`` (default: the stream it was allocated on).
+        Closing twice is harmless."""
+        if self._ptr is None:
+            return
+        buffer = self._buffer
+        self._ptr = None
+        self._buffer = None
+        self._stream_ref = None
+        if buffer is None:
+            return
+        self._finalizer.detach()
+        with device_guard(self.device):
+            if stream is None:
+                buffer.close()
+            else:
+                buffer.close(_core_stream(resolve_stream(stream)))
+
+    def __enter__(self) -> "DeviceBuffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._ptr is None else f"ptr={self._ptr:#x}"
+        return f"DeviceBuffer({state}, nbytes={self.nbytes}, device={self.device})"
+
+
+def allocate(nbytes: int, device: Any = None, stream: Any = None) -> DeviceBuffer:
+    """Allocate ``nbytes`` of device memory, stream-ordered on ``stream``, through cuda.core.
+
+    Args:
+        nbytes: size in bytes; 0 gives a buffer with ``ptr == 0`` without touching the device.
+        device: device ordinal (default: the current device).
+        stream: anything :func:`resolve_stream` accepts (default: the legacy default stream).
+
+    On a stream being captured into a CUDA graph, cuda.core's pool refuses to allocate; the
+    allocation then goes through cuda.core's ``GraphMemoryResource`` (a graph allocation node),
+    which must be freed (``close(stream)``) before the capture ends.
+
+    Raises:
+        OutOfMemoryError: ``nbytes >= 1 TiB`` (refused up front: cuDNN sometimes reports sizes near
+            2^64), or the driver could not allocate (after one retry following a device
+            synchronize); the message names the bytes asked, the device and its free/total memory.
+        NoDeviceError: no usable device (with the driver's reason).
+    """
+    n = _check_nbytes(nbytes)
+    if n == 0:
+        if device is None:
+            dev = current_device() if device_count() else 0
+        else:
+            dev = normalize_device(device) if device_count() else operator.index(device)
+        return DeviceBuffer(0, 0, dev)
+    if n >= MAX_ALLOCATION:
+        dev = device if device is not None else "current"
+        raise OutOfMemoryError(
+            f"out of memory: refusing a workspace/allocation of {n} bytes ({_fmt_bytes(n)}) on "
+            f"device {dev}: sizes from 1 TiB up are treated as out of memory (cuDNN sometimes "
+            "reports sizes near 2^64)")
+    dev = normalize_device(device, what="allocate")
+    handle = stream if type(stream) is int else resolve_stream(stream)
+    stream_ref = None if stream is None or type(stream) is int else stream
+    s = _core_stream(handle)
+    with device_guard(dev):
+        mr = _memory_resource(dev)
+        try:
+            buf = mr.allocate(n, stream=s)
+        except Exception as exc:
+            buf = _allocate_slow(exc, mr, n, dev, handle, s)
+    return DeviceBuffer(int(buf.handle), n, dev, buf, stream_ref)
+
+
+def _allocate_slow(exc: Exception, mr: Any, n: int, dev: int, handle: int, s: Any) -> Any:
+    """The failure path of :func:`allocate` (the device is current)."""
+    if _is_oom(exc):
+        try:
+            _free, total = mem_get_info(dev)
+        except Exception:
+            total = 0
+        if n <= total and not stream_is_capturing(handle):
+            # Frees still pending on other streams return to the pool once they complete.
+            check_cuda((_rt or _runtime()).cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+            try:
+                return mr.allocate(n, stream=s)
+            except Exception as again:
+                if not _is_oom(again):
+                    raise _wrap(again, n, dev) from again
+                exc = again
+        raise _oom(n, dev, str(exc) or type(exc).__name__) from exc
+    if not isinstance(exc, PycudnnError) and stream_is_capturing(handle):
+        try:
+            return _core().GraphMemoryResource(dev).allocate(n, stream=s)
+        except Exception as graph_exc:
+            if _is_oom(graph_exc):
+                raise _oom(n, dev, str(graph_exc)) from graph_exc
+            raise _wrap(graph_exc, n, dev) from graph_exc
+    raise _wrap(exc, n, dev) from exc
+
+
+def _wrap(exc: Exception, n: int, dev: int) -> Exception:
+    if isinstance(exc, PycudnnError):
+        return exc
+    return CudaError(-1, f"allocating {n} bytes on device {dev} through cuda.core",
+                     f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,136 @@
+"""CPU tests of the convolution functions' argument checking and error context.
+
+Inputs are CUDA-array-interface views (the protocol CuPy and Numba speak) of device addresses
+that are never touched: every check here must fire before anything runs on a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pycudnn
+from pycudnn import conv
+
+
+class DeviceArray:
+    """A CUDA array interface producer: the protocol, pointing at a made-up device address."""
+
+    def __init__(self, shape, dtype="float32", ptr=0x7F0000000000, strides=None):
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": np.dtype(dtype).str, "data": (ptr, False),
+            "strides": strides, "version": 3, "stream": None,
+        }
+
+
+def t(*shape, dtype="float32", ptr=0x7F0000000000):
+    return DeviceArray(shape, dtype, ptr)
+
+
+X = t(2, 4, 8, 8)
+W = t(8, 4, 3, 3)
+
+CASES = [
+    # (function, args, kwargs, exception, words)
+    (pycudnn.convolution, (t(2, 4), W), {}, ValueError, "expected input to have 3, 4 or 5 dims"),
+    (pycudnn.convolution, (t(1, 2, 4, 4, 4, 4), t(2, 2, 1, 1, 1, 1)), {}, ValueError, "3, 4 or 5 dims"),
+    (pycudnn.convolution, (X, t(8, 4, 3)), {}, ValueError, "expected weight to have 4 dims"),
+    (pycudnn.convolution, (X, t(8, 4, 3, 3, dtype="float16")), {}, TypeError,
+     r"input type \(float32\) and weight type \(float16\) should be the same"),
+    (pycudnn.convolution, (X, t(8, 3, 3, 3)), {}, ValueError, "expected input.* to have 3 channels, but got 4"),
+    (pycudnn.convolution, (X, t(8, 2, 3, 3)), {"groups": 3}, ValueError, "divisible by groups=3"),
+    (pycudnn.convolution, (X, t(6, 2, 3, 3)), {"groups": 4}, ValueError, "divisible by groups=4"),
+    (pycudnn.convolution, (X, W), {"groups": 0}, ValueError, "non-positive groups"),
+    (pycudnn.convolution, (X, W), {"groups": True}, TypeError, "groups: expected a positive int"),
+    (pycudnn.convolution, (X, W), {"stride": 0}, ValueError, "non-positive stride is not supported"),
+    (pycudnn.convolution, (X, W), {"stride": (1, -1)}, ValueError, "non-positive stride"),
+    (pycudnn.convolution, (X, W), {"stride": (1, 1, 1)}, ValueError,
+     "stride to be a single integer value or a list of 2 values"),
+    (pycudnn.convolution, (X, W), {"padding": -1}, ValueError, "negative padding is not supported"),
+    (pycudnn.convolution, (X, W), {"padding": 1.5}, TypeError, "padding: expected an int"),
+    (pycudnn.convolution, (X, W), {"dilation": 0}, ValueError, "dilation should be greater than zero"),
+    (pycudnn.convolution, (X, W), {"dilation": (1, True)}, ValueError, "dilation to be a single integer"),
+    (pycudnn.convolution, (X, t(8, 4, 9, 9)), {}, ValueError, "Kernel size can't be greater than actual input size"),
+    (pycudnn.convolution, (X, W), {"dilation": 5}, ValueError, "Kernel size can't be greater"),
+    (pycudnn.convolution, (X, W, t(7)), {}, ValueError, "bias to be 1-dimensional with 8 elements"),
+    (pycudnn.convolution, (X, W, t(8, dtype="float64")), {}, TypeError, "bias type"),
+    (pycudnn.convolution, (X, W), {"out": t(2, 8, 8, 8)}, ValueError, r"out: expected shape \[2, 8, 6, 6\]"),
+    (pycudnn.convolution, (X, W), {"out": t(2, 8, 6, 6, dtype="float16")}, TypeError, "out: expected dtype float32"),
+    (pycudnn.convolution, (X, W), {"benchmark": "yes"}, TypeError, "benchmark: expected a bool"),
+    (pycudnn.convolution, (X, W), {"engine": "cudnn8"}, ValueError, "engine: expected one of"),
+    (pycudnn.convolution, (X, W), {"bogus": 1}, TypeError, "unknown flag 'bogus'"),
+    (pycudnn.convolution, (np.zeros((2, 4, 8, 8), np.float32), W), {}, TypeError, "from_numpy"),
+    (pycudnn.convolution, (X, W), {"stream": "default"}, TypeError, "stream"),
+    (pycudnn.convolution, (t(2, 4, 8, 8, dtype="int8"), t(8, 4, 3, 3, dtype="int8")), {}, TypeError, "int8"),
+    (pycudnn.conv_transpose, (X, t(4, 2, 3, 3)), {"output_padding": 2, "stride": 2}, ValueError,
+     "output padding must be smaller than either stride or dilation"),
+    (pycudnn.conv_transpose, (X, t(3, 2, 3, 3)), {}, ValueError, "to have 3 channels, but got 4"),
+    (pycudnn.convolution_backward_data, (t(2, 8, 6, 6), W, (2, 4, 8)), {}, ValueError, "input_shape: expected 4 sizes"),
+    (pycudnn.convolution_backward_data, (t(2, 8, 5, 5), W, (2, 4, 8, 8)), {}, ValueError,
+     r"expected grad_y of size \[2, 8, 6, 6\]"),
+    (pycudnn.convolution_backward_data, (t(2, 8, 6, 6), W, "2,4,8,8"), {}, TypeError, "input_shape: expected a tuple"),
+    (pycudnn.convolution_backward_filter, (X, t(2, 8, 6, 6), (8, 4, 3)), {}, ValueError, "weight_shape: expected 4 sizes"),
+    (pycudnn.convolution_backward_filter, (X, t(2, 8, 6, 6), (8, 2, 3, 3)), {}, ValueError, "to have 2 channels"),
+    (pycudnn.convolution_backward_filter, (X, t(2, 9, 6, 6), (8, 4, 3, 3)), {}, ValueError, "expected grad_y of size"),
+    (pycudnn.convolution_add_relu, (X, W, t(2, 8, 5, 5)), {}, ValueError, r"expected z of size \[2, 8, 6, 6\]"),
+    (pycudnn.convolution_add_relu, (X, W, t(2, 8, 6, 6, dtype="float16")), {}, TypeError, "z type"),
+    (pycudnn.convolution_add_relu, (X, W, t(2, 8, 6, 6)), {"alpha": "1"}, TypeError, "alpha: expected a real number"),
+]
+
+
+@pytest.mark.parametrize("fn,args,kwargs,exc,words", CASES,
+                         ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_is_refused_before_any_gpu_work(fn, args, kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        fn(*args, **kwargs)
+
+
+def test_output_size_formula():
+    assert conv.output_size((8, 8), (3, 3), (1, 1), (1, 1), (1, 1)) == (8, 8)
+    assert conv.output_size((7,), (3,), (2,), (0,), (2,)) == (2,)
+    assert conv.output_size((5, 6, 7), (2, 2, 2), (2, 2, 2), (1, 0, 2), (1, 1, 1)) == (3, 3, 5)
+
+
+def test_suggest_memory_format():
+    nchw = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8, 8), "float32")
+    nhwc = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8, 8), "float32", strides=(256, 1, 32, 4))
+    w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3, 3), "float32")
+    assert conv.suggest_memory_format(nchw, w) == "contiguous"
+    assert conv.suggest_memory_format(nhwc, w) == "channels_last"
+    one_d = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8), "float32")
+    assert conv.suggest_memory_format(one_d, pycudnn.tensor_from_pointer(0x2000, (8, 4, 3), "float32")) == "contiguous"
+
+
+def test_repro_snippet_covers_bfloat16_and_channels_last():
+    from pycudnn.algos import ConvolutionParams
+    from pycudnn.repro import repro_lines
+
+    x = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8, 8), "bfloat16", strides=(256, 1, 32, 4))
+    w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3, 3), "bfloat16", strides=(36, 1, 12, 4))
+    y = pycudnn.tensor_from_pointer(0x3000, (2, 8, 8, 8), "bfloat16", strides=(512, 1, 64, 8))
+    flags = pycudnn.config.resolve({"benchmark": True})
+    call = conv._Call("conv2d", "forward", x, w, y, (1, 1), (1, 1), (1, 1), 1, flags, None)
+    params = call._params(x, w, y, None)
+    assert isinstance(params, ConvolutionParams)
+    lines = repro_lines(call, params)
+    text = "\n".join(lines)
+    assert "while running conv2d (forward" in text
+    assert "ptr=0x1000" in text and "format=channels_last" in text
+    snippet = text.split("reproduce with:\n", 1)[1]
+    code = "\n".join(line[4:] for line in snippet.split("\n"))
+    assert "dtype='bfloat16'" in code and "memory_format='channels_last'" in code
+    assert "pycudnn.convolution(x, w, stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1" in code
+    assert "benchmark=True" in code
+    compile(code, "<repro>", "exec")  # it is valid Python
+
+
+def test_params_for_1d_conv_are_2d_with_unit_height():
+    x = pycudnn.tensor_from_pointer(0x1000, (2, 4, 16), "float32")
+    w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3), "float32")
+    y = pycudnn.tensor_from_pointer(0x3000, (2, 8, 7), "float32")
+    flags = pycudnn.config.resolve({})
+    call = conv._Call("conv1d", "forward", x, w, y, (2,), (0,), (1,), 1, flags, None)
+    p = call._params(x, w, y, None)
+    assert p.input_shape == (2, 4, 1, 16) and p.weight_shape == (8, 4, 1, 3)
+    assert p.output_shape == (2, 8, 1, 7)
+    assert p.stride == (1, 2) and p.padding == (0, 0) and p.dilation == (1, 1)
