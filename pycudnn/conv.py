@@ -127,8 +127,9 @@ def _check_bias(bias: Tensor, k: int, ref: Tensor) -> Tensor:
 
 
 def suggest_memory_format(*tensors: Tensor) -> str:
-    """``cudnn_conv_suggest_memory_format``: channels_last when input or weight is channels_last."""
-    if tensors[0].ndim in (4, 5):
+    """``cudnn_conv_suggest_memory_format``: channels_last when input or weight is channels_last,
+    except for float64, which cuDNN runs only in NCHW (PyTorch disables NHWC for double too)."""
+    if tensors[0].ndim in (4, 5) and tensors[0].dtype.name != "float64":
         for t in tensors:
             if t.memory_format == "channels_last":
                 return "channels_last"
@@ -248,15 +249,19 @@ class _Call:
         from .tensor import zeros
 
         n = x.shape[0]
-        acc_dtype = "float32" if w.dtype.name in ("float16", "bfloat16") else w.dtype
+        acc_dtype = np.dtype("float32") if w.dtype.name in ("float16", "bfloat16") else w.dtype
         acc = zeros(w.shape, acc_dtype, memory_format=self.fmt, device=w.device, stream=self.stream)
         piece = empty(w.shape, w.dtype, memory_format=self.fmt, device=w.device, stream=self.stream)
+        piece_acc = (empty(w.shape, acc_dtype, memory_format=self.fmt, device=w.device, stream=self.stream)
+                     if acc_dtype != w.dtype else None)
         for start in range(0, n, split):
             length = min(split, n - start)
             self._run_one(x.narrow(0, start, length), piece, dy.narrow(0, start, length), None,
                           accumulate=False)
-            add_tensor(self.handle, piece, acc, beta=1.0)
-        transform(self.handle, acc, w)
+            if piece_acc is not None:  # cudnnAddTensor wants one dtype: widen the piece first
+                transform(self.handle, piece, piece_acc)
+            add_tensor(self.handle, piece_acc if piece_acc is not None else piece, acc, beta=1.0)
+        transform(self.handle, acc, w)  # cast back once
 
     def _params(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None) -> ConvolutionParams:
         f = self.flags

@@ -148,13 +148,20 @@ def get_handle(device: Any = None, stream: Any = None) -> int:
     except AttributeError:
         state = _thread_handles()
     if device is None:
-        device = _mem.current_device()  # NoDeviceError with the driver's reason when none
+        try:
+            device = _mem.current_device()
+        except NoDeviceError as exc:
+            reason = _mem.no_device_reason()
+            raise NoDeviceError(f"get_handle: no usable CUDA device: {reason}" if reason
+                                else f"get_handle: {exc}") from None
     handle = state.handles.get(device) if type(device) is int else None
     if handle is None:
         device, handle = _acquire(device, state)
     else:
         _mem.ensure_device(device)
     if state.streams.get(device) != s:
+        if s < 0:
+            raise ValueError(f"stream: expected a non-negative cudaStream_t handle, got {s}")
         _set_stream(handle, s)
         state.streams[device] = s
     return handle

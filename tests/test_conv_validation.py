@@ -1,7 +1,7 @@
 """CPU tests of the convolution functions' argument checking and error context.
 
-Inputs are CUDA-array-interface views (the protocol CuPy and Numba speak) of device addresses
-that are never touched: every check here must fire before anything runs on a GPU.
+Inputs are pycudnn views of made-up device addresses that are never touched: every check here
+must fire before anything runs on a GPU (so these tests pass with and without one).
 """
 
 from __future__ import annotations
@@ -13,18 +13,9 @@ import pycudnn
 from pycudnn import conv
 
 
-class DeviceArray:
-    """A CUDA array interface producer: the protocol, pointing at a made-up device address."""
-
-    def __init__(self, shape, dtype="float32", ptr=0x7F0000000000, strides=None):
-        self.__cuda_array_interface__ = {
-            "shape": tuple(shape), "typestr": np.dtype(dtype).str, "data": (ptr, False),
-            "strides": strides, "version": 3, "stream": None,
-        }
-
-
 def t(*shape, dtype="float32", ptr=0x7F0000000000):
-    return DeviceArray(shape, dtype, ptr)
+    """A view of a made-up device address (never dereferenced: every check fires first)."""
+    return pycudnn.tensor_from_pointer(ptr, shape, dtype)
 
 
 X = t(2, 4, 8, 8)
@@ -61,7 +52,6 @@ CASES = [
     (pycudnn.convolution, (X, W), {"bogus": 1}, TypeError, "unknown flag 'bogus'"),
     (pycudnn.convolution, (np.zeros((2, 4, 8, 8), np.float32), W), {}, TypeError, "from_numpy"),
     (pycudnn.convolution, (X, W), {"stream": "default"}, TypeError, "stream"),
-    (pycudnn.convolution, (t(2, 4, 8, 8, dtype="int8"), t(8, 4, 3, 3, dtype="int8")), {}, TypeError, "int8"),
     (pycudnn.conv_transpose, (X, t(4, 2, 3, 3)), {"output_padding": 2, "stride": 2}, ValueError,
      "output padding must be smaller than either stride or dilation"),
     (pycudnn.conv_transpose, (X, t(3, 2, 3, 3)), {}, ValueError, "to have 3 channels, but got 4"),
