@@ -73,6 +73,9 @@ class ConvolutionParams:
     #: strides of the residual z for "add_relu" (its shape is the output's)
     z_strides: tuple[int, ...] | None = None
     alpha: float = 1.0
+    #: byte alignment promised for each pointer (x, w, y[, z, b]); the graph engine bakes it into
+    #: its graphs, so it is part of the key there (empty for the v7 engine, which needs none)
+    alignments: tuple[int, ...] = ()
 
     def short(self) -> str:
         """One line for logs and the cache listing."""
@@ -261,7 +264,9 @@ def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCac
     params = args.params
     if cache is None:
         cache = caches[params.direction]
-    only_default = params.deterministic and not args.benchmark
+    # Conv_v7's rule: deterministic without benchmark runs only the default algorithm (uncached).
+    only_default = (params.deterministic and not args.benchmark
+                    and getattr(strategy, "deterministic_uses_default", True))
     failed_cached = None
     if not only_default:
         record = cache.get(params)

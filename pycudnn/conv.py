@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -278,7 +279,34 @@ class _Call:
             allow_tf32=f["allow_tf32"], workspace_limit=f["workspace_limit"], engine=f["engine"],
             epilogue=self.epilogue,
             z_strides=_unsqueeze(z).strides if z is not None else None,
-            alpha=self.alpha if self.epilogue == "add_relu" else 1.0)
+            alpha=self.alpha if self.epilogue == "add_relu" else 1.0,
+            alignments=self._alignments(x, w, y, z) if f["engine"] == "graph" else ())
+
+    def _alignments(self, x, w, y, z) -> tuple[int, ...]:
+        ptrs = [x.ptr, w.ptr, y.ptr]
+        if z is not None:
+            ptrs.append(z.ptr)
+        if self.bias is not None:
+            ptrs.append(self.bias.ptr)
+        return tuple(16 if p == 0 else min(16, p & -p) for p in ptrs)
+
+    def run_fused(self) -> bool:
+        """Run with the fused epilogue; False (and remembered) when no engine takes it."""
+        key = (self._params(self.x, self.w, self.y, self.z), self.api)
+        if key in _UNFUSABLE:
+            return False
+        try:
+            self.run()
+            return True
+        except NoAlgorithmError as exc:
+            log.info("%s: no engine takes the fused %s graph (%s); running separate operations "
+                     "from now on for these parameters", self.api, self.epilogue,
+                     str(exc).split("\n", 1)[0])
+            with _UNFUSABLE_LOCK:
+                _UNFUSABLE.add(key)
+                if len(_UNFUSABLE) > 4096:
+                    _UNFUSABLE.pop()
+            return False
 
     def _run_one(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None, accumulate: bool) -> None:
         params = self._params(x, w, y, z)
@@ -302,6 +330,11 @@ class _Call:
         from .repro import repro_lines
 
         return repro_lines(self, params)
+
+
+#: fused (params, api) that no engine took: later calls go straight to separate operations
+_UNFUSABLE: set = set()
+_UNFUSABLE_LOCK = threading.Lock()
 
 
 def _describe(record: Any) -> str:
@@ -398,8 +431,8 @@ def _fill_zero(t: Tensor, stream: int) -> None:
 # ---- public API -----------------------------------------------------------------------------------
 
 def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
-                dilation: Any = 1, groups: int = 1, out: Any = None, stream: Any = None,
-                **flags: Any) -> Tensor:
+                dilation: Any = 1, groups: int = 1, activation: str | None = None, out: Any = None,
+                stream: Any = None, **flags: Any) -> Tensor:
     """Convolution (cross-correlation, as PyTorch's ``conv1d/2d/3d``) on device memory.
 
     Args:
@@ -408,6 +441,8 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
         bias: optional ``(K,)``, added to the output.
         stride, padding, dilation: an int or one int per spatial dim.
         groups: number of channel groups.
+        activation: ``None`` or ``"relu"`` (applied after the bias). The graph engine fuses
+            bias and activation into the convolution when an engine takes the graph.
         out: optional output tensor of the right shape, dtype and device (any strides).
         stream: the CUDA stream to run on (int handle, cuda.core Stream, or an object with
             ``__cuda_stream__``); default the legacy default stream.
@@ -426,22 +461,52 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
     _check_channels(x.shape, w.shape, groups, fn)
     spatial = _check_output_positive(x.shape, w.shape[2:], stride, padding, dilation, fn)
     b = _check_bias(bias, w.shape[0], x) if bias is not None else None
+    relu = _activation(activation)
     f = _flags(flags)
     call = _Call(fn, "forward", x, w, None, stride, padding, dilation, groups, f, stream)  # type: ignore[arg-type]
     y = _output(out, (x.shape[0], w.shape[0]) + spatial, x, call.fmt, call.stream)
     call.y = y
-    if x.size == 0 or y.size == 0:
+    return _forward_with_epilogue(call, y, b, relu)
+
+
+def _activation(activation: Any) -> bool:
+    if activation is None:
+        return False
+    if activation == "relu":
+        return True
+    raise ValueError(f"activation: expected None or 'relu', got {activation!r}")
+
+
+def _forward_with_epilogue(call: _Call, y: Tensor, b: Tensor | None, relu: bool) -> Tensor:
+    """conv (+ bias) (+ relu) into y: one fused graph where the engine takes it, else steps."""
+    if call.x.size == 0 or y.size == 0:
         _fill_zero(y, call.stream)
     else:
+        fused = False
+        if call.flags["engine"] == "graph" and (b is not None or relu):
+            if b is None:
+                from .tensor import zeros
+
+                b_fused = zeros((y.shape[1],), y.dtype, device=y.device, stream=call.stream)
+            else:
+                b_fused = b
+            call.epilogue, call.bias = ("bias_relu" if relu else "bias"), b_fused
+            fused = call.run_fused()
+            if fused:
+                return y
+            call.epilogue, call.bias = "", None
         call.run()
     if b is not None and y.size:
         add_bias(call.handle, y, b)
+    if relu and y.size:
+        relu_(call.handle, y)
     return y
 
 
 def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
-                   output_padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
-                   stream: Any = None, **flags: Any) -> Tensor:
+                   output_padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                   activation: str | None = None, out: Any = None, stream: Any = None,
+                   **flags: Any) -> Tensor:
     """Transposed convolution (PyTorch's ``conv_transpose1d/2d/3d``): the gradient of a
     convolution with respect to its input.
 
@@ -472,14 +537,18 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
     if any(o < 1 for o in spatial):
         raise ValueError(f"{fn}: calculated output size {list(spatial)} is too small")
     b = _check_bias(bias, k_out, x) if bias is not None else None
+    relu = _activation(activation)
     y = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride, padding, dilation, groups,
                        out, stream, flags)
-    if b is not None and y.size:
+    if (b is not None or relu) and y.size:
         from .handle import get_handle
         from .memory import resolve_stream
 
-        s = resolve_stream(stream)
-        add_bias(get_handle(y.device, s), y, b)
+        handle = get_handle(y.device, resolve_stream(stream))
+        if b is not None:
+            add_bias(handle, y, b)
+        if relu:
+            relu_(handle, y)
     return y
 
 
@@ -583,12 +652,8 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
     else:
         b_full = b
     call.y, call.bias = y, b_full
-    try:
-        call.run()
+    if call.run_fused():
         return y
-    except NoAlgorithmError as exc:
-        log.info("%s: no fused algorithm ran (%s); falling back to separate operations",
-                 fn, str(exc).split("\n", 1)[0])
     # Fallback (the reference's raw_cudnn_convolution_add_relu_fallback_out): conv, then add, relu.
     target = y if not _overlaps(y, z) else empty(shape, x.dtype, memory_format=call.fmt,
                                                  device=x.device, stream=call.stream)

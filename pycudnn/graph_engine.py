@@ -1,0 +1,386 @@
+"""The graph engine: cuDNN's backend API behind the same search contract as the v7 engine.
+
+:class:`GraphSearch` supplies candidates and runs one; the cache key, the per-direction caches,
+the iterator with its fallbacks, the guards and the batch splitting are those of
+:mod:`pycudnn.algos` and :mod:`pycudnn.conv`. Only the search differs:
+
+* candidates are cuDNN's heuristics (modes A, B and FALLBACK, in that order), every engine config
+  with its knob choices, filtered by their notes as PyTorch does (no down-converting engines; no
+  tensor cores for strict float32; no non-deterministic engines when asked);
+* without ``benchmark`` the first candidate whose plan finalizes and runs is taken (plans are
+  finalized lazily, in order);
+* with ``benchmark`` every candidate (up to ``benchmark_limit``, within a time budget) is
+  finalized and timed end to end on the caller's stream, host launch cost included, and the
+  candidates are ranked by that time.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import algos
+from .algos import ConvolutionArgs, ConvolutionParams, check_precision, error_if_capturing
+from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError
+from .graph import (Epilogue, ExecutionPlan, OperationGraph, TensorSpec, bias_spec,
+                    build_convolution_graph, engine_configs, filter_candidates, nchw_strides,
+                    nhwc_strides)
+
+__all__ = ["GraphSearch", "GraphRecord", "BENCHMARK_TIME_BUDGET_S", "HEURISTIC_MODES"]
+
+log = logging.getLogger("pycudnn")
+
+#: heuristics modes asked, in order of preference
+HEURISTIC_MODES = ("A", "B", "FALLBACK")
+#: wall-clock seconds one benchmark search may spend timing candidates (the rest are kept, untimed,
+#: as fallbacks after the timed ones)
+BENCHMARK_TIME_BUDGET_S = 10.0
+_WARMUP, _TRIALS, _REPS = 1, 3, 3
+
+_UID = {"x": 1, "w": 2, "y": 3, "z": 4, "b": 5}
+
+
+@dataclass(eq=False)
+class GraphRecord:
+    """One candidate plan of the graph engine (finalized on first use)."""
+
+    plan: ExecutionPlan
+    direction: str
+    time_ms: float = -1.0
+    source: str = "heuristics"
+    mode: str = ""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def workspace(self) -> int:
+        """Bytes of workspace (0 until the plan is finalized)."""
+        return self.plan.workspace_size or 0
+
+    @property
+    def fused(self) -> bool:
+        return self.plan.graph.epilogue is not None
+
+    def finalize(self, handle: int) -> ExecutionPlan:
+        if not self.plan.finalized:
+            with self._lock:
+                self.plan.finalize(handle)
+                if self.plan.runtime_compiled:
+                    log.info("graph engine: %s compiled at run time in %.1f ms",
+                             self.plan.tag, (self.plan.finalize_time or 0) * 1e3)
+        return self.plan
+
+    def describe(self) -> str:
+        t = f", {self.time_ms:.4f} ms" if self.time_ms >= 0 else ""
+        ws = f"workspace={self.plan.workspace_size} B" if self.plan.finalized else "not finalized"
+        notes = ",".join(getattr(n, "name", str(n)) for n in self.plan.notes)
+        rc = ", runtime-compiled" if self.plan.runtime_compiled else ""
+        return (f"graph {self.plan.tag} (mode {self.mode}, {ws}{t}, notes=[{notes}]{rc}, "
+                f"{self.source}) for {self.plan.graph.description}")
+
+
+def _weight_strides(params: ConvolutionParams) -> tuple[int, ...]:
+    return nhwc_strides(params.weight_shape) if params.weight_format == "NHWC" else nchw_strides(params.weight_shape)
+
+
+def _alignment(ptr: int) -> int:
+    """The largest power of two (up to 16) dividing ``ptr``: what the graph may promise."""
+    if ptr == 0:
+        return 16
+    return min(16, ptr & -ptr)
+
+
+class _Prepared:
+    """The operation graph(s) of one ConvolutionParams and its candidates, per heuristics mode,
+    built on first need: without benchmark, mode B (25-38 ms of heuristics per graph on an H200)
+    is asked only when every candidate of mode A failed."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.graphs: list[OperationGraph] | None = None
+        self.by_mode: dict[str, list[GraphRecord]] = {}
+        self.seen: set = set()
+        self.dropped: list[tuple[str, str]] = []
+        self.problems: list[str] = []
+
+
+class GraphSearch:
+    """The graph (backend API) search strategy."""
+
+    name = "graph"
+    #: deterministic without benchmark still searches (deterministic engines only) and caches;
+    #: the v7 rule of one fixed default algorithm belongs to the legacy API.
+    deterministic_uses_default = False
+
+    def __init__(self, max_prepared: int = 512) -> None:
+        self._prepared: OrderedDict[ConvolutionParams, _Prepared] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_prepared = max_prepared
+
+    def clear(self) -> None:
+        with self._lock:
+            self._prepared.clear()
+
+    # -- graphs -----------------------------------------------------------------------------
+    def _specs(self, p: ConvolutionParams) -> dict[str, TensorSpec]:
+        al = dict(zip("xwyzb", p.alignments)) if p.alignments else {}
+        specs = {
+            "x": TensorSpec(_UID["x"], p.input_shape, p.input_strides, p.dtype, alignment=al.get("x", 16)),
+            "w": TensorSpec(_UID["w"], p.weight_shape, _weight_strides(p), p.dtype, alignment=al.get("w", 16)),
+            "y": TensorSpec(_UID["y"], p.output_shape, p.output_strides, p.dtype, alignment=al.get("y", 16)),
+        }
+        if p.epilogue == "add_relu":
+            specs["z"] = TensorSpec(_UID["z"], p.output_shape, p.z_strides, p.dtype, alignment=al.get("z", 16))
+        if p.epilogue in ("add_relu", "bias", "bias_relu"):
+            specs["b"] = bias_spec(_UID["b"], p.output_shape[1], len(p.output_shape), p.dtype,
+                                   alignment=al.get("b", 16))
+        return specs
+
+    def _epilogues(self, p: ConvolutionParams, specs) -> list[Epilogue | None]:
+        if p.epilogue == "":
+            return [None]
+        if p.epilogue in ("bias", "bias_relu"):
+            return [Epilogue(bias=specs["b"], relu=p.epilogue == "bias_relu")]
+        first = Epilogue(z=specs["z"], alpha=p.alpha, bias=specs["b"], relu=True)
+        if p.alpha == 1.0:
+            return [first]
+        # alpha on the add's ALPHA2 first; else alpha as a multiply by a by-value scalar
+        return [first, Epilogue(z=specs["z"], alpha=p.alpha, bias=specs["b"], relu=True, alpha_mode="mul")]
+
+    def prepared(self, args: ConvolutionArgs) -> _Prepared:
+        p = args.params
+        prep = self._prepared.get(p)
+        if prep is None:
+            with self._lock:
+                prep = self._prepared.get(p)
+                if prep is None:
+                    prep = self._prepared[p] = _Prepared()
+                    while len(self._prepared) > self.max_prepared:
+                        self._prepared.popitem(last=False)
+        return prep
+
+    def _graphs(self, args: ConvolutionArgs, prep: _Prepared) -> list[OperationGraph]:
+        if prep.graphs is None:
+            p = args.params
+            specs = self._specs(p)
+            graphs = []
+            for ep in self._epilogues(p, specs):
+                try:
+                    graphs.append(build_convolution_graph(
+                        args.handle, p.direction, specs["x"], specs["w"], specs["y"], p.padding,
+                        p.stride, p.dilation, None, ep))
+                except CudnnError as exc:
+                    prep.problems.append(f"graph {ep.alpha_mode if ep else ''}: {exc}".strip())
+            prep.graphs = graphs
+        return prep.graphs
+
+    def _mode(self, args: ConvolutionArgs, prep: _Prepared, gi: int, mode: str) -> list[GraphRecord]:
+        """The candidates of graph ``gi`` from one heuristics mode, deduplicated and filtered."""
+        records = prep.by_mode.get((gi, mode))
+        if records is not None:
+            return records
+        with prep.lock:
+            records = prep.by_mode.get((gi, mode))
+            if records is not None:
+                return records
+            p = args.params
+            g = self._graphs(args, prep)[gi]
+            cands = engine_configs(args.handle, g, (mode,))
+            prep.problems.extend(cands.problems)
+            fresh = []
+            for c in cands:
+                if (gi, c.key) in prep.seen:
+                    c.close()
+                else:
+                    prep.seen.add((gi, c.key))
+                    fresh.append(c)
+            kept, dropped = filter_candidates(fresh, p.dtype, p.allow_tf32, p.deterministic)
+            prep.dropped.extend((c.tag, why) for c, why in dropped)
+            for c, _ in dropped:
+                c.close()
+            records = [GraphRecord(ExecutionPlan(c), p.direction, mode=mode) for c in kept]
+            prep.by_mode[(gi, mode)] = records
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("graph engine: %s: graph %d mode %s gives %d candidates", p.short(), gi,
+                          mode, len(records))
+        return records
+
+    def _iter_candidates(self, args: ConvolutionArgs, prep: _Prepared, gi: int):
+        for mode in HEURISTIC_MODES:
+            yield from self._mode(args, prep, gi, mode)
+
+    def describe_params(self, params: ConvolutionParams) -> list[str]:
+        prep = self._prepared.get(params)
+        if prep is None:
+            return []
+        lines = [f"graph: {g.description}" for g in (prep.graphs or [])]
+        if prep.dropped:
+            lines.append("dropped by notes: " + ", ".join(f"{t} ({why})" for t, why in prep.dropped[:8]))
+        lines.extend(f"heuristics: {pr}" for pr in prep.problems[:4])
+        return lines
+
+    # -- the strategy contract ------------------------------------------------------------------
+    def candidates(self, args: ConvolutionArgs):
+        """Heuristic candidates lazily, mode by mode (without benchmark), or timed (with).
+
+        Where there are several equivalent graphs (alpha on ALPHA2, then alpha as a multiply by
+        a by-value scalar) the later ones are fallbacks: their candidates are offered, or timed,
+        only when none of the earlier graph's could be. Some engines take the by-value form but
+        compute it wrong (eng8 of FALLBACK gave NaN on cuDNN 9.19), so it is never preferred.
+        """
+        prep = self.prepared(args)
+        if not args.benchmark:
+            return self._lazy(args, prep)
+        for gi in range(len(self._graphs(args, prep))):
+            cands = list(self._iter_candidates(args, prep, gi))
+            if not cands:
+                continue
+            try:
+                return self._measure(args, cands)
+            except NoAlgorithmError:
+                if gi == len(prep.graphs or []) - 1:
+                    raise
+        self._none_left(args, prep, [])
+        return []
+
+    def _lazy(self, args: ConvolutionArgs, prep: _Prepared):
+        offered = 0
+        for gi in range(len(self._graphs(args, prep))):
+            for rec in self._iter_candidates(args, prep, gi):
+                offered += 1
+                yield rec
+        if not offered:
+            self._none_left(args, prep, [])
+
+    def _none_left(self, args: ConvolutionArgs, prep: _Prepared, cands: list) -> None:
+        if cands:
+            return
+        raise NoAlgorithmError(
+            f"no engine of cuDNN's heuristics takes {args.params.short()}"
+            + ("; " + "; ".join(prep.problems) if prep.problems else "")
+            + (f"; dropped by notes: {prep.dropped}" if prep.dropped else ""),
+            [(t, why) for t, why in prep.dropped])
+
+    def default_candidates(self, args: ConvolutionArgs) -> list[GraphRecord]:
+        return self.candidates(args)
+
+    def _pointers(self, args: ConvolutionArgs, y_ptr: int | None = None) -> tuple[int, ...]:
+        p = args.params
+        ptrs = [args.x, args.w, args.y if y_ptr is None else y_ptr]
+        if p.epilogue == "add_relu":
+            ptrs.append(args.z)
+        if p.epilogue in ("add_relu", "bias", "bias_relu"):
+            ptrs.append(args.bias)
+        return tuple(ptrs)
+
+    def _check(self, p: ConvolutionParams, record: GraphRecord) -> None:
+        # The reference's precision rule, on engine notes: strict float32 never uses tensor cores.
+        if record.plan.config.tensor_core:
+            check_precision(p, 1)
+
+    def run(self, args: ConvolutionArgs, record: GraphRecord) -> None:
+        from .memory import allocate
+
+        p = args.params
+        plan = record.finalize(args.handle)
+        self._check(p, record)
+        ws_size = plan.workspace_size or 0
+        if p.workspace_limit is not None and ws_size > p.workspace_limit:
+            raise OutOfMemoryError(f"plan {plan.tag} needs a workspace of {ws_size} B, above "
+                                   f"workspace_limit={p.workspace_limit}")
+        ws = allocate(ws_size, p.device, args.stream)
+        try:
+            plan.execute(args.handle, self._pointers(args), ws.ptr if ws_size else 0)
+        finally:
+            ws.close(args.stream)
+
+    # -- measurement --------------------------------------------------------------------------
+    def _measure(self, args: ConvolutionArgs, cands: list[GraphRecord]) -> list[GraphRecord]:
+        from .memory import allocate, mem_get_info
+
+        p = args.params
+        error_if_capturing(args.stream, "graph engine benchmark")
+        limit = args.extra.get("benchmark_limit")
+        budget = args.extra.get("benchmark_budget_s", BENCHMARK_TIME_BUDGET_S)
+        scratch = None
+        out_ptr = None
+        if args.out_may_hold_data:
+            # timing writes the output: never into data the caller still needs
+            scratch = allocate(algos._span_bytes(p, p.direction), p.device, args.stream)
+            out_ptr = scratch.ptr
+        timed: list[GraphRecord] = []
+        untimed: list[GraphRecord] = []
+        failures: list[tuple[str, str]] = []
+        start = time.perf_counter()
+        try:
+            free, _ = mem_get_info(p.device)
+            ceiling = free if p.workspace_limit is None else min(free, p.workspace_limit)
+            for i, rec in enumerate(cands):
+                if (limit is not None and len(timed) >= limit) or time.perf_counter() - start > budget:
+                    untimed.extend(cands[i:])
+                    break
+                try:
+                    plan = rec.finalize(args.handle)
+                except CudnnError as exc:
+                    failures.append((rec.plan.tag, f"finalize: {exc.status_name}"))
+                    continue
+                if (plan.workspace_size or 0) > ceiling:
+                    failures.append((plan.tag, f"workspace {plan.workspace_size} B > {ceiling} B available"))
+                    continue
+                try:
+                    t = self._time(args, rec, out_ptr)
+                except (CudnnError, OutOfMemoryError) as exc:
+                    failures.append((plan.tag, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
+                    continue
+                timed.append(GraphRecord(rec.plan, rec.direction, t, "measured", rec.mode))
+        finally:
+            if scratch is not None:
+                scratch.close(args.stream)
+        if not timed and not untimed:
+            raise NoAlgorithmError(f"no graph-engine plan could be timed for {p.short()}", failures)
+        timed.sort(key=lambda r: r.time_ms)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("graph engine benchmark %s: %s", p.short(),
+                      ", ".join(f"{r.plan.tag}={r.time_ms:.4f}ms" for r in timed[:5]))
+        return timed + untimed
+
+    def _time(self, args: ConvolutionArgs, rec: GraphRecord, out_ptr: int | None) -> float:
+        """Median over trials of the mean time of back-to-back runs (ms), host launch included."""
+        from cuda.bindings import runtime as rt
+
+        from .memory import allocate, check_cuda
+
+        plan = rec.plan
+        ws_size = plan.workspace_size or 0
+        ws = allocate(ws_size, args.params.device, args.stream)
+        ptrs = self._pointers(args, out_ptr)
+        err, ev0 = rt.cudaEventCreate()
+        check_cuda(err, "cudaEventCreate")
+        err, ev1 = rt.cudaEventCreate()
+        check_cuda(err, "cudaEventCreate")
+        try:
+            wptr = ws.ptr if ws_size else 0
+            for _ in range(_WARMUP):
+                plan.execute(args.handle, ptrs, wptr)
+            samples = []
+            for _ in range(_TRIALS):
+                rt.cudaEventRecord(ev0, args.stream)
+                for _ in range(_REPS):
+                    plan.execute(args.handle, ptrs, wptr)
+                rt.cudaEventRecord(ev1, args.stream)
+                check_cuda(rt.cudaEventSynchronize(ev1)[0], "cudaEventSynchronize")
+                err, ms = rt.cudaEventElapsedTime(ev0, ev1)
+                check_cuda(err, "cudaEventElapsedTime")
+                samples.append(ms / _REPS)
+            return statistics.median(samples)
+        finally:
+            rt.cudaEventDestroy(ev0)
+            rt.cudaEventDestroy(ev1)
+            ws.close(args.stream)
+
+
+algos.register_strategy(GraphSearch())
