@@ -18,6 +18,7 @@ This is the behaviour of PyTorch's ``Conv_v7.cpp`` (see ``docs/architecture.md``
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
+
+log = logging.getLogger("pycudnn")
 
 
 # ---- the key ------------------------------------------------------------------------------------
@@ -288,10 +291,17 @@ def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCac
                     return record
                 except OutOfMemoryError as exc:
                     failures.append((_describe(record), f"OutOfMemoryError: {exc}"))
+            if args.benchmark and failed_cached is None:
+                record = _from_tuning_db(args, strategy)
+                if record is not None:
+                    cache.insert(params, record)
+                    return record
         if only_default:
             candidates: Iterable[Any] = strategy.default_candidates(args)
         else:
             cache.searches += 1
+            log.debug("searching (%s, %s): %s", strategy.name,
+                      "benchmark" if args.benchmark else "heuristics", params.short())
             candidates = strategy.candidates(args)
         limit = params.workspace_limit
         for record in candidates:
@@ -303,9 +313,16 @@ def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCac
                 strategy.run(args, record)
             except (OutOfMemoryError, CudnnError) as exc:
                 failures.append((_describe(record), f"{type(exc).__name__}: {_first_line(exc)}"))
+                log.debug("candidate failed, trying the next: %s: %s", _describe(record),
+                          failures[-1][1])
                 continue
             if not only_default:
                 cache.insert(params, record)
+                if args.benchmark:
+                    _to_tuning_db(params, strategy, record)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("chose %s for %s%s", _describe(record), params.short(),
+                          f" after {len(failures)} failed candidate(s)" if failures else "")
             return record
     lines = [f"  - {what}: {why}" for what, why in failures] or ["  (no candidate was offered)"]
     raise NoAlgorithmError(
@@ -315,6 +332,53 @@ def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCac
 
 def _describe(record: Any) -> str:
     return record.describe() if hasattr(record, "describe") else repr(record)
+
+
+# ---- the persistent tuning database hooks ---------------------------------------------------------
+# pycudnn.tuning_db owns the file; the strategies own what a record is (serialize / restore).
+
+def _tuning_db():
+    try:
+        from . import tuning_db
+    except ImportError:  # pragma: no cover - the module ships with pycudnn
+        return None
+    return tuning_db if tuning_db.enabled() else None
+
+
+def _from_tuning_db(args: ConvolutionArgs, strategy: Any) -> Any:
+    """A record measured by an earlier process for this key, rebuilt and run once; else None.
+
+    A record that no longer rebuilds or runs (driver or library changed) is dropped and logged,
+    and the search runs as if it had never been there.
+    """
+    db = _tuning_db()
+    restore = getattr(strategy, "restore", None)
+    if db is None or restore is None:
+        return None
+    data = db.lookup(args.params)
+    if data is None:
+        return None
+    try:
+        record = restore(args, data)
+        strategy.run(args, record)
+    except (CudnnError, OutOfMemoryError, PycudnnError, KeyError, TypeError, ValueError) as exc:
+        log.warning("tuning database: dropping the record for %s (%s: %s); searching again",
+                    args.params.short(), type(exc).__name__, _first_line(exc))
+        db.drop(args.params)
+        return None
+    log.debug("tuning database: reused %s for %s", _describe(record), args.params.short())
+    return record
+
+
+def _to_tuning_db(params: ConvolutionParams, strategy: Any, record: Any) -> None:
+    db = _tuning_db()
+    serialize = getattr(strategy, "serialize", None)
+    if db is None or serialize is None:
+        return
+    try:
+        db.store(params, serialize(record))
+    except OSError as exc:  # a read-only or full disk must not fail the convolution
+        log.warning("tuning database: could not store a record (%s)", exc)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -445,6 +509,21 @@ class V7Search:
                 while len(self._prepared) > self.max_prepared:
                     self._prepared.popitem(last=False)
         return descs
+
+    def serialize(self, record: AlgoRecord) -> dict[str, Any]:
+        """What the tuning database keeps of a v7 record (data only)."""
+        return {"algo": record.algo, "math_type": record.math_type, "workspace": record.workspace,
+                "time_ms": record.time_ms, "deterministic": record.deterministic}
+
+    def restore(self, args: ConvolutionArgs, data: dict[str, Any]) -> AlgoRecord:
+        """A record from the tuning database (the workspace is asked of cuDNN again)."""
+        p = args.params
+        algo, math = int(data["algo"]), int(data["math_type"])
+        _V7_TABLE[p.direction].algo_enum(algo)  # ValueError for an algorithm this cuDNN lacks
+        MathType(math)
+        ws = self.workspace_size(args, algo, math)
+        return AlgoRecord(algo, math, ws, float(data.get("time_ms", -1.0)),
+                          bool(data.get("deterministic", True)), p.direction, "tuning-db")
 
     def describe_params(self, params: ConvolutionParams) -> list[str]:
         """The legacy descriptors of ``params`` as cuDNN holds them (for error context)."""

@@ -22,8 +22,9 @@ _DEFAULTS: dict[str, Any] = {
     "deterministic": False,    # only deterministic algorithms
     "allow_tf32": True,        # float32 may run on TF32 tensor cores (PyTorch's default for cuDNN)
     "workspace_limit": None,   # bytes; None = as much as is free
-    "engine": "v7",            # "v7" (legacy API, Conv_v7.cpp's behaviour) or "graph" (backend API)
+    "engine": "graph",         # "graph" (backend API, fastest) or "v7" (legacy API, Conv_v7.cpp's behaviour)
     "benchmark_limit": None,   # graph engine: time at most this many candidates (None = all)
+    "tuning_db": True,         # keep measured choices on disk for later processes (PYCUDNN_TUNING_DB=0: off)
 }
 FLAG_NAMES = tuple(_DEFAULTS)
 _ENGINES = ("v7", "graph")
@@ -35,7 +36,7 @@ _overrides: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextV
 def _validate(name: str, value: Any) -> Any:
     if name not in _DEFAULTS:
         raise TypeError(f"unknown flag {name!r}; expected one of {', '.join(FLAG_NAMES)}")
-    if name in ("benchmark", "deterministic", "allow_tf32"):
+    if name in ("benchmark", "deterministic", "allow_tf32", "tuning_db"):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool, got {value!r}")
     elif name in ("workspace_limit", "benchmark_limit"):
@@ -53,6 +54,8 @@ class Config:
     def __init__(self) -> None:
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_values", dict(_DEFAULTS))
+        if os.environ.get("PYCUDNN_TUNING_DB", "").strip().lower() in ("0", "false", "no", "off"):
+            self._values["tuning_db"] = False
         env_engine = os.environ.get("PYCUDNN_ENGINE")
         if env_engine:
             self._values["engine"] = _validate("engine", env_engine)

@@ -54,6 +54,7 @@ class GraphRecord:
     time_ms: float = -1.0
     source: str = "heuristics"
     mode: str = ""
+    graph_index: int = 0  # which of the equivalent graphs (0: alpha on ALPHA2, 1: alpha as a multiply)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -202,7 +203,7 @@ class GraphSearch:
             prep.dropped.extend((c.tag, why) for c, why in dropped)
             for c, _ in dropped:
                 c.close()
-            records = [GraphRecord(ExecutionPlan(c), p.direction, mode=mode) for c in kept]
+            records = [GraphRecord(ExecutionPlan(c), p.direction, mode=mode, graph_index=gi) for c in kept]
             prep.by_mode[(gi, mode)] = records
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("graph engine: %s: graph %d mode %s gives %d candidates", p.short(), gi,
@@ -298,6 +299,33 @@ class GraphSearch:
         finally:
             ws.close(args.stream)
 
+    # -- tuning database ----------------------------------------------------------------------
+    def serialize(self, record: GraphRecord) -> dict[str, Any]:
+        """What the tuning database keeps of a plan: which graph, engine id and knob choices."""
+        plan = record.plan
+        return {"graph": record.graph_index, "engine_id": plan.engine_id,
+                "knobs": [[int(t), int(v)] for t, v in plan.key[1]],
+                "workspace": plan.workspace_size or 0, "time_ms": record.time_ms,
+                "tag": plan.tag}
+
+    def restore(self, args: ConvolutionArgs, data: dict[str, Any]) -> GraphRecord:
+        """Rebuild a plan from its engine id and knobs, on this process's graph (no heuristics)."""
+        from .graph import EngineConfig
+
+        prep = self.prepared(args)
+        graphs = self._graphs(args, prep)
+        gi = int(data.get("graph", 0))
+        cfg = EngineConfig.from_key(graphs[gi], int(data["engine_id"]),
+                                    [(int(t), int(v)) for t, v in data.get("knobs", [])])
+        rec = GraphRecord(ExecutionPlan(cfg), args.params.direction, float(data.get("time_ms", -1.0)),
+                          "tuning-db", "db", gi)
+        rec.finalize(args.handle)
+        kept, dropped = filter_candidates([cfg], args.params.dtype, args.params.allow_tf32,
+                                          args.params.deterministic)
+        if dropped:
+            raise ValueError(f"stored plan {rec.plan.tag} is not allowed here: {dropped[0][1]}")
+        return rec
+
     # -- measurement --------------------------------------------------------------------------
     def _measure(self, args: ConvolutionArgs, cands: list[GraphRecord]) -> list[GraphRecord]:
         from .memory import allocate, mem_get_info
@@ -336,7 +364,7 @@ class GraphSearch:
                 except (CudnnError, OutOfMemoryError) as exc:
                     failures.append((plan.tag, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
                     continue
-                timed.append(GraphRecord(rec.plan, rec.direction, t, "measured", rec.mode))
+                timed.append(GraphRecord(rec.plan, rec.direction, t, "measured", rec.mode, rec.graph_index))
         finally:
             if scratch is not None:
                 scratch.close(args.stream)
