@@ -7,6 +7,7 @@ name that needs it is first used (PEP 562 module ``__getattr__``).
 from __future__ import annotations
 
 import importlib
+import os as _os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -29,17 +30,25 @@ _EXPORTS: dict[str, str] = {
     "Tensor": "tensor", "as_tensor": "tensor", "tensor_from_pointer": "tensor", "empty": "tensor",
     "zeros": "tensor", "from_numpy": "tensor",
     # handles and streams
-    "get_handle": "handle", "device_count": "handle",
+    "get_handle": "handle", "device_count": "handle", "current_stream": "interop",
     # configuration
     "config": "configuration", "flags": "configuration",
     # algorithm search and caches
     "benchmark_cache": "algos", "clear_caches": "algos", "ConvolutionParams": "algos",
+    # prepared convolutions
+    "prepare_convolution": "prepared", "PreparedConvolution": "prepared",
     # convolutions
     "convolution": "conv", "conv_transpose": "conv", "convolution_backward_data": "conv",
     "convolution_backward_filter": "conv", "convolution_add_relu": "conv",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
+
+if _os.environ.get("PYCUDNN_LOG"):  # a stderr handler on the "pycudnn" logger (see _logging)
+    from ._logging import configure_from_env as _configure_logging
+
+    _configure_logging()
+    del _configure_logging
 
 
 def __getattr__(name: str) -> Any:
@@ -65,4 +74,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
                               TensorDescriptor)
     from .errors import *  # noqa: F403
     from .handle import device_count, get_handle
+    from .prepared import PreparedConvolution, prepare_convolution
+    from .interop import current_stream
     from .tensor import Tensor, as_tensor, empty, from_numpy, tensor_from_pointer, zeros

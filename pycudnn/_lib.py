@@ -337,6 +337,10 @@ def _load() -> Library:
                 f"pycudnn needs cuDNN >= 9.0 but found cuDNN {_format_version(ver)} at {path} "
                 f"(via {description}); {_INSTALL_HINT}")
         # When PYCUDNN_LIBRARY names a file, the user asked for it: do not silently fall back.
+        import logging
+
+        logging.getLogger("pycudnn").debug("loaded cuDNN %s from %s (via %s)",
+                                           _format_version(ver), path, description)
         return Library(cdll, str(path), description)
     raise CudnnNotFoundError("could not load libcudnn; tried, in order:\n" + "\n".join(tried)
                              + f"\n{_INSTALL_HINT}")

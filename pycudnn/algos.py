@@ -231,6 +231,9 @@ def clear_caches() -> None:
         clear = getattr(strategy, "clear", None)
         if clear is not None:
             clear()
+    from .prepared import clear_fast_calls
+
+    clear_fast_calls()
 
 
 # ---- guards ---------------------------------------------------------------------------------------
@@ -319,7 +322,7 @@ def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCac
             if not only_default:
                 cache.insert(params, record)
                 if args.benchmark:
-                    _to_tuning_db(params, strategy, record)
+                    _to_tuning_db(args, strategy, record)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("chose %s for %s%s", _describe(record), params.short(),
                           f" after {len(failures)} failed candidate(s)" if failures else "")
@@ -337,7 +340,9 @@ def _describe(record: Any) -> str:
 # ---- the persistent tuning database hooks ---------------------------------------------------------
 # pycudnn.tuning_db owns the file; the strategies own what a record is (serialize / restore).
 
-def _tuning_db():
+def _tuning_db(args: ConvolutionArgs | None = None):
+    if args is not None and not args.extra.get("tuning_db", True):
+        return None  # turned off for this call (flag tuning_db=False)
     try:
         from . import tuning_db
     except ImportError:  # pragma: no cover - the module ships with pycudnn
@@ -351,7 +356,7 @@ def _from_tuning_db(args: ConvolutionArgs, strategy: Any) -> Any:
     A record that no longer rebuilds or runs (driver or library changed) is dropped and logged,
     and the search runs as if it had never been there.
     """
-    db = _tuning_db()
+    db = _tuning_db(args)
     restore = getattr(strategy, "restore", None)
     if db is None or restore is None:
         return None
@@ -370,8 +375,9 @@ def _from_tuning_db(args: ConvolutionArgs, strategy: Any) -> Any:
     return record
 
 
-def _to_tuning_db(params: ConvolutionParams, strategy: Any, record: Any) -> None:
-    db = _tuning_db()
+def _to_tuning_db(args: ConvolutionArgs, strategy: Any, record: Any) -> None:
+    params = args.params
+    db = _tuning_db(args)
     serialize = getattr(strategy, "serialize", None)
     if db is None or serialize is None:
         return
@@ -646,13 +652,13 @@ class V7Search:
 
     # -- running --
     def run(self, args: ConvolutionArgs, record: AlgoRecord) -> None:
-        from .memory import allocate
+        from .memory import allocate_fast
 
         p = args.params
         check_precision(p, record.math_type)
         descs = self.descriptors(p)
         conv = descs.conv(record.math_type)
-        workspace = allocate(record.workspace, p.device, args.stream)
+        workspace = allocate_fast(record.workspace, p.device, args.stream)
         try:
             if p.epilogue == "add_relu":
                 self._run_bias_activation(args, descs, conv, record, workspace.ptr)

@@ -23,6 +23,7 @@ from . import _lib
 from .algos import ConvolutionArgs, ConvolutionParams, scalar_pointers, strategy_for, try_all
 from .configuration import config
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError
+from . import prepared as _prepared
 from .tensor import Tensor, as_tensor, empty
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
@@ -178,6 +179,9 @@ class _Call:
         self.fmt = suggest_memory_format(*given)
         self.epilogue, self.z, self.bias, self.alpha = epilogue, z, bias, float(alpha)
         self.strategy = strategy_for(flags["engine"])
+        # what ran, for the prepared fast path: one piece, nothing staged -> reusable as is
+        self.staged = False
+        self.pieces: list[tuple[ConvolutionParams, Any]] = []
 
     @property
     def handle(self) -> int:
@@ -214,7 +218,9 @@ class _Call:
         z = self.z
         if z is not None and not self._dense(z):
             z = empty(z.shape, z.dtype, memory_format=self.fmt, device=z.device, stream=self.stream)
+            staged.append(z)
             self._copy(self.z, z)
+        self.staged = bool(staged)
         self._run_split(roles["x"], roles["w"], roles["y"], z)
         if roles[written] is not user_out:
             self._copy(roles[written], user_out)
@@ -223,7 +229,7 @@ class _Call:
         """split_batch_dim_to_32bit_out: pieces along N when a tensor exceeds 2^31 - 1 elements."""
         ni, no = x.size, y.size
         if ni <= INT_MAX and no <= INT_MAX:
-            self._run_one(x, w, y, z, accumulate=False)
+            self._run_one(x, w, y, z)
             return
         n = x.shape[0]
         inner = max(ni, no) // n
@@ -243,7 +249,7 @@ class _Call:
         for start in range(0, n, split):
             length = min(split, n - start)
             self._run_one(x.narrow(0, start, length), w, y.narrow(0, start, length),
-                          z.narrow(0, start, length) if z is not None else None, accumulate=False)
+                          z.narrow(0, start, length) if z is not None else None)
 
     def _run_filter_split(self, x: Tensor, w: Tensor, dy: Tensor, split: int) -> None:
         """Backward filter over batch pieces, summed in float32 for half and bfloat16, cast once."""
@@ -257,8 +263,7 @@ class _Call:
                      if acc_dtype != w.dtype else None)
         for start in range(0, n, split):
             length = min(split, n - start)
-            self._run_one(x.narrow(0, start, length), piece, dy.narrow(0, start, length), None,
-                          accumulate=False)
+            self._run_one(x.narrow(0, start, length), piece, dy.narrow(0, start, length), None)
             if piece_acc is not None:  # cudnnAddTensor wants one dtype: widen the piece first
                 transform(self.handle, piece, piece_acc)
             add_tensor(self.handle, piece_acc if piece_acc is not None else piece, acc, beta=1.0)
@@ -308,7 +313,7 @@ class _Call:
                     _UNFUSABLE.pop()
             return False
 
-    def _run_one(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None, accumulate: bool) -> None:
+    def _run_one(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None) -> None:
         params = self._params(x, w, y, z)
         written = {"forward": y, "backward_data": x, "backward_filter": w}[self.direction]
         reads = [x, w, y] if self.direction != "forward" else [x, w]
@@ -319,10 +324,12 @@ class _Call:
             bias=self.bias.ptr if self.bias is not None else 0,
             out_may_hold_data=any(_overlaps(written, t) for t in reads))
         args.extra["benchmark_limit"] = self.flags.get("benchmark_limit")
+        args.extra["tuning_db"] = self.flags.get("tuning_db", True)
         try:
             record = try_all(args, self.strategy)
         except (CudnnError, NoAlgorithmError, OutOfMemoryError) as exc:
             raise exc.add_context(*self._context(params)) from None
+        self.pieces.append((params, record))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: %s -> %s", self.api, params.short(), _describe(record))
 
@@ -452,21 +459,67 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
     Returns:
         The output ``(N, K, *out_spatial)`` as a :class:`pycudnn.Tensor` (``out`` when given).
     """
-    x, w = as_tensor(x), as_tensor(w)
+    if type(x) is not Tensor:
+        x = as_tensor(x)
+    if type(w) is not Tensor:
+        w = as_tensor(w)
+    if bias is not None and type(bias) is not Tensor:
+        bias = as_tensor(bias)
+    key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, stride,
+           padding, dilation, groups, activation,
+           None if bias is None else (bias.shape, bias.strides, bias.dtype), config.token(flags))
+    prepared = _prepared.lookup(key)
+    if prepared is not None:
+        return prepared(x, w, out, bias=bias, stream=stream)
+    y, prepared = _convolution(x, w, bias, stride, padding, dilation, groups, activation, out,
+                               stream, flags)
+    if prepared is not None:
+        _prepared.remember(key, prepared)
+    return y
+
+
+def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
+                 groups: Any, activation: Any, out: Any, stream: Any, flags: dict[str, Any]):
+    """The full path of :func:`convolution`; returns (output, PreparedConvolution or None)."""
     fn = _CONV_NAMES.get(x.ndim, "convolution")
     nd = _check_rank(x, "input", fn)
     _check_pair(x, "input", w, "weight")
-    stride, padding, dilation = _geometry(stride, padding, dilation, nd)
+    stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
     groups = _groups(groups)
     _check_channels(x.shape, w.shape, groups, fn)
-    spatial = _check_output_positive(x.shape, w.shape[2:], stride, padding, dilation, fn)
+    spatial = _check_output_positive(x.shape, w.shape[2:], stride_t, padding_t, dilation_t, fn)
     b = _check_bias(bias, w.shape[0], x) if bias is not None else None
     relu = _activation(activation)
     f = _flags(flags)
-    call = _Call(fn, "forward", x, w, None, stride, padding, dilation, groups, f, stream)  # type: ignore[arg-type]
+    call = _Call(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups, f, stream)  # type: ignore[arg-type]
     y = _output(out, (x.shape[0], w.shape[0]) + spatial, x, call.fmt, call.stream)
     call.y = y
-    return _forward_with_epilogue(call, y, b, relu)
+    y, fused_all = _forward_with_epilogue(call, y, b, relu)
+
+    def slow(a, b_, out_, z=None, bias=None, stream=None):
+        return _convolution(a, b_, bias, stride, padding, dilation, groups, activation, out_,
+                            stream, flags)[0]
+
+    return y, (_prepare(call, slow) if fused_all else None)
+
+
+def _prepare(call: "_Call", slow) -> "_prepared.PreparedConvolution | None":
+    """A PreparedConvolution for what ``call`` just ran, when it can be replayed as is: one piece
+    (no batch split), nothing staged through copies, and no separate epilogue step."""
+    if len(call.pieces) != 1 or call.staged:
+        return None
+    params, record = call.pieces[0]
+    shapes = {"x": call.x.shape, "w": call.w.shape, "y": call.y.shape}
+    strides = {"x": call.x.strides, "w": call.w.strides, "y": call.y.strides}
+    if call.z is not None:
+        shapes["z"], strides["z"] = call.z.shape, call.z.strides
+    if call.bias is not None:
+        shapes["b"], strides["b"] = call.bias.shape, call.bias.strides
+    written = {"forward": call.y, "backward_data": call.x, "backward_filter": call.w}[call.direction]
+    return _prepared.PreparedConvolution(
+        params, record, call.strategy, call.x.dtype if call.x is not None else call.y.dtype,
+        shapes, strides, slow, has_bias=call.bias is not None, has_z=call.z is not None,
+        out_size_bytes=written.span_bytes)
 
 
 def _activation(activation: Any) -> bool:
@@ -477,30 +530,35 @@ def _activation(activation: Any) -> bool:
     raise ValueError(f"activation: expected None or 'relu', got {activation!r}")
 
 
-def _forward_with_epilogue(call: _Call, y: Tensor, b: Tensor | None, relu: bool) -> Tensor:
-    """conv (+ bias) (+ relu) into y: one fused graph where the engine takes it, else steps."""
+def _forward_with_epilogue(call: _Call, y: Tensor, b: Tensor | None, relu: bool) -> tuple[Tensor, bool]:
+    """conv (+ bias) (+ relu) into y: one fused graph where the engine takes it, else steps.
+
+    Returns y and whether everything ran in the convolution itself (no separate step)."""
     if call.x.size == 0 or y.size == 0:
         _fill_zero(y, call.stream)
-    else:
-        fused = False
-        if call.flags["engine"] == "graph" and (b is not None or relu):
-            if b is None:
-                from .tensor import zeros
+        if b is not None and y.size:
+            add_bias(call.handle, y, b)
+        if relu and y.size:
+            relu_(call.handle, y)
+        return y, False
+    if call.flags["engine"] == "graph" and (b is not None or relu):
+        if b is None:
+            from .tensor import zeros
 
-                b_fused = zeros((y.shape[1],), y.dtype, device=y.device, stream=call.stream)
-            else:
-                b_fused = b
-            call.epilogue, call.bias = ("bias_relu" if relu else "bias"), b_fused
-            fused = call.run_fused()
-            if fused:
-                return y
-            call.epilogue, call.bias = "", None
-        call.run()
-    if b is not None and y.size:
+            b_fused = zeros((y.shape[1],), y.dtype, device=y.device, stream=call.stream)
+        else:
+            b_fused = b
+        call.epilogue, call.bias = ("bias_relu" if relu else "bias"), b_fused
+        if call.run_fused():
+            return y, b is not None  # a made-up zero bias cannot be replayed by a prepared call
+        call.epilogue, call.bias = "", None
+        call.pieces.clear()
+    call.run()
+    if b is not None:
         add_bias(call.handle, y, b)
-    if relu and y.size:
+    if relu:
         relu_(call.handle, y)
-    return y
+    return y, b is None and not relu
 
 
 def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
@@ -538,8 +596,8 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
         raise ValueError(f"{fn}: calculated output size {list(spatial)} is too small")
     b = _check_bias(bias, k_out, x) if bias is not None else None
     relu = _activation(activation)
-    y = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride, padding, dilation, groups,
-                       out, stream, flags)
+    y, _ = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride, padding, dilation,
+                          groups, out, stream, flags)
     if (b is not None or relu) and y.size:
         from .handle import get_handle
         from .memory import resolve_stream
@@ -556,60 +614,105 @@ def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *
                               padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
                               stream: Any = None, **flags: Any) -> Tensor:
     """Gradient of a convolution with respect to its input, of shape ``input_shape``."""
-    grad_y, w = as_tensor(grad_y), as_tensor(w)
+    if type(grad_y) is not Tensor:
+        grad_y = as_tensor(grad_y)
+    if type(w) is not Tensor:
+        w = as_tensor(w)
+    key = ("backward_data", grad_y.shape, grad_y.strides, grad_y.dtype, grad_y.device, w.shape,
+           w.strides, w.dtype, _hashable(input_shape), stride, padding, dilation, groups,
+           config.token(flags))
+    prepared = _prepared.lookup(key)
+    if prepared is not None:
+        return prepared(grad_y, w, out, stream=stream)
     fn = "convolution_backward_data"
     nd = _check_rank(grad_y, "grad_y", fn)
     _check_pair(grad_y, "grad_y", w, "weight")
-    stride, padding, dilation = _geometry(stride, padding, dilation, nd)
-    groups = _groups(groups)
-    input_shape = _shape_arg("input_shape", input_shape, grad_y.ndim)
-    _check_channels(input_shape, w.shape, groups, fn)
-    expected = (input_shape[0], w.shape[0]) + _check_output_positive(input_shape, w.shape[2:], stride, padding, dilation, fn)
+    stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
+    groups_i = _groups(groups)
+    input_shape_t = _shape_arg("input_shape", input_shape, grad_y.ndim)
+    _check_channels(input_shape_t, w.shape, groups_i, fn)
+    expected = (input_shape_t[0], w.shape[0]) + _check_output_positive(input_shape_t, w.shape[2:], stride_t, padding_t, dilation_t, fn)
     if tuple(grad_y.shape) != expected:
         raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input_shape "
-                         f"{list(input_shape)} and weight {list(w.shape)}, but got {list(grad_y.shape)}")
-    return _backward_data(fn, grad_y, w, input_shape, stride, padding, dilation, groups, out, stream, flags)
+                         f"{list(input_shape_t)} and weight {list(w.shape)}, but got {list(grad_y.shape)}")
+
+    def slow(a, b_, out_, z=None, bias=None, stream=None):
+        _prepared.forget(key)  # the full path, which re-prepares; never this entry again
+        return convolution_backward_data(a, b_, input_shape, stride=stride, padding=padding,
+                                         dilation=dilation, groups=groups, out=out_, stream=stream,
+                                         **flags)
+
+    dx, call = _backward_data(fn, grad_y, w, input_shape_t, stride_t, padding_t, dilation_t, groups_i,
+                              out, stream, flags)
+    if call is not None:
+        prepared = _prepare(call, slow)
+        if prepared is not None:
+            _prepared.remember(key, prepared)
+    return dx
 
 
-def _backward_data(fn, dy: Tensor, w: Tensor, input_shape, stride, padding, dilation, groups, out, stream, flags) -> Tensor:
+def _hashable(shape: Any) -> Any:
+    return tuple(shape) if isinstance(shape, list) else shape
+
+
+def _backward_data(fn, dy: Tensor, w: Tensor, input_shape, stride, padding, dilation, groups, out,
+                   stream, flags) -> tuple[Tensor, "_Call | None"]:
     f = _flags(flags)
     call = _Call(fn, "backward_data", None, w, dy, stride, padding, dilation, groups, f, stream)  # type: ignore[arg-type]
     dx = _output(out, tuple(input_shape), dy, call.fmt, call.stream)
     call.x = dx
     if dx.size == 0:
-        return dx
+        return dx, None
     if dy.size == 0:
         _fill_zero(dx, call.stream)
-        return dx
+        return dx, None
     call.run()
-    return dx
+    return dx, call
 
 
 def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int], *, stride: Any = 1,
                                 padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
                                 stream: Any = None, **flags: Any) -> Tensor:
     """Gradient of a convolution with respect to its weight, of shape ``weight_shape``."""
-    x, grad_y = as_tensor(x), as_tensor(grad_y)
+    if type(x) is not Tensor:
+        x = as_tensor(x)
+    if type(grad_y) is not Tensor:
+        grad_y = as_tensor(grad_y)
+    key = ("backward_filter", x.shape, x.strides, x.dtype, x.device, grad_y.shape, grad_y.strides,
+           grad_y.dtype, _hashable(weight_shape), stride, padding, dilation, groups,
+           config.token(flags))
+    prepared = _prepared.lookup(key)
+    if prepared is not None:
+        return prepared(x, grad_y, out, stream=stream)
     fn = "convolution_backward_filter"
     nd = _check_rank(x, "input", fn)
     _check_pair(x, "input", grad_y, "grad_y")
-    stride, padding, dilation = _geometry(stride, padding, dilation, nd)
-    groups = _groups(groups)
-    weight_shape = _shape_arg("weight_shape", weight_shape, x.ndim)
-    _check_channels(x.shape, weight_shape, groups, fn)
-    expected = (x.shape[0], weight_shape[0]) + _check_output_positive(x.shape, weight_shape[2:], stride, padding, dilation, fn)
+    stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
+    groups_i = _groups(groups)
+    weight_shape_t = _shape_arg("weight_shape", weight_shape, x.ndim)
+    _check_channels(x.shape, weight_shape_t, groups_i, fn)
+    expected = (x.shape[0], weight_shape_t[0]) + _check_output_positive(x.shape, weight_shape_t[2:], stride_t, padding_t, dilation_t, fn)
     if tuple(grad_y.shape) != expected:
         raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input {list(x.shape)} "
-                         f"and weight_shape {list(weight_shape)}, but got {list(grad_y.shape)}")
+                         f"and weight_shape {list(weight_shape_t)}, but got {list(grad_y.shape)}")
     f = _flags(flags)
-    call = _Call(fn, "backward_filter", x, None, grad_y, stride, padding, dilation, groups, f, stream)  # type: ignore[arg-type]
-    fmt = call.fmt
-    dw = _output(out, weight_shape, x, fmt, call.stream)
+    call = _Call(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)  # type: ignore[arg-type]
+    dw = _output(out, weight_shape_t, x, call.fmt, call.stream)
     call.w = dw
     if x.size == 0 or grad_y.size == 0:
         _fill_zero(dw, call.stream)  # an empty batch contributes nothing to the gradient
         return dw
     call.run()
+
+    def slow(a, b_, out_, z=None, bias=None, stream=None):
+        _prepared.forget(key)  # the full path, which re-prepares; never this entry again
+        return convolution_backward_filter(a, b_, weight_shape, stride=stride, padding=padding,
+                                           dilation=dilation, groups=groups, out=out_,
+                                           stream=stream, **flags)
+
+    prepared = _prepare(call, slow)
+    if prepared is not None:
+        _prepared.remember(key, prepared)
     return dw
 
 
@@ -620,7 +723,21 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
 
     ``z`` has the output's shape; ``out`` may be ``z`` itself (an in-place residual).
     """
-    x, w, z = as_tensor(x), as_tensor(w), as_tensor(z)
+    if type(x) is not Tensor:
+        x = as_tensor(x)
+    if type(w) is not Tensor:
+        w = as_tensor(w)
+    if type(z) is not Tensor:
+        z = as_tensor(z)
+    if bias is not None and type(bias) is not Tensor:
+        bias = as_tensor(bias)
+    key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, z.shape,
+           z.strides, z.dtype, alpha, stride, padding, dilation, groups,
+           None if bias is None else (bias.shape, bias.strides, bias.dtype), config.token(flags))
+    prepared = _prepared.lookup(key)
+    if prepared is not None:
+        return prepared(x, w, out, z=z, bias=bias, stream=stream)
+    geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     fn = "convolution_add_relu"
     nd = _check_rank(x, "input", fn)
     _check_pair(x, "input", w, "weight")
@@ -653,6 +770,16 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
         b_full = b
     call.y, call.bias = y, b_full
     if call.run_fused():
+        def slow(a, b_, out_, z=None, bias=None, stream=None):
+            _prepared.forget(key)  # the full path, which re-prepares; never this entry again
+            return convolution_add_relu(a, b_, z, alpha=alpha, bias=bias, out=out_, stream=stream,
+                                        **geometry, **flags)
+
+        prepared = _prepare(call, slow)
+        if prepared is not None:
+            if b is None:
+                prepared.default_bias = b_full  # the zero bias this call made up, kept for replays
+            _prepared.remember(key, prepared)
         return y
     # Fallback (the reference's raw_cudnn_convolution_add_relu_fallback_out): conv, then add, relu.
     target = y if not _overlaps(y, z) else empty(shape, x.dtype, memory_format=call.fmt,

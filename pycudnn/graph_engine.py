@@ -284,7 +284,7 @@ class GraphSearch:
             check_precision(p, 1)
 
     def run(self, args: ConvolutionArgs, record: GraphRecord) -> None:
-        from .memory import allocate
+        from .memory import allocate_fast
 
         p = args.params
         plan = record.finalize(args.handle)
@@ -293,9 +293,12 @@ class GraphSearch:
         if p.workspace_limit is not None and ws_size > p.workspace_limit:
             raise OutOfMemoryError(f"plan {plan.tag} needs a workspace of {ws_size} B, above "
                                    f"workspace_limit={p.workspace_limit}")
-        ws = allocate(ws_size, p.device, args.stream)
+        if not ws_size:
+            plan.execute(args.handle, self._pointers(args), 0)
+            return
+        ws = allocate_fast(ws_size, p.device, args.stream)
         try:
-            plan.execute(args.handle, self._pointers(args), ws.ptr if ws_size else 0)
+            plan.execute(args.handle, self._pointers(args), ws.ptr)
         finally:
             ws.close(args.stream)
 

@@ -749,3 +749,95 @@ def _wrap(exc: Exception, n: int, dev: int) -> Exception:
         return exc
     return CudaError(-1, f"allocating {n} bytes on device {dev} through cuda.core",
                      f"{type(exc).__name__}: {exc}")
+
+
+# ---- the hot path: lean stream-ordered allocations and per-thread workspaces ---------------------
+
+_shutting_down = False
+
+
+def _mark_shutdown() -> None:
+    global _shutting_down
+    _shutting_down = True
+
+
+import atexit as _atexit  # noqa: E402  (kept next to its only use)
+
+_atexit.register(_mark_shutdown)
+
+
+class StreamAllocation:
+    """Device memory from ``cudaMallocAsync`` on a stream, freed with ``cudaFreeAsync``.
+
+    The lean twin of :class:`DeviceBuffer` for the convolution hot path (about 2 us for an
+    allocate/free pair against about 7 us through cuda.core's Buffer). Same interface: ``ptr``,
+    ``nbytes``, ``device``, ``close(stream=None)``. When collected it frees itself on the stream
+    it was allocated on; after interpreter shutdown has begun it frees nothing (the driver reclaims
+    the memory at exit), so no CUDA call runs while modules are torn down.
+    """
+
+    __slots__ = ("ptr", "nbytes", "device", "stream")
+
+    def __init__(self, ptr: int, nbytes: int, device: int, stream: int) -> None:
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.device = device
+        self.stream = stream
+
+    def close(self, stream: Any = None) -> None:
+        """Free now, ordered on ``stream`` (default: the allocation stream). Idempotent."""
+        ptr = self.ptr
+        if not ptr:
+            return
+        self.ptr = 0
+        s = self.stream if stream is None else (stream if type(stream) is int else resolve_stream(stream))
+        err, = _rt.cudaFreeAsync(ptr, s)
+        if err:
+            with device_guard(self.device):
+                _rt.cudaFreeAsync(ptr, s)
+
+    def __del__(self) -> None:
+        if self.ptr and not _shutting_down:
+            try:
+                self.close()
+            except Exception:  # a finalizer must not raise; the memory is lost at worst
+                pass
+
+    def __repr__(self) -> str:
+        return f"StreamAllocation(ptr={self.ptr:#x}, nbytes={self.nbytes}, device={self.device})"
+
+
+def allocate_fast(nbytes: int, device: int, stream: int) -> Any:
+    """:func:`allocate` for trusted arguments on the hot path (``device`` current, ``stream`` an
+    int handle): ``cudaMallocAsync`` directly; anything unusual (0 or huge sizes, an error such as
+    out of memory) goes through :func:`allocate`, which retries and explains."""
+    if 0 < nbytes < MAX_ALLOCATION:
+        err, ptr = (_rt or _runtime()).cudaMallocAsync(nbytes, stream)
+        if not err:
+            return StreamAllocation(int(ptr), nbytes, device, stream)
+        _rt.cudaGetLastError()  # clear the sticky-free error state before the careful path
+    return allocate(nbytes, device, stream)
+
+
+_tls = threading.local()
+
+
+def thread_workspace(nbytes: int, device: int, stream: int) -> int:
+    """A workspace pointer of at least ``nbytes`` owned by this thread for (device, stream).
+
+    Reused across calls (uses on one stream are ordered, so reuse is safe) and grown when a larger
+    one is asked. Never use it while the stream is being captured into a CUDA graph: the graph
+    would keep an address this cache may free later.
+    """
+    if nbytes == 0:
+        return 0
+    cache = getattr(_tls, "workspaces", None)
+    if cache is None:
+        cache = _tls.workspaces = {}
+    key = (device, stream)
+    ws = cache.get(key)
+    if ws is None or ws.nbytes < nbytes:
+        if ws is not None:
+            ws.close()
+        ws = cache[key] = allocate_fast(max(nbytes, 1 << 20), device, stream)
+    return ws.ptr

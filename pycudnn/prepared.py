@@ -1,0 +1,230 @@
+"""Prepared convolutions: everything decided once, then launched with the least host work.
+
+A :class:`PreparedConvolution` holds the cached choice (a graph-engine plan or a v7 algorithm
+record) for one set of shapes, strides, dtype, geometry and flags. Calling it checks that the new
+tensors match, allocates the output if none is given, and launches: no validation of geometry,
+no descriptors, no plan, no search. On the graph engine a launch with buffers seen before is one
+dict lookup plus one ``cudnnBackendExecute``.
+
+The public convolution functions keep a bounded map from a cheap call signature to a prepared
+convolution, so repeated calls with the same shapes take the same short path; users who call one
+convolution many times can hold the object themselves through
+:func:`pycudnn.prepare_convolution`.
+
+If a launch fails (out of memory, a cuDNN error), the call goes back through the full search
+iterator, which has the fallbacks.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from .algos import ConvolutionArgs, ConvolutionParams
+from .memory import allocate_fast, resolve_stream, stream_is_capturing, thread_workspace
+from .tensor import Tensor, as_tensor
+
+__all__ = ["PreparedConvolution", "prepare_convolution", "clear_fast_calls", "FAST_CALLS_MAX"]
+
+#: bound of the map from call signatures to prepared convolutions
+FAST_CALLS_MAX = 1024
+
+_fast: dict[tuple, "PreparedConvolution"] = {}
+_fast_lock = threading.Lock()
+
+_WRITTEN = {"forward": "y", "backward_data": "x", "backward_filter": "w"}
+# the two inputs of each public function, as forward roles, in argument order
+_INPUTS = {"forward": ("x", "w"), "backward_data": ("y", "w"), "backward_filter": ("x", "y")}
+
+
+class PreparedConvolution:
+    """One convolution with its algorithm chosen; call it as ``conv(a, b, out=None, stream=None)``.
+
+    ``a, b`` are the two inputs of the function it was prepared from: ``(x, w)`` for a
+    convolution, ``(grad_y, w)`` for backward data, ``(x, grad_y)`` for backward filter; ``z`` and
+    ``bias`` for a fused epilogue. They must have the shapes, strides, dtype and device it was
+    prepared for (pass ``out=`` to reuse an output buffer). Safe to call from several threads.
+    """
+
+    def __init__(self, params: ConvolutionParams, record: Any, strategy: Any, dtype: Any,
+                 shapes: dict[str, tuple], strides: dict[str, tuple], slow: Callable[..., Tensor],
+                 has_bias: bool = False, has_z: bool = False, out_size_bytes: int = 0) -> None:
+        self.params = params
+        self.record = record
+        self.strategy = strategy
+        self.direction = params.direction
+        self.device = params.device
+        self.dtype = dtype
+        self.shapes = shapes
+        self.strides = strides
+        self.has_bias = has_bias
+        self.has_z = has_z
+        self._slow = slow
+        self._written = _WRITTEN[self.direction]
+        a, b = _INPUTS[self.direction]
+        self._a_key = (shapes[a], strides[a])
+        self._b_key = (shapes[b], strides[b])
+        self._a_role, self._b_role = a, b
+        self._out_shape = shapes[self._written]
+        self._out_strides = strides[self._written]
+        self._out_bytes = out_size_bytes
+        #: the bias used when a call passes none (a fused epilogue whose first call made one up)
+        self.default_bias: Tensor | None = None
+        self._graph = params.engine == "graph"
+        plan = getattr(record, "plan", None)
+        self._execute = plan.execute if self._graph else None
+        self._workspace = (plan.workspace_size or 0) if self._graph else int(getattr(record, "workspace", 0))
+
+    def __repr__(self) -> str:
+        choice = self.record.describe() if hasattr(self.record, "describe") else repr(self.record)
+        return f"<PreparedConvolution {self.params.short()} -> {choice}>"
+
+    def __call__(self, a: Any, b: Any, out: Any = None, *, z: Any = None, bias: Any = None,
+                 stream: Any = None) -> Tensor:
+        if type(a) is not Tensor:
+            a = as_tensor(a)
+        if type(b) is not Tensor:
+            b = as_tensor(b)
+        s = 0 if stream is None else (stream if type(stream) is int else resolve_stream(stream))
+        if ((a.shape, a.strides) != self._a_key or (b.shape, b.strides) != self._b_key
+                or a.dtype != self.dtype or b.dtype != self.dtype
+                or a.device != self.device or b.device != self.device):
+            raise ValueError(
+                f"prepared convolution: expected inputs of shapes {self._a_key[0]} and "
+                f"{self._b_key[0]} with strides {self._a_key[1]} and {self._b_key[1]}, dtype "
+                f"{self.dtype.name} on cuda:{self.device}; got {a.shape}/{a.strides} and "
+                f"{b.shape}/{b.strides}, {a.dtype.name}/{b.dtype.name} on cuda:{a.device}/cuda:{b.device}")
+        if out is None:
+            owner = allocate_fast(self._out_bytes, self.device, s)
+            out = Tensor._make(owner.ptr, self._out_shape, self._out_strides, self.dtype,
+                               self.device, owner)
+        else:
+            if type(out) is not Tensor:
+                out = as_tensor(out)
+            if (out.shape != self._out_shape or out.strides != self._out_strides
+                    or out.dtype != self.dtype or out.device != self.device):
+                raise ValueError(f"prepared convolution: out must have shape {self._out_shape}, "
+                                 f"strides {self._out_strides}, dtype {self.dtype.name} on "
+                                 f"cuda:{self.device}; got {out.shape}/{out.strides} "
+                                 f"{out.dtype.name} on cuda:{out.device}")
+        roles = {self._a_role: a, self._b_role: b, self._written: out}
+        zt = bt = None
+        if self.has_z:
+            zt = z if type(z) is Tensor else as_tensor(z)
+            if zt.shape != self.shapes["z"] or zt.strides != self.strides["z"] or zt.dtype != self.dtype:
+                raise ValueError(f"prepared convolution: z must have shape {self.shapes['z']} and "
+                                 f"strides {self.strides['z']}")
+        if self.has_bias:
+            if bias is None:
+                bias = self.default_bias
+                if bias is None:
+                    raise ValueError("prepared convolution: this convolution was prepared with a bias; pass bias=")
+            bt = bias if type(bias) is Tensor else as_tensor(bias)
+            if bt.shape != self.shapes["b"] or bt.dtype != self.dtype:
+                raise ValueError(f"prepared convolution: bias must have shape {self.shapes['b']}")
+        try:
+            self._launch(roles["x"], roles["w"], roles["y"], zt, bt, s)
+        except Exception:
+            # out of memory, a cuDNN error, misaligned pointers...: the full path has the fallbacks
+            return self._slow(a, b, out, z=zt, bias=bt, stream=s)
+        return out
+
+    def _launch(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None, b: Tensor | None, s: int) -> None:
+        from .handle import get_handle
+
+        handle = get_handle(self.device, s)
+        if self._graph:
+            ptrs: tuple = (x.ptr, w.ptr, y.ptr)
+            if z is not None:
+                ptrs += (z.ptr,)
+            if b is not None:
+                ptrs += (b.ptr,)
+            if self._workspace:
+                if stream_is_capturing(s):  # a captured graph must own its workspace
+                    from .memory import allocate
+
+                    ws = allocate(self._workspace, self.device, s)
+                    try:
+                        self._execute(handle, ptrs, ws.ptr)
+                    finally:
+                        ws.close(s)
+                    return
+                self._execute(handle, ptrs, thread_workspace(self._workspace, self.device, s))
+            else:
+                self._execute(handle, ptrs, 0)
+            return
+        args = ConvolutionArgs(params=self.params, handle=handle, stream=s, x=x.ptr, w=w.ptr,
+                               y=y.ptr, z=z.ptr if z is not None else 0,
+                               bias=b.ptr if b is not None else 0)
+        self.strategy.run(args, self.record)
+
+
+_tls = threading.local()
+
+
+def remember(key: tuple, prepared: PreparedConvolution) -> None:
+    """Keep ``prepared`` for a call signature (bounded; oldest entries go first)."""
+    _tls.last = prepared
+    with _fast_lock:
+        _fast[key] = prepared
+        while len(_fast) > FAST_CALLS_MAX:
+            del _fast[next(iter(_fast))]
+
+
+def lookup(key: tuple) -> PreparedConvolution | None:
+    try:
+        prepared = _fast.get(key)
+    except TypeError:  # an unhashable argument (a list for stride, ...): take the full path
+        return None
+    if prepared is not None:
+        _tls.last = prepared
+    return prepared
+
+
+def forget(key: tuple) -> None:
+    with _fast_lock:
+        _fast.pop(key, None)
+
+
+def clear_fast_calls() -> None:
+    """Forget every remembered call signature (``pycudnn.clear_caches()`` calls this)."""
+    with _fast_lock:
+        _fast.clear()
+
+
+def prepare_convolution(x: Any, w: Any, bias: Any = None, *, direction: str = "forward",
+                        **kwargs: Any) -> PreparedConvolution:
+    """Run a convolution once (searching and caching its algorithm) and return it prepared.
+
+    ``direction="forward"`` takes ``(x, w)`` like :func:`pycudnn.convolution` (``bias`` and
+    ``activation`` allowed); ``"backward_data"`` takes ``(grad_y, w)`` and ``input_shape=``;
+    ``"backward_filter"`` takes ``(x, grad_y)`` and ``weight_shape=``. Other keyword arguments
+    (stride, padding, dilation, groups, stream, flags) are those of the matching function.
+
+    Example::
+
+        conv = pycudnn.prepare_convolution(x, w, stride=1, padding=1)
+        for batch in batches:
+            conv(batch, w, out=y)
+    """
+    from . import conv as _conv
+
+    _tls.last = None
+    if direction == "forward":
+        _conv.convolution(x, w, bias, **kwargs)
+    elif direction in ("backward_data", "backward_filter"):
+        if bias is not None:
+            raise ValueError("prepare_convolution: bias applies to direction='forward' only")
+        if direction == "backward_data":
+            _conv.convolution_backward_data(x, w, kwargs.pop("input_shape"), **kwargs)
+        else:
+            _conv.convolution_backward_filter(x, w, kwargs.pop("weight_shape"), **kwargs)
+    else:
+        raise ValueError(f"direction: expected 'forward', 'backward_data' or 'backward_filter', "
+                         f"got {direction!r}")
+    prepared = getattr(_tls, "last", None)
+    if prepared is None:
+        raise ValueError("prepare_convolution: this call cannot be prepared (it needs staging "
+                         "copies, batch splitting or separate epilogue steps); call the function "
+                         "directly instead")
+    return prepared
