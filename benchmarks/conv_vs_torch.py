@@ -216,6 +216,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--host-calls", type=int, default=5000)
     ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("--skip-host", action="store_true", help="skip the host-overhead and first-call parts")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -232,7 +233,7 @@ def main(argv=None) -> int:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "torch_cudnn": torch.backends.cudnn.version(), "pycudnn_cudnn": pycudnn.version(),
               "batch": args.batch, "reps": args.reps}
-    report["first_call"] = first_call(torch, F, pycudnn, args.batch)
+    report["first_call"] = [] if args.skip_host else first_call(torch, F, pycudnn, args.batch)
     if not args.skip_kernels:
         rows = kernel_benchmark(torch, F, pycudnn, layers, configs, directions, engines, args.batch, args.reps)
         report["cells"] = rows
@@ -257,6 +258,11 @@ def main(argv=None) -> int:
                   f"cells < 0.90: {summary[e]['cells_below_0.90']}, errors: {summary[e]['errors']}, "
                   + ", ".join(f"{c}={v:.3f}" for c, v in per_cfg.items()))
         report["summary"] = summary
+    if args.skip_host:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1, default=str)
+        return 0
     report["host_overhead"] = host_overhead(torch, F, pycudnn, args.host_calls)
     h = report["host_overhead"]
     print(f"host per call: F.conv2d {h['torch_F.conv2d_us']:.2f} us, pycudnn.convolution "

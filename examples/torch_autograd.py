@@ -91,7 +91,8 @@ def main() -> int:
     torch.manual_seed(0)
     ref_mod = torch.nn.Conv2d(4, 6, 3, **geometry).to(dev)
     x32 = torch.randn(8, 4, 15, 12, device=dev)
-    gy = torch.randn_like(ref_mod(x32))
+    with torch.no_grad():
+        gy = torch.randn_like(ref_mod(x32))
 
     def run(fn, x_in):
         x_in = x_in.detach().clone().requires_grad_(True)

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _lib
 from .algos import ConvolutionArgs, ConvolutionParams, scalar_pointers, strategy_for, try_all
-from .configuration import config
+from .configuration import _override_token, config
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError
 from . import prepared as _prepared
 from .tensor import Tensor, as_tensor, empty
@@ -153,6 +153,13 @@ def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: in
 
 def _flags(given: dict[str, Any]) -> dict[str, Any]:
     return config.resolve(given)
+
+
+def _flags_token(given: dict[str, Any]) -> tuple:
+    """Config.token() inlined for the hot path (a call-signature key component)."""
+    if given:
+        return config.token(given)
+    return (config._version, _override_token.get())
 
 
 # ---- the runner -----------------------------------------------------------------------------------
@@ -467,7 +474,7 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
         bias = as_tensor(bias)
     key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, stride,
            padding, dilation, groups, activation,
-           None if bias is None else (bias.shape, bias.strides, bias.dtype), config.token(flags))
+           None if bias is None else (bias.shape, bias.strides, bias.dtype), _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
         return prepared(x, w, out, bias=bias, stream=stream)
@@ -620,7 +627,7 @@ def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *
         w = as_tensor(w)
     key = ("backward_data", grad_y.shape, grad_y.strides, grad_y.dtype, grad_y.device, w.shape,
            w.strides, w.dtype, _hashable(input_shape), stride, padding, dilation, groups,
-           config.token(flags))
+           _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
         return prepared(grad_y, w, out, stream=stream)
@@ -680,7 +687,7 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
         grad_y = as_tensor(grad_y)
     key = ("backward_filter", x.shape, x.strides, x.dtype, x.device, grad_y.shape, grad_y.strides,
            grad_y.dtype, _hashable(weight_shape), stride, padding, dilation, groups,
-           config.token(flags))
+           _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
         return prepared(x, grad_y, out, stream=stream)
@@ -733,7 +740,7 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
         bias = as_tensor(bias)
     key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, z.shape,
            z.strides, z.dtype, alpha, stride, padding, dilation, groups,
-           None if bias is None else (bias.shape, bias.strides, bias.dtype), config.token(flags))
+           None if bias is None else (bias.shape, bias.strides, bias.dtype), _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
         return prepared(x, w, out, z=z, bias=bias, stream=stream)

@@ -140,8 +140,8 @@ def current_stream(obj: Any) -> int:
         return resolve_stream(obj)
     fw = framework_of(obj)
     if fw == "torch":
-        torch = sys.modules["torch"]
-        if isinstance(obj, torch.Tensor):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
             if not obj.is_cuda:
                 raise TypeError(f"current_stream: the torch tensor is on {obj.device}, not a CUDA "
                                 "device")

@@ -772,17 +772,23 @@ class StreamAllocation:
     The lean twin of :class:`DeviceBuffer` for the convolution hot path (about 2 us for an
     allocate/free pair against about 7 us through cuda.core's Buffer). Same interface: ``ptr``,
     ``nbytes``, ``device``, ``close(stream=None)``. When collected it frees itself on the stream
-    it was allocated on; after interpreter shutdown has begun it frees nothing (the driver reclaims
-    the memory at exit), so no CUDA call runs while modules are torn down.
+    it was allocated on, so that stream must still exist: when the stream was given as an object
+    (cuda.core, CuPy, PyTorch), the allocation keeps a reference to it; a raw int handle is the
+    caller's promise. ``sync_free`` allocations (per-thread workspaces, collected when their thread
+    ends, long after the stream may be gone) are freed with a synchronous ``cudaFree`` instead.
+    After interpreter shutdown has begun nothing is freed (the driver reclaims memory at exit).
     """
 
-    __slots__ = ("ptr", "nbytes", "device", "stream")
+    __slots__ = ("ptr", "nbytes", "device", "stream", "stream_ref", "sync_free")
 
-    def __init__(self, ptr: int, nbytes: int, device: int, stream: int) -> None:
+    def __init__(self, ptr: int, nbytes: int, device: int, stream: int, stream_ref: Any = None,
+                 sync_free: bool = False) -> None:
         self.ptr = ptr
         self.nbytes = nbytes
         self.device = device
         self.stream = stream
+        self.stream_ref = stream_ref
+        self.sync_free = sync_free
 
     def close(self, stream: Any = None) -> None:
         """Free now, ordered on ``stream`` (default: the allocation stream). Idempotent."""
@@ -791,15 +797,27 @@ class StreamAllocation:
             return
         self.ptr = 0
         s = self.stream if stream is None else (stream if type(stream) is int else resolve_stream(stream))
-        err, = _rt.cudaFreeAsync(ptr, s)
+        drv = _driver
+        if drv and not drv.free(ptr, s):
+            self.stream_ref = None
+            return
+        rt = _rt or _runtime()
+        err, = rt.cudaFreeAsync(ptr, s)
         if err:
             with device_guard(self.device):
-                _rt.cudaFreeAsync(ptr, s)
+                rt.cudaFreeAsync(ptr, s)
+        self.stream_ref = None
 
     def __del__(self) -> None:
-        if self.ptr and not _shutting_down:
+        ptr = self.ptr
+        if ptr and not _shutting_down:
             try:
-                self.close()
+                if self.sync_free:
+                    self.ptr = 0
+                    with device_guard(self.device):
+                        _rt.cudaFree(ptr)
+                else:
+                    self.close()
             except Exception:  # a finalizer must not raise; the memory is lost at worst
                 pass
 
@@ -807,16 +825,66 @@ class StreamAllocation:
         return f"StreamAllocation(ptr={self.ptr:#x}, nbytes={self.nbytes}, device={self.device})"
 
 
-def allocate_fast(nbytes: int, device: int, stream: int) -> Any:
+class _DriverMemory:
+    """``cuMemAllocAsync`` / ``cuMemFreeAsync`` from libcuda through ctypes: the cheapest
+    stream-ordered allocation there is from Python (a cuda.bindings call converts its arguments
+    and builds result objects, about a microsecond more per call). The CUDA driver library is
+    loaded when first needed; when it cannot be, callers use cuda.bindings instead."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        # CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+        self.alloc = lib.cuMemAllocAsync
+        self.alloc.restype = ctypes.c_int
+        self.alloc.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_void_p]
+        # CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+        self.free = lib.cuMemFreeAsync
+        self.free.restype = ctypes.c_int
+        self.free.argtypes = [ctypes.c_uint64, ctypes.c_void_p]
+        self._ptr = ctypes.c_uint64(0)
+        self._byref = ctypes.byref(self._ptr)
+        self._lock = threading.Lock()
+
+    def allocate(self, nbytes: int, stream: int) -> int:
+        """A device pointer, or 0 when the driver refused (the caller takes the careful path)."""
+        with self._lock:  # one shared out-parameter
+            if self.alloc(self._byref, nbytes, stream):
+                return 0
+            return self._ptr.value
+
+
+_driver: Any = None
+
+
+def _driver_memory() -> Any:
+    global _driver
+    if _driver is None:
+        try:
+            _driver = _DriverMemory()
+        except (OSError, AttributeError):
+            _driver = False
+    return _driver
+
+
+def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
+                  sync_free: bool = False) -> Any:
     """:func:`allocate` for trusted arguments on the hot path (``device`` current, ``stream`` an
-    int handle): ``cudaMallocAsync`` directly; anything unusual (0 or huge sizes, an error such as
-    out of memory) goes through :func:`allocate`, which retries and explains."""
+    int handle; ``stream_ref`` the stream object it came from, kept alive until the free): plain
+    ``cudaMallocAsync``; anything unusual (0 or huge sizes, an error such as out of memory) goes
+    through :func:`allocate`, which retries and explains."""
     if 0 < nbytes < MAX_ALLOCATION:
-        err, ptr = (_rt or _runtime()).cudaMallocAsync(nbytes, stream)
-        if not err:
-            return StreamAllocation(int(ptr), nbytes, device, stream)
-        _rt.cudaGetLastError()  # clear the sticky-free error state before the careful path
-    return allocate(nbytes, device, stream)
+        drv = _driver or _driver_memory()
+        if drv:
+            ptr = drv.allocate(nbytes, stream)
+            if ptr:
+                return StreamAllocation(ptr, nbytes, device, stream, stream_ref, sync_free)
+        else:
+            err, ptr = (_rt or _runtime()).cudaMallocAsync(nbytes, stream)
+            if not err:
+                return StreamAllocation(int(ptr), nbytes, device, stream, stream_ref, sync_free)
+    return allocate(nbytes, device, stream if stream_ref is None else stream_ref)
 
 
 _tls = threading.local()
@@ -839,5 +907,5 @@ def thread_workspace(nbytes: int, device: int, stream: int) -> int:
     if ws is None or ws.nbytes < nbytes:
         if ws is not None:
             ws.close()
-        ws = cache[key] = allocate_fast(max(nbytes, 1 << 20), device, stream)
+        ws = cache[key] = allocate_fast(max(nbytes, 1 << 20), device, stream, sync_free=True)
     return ws.ptr

@@ -21,6 +21,7 @@ import threading
 from typing import Any, Callable
 
 from .algos import ConvolutionArgs, ConvolutionParams
+from .handle import get_handle
 from .memory import allocate_fast, resolve_stream, stream_is_capturing, thread_workspace
 from .tensor import Tensor, as_tensor
 
@@ -64,7 +65,6 @@ class PreparedConvolution:
         a, b = _INPUTS[self.direction]
         self._a_key = (shapes[a], strides[a])
         self._b_key = (shapes[b], strides[b])
-        self._a_role, self._b_role = a, b
         self._out_shape = shapes[self._written]
         self._out_strides = strides[self._written]
         self._out_bytes = out_size_bytes
@@ -86,32 +86,32 @@ class PreparedConvolution:
         if type(b) is not Tensor:
             b = as_tensor(b)
         s = 0 if stream is None else (stream if type(stream) is int else resolve_stream(stream))
+        dt = self.dtype
         if ((a.shape, a.strides) != self._a_key or (b.shape, b.strides) != self._b_key
-                or a.dtype != self.dtype or b.dtype != self.dtype
+                or (a.dtype is not dt and a.dtype != dt) or (b.dtype is not dt and b.dtype != dt)
                 or a.device != self.device or b.device != self.device):
             raise ValueError(
                 f"prepared convolution: expected inputs of shapes {self._a_key[0]} and "
                 f"{self._b_key[0]} with strides {self._a_key[1]} and {self._b_key[1]}, dtype "
-                f"{self.dtype.name} on cuda:{self.device}; got {a.shape}/{a.strides} and "
+                f"{dt.name} on cuda:{self.device}; got {a.shape}/{a.strides} and "
                 f"{b.shape}/{b.strides}, {a.dtype.name}/{b.dtype.name} on cuda:{a.device}/cuda:{b.device}")
         if out is None:
-            owner = allocate_fast(self._out_bytes, self.device, s)
-            out = Tensor._make(owner.ptr, self._out_shape, self._out_strides, self.dtype,
-                               self.device, owner)
+            owner = allocate_fast(self._out_bytes, self.device, s,
+                                  None if stream is None or type(stream) is int else stream)
+            out = Tensor._make(owner.ptr, self._out_shape, self._out_strides, dt, self.device, owner)
         else:
             if type(out) is not Tensor:
                 out = as_tensor(out)
             if (out.shape != self._out_shape or out.strides != self._out_strides
-                    or out.dtype != self.dtype or out.device != self.device):
+                    or (out.dtype is not dt and out.dtype != dt) or out.device != self.device):
                 raise ValueError(f"prepared convolution: out must have shape {self._out_shape}, "
-                                 f"strides {self._out_strides}, dtype {self.dtype.name} on "
+                                 f"strides {self._out_strides}, dtype {dt.name} on "
                                  f"cuda:{self.device}; got {out.shape}/{out.strides} "
                                  f"{out.dtype.name} on cuda:{out.device}")
-        roles = {self._a_role: a, self._b_role: b, self._written: out}
         zt = bt = None
         if self.has_z:
             zt = z if type(z) is Tensor else as_tensor(z)
-            if zt.shape != self.shapes["z"] or zt.strides != self.strides["z"] or zt.dtype != self.dtype:
+            if zt.shape != self.shapes["z"] or zt.strides != self.strides["z"] or zt.dtype != dt:
                 raise ValueError(f"prepared convolution: z must have shape {self.shapes['z']} and "
                                  f"strides {self.strides['z']}")
         if self.has_bias:
@@ -120,41 +120,47 @@ class PreparedConvolution:
                 if bias is None:
                     raise ValueError("prepared convolution: this convolution was prepared with a bias; pass bias=")
             bt = bias if type(bias) is Tensor else as_tensor(bias)
-            if bt.shape != self.shapes["b"] or bt.dtype != self.dtype:
+            if bt.shape != self.shapes["b"] or bt.dtype != dt:
                 raise ValueError(f"prepared convolution: bias must have shape {self.shapes['b']}")
+        # the forward roles: (x, w, y) whatever the direction
+        d = self.direction
+        if d == "forward":
+            x, w, y = a, b, out
+        elif d == "backward_data":
+            x, w, y = out, b, a
+        else:
+            x, w, y = a, out, b
         try:
-            self._launch(roles["x"], roles["w"], roles["y"], zt, bt, s)
+            if self._graph:
+                ptrs: tuple = (x.ptr, w.ptr, y.ptr)
+                if zt is not None:
+                    ptrs += (zt.ptr,)
+                if bt is not None:
+                    ptrs += (bt.ptr,)
+                self._launch_graph(ptrs, s)
+            else:
+                self._launch_v7(x, w, y, zt, bt, s)
         except Exception:
             # out of memory, a cuDNN error, misaligned pointers...: the full path has the fallbacks
             return self._slow(a, b, out, z=zt, bias=bt, stream=s)
         return out
 
-    def _launch(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None, b: Tensor | None, s: int) -> None:
-        from .handle import get_handle
-
+    def _launch_graph(self, ptrs: tuple, s: int) -> None:
         handle = get_handle(self.device, s)
-        if self._graph:
-            ptrs: tuple = (x.ptr, w.ptr, y.ptr)
-            if z is not None:
-                ptrs += (z.ptr,)
-            if b is not None:
-                ptrs += (b.ptr,)
-            if self._workspace:
-                if stream_is_capturing(s):  # a captured graph must own its workspace
-                    from .memory import allocate
+        if not self._workspace:
+            self._execute(handle, ptrs, 0)
+        elif stream_is_capturing(s):  # a captured graph must own its workspace
+            ws = allocate_fast(self._workspace, self.device, s)
+            try:
+                self._execute(handle, ptrs, ws.ptr)
+            finally:
+                ws.close(s)
+        else:
+            self._execute(handle, ptrs, thread_workspace(self._workspace, self.device, s))
 
-                    ws = allocate(self._workspace, self.device, s)
-                    try:
-                        self._execute(handle, ptrs, ws.ptr)
-                    finally:
-                        ws.close(s)
-                    return
-                self._execute(handle, ptrs, thread_workspace(self._workspace, self.device, s))
-            else:
-                self._execute(handle, ptrs, 0)
-            return
-        args = ConvolutionArgs(params=self.params, handle=handle, stream=s, x=x.ptr, w=w.ptr,
-                               y=y.ptr, z=z.ptr if z is not None else 0,
+    def _launch_v7(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None, b: Tensor | None, s: int) -> None:
+        args = ConvolutionArgs(params=self.params, handle=get_handle(self.device, s), stream=s,
+                               x=x.ptr, w=w.ptr, y=y.ptr, z=z.ptr if z is not None else 0,
                                bias=b.ptr if b is not None else 0)
         self.strategy.run(args, self.record)
 

@@ -1,0 +1,10 @@
+"""``python -m pycudnn``: the command line (see :mod:`pycudnn.cli`)."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

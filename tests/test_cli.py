@@ -1,0 +1,415 @@
+"""The command line on a machine without a GPU: info, cache, bench's refusal, usage errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import has_gpu
+from pycudnn import cli, tuning_db
+from pycudnn.configuration import config
+from test_algos import make_params
+
+REPO = Path(__file__).resolve().parents[1]
+H200 = {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
+needs_no_gpu = pytest.mark.skipif(has_gpu(), reason="checks the behaviour without a GPU")
+
+
+def run_cli(*args: str, cache: Path | None = None, prelude: str = "", **env_over: str):
+    """``python -m pycudnn ARGS`` in a fresh interpreter (``prelude`` runs first when given)."""
+    env = dict(os.environ)
+    env.pop("PYCUDNN_LIBRARY", None)
+    env.pop("PYCUDNN_TUNING_DB", None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if cache is not None:
+        env["PYCUDNN_CACHE_DIR"] = str(cache)
+    env.update(env_over)
+    if prelude:
+        cmd = [sys.executable, "-c", prelude + "\nfrom pycudnn.cli import main\n"
+               f"sys.exit(main({list(args)!r}))"]
+    else:
+        cmd = [sys.executable, "-m", "pycudnn", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def one_line_error(proc, code: int) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    err = proc.stderr.strip()
+    assert "Traceback" not in err, err
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PYCUDNN_TUNING_DB", raising=False)
+    monkeypatch.setattr(tuning_db, "device_identity", lambda device: H200)
+    config.reset()
+    tuning_db._reset_for_tests()
+    yield tuning_db
+    tuning_db._reset_for_tests()
+    config.reset()
+
+
+def call(capsys, *args: str) -> tuple[int, str, str]:
+    rc = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# ---- info -----------------------------------------------------------------------------------------
+
+@needs_no_gpu
+def test_info_without_gpu(tmp_path):
+    import pycudnn
+
+    proc = run_cli("info", cache=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"pycudnn      {pycudnn.__version__}" in out
+    v = pycudnn.version_tuple()
+    assert f"cuDNN        {v[0]}.{v[1]}.{v[2]} at " in out and "found via" in out
+    assert "cuDNN built for CUDA" in out
+    assert "no GPU: " in out
+    assert f"{tmp_path / tuning_db.FILE_NAME} (0 records)" in out
+    assert "Traceback" not in proc.stderr
+
+
+def test_info_json(tmp_path):
+    proc = run_cli("info", "--json", cache=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["cudnn"]["found_via"] and info["cudnn"]["path"]
+    assert info["tuning_db"] == {"path": str(tmp_path / tuning_db.FILE_NAME), "enabled": True,
+                                 "entries": 0}
+    assert (info["devices"] == []) == (info["no_gpu_reason"] is not None)
+
+
+def test_info_counts_records_and_says_when_off(db, capsys):
+    tuning_db.store(make_params(), {"algo": 1})
+    rc, out, _ = call(capsys, "info")
+    assert rc == 0 and "(1 records)" in out
+    config.tuning_db = False
+    rc, out, _ = call(capsys, "info")
+    assert "disabled" in out
+
+
+HIDE_PATHFINDER = "import sys\nsys.modules['cuda.pathfinder'] = None"
+
+
+def test_info_without_libcudnn_says_what_to_install(tmp_path):
+    proc = run_cli("info", cache=tmp_path, prelude=HIDE_PATHFINDER,
+                   PYCUDNN_LIBRARY="/nonexistent/dir/libcudnn.so.9", LD_LIBRARY_PATH="")
+    assert proc.returncode == 0, proc.stderr
+    if "cuDNN        not found" not in proc.stdout:
+        pytest.skip(f"a libcudnn is on the system's default search path:\n{proc.stdout}")
+    assert 'pip install "pycudnn[cu12]"' in proc.stdout
+    assert "tried PYCUDNN_LIBRARY=/nonexistent/dir/libcudnn.so.9" in proc.stdout
+    assert "tuning DB" in proc.stdout and "Traceback" not in proc.stderr
+
+
+@needs_no_gpu
+def test_bench_without_libcudnn_is_one_line(tmp_path):
+    proc = run_cli("bench", cache=tmp_path, prelude=HIDE_PATHFINDER,
+                   PYCUDNN_LIBRARY="/nonexistent/dir/libcudnn.so.9", LD_LIBRARY_PATH="")
+    err = one_line_error(proc, 1)
+    assert err.startswith("pycudnn bench: ")
+
+
+# ---- bench and tune without a GPU -------------------------------------------------------------------
+
+@needs_no_gpu
+@pytest.mark.parametrize("args", [["bench"], ["bench", "--shape", "8,64,28,28,64,3,3,1,1"],
+                                  ["tune", "--model", "resnet50"]])
+def test_bench_and_tune_refuse_cleanly_without_gpu(tmp_path, args):
+    proc = run_cli(*args, cache=tmp_path)
+    err = one_line_error(proc, 1)
+    assert err.startswith(f"pycudnn {args[0]}: no usable CUDA GPU")
+    assert proc.stdout == ""
+    assert not (tmp_path / tuning_db.FILE_NAME).exists()
+
+
+@pytest.mark.parametrize("shape,why", [
+    ("1,2,3", "expected 9 or 11 comma-separated integers"),
+    ("8,64,28,28,64,3,3,1", "got 8"),
+    ("8,64,28,28,64,3,3,1,1,1", "got 10"),
+    ("8,64,28,28,64,3,x,1,1", "expected integers"),
+    ("8,64,28,28,64,3,3,0,1", "stride must be >= 1"),
+    ("8,64,28,28,64,3,3,1,-1", "pad must be >= 0"),
+    ("0,64,28,28,64,3,3,1,1", "N must be >= 1"),
+    ("8,64,28,28,64,3,3,1,1,1,3", "divisible by groups=3"),
+    ("8,64,2,2,64,5,5,1,0", "output would be"),
+    ("8,64,28,28,64,3,3,1,1,0,1", "dilation must be >= 1"),
+])
+def test_bad_shape_is_one_line_and_exit_2(shape, why, capsys):
+    rc, out, err = call(capsys, "bench", "--shape", shape)
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and why in err
+    assert err.startswith("pycudnn bench: error: shape")
+
+
+def test_bad_shape_in_a_subprocess_has_no_traceback():
+    proc = run_cli("bench", "--shape", "8,64,28")
+    err = one_line_error(proc, 2)
+    assert "N,C,H,W,K,R,S,stride,pad[,dilation,groups]" in err
+
+
+@pytest.mark.parametrize("args,why", [
+    (["bench", "--model", "alexnet"], "invalid choice: 'alexnet'"),
+    (["bench", "--dtype", "int8"], "invalid choice: 'int8'"),
+    (["bench", "--batch", "0"], "positive integer"),
+    (["bench", "--device", "-1"], "expected a non-negative integer"),
+    (["bench", "--direction", "up"], "invalid choice"),
+    (["bench", "--nonsense"], "unrecognized arguments"),
+    (["tune"], "say what to tune"),
+    (["tune", "--shapes-file", "/nonexistent/shapes.txt"], "does not exist"),
+    (["cache"], "the following arguments are required"),
+    (["cache", "export"], "needs a FILE"),
+    (["cache", "import", "/nonexistent/db.json"], "does not exist"),
+    (["cache", "explode"], "invalid choice"),
+    (["frobnicate"], "invalid choice"),
+    (["bench", "--json", "/nonexistent/dir/out.json"], "does not exist"),
+])
+def test_user_mistakes_are_one_line_and_exit_2(args, why, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(tmp_path))
+    rc, out, err = call(capsys, *args)
+    assert rc == 2, (out, err)
+    assert len(err.strip().splitlines()) == 1 and why in err, err
+
+
+def test_shapes_file_errors_name_the_line(tmp_path, capsys):
+    f = tmp_path / "shapes.txt"
+    f.write_text("# ResNet bits\n8,64,28,28,64,3,3,1,1\n\n8,64,28,28,64,3,3,1   # short\n")
+    rc, _, err = call(capsys, "tune", "--shapes-file", str(f))
+    assert rc == 2 and f"{f}:4: shape" in err and len(err.strip().splitlines()) == 1
+    f.write_text("# nothing\n\n")
+    rc, _, err = call(capsys, "tune", "--shapes-file", str(f))
+    assert rc == 2 and "holds no shape" in err
+
+
+def test_tune_refuses_when_the_database_is_off(capsys, monkeypatch):
+    config.tuning_db = False
+    try:
+        rc, _, err = call(capsys, "tune", "--model", "vgg16")
+    finally:
+        config.reset()
+    assert rc == 2 and "turned off" in err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed")
+def test_plot_without_matplotlib_says_so_before_running(capsys, tmp_path):
+    rc, _, err = call(capsys, "bench", "--plot", str(tmp_path / "p.png"))
+    assert rc == 2 and "needs matplotlib" in err
+
+
+def test_no_command_prints_help_and_exit_2():
+    proc = run_cli()
+    assert proc.returncode == 2 and "bench" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("sub", ["info", "bench", "tune", "cache"])
+def test_help_of_every_command(sub, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([sub, "--help"])
+    assert exc.value.code == 0
+    assert sub in capsys.readouterr().out
+
+
+def test_unexpected_error_is_one_line_unless_debug(monkeypatch, capsys):
+    def boom(args):
+        raise RuntimeError("something broke\nsecond line")
+
+    monkeypatch.setattr(cli, "cmd_cache", boom)  # build_parser binds it on each main()
+    rc, _, err = call(capsys, "cache", "show")
+    assert rc == 1 and err.strip() == ("pycudnn cache: RuntimeError: something broke (run with "
+                                       "--debug for the traceback)")
+    with pytest.raises(RuntimeError):
+        cli.main(["--debug", "cache", "show"])
+
+
+# ---- cache ----------------------------------------------------------------------------------------
+
+def test_cache_show_clear_export_import(db, capsys, tmp_path):
+    rc, out, _ = call(capsys, "cache", "show")
+    assert rc == 0 and out.strip() == f"{db.path()}: 0 records"
+    db.store(make_params(), {"algo": 1, "math_type": 0, "workspace": 0, "time_ms": 0.25})
+    db.store(make_params(engine="graph", dtype="bfloat16", groups=2),
+             {"graph": 0, "engine_id": 7, "knobs": [], "workspace": 2 << 20, "time_ms": 0.0123,
+              "tag": "eng7"})
+    rc, out, _ = call(capsys, "cache", "show")
+    assert rc == 0 and f"{db.path()}: 2 records" in out
+    assert "NVIDIA H200 (9.0, 132 SMs)" in out and "eng7" in out and "algo 1 math 0" in out
+    assert "2.0 MiB" in out and "0.0123" in out
+    rc, out, _ = call(capsys, "cache", "show", "--json")
+    assert len(json.loads(out)["entries"]) == 2
+
+    shipped = tmp_path / "shipped.json"
+    rc, out, _ = call(capsys, "cache", "export", str(shipped))
+    assert rc == 0 and out.strip() == f"exported 2 records to {shipped}"
+    rc, out, _ = call(capsys, "cache", "clear")
+    assert rc == 0 and out.strip() == f"removed 2 records from {db.path()}"
+    assert db.entries() == []
+    rc, out, _ = call(capsys, "cache", "import", str(shipped))
+    assert rc == 0 and out.strip() == f"merged 2 records from {shipped} into {db.path()}"
+    assert len(db.entries()) == 2
+
+
+def test_cache_import_of_a_broken_file_is_exit_2(db, capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json at all")
+    rc, _, err = call(capsys, "cache", "import", str(bad))
+    assert rc == 2 and "not a pycudnn tuning database" in err and len(err.strip().splitlines()) == 1
+    assert bad.read_text() == "not json at all"
+
+
+def test_cache_commands_in_a_subprocess(tmp_path):
+    proc = run_cli("cache", "show", cache=tmp_path)
+    assert proc.returncode == 0 and "0 records" in proc.stdout
+    proc = run_cli("cache", "export", str(tmp_path / "x.json"), cache=tmp_path)
+    assert proc.returncode == 0 and json.loads((tmp_path / "x.json").read_text())["entries"] == []
+    proc = run_cli("cache", "import", str(tmp_path / "x.json"), cache=tmp_path)
+    assert proc.returncode == 0 and "merged 0 records" in proc.stdout
+    proc = run_cli("cache", "clear", cache=tmp_path)
+    assert proc.returncode == 0 and "removed 0 records" in proc.stdout
+
+
+# ---- layers ---------------------------------------------------------------------------------------
+
+def test_parse_shape():
+    layer = cli.parse_shape("8,64,28,28,128,3,3,2,1")
+    assert (layer.x_shape, layer.w_shape, layer.y_shape) == ((8, 64, 28, 28), (128, 64, 3, 3), (8, 128, 14, 14))
+    assert layer.flops == 2 * 8 * 128 * 64 * 9 * 14 * 14
+    g = cli.parse_shape(" 8, 32,56,56,32,3,3,1,2,2,32 ")
+    assert (g.dilation, g.groups, g.w_shape, g.out_spatial) == (2, 32, (32, 1, 3, 3), (56, 56))
+    assert g.flops == 2 * 8 * 32 * 1 * 9 * 56 * 56
+    assert dataclasses.replace(cli.parse_shape(g.shape_string()), name="") == dataclasses.replace(g, name="")
+
+
+@pytest.mark.parametrize("model", sorted(cli.MODELS))
+def test_built_in_models_are_valid_and_distinct(model):
+    layers = cli.model_layers(model)
+    keys = {(l.c, l.spatial, l.k, l.kernel, l.stride, l.pad, l.dilation, l.groups) for l in layers}
+    assert len(keys) == len(layers)
+    for layer in layers:
+        assert layer.n == cli.MODEL_BATCH[model]
+        assert all(o >= 1 for o in layer.out_spatial) and layer.c % layer.groups == 0
+        if layer.nd == 2:
+            assert cli.parse_shape(layer.shape_string()).x_shape == layer.x_shape
+    if model == "mobilenet":
+        assert all(l.groups == l.c == l.k for l in layers)
+    if model == "resnet50":
+        assert len(layers) == 23 and layers[0].out_spatial == (112, 112)
+        assert layers[-1].y_shape == (32, 512, 7, 7)
+    assert all(l.n == 4 for l in cli.model_layers(model, 4))
+
+
+def test_layer_selection(tmp_path):
+    parser = cli.build_parser()
+    a = parser.parse_args(["bench"])
+    assert [l.name for l in cli._layers_from(a)] == [l.name for l in cli.MODELS["resnet50"]]
+    a = parser.parse_args(["bench", "--shape", "8,64,28,28,64,3,3,1,1", "--shape", "8,64,28,28,64,3,3,1,1"])
+    assert len(cli._layers_from(a)) == 1  # distinct layers only
+    a = parser.parse_args(["bench", "--model", "vgg16", "--shape", "8,64,28,28,64,3,3,1,1", "--batch", "4"])
+    layers = cli._layers_from(a)
+    assert len(layers) == 10 and {l.n for l in layers} == {4}
+    f = tmp_path / "s.txt"
+    f.write_text("8,64,28,28,64,3,3,1,1\n8,64,28,28,64,1,1,1,0  # 1x1\n")
+    a = parser.parse_args(["tune", "--shapes-file", str(f)])
+    assert [l.kernel for l in cli._layers_from(a)] == [(3, 3), (1, 1)]
+
+
+def test_options_map_dtypes_to_flags():
+    parser = cli.build_parser()
+    o = cli._options(parser.parse_args(["bench"]))
+    assert o["dtype"] == "bfloat16" and o["fmt"] == "channels_last"
+    assert o["flags"] == {"benchmark": True, "engine": config.engine}  # like a default program
+    o = cli._options(parser.parse_args(["bench", "--dtype", "float32", "--layout", "nchw", "--engine", "v7"]))
+    assert o["flags"] == {"benchmark": True, "engine": "v7", "allow_tf32": False}
+    assert o["fmt"] == "contiguous"
+    o = cli._options(parser.parse_args(["bench", "--dtype", "tf32", "--no-tuning-db"]))
+    assert o["flags"]["allow_tf32"] is True and o["use_db"] is False
+
+
+def test_progress_plain_text(capsys):
+    p = cli._Progress(2, "bench")
+    p._bar = None  # plain text even where tqdm is installed
+    p.step("conv1 fwd")
+    p.done()
+    p.close()
+    assert "bench [1/2] conv1 fwd" in capsys.readouterr().err
+
+
+def test_console_script_is_declared():
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'pycudnn = "pycudnn.cli:main"' in text and "[project.scripts]" in text
+
+
+# ---- bench's report, with the GPU work faked --------------------------------------------------------
+
+def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
+    """Everything of ``bench`` around the measurement: layers, progress, table, JSON, CSV."""
+    import contextlib
+
+    import pycudnn.memory
+
+    monkeypatch.setattr(cli, "_require_gpu", lambda command, device=0: None)
+    monkeypatch.setattr(cli, "_torch_available", lambda args: (True, None))
+    monkeypatch.setattr(cli, "_dist_version", lambda name: "9.9")
+    monkeypatch.setattr(cli, "_meta", lambda args, opts, layers, directions: {
+        "pycudnn": "0", "cudnn": "9.28.0", "cuda_runtime": "12.9", "tuning_db": db.path(),
+        "device": {"index": 0, "name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132},
+        "settings": {"dtype": args.dtype, "layout": args.layout, "engine": opts["engine"],
+                     "layers": len(layers), "directions": [cli.SHORT[d] for d in directions]}})
+    monkeypatch.setattr(pycudnn.memory, "device_guard", lambda device: contextlib.nullcontext())
+    seen = []
+
+    def fake_run_layer(layer, direction, bufs, opts, torch_on, measure=True):
+        seen.append((layer.name, direction, torch_on, measure, opts["flags"]))
+        row = cli._new_row(layer, direction)
+        row.update(ms=0.5, tflops=layer.flops / 0.5e-3 / 1e12, first_call_ms=40.0, choice="eng41",
+                   workspace=1 << 20, source="measured", searches=1, torch_ms=0.6,
+                   torch_tflops=layer.flops / 0.6e-3 / 1e12, torch_over_pycudnn=1.2,
+                   candidates=[{"choice": "eng41", "time_ms": 0.5, "workspace": 1 << 20,
+                                "notes": ["TENSOR_CORE"], "source": "measured", "detail": "..."},
+                               {"choice": "eng0", "time_ms": None, "workspace": None, "notes": [],
+                                "source": "measured", "detail": "..."}])
+        if direction == "backward_filter":
+            row.update(ms=None, tflops=None, error="NoAlgorithmError: nothing fits", torch_over_pycudnn=None)
+        return row
+
+    monkeypatch.setattr(cli, "_run_layer", fake_run_layer)
+    j, c = tmp_path / "out.json", tmp_path / "out.csv"
+    rc, out, err = call(capsys, "bench", "--shape", "8,64,28,28,64,3,3,1,1", "--direction", "all",
+                        "--json", str(j), "--csv", str(c), "--all-candidates", "--quiet")
+    assert rc == 1  # the failed wgrad row
+    assert "1 of 3 measurements failed" in err
+    assert [s[1] for s in seen] == ["forward", "backward_data", "backward_filter"]
+    assert all(s[2] and s[3] and s[4] == {"benchmark": True, "engine": config.engine} for s in seen)
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["layer", "dir", "ms", "TFLOP/s", "torch"]
+    assert "ERROR NoAlgorithmError: nothing fits" in out and "untimed" in out
+    assert "torch/pycudnn geometric mean 1.200" in out
+    result = json.loads(j.read_text())
+    assert [r["direction"] for r in result["rows"]] == ["forward", "backward_data", "backward_filter"]
+    assert set(cli.ROW_FIELDS) <= set(result["rows"][0])
+    assert result["rows"][0]["shape"]["shape"] == "8,64,28,28,64,3,3,1,1"
+    rows = c.read_text().splitlines()
+    assert rows[0].split(",")[:3] == ["layer", "shape", "direction"] and len(rows) == 4
+
+
+def test_candidate_row_of_a_v7_record():
+    from pycudnn.algos import AlgoRecord
+
+    row = cli._candidate_row(AlgoRecord(1, 1, 4096, 0.25, True, "forward", "find"))
+    assert row["choice"] == "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH"
+    assert row["time_ms"] == 0.25 and row["workspace"] == 4096 and row["notes"] == ["deterministic"]
+    row = cli._candidate_row(AlgoRecord(0, 0, 0, -1.0, False, "backward_filter", "heuristics"))
+    assert row["time_ms"] is None and row["notes"] == ["non-deterministic"]

@@ -1,0 +1,504 @@
+"""The persistent tuning database (CPU): keys, round trips, corruption, export/merge, processes.
+
+The GPU identity is monkeypatched (``tuning_db.device_identity``), so nothing here needs a GPU;
+records are stored against real :class:`~pycudnn.algos.ConvolutionParams` objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+from pycudnn import algos, tuning_db
+from pycudnn.algos import ConvolutionArgs, ConvolutionParams, try_all
+from pycudnn.configuration import config, flags
+from pycudnn.errors import CudnnNotSupportedError, NoDeviceError
+from test_algos import make_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+H200 = {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
+V7_RECORD = {"algo": 1, "math_type": 1, "workspace": 4096, "time_ms": 0.25, "deterministic": True}
+GRAPH_RECORD = {"graph": 0, "engine_id": 41, "knobs": [[3, 1], [17, 0]], "workspace": 0,
+                "time_ms": 0.0123, "tag": "eng41_k3=1_k17=0"}
+
+
+@pytest.fixture
+def identity(monkeypatch):
+    """Every device is an H200 unless a test changes ``identity[device]``."""
+    table: dict[int, dict] = {}
+    monkeypatch.setattr(tuning_db, "device_identity", lambda device: table.get(device, H200))
+    return table
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch, identity):
+    """A fresh database directory, the database on, and no in-memory state left behind."""
+    monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PYCUDNN_TUNING_DB", raising=False)
+    config.reset()
+    tuning_db._reset_for_tests()
+    yield tuning_db
+    tuning_db._reset_for_tests()
+    config.reset()
+
+
+def new_process():
+    """What a later process sees: nothing in memory, the file on disk."""
+    tuning_db._reset_for_tests()
+
+
+# ---- location and switches ------------------------------------------------------------------------
+
+def test_location_order(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(tmp_path / "a"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tuning_db.path() == str(tmp_path / "a" / tuning_db.FILE_NAME)
+    monkeypatch.delenv("PYCUDNN_CACHE_DIR")
+    assert tuning_db.path() == str(tmp_path / "xdg" / "pycudnn" / tuning_db.FILE_NAME)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert tuning_db.path() == str(tmp_path / "home" / ".cache" / "pycudnn" / tuning_db.FILE_NAME)
+
+
+def test_enabled_follows_config_and_flags(db):
+    assert db.enabled()
+    with flags(tuning_db=False):
+        assert not db.enabled()
+        db.store(make_params(), V7_RECORD)  # a no-op while off
+        assert db.lookup(make_params()) is None
+    assert not os.path.exists(db.path())
+    config.tuning_db = False
+    assert not db.enabled() and algos._tuning_db() is None
+    config.tuning_db = True
+    assert algos._tuning_db() is db
+
+
+def test_env_zero_turns_it_off(tmp_path):
+    code = (
+        "import os, json\n"
+        "from pycudnn import tuning_db, algos, config\n"
+        "tuning_db.device_identity = lambda d: {'name': 'X', 'compute_capability': [9, 0], 'sm_count': 1}\n"
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "from test_algos import make_params\n"
+        "tuning_db.store(make_params(), {'algo': 1})\n"
+        "print(json.dumps([config.tuning_db, tuning_db.enabled(), algos._tuning_db() is None,\n"
+        "                  tuning_db.lookup(make_params()), os.path.exists(tuning_db.path())]))\n")
+    env = dict(os.environ, PYCUDNN_TUNING_DB="0", PYCUDNN_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [False, False, True, None, False]
+
+
+# ---- round trip -----------------------------------------------------------------------------------
+
+def test_store_lookup_drop_round_trip(db):
+    p = make_params()
+    assert db.lookup(p) is None
+    db.store(p, V7_RECORD)
+    assert db.lookup(p) == V7_RECORD
+    new_process()
+    assert db.lookup(p) == V7_RECORD  # read back from the file
+    db.drop(p)
+    assert db.lookup(p) is None
+    new_process()
+    assert db.lookup(p) is None and db.entries() == []
+
+
+def test_graph_record_kept_verbatim_with_metadata(db):
+    import pycudnn
+
+    p = make_params(engine="graph", dtype="bfloat16", alignments=(16, 16, 16), epilogue="add_relu",
+                    z_strides=(512, 1, 64, 8), alpha=0.5)
+    db.store(p, GRAPH_RECORD)
+    new_process()
+    assert db.lookup(p) == GRAPH_RECORD
+    [entry] = db.entries()
+    assert entry["record"] == GRAPH_RECORD
+    assert entry["gpu"] == H200 and entry["engine"] == "graph"
+    assert entry["cudnn_version"] == p.cudnn_version and entry["schema"] == db.SCHEMA_VERSION
+    assert entry["pycudnn"] == pycudnn.__version__ and entry["created"]
+    # every field of the parameters, tuples as lists
+    assert set(entry["params"]) == {f.name for f in dataclasses.fields(ConvolutionParams)}
+    assert entry["params"]["z_strides"] == [512, 1, 64, 8]
+    assert entry["params"]["alignments"] == [16, 16, 16]
+    assert entry["params"]["workspace_limit"] is None
+
+
+def test_lookup_returns_a_copy(db):
+    p = make_params()
+    db.store(p, V7_RECORD)
+    got = db.lookup(p)
+    got["algo"] = 99
+    assert db.lookup(p) == V7_RECORD
+
+
+def test_store_replaces(db):
+    p = make_params()
+    db.store(p, V7_RECORD)
+    db.store(p, dict(V7_RECORD, algo=6))
+    assert db.lookup(p)["algo"] == 6 and len(db.entries()) == 1
+
+
+def test_file_is_plain_json_one_entry_a_line(db):
+    for g in (1, 2, 4):
+        db.store(make_params(groups=g, weight_shape=(8, 4 // g, 3, 3)), V7_RECORD)
+    text = Path(db.path()).read_text()
+    doc = json.loads(text)
+    assert doc["format"] == "pycudnn-tuning-db" and doc["version"] == 1 and len(doc["entries"]) == 3
+    assert len(text.splitlines()) == 2 + 3
+    assert not glob.glob(db.path() + ".*.tmp") and not glob.glob(os.path.dirname(db.path()) + "/.*tmp")
+
+
+def test_non_json_record_is_not_stored_and_does_not_raise(db):
+    db.store(make_params(), {"algo": object()})
+    assert db.lookup(make_params()) is None
+
+
+def test_non_finite_time_is_stored_as_null(db):
+    db.store(make_params(), dict(V7_RECORD, time_ms=float("nan")))
+    assert db.lookup(make_params())["time_ms"] is None
+    json.loads(Path(db.path()).read_text())  # strict JSON: no NaN
+
+
+# ---- keys -----------------------------------------------------------------------------------------
+
+#: one changed value for every field but ``device`` (a test below keeps this list complete)
+CHANGES = {
+    "direction": "backward_data", "cudnn_version": 92800, "dtype": "float16",
+    "input_shape": (2, 4, 8, 9), "input_strides": (256, 1, 32, 4), "weight_shape": (8, 4, 1, 1),
+    "weight_format": "NHWC", "output_shape": (2, 8, 8, 7), "output_strides": (512, 1, 64, 8),
+    "padding": (0, 1), "stride": (2, 1), "dilation": (1, 2), "groups": 2, "deterministic": True,
+    "allow_tf32": False, "workspace_limit": 1 << 20, "engine": "graph", "epilogue": "add_relu",
+    "z_strides": (512, 64, 8, 1), "alpha": 0.5, "alignments": (16, 8, 16),
+}
+
+
+def test_changes_cover_every_field():
+    names = {f.name for f in dataclasses.fields(ConvolutionParams)}
+    assert set(CHANGES) == names - {"device"}, "a new ConvolutionParams field needs a key test"
+
+
+@pytest.mark.parametrize("field", sorted(CHANGES))
+def test_any_param_field_separates(db, field):
+    a = make_params()
+    b = dataclasses.replace(a, **{field: CHANGES[field]})
+    db.store(a, V7_RECORD)
+    new_process()
+    assert db.lookup(b) is None
+    assert db.lookup(a) == V7_RECORD
+
+
+@pytest.mark.parametrize("change", [
+    {"name": "NVIDIA H100 80GB HBM3"}, {"compute_capability": [8, 0]}, {"sm_count": 114},
+])
+def test_gpu_identity_separates(db, identity, change):
+    p = make_params()
+    db.store(p, V7_RECORD)
+    new_process()
+    identity[0] = dict(H200, **change)
+    assert db.lookup(p) is None
+
+
+def test_device_ordinal_of_an_identical_gpu_shares_records(db, identity):
+    db.store(make_params(device=0), V7_RECORD)
+    new_process()
+    assert db.lookup(make_params(device=1)) == V7_RECORD  # same model under another ordinal
+    identity[2] = dict(H200, name="NVIDIA L40S", compute_capability=[8, 9], sm_count=142)
+    assert db.lookup(make_params(device=2)) is None
+
+
+def test_schema_version_separates(db, monkeypatch):
+    db.store(make_params(), V7_RECORD)
+    new_process()
+    monkeypatch.setattr(tuning_db, "SCHEMA_VERSION", tuning_db.SCHEMA_VERSION + 1)
+    assert db.lookup(make_params()) is None
+    db.store(make_params(), dict(V7_RECORD, algo=2))  # both schemas live side by side
+    assert len(db.entries()) == 2
+
+
+def test_lookup_never_raises(db, monkeypatch):
+    def no_gpu(device):
+        raise NoDeviceError("no usable CUDA device")
+
+    db.store(make_params(), V7_RECORD)
+    monkeypatch.setattr(tuning_db, "device_identity", no_gpu)
+    assert db.lookup(make_params()) is None
+    db.store(make_params(), V7_RECORD)  # logged, not raised
+
+
+# ---- cost and freshness ---------------------------------------------------------------------------
+
+def test_file_read_once_and_refreshed_once_per_missing_key(db, monkeypatch):
+    p, q = make_params(), make_params(groups=2)
+    db.store(p, V7_RECORD)
+    new_process()
+    reads, stats = [], []
+    real_read, real_sig = tuning_db._read, tuning_db._signature
+    monkeypatch.setattr(tuning_db, "_read", lambda f: reads.append(f) or real_read(f))
+    monkeypatch.setattr(tuning_db, "_signature", lambda f: stats.append(f) or real_sig(f))
+    for _ in range(100):
+        assert db.lookup(p) == V7_RECORD
+    assert len(reads) == 1 and stats == []
+    for _ in range(100):
+        assert db.lookup(q) is None
+    assert len(reads) == 1 and len(stats) == 1  # one stat for the new key; unchanged: no read
+
+
+def test_miss_sees_a_record_another_process_stored(db, tmp_path):
+    p, q = make_params(), make_params(groups=2)
+    assert db.lookup(p) is None  # this process has read the (empty) file
+    code = (
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "from pycudnn import tuning_db\n"
+        f"tuning_db.device_identity = lambda d: {H200!r}\n"
+        "from test_algos import make_params\n"
+        "tuning_db.store(make_params(groups=2), {'algo': 7})\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert db.lookup(q) == {"algo": 7}
+
+
+# ---- corruption ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content", [
+    b"this is not json", b"", b'{"format": "pycudnn-tuning-db", "version": 1, "entries": [{"sch',
+    b"\xff\xfe garbage", b"[1, 2, 3]", b'{"format": "other", "version": 1, "entries": []}',
+])
+def test_corrupt_file_is_set_aside_and_the_program_carries_on(db, content):
+    os.makedirs(os.path.dirname(db.path()), exist_ok=True)
+    Path(db.path()).write_bytes(content)
+    with pytest.warns(tuning_db.TuningDatabaseWarning, match="moved it aside"):
+        assert db.lookup(make_params()) is None
+    aside = glob.glob(db.path() + ".corrupt-*")
+    assert len(aside) == 1 and Path(aside[0]).read_bytes() == content
+    assert not os.path.exists(db.path())
+    db.store(make_params(), V7_RECORD)  # a fresh database
+    new_process()
+    assert db.lookup(make_params()) == V7_RECORD
+
+
+def test_truncated_file_is_set_aside_when_storing(db):
+    for g in (1, 2):
+        db.store(make_params(groups=g), V7_RECORD)
+    data = Path(db.path()).read_bytes()
+    Path(db.path()).write_bytes(data[: len(data) // 2])
+    new_process()
+    with pytest.warns(tuning_db.TuningDatabaseWarning):
+        db.store(make_params(groups=4), V7_RECORD)
+    assert len(glob.glob(db.path() + ".corrupt-*")) == 1
+    assert [e["params"]["groups"] for e in db.entries()] == [4]
+
+
+def test_unusable_entries_are_skipped(db):
+    db.store(make_params(), V7_RECORD)
+    doc = json.loads(Path(db.path()).read_text())
+    doc["entries"] += [{"schema": 1}, "junk", {**doc["entries"][0], "params": 5}]
+    Path(db.path()).write_text(json.dumps(doc))
+    new_process()
+    assert db.lookup(make_params()) == V7_RECORD
+    assert not glob.glob(db.path() + ".corrupt-*")
+
+
+def test_unwritable_location_raises_oserror_on_store_and_never_on_lookup(db, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(blocker / "sub"))
+    assert db.lookup(make_params()) is None
+    with pytest.raises(OSError):
+        db.store(make_params(), V7_RECORD)  # algos logs it and carries on
+
+
+# ---- export, merge, clear ---------------------------------------------------------------------------
+
+def test_export_clear_merge(db, tmp_path):
+    params = [make_params(groups=g, weight_shape=(8, 4 // g, 3, 3)) for g in (1, 2, 4)]
+    for p in params:
+        db.store(p, V7_RECORD)
+    out = tmp_path / "shipped.json"
+    assert db.export(out) == 3
+    assert json.loads(out.read_text())["format"] == "pycudnn-tuning-db"
+    assert db.clear() == 3
+    assert db.entries() == [] and all(db.lookup(p) is None for p in params)
+    assert db.merge(out) == 3
+    assert all(db.lookup(p) == V7_RECORD for p in params)
+    assert db.merge(out) == 0  # nothing new
+
+
+def test_merge_keeps_the_faster_record(db, tmp_path):
+    p = make_params()
+    db.store(p, dict(V7_RECORD, time_ms=0.5, algo=1))
+    db.export(tmp_path / "slow.json")
+    db.store(p, dict(V7_RECORD, time_ms=0.2, algo=2))
+    db.export(tmp_path / "fast.json")
+    db.store(p, dict(V7_RECORD, time_ms=0.3, algo=3))
+    assert db.merge(tmp_path / "slow.json") == 0 and db.lookup(p)["algo"] == 3
+    assert db.merge(tmp_path / "fast.json") == 1 and db.lookup(p)["algo"] == 2
+
+
+def test_merge_refuses_what_is_not_a_database(db, tmp_path):
+    db.store(make_params(), V7_RECORD)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(ValueError, match="not a pycudnn tuning database"):
+        db.merge(bad)
+    assert bad.read_text() == "{nope"  # an import file is never moved aside
+    with pytest.raises(FileNotFoundError):
+        db.merge(tmp_path / "missing.json")
+    assert len(db.entries()) == 1
+
+
+# ---- many writers ---------------------------------------------------------------------------------
+
+WRITER = r"""
+import sys, json
+sys.path.insert(0, "tests")
+from pycudnn import tuning_db
+tuning_db.device_identity = lambda d: {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
+from test_algos import make_params
+start, count, tag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+for i in range(start, start + count):
+    tuning_db.store(make_params(input_shape=(2, 4, 8, 8 + i)), {"algo": i, "time_ms": 0.1, "by": tag})
+print("done", tag)
+"""
+
+
+def test_four_processes_writing_overlapping_records(db):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(i * 15), "30", f"p{i}"], cwd=REPO,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(4)]
+    results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
+    for out, err, rc in results:
+        assert rc == 0 and out.startswith("done"), err
+        assert "Warning" not in err, err
+    doc = json.loads(Path(db.path()).read_text())  # not corrupt
+    new_process()
+    widths = sorted(e["params"]["input_shape"][3] - 8 for e in db.entries())
+    assert widths == list(range(0, 75)), "a record was lost"
+    for i in range(75):
+        rec = db.lookup(make_params(input_shape=(2, 4, 8, 8 + i)))
+        assert rec is not None and rec["algo"] == i
+    assert len(doc["entries"]) == 75
+    assert not glob.glob(os.path.dirname(db.path()) + "/.*.tmp")
+
+
+def test_threads_writing_at_once(db):
+    errors = []
+
+    def work(t):
+        try:
+            for i in range(10):
+                db.store(make_params(input_shape=(2, 4, 8, 8 + t * 10 + i)), {"algo": t})
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    new_process()
+    assert len(db.entries()) == 60
+
+
+# ---- with the search ------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Rec:
+    name: str
+    workspace: int = 0
+    source: str = "measured"
+
+    def describe(self) -> str:
+        return f"rec {self.name}"
+
+
+class Persisting:
+    """A scripted engine with the tuning-database contract (serialize / restore)."""
+
+    name = "scripted"
+
+    def __init__(self, broken_restore: bool = False) -> None:
+        self.searches = 0
+        self.ran: list[str] = []
+        self.restored: list[dict] = []
+        self.broken_restore = broken_restore
+
+    def candidates(self, args):
+        self.searches += 1
+        return [Rec("slow-fails"), Rec("best")] if args.benchmark else [Rec("heuristic")]
+
+    def default_candidates(self, args):
+        return [Rec("default")]
+
+    def run(self, args, record):
+        self.ran.append(record.name)
+        if record.name == "slow-fails":
+            raise CudnnNotSupportedError(9000, "cudnnBackendExecute", "CUDNN_STATUS_NOT_SUPPORTED", "", [])
+
+    def serialize(self, record):
+        return {"name": record.name}
+
+    def restore(self, args, data):
+        self.restored.append(data)
+        if self.broken_restore:
+            raise ValueError("engine gone")
+        return Rec(data["name"], source="tuning-db")
+
+
+def _args(p: ConvolutionParams, benchmark: bool = True) -> ConvolutionArgs:
+    return ConvolutionArgs(params=p, handle=0, stream=0, x=0, w=0, y=0, benchmark=benchmark)
+
+
+def test_a_later_process_skips_the_search(db):
+    p = make_params(engine="graph")
+    first = Persisting()
+    assert try_all(_args(p), first, algos.BenchmarkCache("forward")).name == "best"
+    assert first.searches == 1
+    assert db.lookup(p) == {"name": "best"}
+    new_process()
+    later, cache = Persisting(), algos.BenchmarkCache("forward")
+    got = try_all(_args(p), later, cache)
+    assert got.name == "best" and got.source == "tuning-db"
+    assert later.searches == 0 and cache.searches == 0 and later.ran == ["best"]
+    assert try_all(_args(p), later, cache) is got  # in memory from now on
+
+
+def test_heuristic_choices_are_not_stored(db):
+    p = make_params()
+    try_all(_args(p, benchmark=False), Persisting(), algos.BenchmarkCache("forward"))
+    assert db.entries() == []
+
+
+def test_a_record_that_no_longer_rebuilds_is_dropped_and_searched_again(db, caplog):
+    p = make_params()
+    db.store(p, {"name": "gone"})
+    new_process()
+    s = Persisting(broken_restore=True)
+    with caplog.at_level("WARNING", logger="pycudnn"):
+        assert try_all(_args(p), s, algos.BenchmarkCache("forward")).name == "best"
+    assert s.searches == 1 and "dropping the record" in caplog.text
+    assert db.lookup(p) == {"name": "best"}  # the new search's choice replaced it
+
+
+def test_no_warnings_on_the_happy_path(db):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        db.store(make_params(), V7_RECORD)
+        new_process()
+        assert db.lookup(make_params()) == V7_RECORD
