@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from typing import Any, Callable
 from ctypes import POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_void_p
 
 from .errors import CudnnError, CudnnNotFoundError, error_class_for_status
@@ -292,9 +293,9 @@ _lock = threading.Lock()
 _library: Library | None = None
 
 
-def _candidates() -> list[tuple[str, object]]:
+def _candidates() -> list[tuple[str, Callable[[], tuple[Any, Any]]]]:
     """(description, loader) in the order they are tried; each loader returns (CDLL, path)."""
-    out: list[tuple[str, object]] = []
+    out: list[tuple[str, Callable[[], tuple[Any, Any]]]] = []
     env = os.environ.get("PYCUDNN_LIBRARY")
     if env:
         out.append((f"PYCUDNN_LIBRARY={env}", lambda: (ctypes.CDLL(env, mode=ctypes.RTLD_GLOBAL), env)))
@@ -308,7 +309,7 @@ def _candidates() -> list[tuple[str, object]]:
 
     out.append(('cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")', from_pathfinder))
     for soname in ("libcudnn.so.9", "libcudnn.so"):
-        out.append((soname, lambda s=soname: (ctypes.CDLL(s, mode=ctypes.RTLD_GLOBAL), s)))
+        out.append((soname, lambda s=soname: (ctypes.CDLL(s, mode=ctypes.RTLD_GLOBAL), s)))  # type: ignore[misc]
     return out
 
 

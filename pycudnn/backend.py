@@ -813,7 +813,7 @@ class BackendDescriptor:
         recv = [BackendDescriptor(dtype) for _ in range(count)]
         return self._fill(a, recv)
 
-    def fill_descriptors(self, attr: Attr, receivers: Sequence["BackendDescriptor"]) -> int:
+    def fill_descriptors(self, attr: "Attr | int", receivers: Sequence["BackendDescriptor"]) -> int:
         """Like :meth:`get_descriptors` into caller-owned receivers (a reusable pool); returns
         how many were filled. Nothing is closed."""
         a = self._check_attr(attr, AttrType.BACKEND_DESCRIPTOR, "fill_descriptors")
@@ -852,7 +852,7 @@ class BackendDescriptor:
             return ""
         buf = (c_char * n)()
         n2 = self._get(a, AttrType.CHAR, n, buf)
-        return bytes(buf[:min(n, n2)]).rstrip(b"\0").decode("utf-8", "replace")
+        return bytes(buf[:min(n, n2)]).rstrip(b"\0").decode("utf-8", "replace")  # type: ignore[arg-type]  # a c_char array slices to bytes
 
     def get_json(self) -> str:
         """The JSON representation of a finalized execution plan (for a tuning database)."""

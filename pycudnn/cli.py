@@ -730,7 +730,7 @@ def _store_winners(direction: str, strategy: Any) -> None:
 
 #: what every result row holds (None until measured)
 ROW_FIELDS = ("layer", "shape", "direction", "gflop", "ms", "tflops", "first_call_ms", "choice",
-              "choice_detail", "workspace", "source", "searches", "torch_ms", "torch_tflops",
+              "choice_detail", "choice_ms", "workspace", "source", "searches", "torch_ms", "torch_tflops",
               "torch_first_call_ms", "torch_over_pycudnn", "error", "torch_error")
 
 
@@ -769,7 +769,8 @@ def _run_layer(layer: Layer, direction: str, bufs: _Buffers, opts: dict[str, Any
             record = cached[-1][1]
             info = _candidate_row(record)
             row.update(choice=info["choice"], choice_detail=info["detail"],
-                       workspace=info["workspace"], source=info["source"])
+                       choice_ms=info["time_ms"], workspace=info["workspace"],
+                       source=info["source"])
         if opts["all_candidates"]:
             row["candidates"] = [_candidate_row(r) for r in spy.seen]
         if measure:
@@ -807,17 +808,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     if tf32 is not None:
         fl["allow_tf32"] = tf32
     use_db = not getattr(args, "no_tuning_db", False) and tuning_db.enabled()
-    if not use_db:
-        fl["tuning_db"] = False
     fmt = "channels_last" if args.layout == "nhwc" else "contiguous"
     return {"dtype": dtype, "fmt": fmt, "engine": engine, "flags": fl, "use_db": use_db,
             "fresh": getattr(args, "fresh", False),
             "all_candidates": getattr(args, "all_candidates", False)}
-
-
-def _flags_for_call(fl: dict[str, Any]) -> dict[str, Any]:
-    """The per-call flags (``tuning_db`` is not a per-call flag: applied through flags())."""
-    return {k: v for k, v in fl.items() if k != "tuning_db"}
 
 
 def _free_memory(device: int, torch_on: bool) -> None:
@@ -847,14 +841,13 @@ def _run_all(layers: list[Layer], directions: list[str], opts: dict[str, Any], d
 
     rows = []
     progress = _Progress(len(layers) * len(directions), what, quiet)
-    call_opts = dict(opts, flags=_flags_for_call(opts["flags"]))
     try:
         with device_guard(device), flags(tuning_db=opts["use_db"]):
             for layer in layers:
                 bufs = _Buffers(layer, opts["dtype"], opts["fmt"], device)
                 for direction in directions:
                     progress.step(f"{layer.name} {SHORT[direction]}")
-                    rows.append(_run_layer(layer, direction, bufs, call_opts, torch_on, measure))
+                    rows.append(_run_layer(layer, direction, bufs, opts, torch_on, measure))
                     progress.done()
                 del bufs
                 _free_memory(device, torch_on)

@@ -156,10 +156,23 @@ def _flags(given: dict[str, Any]) -> dict[str, Any]:
 
 
 def _flags_token(given: dict[str, Any]) -> tuple:
-    """Config.token() inlined for the hot path (a call-signature key component)."""
+    """Config.token() inlined for the hot path (a call-signature key component). Keyword order
+    is kept as given: one call site always passes the same order, and another order is only
+    another (equally valid) entry."""
     if given:
-        return config.token(given)
+        return (config._version, _override_token.get(), tuple(given.items()))
     return (config._version, _override_token.get())
+
+
+def _stream_pair(stream: Any) -> tuple[int, Any]:
+    """(handle, the stream object to keep alive until frees ordered on it, or None)."""
+    if stream is None:
+        return 0, None
+    if type(stream) is int:
+        return stream, None
+    from .memory import resolve_stream
+
+    return resolve_stream(stream), stream
 
 
 # ---- the runner -----------------------------------------------------------------------------------
@@ -477,6 +490,8 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
            None if bias is None else (bias.shape, bias.strides, bias.dtype), _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
+        if out is None:  # the key matched x, w and bias: launch without re-checking them
+            return prepared._run(x, w, None, None, bias, *_stream_pair(stream))
         return prepared(x, w, out, bias=bias, stream=stream)
     y, prepared = _convolution(x, w, bias, stride, padding, dilation, groups, activation, out,
                                stream, flags)
@@ -630,6 +645,8 @@ def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *
            _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
+        if out is None:
+            return prepared._run(grad_y, w, None, None, None, *_stream_pair(stream))
         return prepared(grad_y, w, out, stream=stream)
     fn = "convolution_backward_data"
     nd = _check_rank(grad_y, "grad_y", fn)
@@ -690,6 +707,8 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
            _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
+        if out is None:
+            return prepared._run(x, grad_y, None, None, None, *_stream_pair(stream))
         return prepared(x, grad_y, out, stream=stream)
     fn = "convolution_backward_filter"
     nd = _check_rank(x, "input", fn)
@@ -743,6 +762,8 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
            None if bias is None else (bias.shape, bias.strides, bias.dtype), _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
+        if out is None:
+            return prepared._run(x, w, None, z, bias, *_stream_pair(stream))
         return prepared(x, w, out, z=z, bias=bias, stream=stream)
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     fn = "convolution_add_relu"

@@ -46,10 +46,11 @@ __all__ = ["convolution_forward", "convolution_backward_data", "convolution_back
            "get_max_workspace_size", "set_max_workspace_size", "CUDNN_TENSOR_NCHW",
            "CUDNN_TENSOR_NHWC"]
 
-#: ``cudnnTensorFormat_t``: channels-first (``cupy.cuda.cudnn.CUDNN_TENSOR_NCHW``)
 CUDNN_TENSOR_NCHW = 0
-#: ``cudnnTensorFormat_t``: channels-last (``cupy.cuda.cudnn.CUDNN_TENSOR_NHWC``)
+"""``cudnnTensorFormat_t`` channels-first, as ``cupy.cuda.cudnn.CUDNN_TENSOR_NCHW``."""
 CUDNN_TENSOR_NHWC = 1
+"""``cudnnTensorFormat_t`` channels-last, as ``cupy.cuda.cudnn.CUDNN_TENSOR_NHWC``: data arrays
+shaped ``(N, H, W, C)``, filters ``(K, R, S, C)``."""
 
 _LAYOUT_NAMES = {CUDNN_TENSOR_NCHW: "CUDNN_TENSOR_NCHW", CUDNN_TENSOR_NHWC: "CUDNN_TENSOR_NHWC"}
 _TENSOR_CORE_MODES = ("always", "auto", "never")

@@ -176,7 +176,7 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def _enum(enum_cls: type, value: Any, name: str):
+def _enum(enum_cls: Any, value: Any, name: str) -> Any:
     """``value`` as a member of ``enum_cls`` (accepts members, ints and member names)."""
     if isinstance(value, enum_cls):
         return value
@@ -229,11 +229,13 @@ class _Descriptor:
     """Owns one C descriptor; see the module docstring for the lifetime rules."""
 
     __slots__ = ("_handle", "_finalizer", "__weakref__")
+    _handle: int | None
+    _finalizer: Any
 
     _create_name = ""
     _destroy_name = ""
 
-    def _create(self) -> tuple[Any, Callable[[int], int], int]:
+    def _create(self) -> tuple[Any, Callable[[int], int], Any]:
         """Create the C descriptor: (library, destroy function, handle). Counts it as live."""
         self._handle = None
         self._finalizer = None

@@ -10,6 +10,8 @@ This module imports nothing else from pycudnn.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "PycudnnError",
     "CudnnError",
@@ -37,9 +39,10 @@ class PycudnnError(RuntimeError):
 
     def add_context(self, *lines: str) -> "PycudnnError":
         """Attach context lines to the message; returns self so callers can re-raise."""
-        context = getattr(self, "context", None)
+        context: list[str] | None = getattr(self, "context", None)
         if context is None:
-            context = self.context = []
+            context = []
+            self.context = context
         context.extend(lines)
         base = getattr(self, "_base_message", None)
         if base is None:
@@ -85,7 +88,7 @@ class CudnnError(PycudnnError):
     def __str__(self) -> str:  # args may have been refreshed by add_context
         return self.args[0] if self.args else self._compose()
 
-    def __reduce__(self):  # keep pickling (e.g. multiprocessing) working with our __init__
+    def __reduce__(self) -> tuple[Any, ...]:  # keep pickling (e.g. multiprocessing) working with our __init__
         return (type(self), (self.status, self.function, self.status_name, self.reason, self.context))
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 __all__ = ["current_stream", "framework_of", "FRAMEWORKS"]
 
-#: names :func:`current_stream` accepts as a framework
 FRAMEWORKS = ("torch", "cupy", "numba", "cuda.core", "pycudnn")
+"""The framework names :func:`current_stream` accepts."""
 
 
 def framework_of(obj: Any) -> str | None:

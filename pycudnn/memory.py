@@ -622,13 +622,13 @@ class DeviceBuffer:
 
     def __init__(self, ptr: int, nbytes: int, device: int, buffer: Any = None,
                  stream_ref: Any = None) -> None:
-        self._ptr = ptr
+        self._ptr: int | None = ptr
         self.nbytes = nbytes
         self.device = device
         self._buffer = buffer
         self._stream_ref = stream_ref
         if buffer is not None:
-            self._finalizer = weakref.finalize(self, _release, buffer, device, stream_ref)
+            self._finalizer: Any = weakref.finalize(self, _release, buffer, device, stream_ref)
             self._finalizer.atexit = False
         else:
             self._finalizer = None
@@ -699,10 +699,10 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None) -> DeviceBuffe
             dev = normalize_device(device) if device_count() else operator.index(device)
         return DeviceBuffer(0, 0, dev)
     if n >= MAX_ALLOCATION:
-        dev = device if device is not None else "current"
+        where = device if device is not None else "current"
         raise OutOfMemoryError(
             f"out of memory: refusing a workspace/allocation of {n} bytes ({_fmt_bytes(n)}) on "
-            f"device {dev}: sizes from 1 TiB up are treated as out of memory (cuDNN sometimes "
+            f"device {where}: sizes from 1 TiB up are treated as out of memory (cuDNN sometimes "
             "reports sizes near 2^64)")
     dev = normalize_device(device, what="allocate")
     handle = stream if type(stream) is int else resolve_stream(stream)

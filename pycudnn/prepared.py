@@ -95,11 +95,7 @@ class PreparedConvolution:
                 f"{self._b_key[0]} with strides {self._a_key[1]} and {self._b_key[1]}, dtype "
                 f"{dt.name} on cuda:{self.device}; got {a.shape}/{a.strides} and "
                 f"{b.shape}/{b.strides}, {a.dtype.name}/{b.dtype.name} on cuda:{a.device}/cuda:{b.device}")
-        if out is None:
-            owner = allocate_fast(self._out_bytes, self.device, s,
-                                  None if stream is None or type(stream) is int else stream)
-            out = Tensor._make(owner.ptr, self._out_shape, self._out_strides, dt, self.device, owner)
-        else:
+        if out is not None:
             if type(out) is not Tensor:
                 out = as_tensor(out)
             if (out.shape != self._out_shape or out.strides != self._out_strides
@@ -109,6 +105,7 @@ class PreparedConvolution:
                                  f"cuda:{self.device}; got {out.shape}/{out.strides} "
                                  f"{out.dtype.name} on cuda:{out.device}")
         zt = bt = None
+        s_ref = None if stream is None or type(stream) is int else stream
         if self.has_z:
             zt = z if type(z) is Tensor else as_tensor(z)
             if zt.shape != self.shapes["z"] or zt.strides != self.strides["z"] or zt.dtype != dt:
@@ -122,6 +119,18 @@ class PreparedConvolution:
             bt = bias if type(bias) is Tensor else as_tensor(bias)
             if bt.shape != self.shapes["b"] or bt.dtype != dt:
                 raise ValueError(f"prepared convolution: bias must have shape {self.shapes['b']}")
+        return self._run(a, b, out, zt, bt, s, s_ref)
+
+    def _run(self, a: Tensor, b: Tensor, out: Tensor | None, zt: Tensor | None,
+             bt: Tensor | None, s: int, stream_ref: Any = None) -> Tensor:
+        """Launch on tensors already known to match (the convolution functions' remembered-call
+        path checks them through its key); allocates ``out`` when None."""
+        if out is None:
+            owner = allocate_fast(self._out_bytes, self.device, s, stream_ref)
+            out = Tensor._make(owner.ptr, self._out_shape, self._out_strides, self.dtype,
+                               self.device, owner)
+        if bt is None and self.has_bias:
+            bt = self.default_bias
         # the forward roles: (x, w, y) whatever the direction
         d = self.direction
         if d == "forward":

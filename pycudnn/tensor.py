@@ -62,9 +62,9 @@ __all__ = ["Tensor", "as_tensor", "tensor_from_pointer", "empty", "zeros", "from
 #: memory_format spellings accepted by :func:`empty`, :func:`from_numpy` and ``is_contiguous``
 MEMORY_FORMATS = ("contiguous", "channels_last", "channels_last_3d")
 
-_F32 = np.dtype("float32")
-_F16 = np.dtype("float16")
-_F64 = np.dtype("float64")
+_F32: np.dtype = np.dtype("float32")
+_F16: np.dtype = np.dtype("float16")
+_F64: np.dtype = np.dtype("float64")
 _bf16: np.dtype | None = None
 
 
@@ -75,7 +75,7 @@ def _bfloat16() -> np.dtype:
     return _bf16
 
 
-_TYPESTR = {"<f4": _F32, "<f2": _F16, "<f8": _F64, "=f4": _F32, "=f2": _F16, "=f8": _F64}
+_TYPESTR: dict[str, np.dtype] = {"<f4": _F32, "<f2": _F16, "<f8": _F64, "=f4": _F32, "=f2": _F16, "=f8": _F64}
 _BF16_TYPESTRS = ("<V2", "|V2", "=V2")
 _EXPECTED = ", ".join(SUPPORTED_DTYPES)
 
@@ -233,6 +233,14 @@ class Tensor:
     """
 
     __slots__ = ("ptr", "shape", "strides", "dtype", "device", "owner", "_fmt", "__weakref__")
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype
+    device: int
+    owner: Any
+    _fmt: str | None
 
     def __init__(self, ptr: int, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None = None,
                  device: int = 0, owner: Any = None) -> None:
@@ -644,6 +652,7 @@ def _from_dlpack(obj: Any, consumer: int) -> Tensor:
         capsule = obj.__dlpack__(stream=dl_stream, max_version=(1, 0))
     except TypeError:
         capsule = obj.__dlpack__(stream=dl_stream)
+    m: Any
     if _PyCapsule_IsValid(capsule, _DLTENSOR_VERSIONED):
         managed = _PyCapsule_GetPointer(capsule, _DLTENSOR_VERSIONED)
         m = _DLManagedTensorVersioned.from_address(managed)
@@ -661,7 +670,7 @@ def _from_dlpack(obj: Any, consumer: int) -> Tensor:
     if t.device.device_type not in (_kDLCUDA, _kDLCUDAManaged):
         raise _host_refusal(obj, f" (DLPack device {_DL_DEVICE_NAMES.get(t.device.device_type)})")
     code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
-    dtype = None
+    dtype: np.dtype | None = None
     if lanes == 1:
         if code == _kDLFloat:
             dtype = {32: _F32, 16: _F16, 64: _F64}.get(bits)
@@ -762,6 +771,7 @@ def _export_dlpack(tensor: Tensor, versioned: bool) -> Any:
             capsule = None
     if capsule is None:
         capsule = carrier.__dlpack__()
+    m: Any
     if _PyCapsule_IsValid(capsule, _DLTENSOR_VERSIONED):
         m = _DLManagedTensorVersioned.from_address(_PyCapsule_GetPointer(capsule, _DLTENSOR_VERSIONED))
         m.flags = 0  # writable, not a copy
