@@ -69,6 +69,10 @@ def main(argv=None) -> int:
     def eager_add_relu_p(x, w, b, z, s, p):
         return torch.relu(F.conv2d(x, w, stride=s, padding=p) + b.view(1, -1, 1, 1) + alpha * z)
 
+    # every layer is a new shape for dynamo: allow one compilation per layer and dtype
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
     compiled = None
     compile_note = ""
     if not args.no_compile:

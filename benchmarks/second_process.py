@@ -213,6 +213,11 @@ def main(argv=None) -> int:
     env = dict(os.environ, PYCUDNN_CACHE_DIR=cache_dir, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PYCUDNN_TUNING_DB", None)
     try:
+        from pycudnn.memory import no_device_reason
+
+        if no_device_reason() is not None:
+            print(f"second_process.py needs a GPU: {no_device_reason()}", file=sys.stderr)
+            return 1
         print(f"phase 1/3: first process (fills {cache_dir}) ...", file=sys.stderr)
         first = _run_phase("pycudnn-first", opts, env)
         print("phase 2/3: second process (same database) ...", file=sys.stderr)

@@ -63,7 +63,7 @@ def progress(total: int, desc: str):
         from tqdm import tqdm
     except ImportError:
         return _TextBar(total, desc)
-    return tqdm(total=total, desc=desc, leave=True, file=sys.stdout, ncols=90)
+    return tqdm(total=total, desc=desc, leave=True, ncols=90)  # on stderr, like any tqdm bar
 
 
 # ---- the model ------------------------------------------------------------------------------------

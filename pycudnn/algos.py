@@ -366,7 +366,9 @@ def _from_tuning_db(args: ConvolutionArgs, strategy: Any) -> Any:
     try:
         record = restore(args, data)
         strategy.run(args, record)
-    except (CudnnError, OutOfMemoryError, PycudnnError, KeyError, TypeError, ValueError) as exc:
+    except OutOfMemoryError:
+        return None  # memory is short now: search this time, keep the record for later
+    except Exception as exc:  # a record from disk may be stale or hand-edited: never fatal
         log.warning("tuning database: dropping the record for %s (%s: %s); searching again",
                     args.params.short(), type(exc).__name__, _first_line(exc))
         db.drop(args.params)

@@ -505,7 +505,7 @@ class _Buffers:
         self._t: dict[str, Any] = {}
         self._torch: dict[str, Any] = {}
 
-    def _make(self, shape: tuple[int, ...], fill: bool):
+    def _make(self, shape: tuple[int, ...], fill: bool) -> Any:
         import numpy as np
 
         import pycudnn
@@ -516,7 +516,7 @@ class _Buffers:
         host = np.resize(pool, math.prod(shape)).reshape(shape)
         return pycudnn.from_numpy(host, dtype=self.dtype, memory_format=self.fmt, device=self.device)
 
-    def get(self, name: str):
+    def get(self, name: str) -> Any:
         t = self._t.get(name)
         if t is None:
             lay = self.layer
@@ -525,7 +525,7 @@ class _Buffers:
             t = self._t[name] = self._make(shape, fill=name in ("x", "w", "dy"))
         return t
 
-    def torch(self, name: str):
+    def torch(self, name: str) -> Any:
         t = self._torch.get(name)
         if t is None:
             import torch
@@ -537,7 +537,7 @@ class _Buffers:
 _pool: list[Any] = []
 
 
-def _random_pool():
+def _random_pool() -> Any:
     if not _pool:
         import numpy as np
 
@@ -670,7 +670,7 @@ class _CandidateSpy:
     def __enter__(self) -> "_CandidateSpy":
         real = self.strategy.candidates
 
-        def spy(args):
+        def spy(args: Any) -> Any:
             got = real(args)
             if args.benchmark:
                 got = list(got)

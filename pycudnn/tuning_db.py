@@ -9,13 +9,15 @@ pycudnn's record schema version, the engine, and every field of the
 device's identity (an ordinal depends on ``CUDA_VISIBLE_DEVICES``; two GPUs of one model share
 their records). A record that no longer rebuilds is dropped by the caller (:func:`drop`).
 
-**The file.** One JSON document, data only (never pickle: a database file cannot run code)::
+**The file.** One JSON document, data only (never pickle: a database file cannot run code):
 
-    {"format": "pycudnn-tuning-db", "version": 1, "entries": [
-    {"schema": 1, "gpu": {...}, "cudnn_version": 92800, "engine": "graph", "params": {...},
-     "record": {...}, "created": "...", "pycudnn": "0.1.0"},
-    ...
-    ]}
+```
+{"format": "pycudnn-tuning-db", "version": 1, "entries": [
+{"schema": 1, "gpu": {...}, "cudnn_version": 92800, "engine": "graph", "params": {...},
+ "record": {...}, "created": "...", "pycudnn": "0.1.0"},
+...
+]}
+```
 
 one entry a line, so files diff and merge well and a team can ship one with its program
 (:func:`export`, :func:`merge`). ``record`` is what the engine's ``serialize()`` returned, kept
@@ -282,11 +284,22 @@ def _atomic_write(file: str, text: str) -> None:
         raise
 
 
+def _warn(msg: str) -> None:
+    """A TuningDatabaseWarning attributed to the first caller outside this module."""
+    import sys
+
+    level = 2
+    frame: Any = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(msg, TuningDatabaseWarning, stacklevel=level)
+
+
 def _set_aside(file: str, why: str) -> str | None:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    target = f"{file}.corrupt-{stamp}"
+    target: str | None = f"{file}.corrupt-{stamp}"
     try:
-        os.replace(file, target)
+        os.replace(file, str(target))
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -296,19 +309,29 @@ def _set_aside(file: str, why: str) -> str | None:
     else:
         msg = (f"pycudnn tuning database {file} is unusable ({why}); moved it aside to {target} "
                f"and carrying on with an empty database")
-    log.warning("%s", msg)
-    warnings.warn(msg, TuningDatabaseWarning, stacklevel=4)
+    _warn(msg)
     return target
 
 
 _thread_lock = threading.RLock()  # writers of this process (flock is per open file description)
 
 
+def _after_fork_in_child() -> None:
+    global _thread_lock
+    _thread_lock = threading.RLock()  # a thread of the parent may have held it at fork time
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @contextlib.contextmanager
 def _locked(file: str, timeout: float | None = None) -> Iterator[None]:
     """Exclusive lock between threads and processes on ``<file>.lock``."""
-    import fcntl
-
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: pycudnn supports Linux only
+        raise OSError(errno.ENOSYS, "the tuning database needs fcntl file locks (Linux)") from None
     limit = LOCK_TIMEOUT_S if timeout is None else timeout
     with _thread_lock:
         os.makedirs(os.path.dirname(file) or ".", exist_ok=True)
@@ -435,6 +458,8 @@ def lookup(params: Any) -> dict | None:
         if entry is None and key not in st.refreshed:
             with _thread_lock:
                 # another process may have stored it since this one read the file: look once more
+                if len(st.refreshed) >= 8192:  # bounded: forgetting only costs another stat
+                    st.refreshed.clear()
                 st.refreshed.add(key)
                 if _signature(st.file) != st.signature:
                     entry = _load(st).get(key)
@@ -549,8 +574,7 @@ def merge(file: str | os.PathLike) -> int:
     except (_Corrupt, UnicodeDecodeError) as exc:
         raise ValueError(f"{file} is not a pycudnn tuning database: {exc}") from None
     if skipped:
-        warnings.warn(f"{file}: skipped {skipped} unusable entries", TuningDatabaseWarning,
-                      stacklevel=2)
+        _warn(f"{file}: skipped {skipped} unusable entries")
     st = _state()
     merged = 0
     with _locked(st.file):

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 
 import pytest
+
+# Tests must not read or write the user's tuning database (~/.cache/pycudnn): a record left by an
+# earlier run would let a later run skip the searches it means to test.
+os.environ.setdefault("PYCUDNN_CACHE_DIR", tempfile.mkdtemp(prefix="pycudnn-test-cache-"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -413,3 +413,124 @@ def test_candidate_row_of_a_v7_record():
     assert row["time_ms"] == 0.25 and row["workspace"] == 4096 and row["notes"] == ["deterministic"]
     row = cli._candidate_row(AlgoRecord(0, 0, 0, -1.0, False, "backward_filter", "heuristics"))
     assert row["time_ms"] is None and row["notes"] == ["non-deterministic"]
+
+
+class _FakeTimer:
+    def start(self):
+        pass
+
+    def stop(self):
+        return 0.02
+
+    def sync(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class _ScriptedV7:
+    """Find-like candidates made of real AlgoRecords; the first one fails to run."""
+
+    name = "scripted"
+
+    def __init__(self):
+        from pycudnn.algos import AlgoRecord
+
+        self.cands = [AlgoRecord(0, 1, 0, 0.10, True, "forward", "find"),
+                      AlgoRecord(1, 1, 4096, 0.20, True, "forward", "find")]
+        self.ran = []
+
+    def candidates(self, args):
+        return list(self.cands) if args.benchmark else self.cands[:1]
+
+    def default_candidates(self, args):
+        return self.cands[:1]
+
+    def run(self, args, record):
+        from pycudnn.errors import CudnnNotSupportedError
+
+        self.ran.append(record.algo)
+        if record.algo == 0:
+            raise CudnnNotSupportedError(3000, "cudnnConvolutionForward", "CUDNN_STATUS_NOT_SUPPORTED", "", [])
+
+    def serialize(self, record):
+        return {"algo": record.algo, "math_type": record.math_type, "workspace": record.workspace,
+                "time_ms": record.time_ms}
+
+    def restore(self, args, data):
+        from pycudnn.algos import AlgoRecord
+
+        return AlgoRecord(data["algo"], data["math_type"], data["workspace"], data["time_ms"], True,
+                          "forward", "tuning-db")
+
+
+@pytest.fixture
+def scripted(db, monkeypatch):
+    """_run_layer against the real caches, iterator and database, with a scripted engine."""
+    from pycudnn import algos
+    from pycudnn.algos import ConvolutionArgs, try_all
+
+    strategy = _ScriptedV7()
+    monkeypatch.setitem(algos._STRATEGIES, "scripted", strategy)
+    monkeypatch.setattr(cli, "_CudaTimer", _FakeTimer)
+    params = make_params(engine="scripted")
+
+    def fake_fn(layer, direction, bufs, flags):
+        return lambda: try_all(ConvolutionArgs(params, 0, 0, 0, 0, 0, benchmark=flags["benchmark"]),
+                               strategy)
+
+    monkeypatch.setattr(cli, "_pycudnn_fn", fake_fn)
+    yield strategy, params
+    algos.clear_caches()
+
+
+def _opts(**over):
+    o = {"engine": "scripted", "flags": {"benchmark": True, "engine": "scripted"}, "fresh": False,
+         "all_candidates": False, "use_db": True, "dtype": "float32", "fmt": "contiguous"}
+    o.update(over)
+    return o
+
+
+def test_run_layer_searches_then_reuses_the_database(scripted, db):
+    strategy, params = scripted
+    layer = cli.parse_shape("2,4,8,8,8,3,3,1,1")
+    row = cli._run_layer(layer, "forward", None, _opts(), torch_on=False)
+    assert row["error"] is None and row["searches"] == 1 and row["source"] == "find"
+    assert row["choice"] == "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH" and row["workspace"] == 4096
+    assert row["choice_ms"] == 0.20 and row["ms"] > 0 and row["tflops"] > 0
+    assert db.lookup(params)["algo"] == 1
+    db._reset_for_tests()  # as a later process would
+    row = cli._run_layer(layer, "forward", None, _opts(), torch_on=False)
+    assert row["searches"] == 0 and row["source"] == "tuning-db" and row["choice_ms"] == 0.20
+
+
+def test_run_layer_all_candidates_searches_fresh_and_stores_the_winner(scripted, db):
+    strategy, params = scripted
+    db.store(params, {"algo": 0, "math_type": 1, "workspace": 0, "time_ms": 9.0})  # stale
+    layer = cli.parse_shape("2,4,8,8,8,3,3,1,1")
+    row = cli._run_layer(layer, "forward", None, _opts(all_candidates=True), torch_on=False)
+    assert row["searches"] == 1 and row["source"] == "find"
+    assert [c["choice"] for c in row["candidates"]] == ["IMPLICIT_GEMM TENSOR_OP_MATH",
+                                                         "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH"]
+    assert [c["time_ms"] for c in row["candidates"]] == [0.10, 0.20]
+    assert db.lookup(params)["algo"] == 1  # the fresh winner replaced the stale record
+    assert "candidates" not in cli._run_layer(layer, "forward", None, _opts(), torch_on=False)
+
+
+def test_run_layer_without_the_database(scripted, db):
+    strategy, params = scripted
+    from pycudnn.configuration import flags
+
+    layer = cli.parse_shape("2,4,8,8,8,3,3,1,1")
+    with flags(tuning_db=False):
+        row = cli._run_layer(layer, "forward", None, _opts(use_db=False, fresh=True), torch_on=False)
+    assert row["searches"] == 1 and db.entries() == []
+
+
+def test_run_layer_reports_a_failure_in_its_row(scripted, db, monkeypatch):
+    strategy, _ = scripted
+    monkeypatch.setattr(strategy, "run", lambda args, record: (_ for _ in ()).throw(
+        __import__("pycudnn").errors.OutOfMemoryError("out of memory\nmore")))
+    row = cli._run_layer(cli.parse_shape("2,4,8,8,8,3,3,1,1"), "forward", None, _opts(), torch_on=False)
+    assert row["error"].startswith("NoAlgorithmError: ") and row["ms"] is None
