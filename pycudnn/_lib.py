@@ -334,10 +334,13 @@ def _load() -> Library:
         get_version.argtypes = []
         ver = int(get_version())
         if ver < MIN_VERSION:
+            # A library that loads but is too old is an error, not a reason to try the next
+            # place: the user would otherwise run against a different cuDNN than they think.
+            # (A PYCUDNN_LIBRARY that does not load at all falls through to the next place, as
+            # the documented order says; the final error lists it with its reason.)
             raise CudnnNotFoundError(
                 f"pycudnn needs cuDNN >= 9.0 but found cuDNN {_format_version(ver)} at {path} "
                 f"(via {description}); {_INSTALL_HINT}")
-        # When PYCUDNN_LIBRARY names a file, the user asked for it: do not silently fall back.
         import logging
 
         logging.getLogger("pycudnn").debug("loaded cuDNN %s from %s (via %s)",
