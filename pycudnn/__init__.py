@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     # configuration
     "config": "configuration", "flags": "configuration",
     # algorithm search and caches
-    "benchmark_cache": "algos", "clear_caches": "algos", "ConvolutionParams": "algos",
+    "benchmark_cache": "algos", "clear_caches": "algos", "set_cache_limit": "algos", "ConvolutionParams": "algos",
     # prepared convolutions
     "prepare_convolution": "prepared", "PreparedConvolution": "prepared",
     # convolutions
@@ -66,7 +66,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ._lib import cudart_version, library_path, version, version_tuple
-    from .algos import ConvolutionParams, benchmark_cache, clear_caches
+    from .algos import ConvolutionParams, benchmark_cache, clear_caches, set_cache_limit
     from .configuration import config, flags
     from .conv import (conv_transpose, convolution, convolution_add_relu,
                        convolution_backward_data, convolution_backward_filter)

@@ -34,7 +34,7 @@ from .errors import (CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnErro
 __all__ = [
     "DIRECTIONS", "ConvolutionParams", "ConvolutionArgs", "AlgoRecord", "BenchmarkCache",
     "SearchStrategy", "V7Search", "try_all", "caches", "benchmark_cache", "clear_caches",
-    "strategy_for", "register_strategy", "check_precision", "error_if_capturing",
+    "strategy_for", "register_strategy", "check_precision", "error_if_capturing", "set_cache_limit",
 ]
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
@@ -171,7 +171,24 @@ class BenchmarkCache:
         self.searches = 0  # number of searches run (tests assert one per key)
 
     def get(self, key: ConvolutionParams) -> Any:
-        return self._map.get(key)
+        """The record for ``key`` (and it becomes the most recently used), or None."""
+        record = self._map.get(key)
+        if record is not None and self.maxsize is not None:
+            with self._lock:  # the hot path never comes here: it replays prepared convolutions
+                try:
+                    self._map.move_to_end(key)
+                except KeyError:  # evicted meanwhile
+                    pass
+        return record
+
+    def set_maxsize(self, maxsize: int | None) -> None:
+        """Bound the cache (None: unbounded), evicting the least recently used entries now."""
+        with self._lock:
+            self.maxsize = maxsize
+            if maxsize is not None:
+                while len(self._map) > maxsize:
+                    old, _ = self._map.popitem(last=False)
+                    self._search_locks.pop(old, None)
 
     def insert(self, key: ConvolutionParams, record: Any) -> None:
         with self._lock:
@@ -221,6 +238,18 @@ def benchmark_cache() -> list[dict[str, Any]]:
                 "workspace": getattr(record, "workspace", None),
             })
     return rows
+
+
+def set_cache_limit(entries: int | None) -> None:
+    """Bound every benchmark cache to ``entries`` records per direction (LRU; None: unbounded),
+    and the map of remembered call signatures to as many prepared convolutions."""
+    if entries is not None and (isinstance(entries, bool) or not isinstance(entries, int) or entries < 1):
+        raise ValueError(f"entries: expected None or a positive int, got {entries!r}")
+    for cache in caches.values():
+        cache.set_maxsize(entries)
+    from . import prepared
+
+    prepared.set_limit(entries)
 
 
 def clear_caches() -> None:

@@ -77,6 +77,17 @@ def _check_rank(t: Tensor, name: str, fn: str) -> int:
     return t.ndim - 2
 
 
+def _check_no_broadcast(t: Tensor, name: str, fn: str) -> None:
+    """cuDNN cannot read a dim of several elements with stride 0 (an expanded/broadcast view)."""
+    if t.size == 0:
+        return  # nothing is read
+    for i, (size, stride) in enumerate(zip(t.shape, t.strides)):
+        if stride == 0 and size > 1:
+            raise ValueError(f"{fn}: expected {name} without broadcast dims, but dim {i} of "
+                             f"{name} (size {size}) has stride 0 (strides {list(t.strides)}); make "
+                             f"a contiguous copy first")
+
+
 def _check_pair(a: Tensor, a_name: str, b: Tensor, b_name: str) -> None:
     if a.dtype != b.dtype:
         raise TypeError(f"{a_name} type ({a.dtype.name}) and {b_name} type ({b.dtype.name}) should be the same")
@@ -86,6 +97,8 @@ def _check_pair(a: Tensor, a_name: str, b: Tensor, b_name: str) -> None:
     if a.ndim != b.ndim:
         raise ValueError(f"expected {b_name} to have {a.ndim} dims like {a_name} "
                          f"(size {list(a.shape)}), but got {b_name} of size {list(b.shape)}")
+    _check_no_broadcast(a, a_name, "convolution")
+    _check_no_broadcast(b, b_name, "convolution")
 
 
 def output_size(input_size: Sequence[int], kernel: Sequence[int], stride, padding, dilation) -> tuple[int, ...]:
@@ -164,6 +177,19 @@ def _flags_token(given: dict[str, Any]) -> tuple:
     return (config._version, _override_token.get())
 
 
+def _matching_out(prepared: Any, out: Any, stream: Any) -> Any:
+    """``out`` as a Tensor when the remembered call can write it as is (None: it allocates);
+    False when ``out`` has another layout, dtype or device: the full path checks and handles it."""
+    if out is None:
+        return None
+    if type(out) is not Tensor:
+        out = as_tensor(out, stream=stream)
+    if (out.shape == prepared._out_shape and out.strides == prepared._out_strides
+            and out.dtype == prepared.dtype and out.device == prepared.device):
+        return out
+    return False
+
+
 def _stream_pair(stream: Any) -> tuple[int, Any]:
     """(handle, the stream object to keep alive until frees ordered on it, or None)."""
     if stream is None:
@@ -240,7 +266,7 @@ class _Call:
             z = empty(z.shape, z.dtype, memory_format=self.fmt, device=z.device, stream=self.stream)
             staged.append(z)
             self._copy(self.z, z)
-        self.staged = bool(staged)
+        self.staged = self.staged or bool(staged)
         self._run_split(roles["x"], roles["w"], roles["y"], z)
         if roles[written] is not user_out:
             self._copy(roles[written], user_out)
@@ -448,11 +474,27 @@ def relu_(handle: int, y: Tensor) -> None:
             _lib.raise_status(st, "cudnnActivationForward", f"  y: {yd!r}")
 
 
-def _fill_zero(t: Tensor, stream: int) -> None:
+_ZERO_BYTES = ctypes.c_double(0.0)  # zero in every floating dtype's bit pattern
+
+
+def _fill_zero(t: Tensor, stream: int, handle: int | None = None) -> None:
+    """Zero the elements of ``t`` (a dense view with memset; a strided one through cudnnSetTensor,
+    so the memory between its elements is left alone)."""
     from .memory import memset
 
-    if t.size:
-        memset(t.ptr, t.span_bytes, stream)
+    if not t.size:
+        return
+    if t.span_bytes == t.nbytes:
+        memset(t.ptr, t.nbytes, stream)
+        return
+    if handle is None:
+        from .handle import get_handle
+
+        handle = get_handle(t.device, stream)
+    with _tensor_desc(t) as d:
+        st = _lib.lib().cudnnSetTensor(handle, d.handle, t.ptr, ctypes.addressof(_ZERO_BYTES))
+        if st:
+            _lib.raise_status(st, "cudnnSetTensor", f"  t: {d!r}")
 
 
 # ---- public API -----------------------------------------------------------------------------------
@@ -480,19 +522,20 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
         The output ``(N, K, *out_spatial)`` as a :class:`pycudnn.Tensor` (``out`` when given).
     """
     if type(x) is not Tensor:
-        x = as_tensor(x)
+        x = as_tensor(x, stream=stream)
     if type(w) is not Tensor:
-        w = as_tensor(w)
+        w = as_tensor(w, stream=stream)
     if bias is not None and type(bias) is not Tensor:
-        bias = as_tensor(bias)
-    key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, stride,
-           padding, dilation, groups, activation,
-           None if bias is None else (bias.shape, bias.strides, bias.dtype), _flags_token(flags))
+        bias = as_tensor(bias, stream=stream)
+    key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, w.device,
+           stride, padding, dilation, groups, activation,
+           None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
+           _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
-        if out is None:  # the key matched x, w and bias: launch without re-checking them
-            return prepared._run(x, w, None, None, bias, *_stream_pair(stream))
-        return prepared(x, w, out, bias=bias, stream=stream)
+        out_t = _matching_out(prepared, out, stream)
+        if out_t is not False:  # the key matched x, w and bias: launch without re-checking them
+            return prepared._run(x, w, out_t, None, bias, *_stream_pair(stream))
     y, prepared = _convolution(x, w, bias, stride, padding, dilation, groups, activation, out,
                                stream, flags)
     if prepared is not None:
@@ -544,6 +587,16 @@ def _prepare(call: "_Call", slow) -> "_prepared.PreparedConvolution | None":
         out_size_bytes=written.span_bytes)
 
 
+def _contiguous_bias(call: "_Call", b: Tensor) -> Tensor:
+    """The bias as fused epilogues read it (K contiguous elements): a strided one is copied."""
+    if b.shape[0] <= 1 or b.strides[0] == 1:
+        return b
+    tmp = empty(b.shape, b.dtype, device=b.device, stream=call.stream)
+    transform(call.handle, _bias_view(b, 4), _bias_view(tmp, 4))
+    call.staged = True  # a copy made for this call: not replayable by a prepared convolution
+    return tmp
+
+
 def _activation(activation: Any) -> bool:
     if activation is None:
         return False
@@ -569,7 +622,7 @@ def _forward_with_epilogue(call: _Call, y: Tensor, b: Tensor | None, relu: bool)
 
             b_fused = zeros((y.shape[1],), y.dtype, device=y.device, stream=call.stream)
         else:
-            b_fused = b
+            b_fused = _contiguous_bias(call, b)
         call.epilogue, call.bias = ("bias_relu" if relu else "bias"), b_fused
         if call.run_fused():
             return y, b is not None  # a made-up zero bias cannot be replayed by a prepared call
@@ -604,6 +657,11 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
             raise ValueError(f"{fn}: output padding must be smaller than either stride or dilation, "
                              f"but got output_padding={list(output_padding)}, stride={list(stride)}, "
                              f"dilation={list(dilation)}")
+        if op >= s:
+            # PyTorch allows output_padding < dilation too, computing it without cuDNN; cuDNN's
+            # backward data has no such output size, so refuse before anything runs.
+            raise ValueError(f"{fn}: output_padding must be smaller than stride for cuDNN, but got "
+                             f"output_padding={list(output_padding)}, stride={list(stride)}")
     groups = _groups(groups)
     if w.shape[0] != x.shape[1]:
         raise ValueError(f"{fn}: given weight of size {list(w.shape)}, expected input{list(x.shape)} to "
@@ -637,17 +695,17 @@ def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *
                               stream: Any = None, **flags: Any) -> Tensor:
     """Gradient of a convolution with respect to its input, of shape ``input_shape``."""
     if type(grad_y) is not Tensor:
-        grad_y = as_tensor(grad_y)
+        grad_y = as_tensor(grad_y, stream=stream)
     if type(w) is not Tensor:
-        w = as_tensor(w)
+        w = as_tensor(w, stream=stream)
     key = ("backward_data", grad_y.shape, grad_y.strides, grad_y.dtype, grad_y.device, w.shape,
-           w.strides, w.dtype, _hashable(input_shape), stride, padding, dilation, groups,
+           w.strides, w.dtype, w.device, _hashable(input_shape), stride, padding, dilation, groups,
            _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
-        if out is None:
-            return prepared._run(grad_y, w, None, None, None, *_stream_pair(stream))
-        return prepared(grad_y, w, out, stream=stream)
+        out_t = _matching_out(prepared, out, stream)
+        if out_t is not False:
+            return prepared._run(grad_y, w, out_t, None, None, *_stream_pair(stream))
     fn = "convolution_backward_data"
     nd = _check_rank(grad_y, "grad_y", fn)
     _check_pair(grad_y, "grad_y", w, "weight")
@@ -699,17 +757,17 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
                                 stream: Any = None, **flags: Any) -> Tensor:
     """Gradient of a convolution with respect to its weight, of shape ``weight_shape``."""
     if type(x) is not Tensor:
-        x = as_tensor(x)
+        x = as_tensor(x, stream=stream)
     if type(grad_y) is not Tensor:
-        grad_y = as_tensor(grad_y)
+        grad_y = as_tensor(grad_y, stream=stream)
     key = ("backward_filter", x.shape, x.strides, x.dtype, x.device, grad_y.shape, grad_y.strides,
-           grad_y.dtype, _hashable(weight_shape), stride, padding, dilation, groups,
+           grad_y.dtype, grad_y.device, _hashable(weight_shape), stride, padding, dilation, groups,
            _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
-        if out is None:
-            return prepared._run(x, grad_y, None, None, None, *_stream_pair(stream))
-        return prepared(x, grad_y, out, stream=stream)
+        out_t = _matching_out(prepared, out, stream)
+        if out_t is not False:
+            return prepared._run(x, grad_y, out_t, None, None, *_stream_pair(stream))
     fn = "convolution_backward_filter"
     nd = _check_rank(x, "input", fn)
     _check_pair(x, "input", grad_y, "grad_y")
@@ -750,21 +808,22 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
     ``z`` has the output's shape; ``out`` may be ``z`` itself (an in-place residual).
     """
     if type(x) is not Tensor:
-        x = as_tensor(x)
+        x = as_tensor(x, stream=stream)
     if type(w) is not Tensor:
-        w = as_tensor(w)
+        w = as_tensor(w, stream=stream)
     if type(z) is not Tensor:
-        z = as_tensor(z)
+        z = as_tensor(z, stream=stream)
     if bias is not None and type(bias) is not Tensor:
-        bias = as_tensor(bias)
-    key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, z.shape,
-           z.strides, z.dtype, alpha, stride, padding, dilation, groups,
-           None if bias is None else (bias.shape, bias.strides, bias.dtype), _flags_token(flags))
+        bias = as_tensor(bias, stream=stream)
+    key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, w.device,
+           z.shape, z.strides, z.dtype, z.device, alpha, stride, padding, dilation, groups,
+           None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
+           _flags_token(flags))
     prepared = _prepared.lookup(key)
     if prepared is not None:
-        if out is None:
-            return prepared._run(x, w, None, z, bias, *_stream_pair(stream))
-        return prepared(x, w, out, z=z, bias=bias, stream=stream)
+        out_t = _matching_out(prepared, out, stream)
+        if out_t is not False:
+            return prepared._run(x, w, out_t, z, bias, *_stream_pair(stream))
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     fn = "convolution_add_relu"
     nd = _check_rank(x, "input", fn)
@@ -795,7 +854,7 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
 
         b_full = zeros((w.shape[0],), x.dtype, device=x.device, stream=call.stream)
     else:
-        b_full = b
+        b_full = _contiguous_bias(call, b)
     call.y, call.bias = y, b_full
     if call.run_fused():
         def slow(a, b_, out_, z=None, bias=None, stream=None):

@@ -590,7 +590,7 @@ def _check_nbytes(nbytes: Any) -> int:
     return nbytes
 
 
-def _release(buffer: Any, device: int, stream_ref: Any = None) -> None:
+def _release(buffer: Any, device: int, stream_ref: Any = None, sync: bool = False) -> None:
     """Finalizer of a DeviceBuffer: free stream-ordered on the stream recorded at allocation.
 
     Binds everything it needs as arguments (``stream_ref`` keeps the caller's stream object alive
@@ -598,6 +598,8 @@ def _release(buffer: Any, device: int, stream_ref: Any = None) -> None:
     """
     try:
         with device_guard(device):
+            if sync:  # the allocation stream was a raw handle that may be destroyed by now
+                (_rt or _runtime()).cudaDeviceSynchronize()
             buffer.close()
     except Exception:  # a finalizer must not raise; the memory is lost at worst
         pass
@@ -621,14 +623,15 @@ class DeviceBuffer:
     __slots__ = ("_ptr", "nbytes", "device", "_buffer", "_finalizer", "_stream_ref", "__weakref__")
 
     def __init__(self, ptr: int, nbytes: int, device: int, buffer: Any = None,
-                 stream_ref: Any = None) -> None:
+                 stream_ref: Any = None, sync_release: bool = False) -> None:
         self._ptr: int | None = ptr
         self.nbytes = nbytes
         self.device = device
         self._buffer = buffer
         self._stream_ref = stream_ref
         if buffer is not None:
-            self._finalizer: Any = weakref.finalize(self, _release, buffer, device, stream_ref)
+            self._finalizer: Any = weakref.finalize(self, _release, buffer, device, stream_ref,
+                                                    sync_release)
             self._finalizer.atexit = False
         else:
             self._finalizer = None
@@ -714,7 +717,13 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None) -> DeviceBuffe
             buf = mr.allocate(n, stream=s)
         except Exception as exc:
             buf = _allocate_slow(exc, mr, n, dev, handle, s)
-    return DeviceBuffer(int(buf.handle), n, dev, buf, stream_ref)
+    # A raw handle of a user's stream (not 0/1/2, no object to keep alive) may be destroyed before
+    # the buffer is collected: freeing on it then would crash the driver. Such buffers are freed,
+    # when collected, on the legacy default stream after a device synchronization.
+    sync_release = stream_ref is None and handle > 2
+    if sync_release:
+        buf.set_deallocation_stream(_core_stream(0))
+    return DeviceBuffer(int(buf.handle), n, dev, buf, stream_ref, sync_release)
 
 
 def _allocate_slow(exc: Exception, mr: Any, n: int, dev: int, handle: int, s: Any) -> Any:
@@ -815,7 +824,7 @@ class StreamAllocation:
                 if self.sync_free:
                     self.ptr = 0
                     with device_guard(self.device):
-                        _rt.cudaFree(ptr)
+                        (_rt or _runtime()).cudaFree(ptr)
                 else:
                     self.close()
             except Exception:  # a finalizer must not raise; the memory is lost at worst
@@ -874,6 +883,10 @@ def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
     int handle; ``stream_ref`` the stream object it came from, kept alive until the free): plain
     ``cudaMallocAsync``; anything unusual (0 or huge sizes, an error such as out of memory) goes
     through :func:`allocate`, which retries and explains."""
+    if stream > 2 and stream_ref is None:
+        # a raw handle of a user's stream may be destroyed before this memory is collected:
+        # free it synchronously then, never ordered on a stream that may no longer exist
+        sync_free = True
     if 0 < nbytes < MAX_ALLOCATION:
         drv = _driver or _driver_memory()
         if drv:
@@ -906,6 +919,15 @@ def thread_workspace(nbytes: int, device: int, stream: int) -> int:
     ws = cache.get(key)
     if ws is None or ws.nbytes < nbytes:
         if ws is not None:
-            ws.close()
+            ws.close()  # on its own stream, which is in use right now
+            del cache[key]
+        while len(cache) >= THREAD_WORKSPACES_MAX:
+            # the stream of an old entry may be gone: free it synchronously, not ordered on it
+            old = cache.pop(next(iter(cache)))
+            old.__del__()
         ws = cache[key] = allocate_fast(max(nbytes, 1 << 20), device, stream, sync_free=True)
     return ws.ptr
+
+
+#: per thread, workspaces of at most this many (device, stream) pairs are kept
+THREAD_WORKSPACES_MAX = 4

@@ -201,6 +201,15 @@ def forget(key: tuple) -> None:
         _fast.pop(key, None)
 
 
+def set_limit(entries: int | None) -> None:
+    """Bound the map of remembered call signatures (None: the default bound)."""
+    global FAST_CALLS_MAX
+    with _fast_lock:
+        FAST_CALLS_MAX = 1024 if entries is None else entries
+        while len(_fast) > FAST_CALLS_MAX:
+            del _fast[next(iter(_fast))]
+
+
 def clear_fast_calls() -> None:
     """Forget every remembered call signature (``pycudnn.clear_caches()`` calls this)."""
     with _fast_lock:

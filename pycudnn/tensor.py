@@ -531,6 +531,19 @@ def _typestr_dtype(typestr: Any) -> np.dtype | None:
     return dt
 
 
+def _check_import(ptr: int, shape: tuple, strides: tuple, itemsize: int, source: str) -> None:
+    """An imported array must describe usable device memory: what tensor_from_pointer checks."""
+    if any((not isinstance(d, int)) or d < 0 for d in shape):
+        raise ValueError(f"as_tensor: {source} has a negative or non-integer size in shape {shape}")
+    if len(strides) != len(shape):
+        raise ValueError(f"as_tensor: {source} gives {len(strides)} strides for a {len(shape)}-D shape")
+    if ptr % itemsize:  # as tensor_from_pointer: refused even for an empty array
+        raise ValueError(f"as_tensor: {source} pointer {ptr:#x} is not aligned to its element "
+                         f"size ({itemsize} bytes)")
+    if not ptr and all(d > 0 for d in shape):
+        raise ValueError(f"as_tensor: {source} is a null pointer for a non-empty array of shape {shape}")
+
+
 def _from_cai(obj: Any, cai: Any, consumer: int) -> Tensor:
     try:
         shape = cai["shape"]
@@ -558,6 +571,7 @@ def _from_cai(obj: Any, cai: Any, consumer: int) -> Tensor:
             if s < 0 or s % item:
                 raise ValueError(f"as_tensor: unsupported strides {tuple(bstrides)} (bytes): cuDNN "
                                  f"needs non-negative multiples of the element size {item}")
+    _check_import(ptr, shape, strides, item, f"{_type_name(obj)}.__cuda_array_interface__")
     if cai.get("version", 0) >= 3:
         producer = cai.get("stream")
         if producer is not None and not _mem._same_stream(int(producer), consumer):
@@ -692,6 +706,7 @@ def _from_dlpack(obj: Any, consumer: int) -> Tensor:
     else:
         strides = contiguous_strides(shape)
     ptr = (t.data or 0) + t.byte_offset
+    _check_import(ptr, shape, strides, dtype.itemsize, f"{_type_name(obj)}.__dlpack__")
     device = int(t.device.device_id)
     deleter = m.deleter
     _PyCapsule_SetName(capsule, used)  # consumed: from now on the deleter is ours to call

@@ -250,6 +250,8 @@ def run_gpu_case(case: F.Case, rng: np.random.Generator, repeat: bool = True) ->
         if outcome == "unexpected":
             raise AssertionError(f"unexpected {type(exc).__name__}: {exc}{where}") from exc
         if strict or (violations and outcome == "refused"):
+            if outcome not in ("refused", "cudnn"):
+                raise AssertionError(f"invalid input not refused ({outcome}: {exc!r}){where}")
             outcome, bugs = F.judge(case, violations, exc, accepted=())
             changed = [r for r in before if not np.array_equal(before[r], after[r])]
             assert not changed, f"refused call changed the caller's buffers {changed}{where}"
@@ -421,9 +423,10 @@ def _prepared_pair(engine):
 
 @pytest.mark.parametrize("engine", ["graph", "v7"])
 def test_prepared_path_refuses_like_the_full_path(engine):
-    """After a call signature is prepared, the same calls with a bad out= or a bias on another
-    device must be refused as the full path refuses them, and a valid out= of another layout must
-    still be accepted (the fast path's checks are the full path's, not stricter or looser)."""
+    """After a call signature is prepared, the same calls with a bad out=, or a bias or weight on
+    another device, must be refused as the full path refuses them, and a valid out= of another
+    layout must still be accepted (the fast path's checks are the full path's, not stricter or
+    looser; its key holds x's device but not w's or the bias's)."""
     import pycudnn
     from pycudnn import prepared as P
 
@@ -436,15 +439,19 @@ def test_prepared_path_refuses_like_the_full_path(engine):
         "out channels_last": lambda: dict(out=pycudnn.empty((2, 8, 6, 6), memory_format="channels_last")),
         "bias claims device 1": lambda: dict(bias_override=pycudnn.tensor_from_pointer(
             b.ptr, (8,), "float32", device=1, owner=b)),
+        "weight claims device 1": lambda: dict(w_override=pycudnn.tensor_from_pointer(
+            w.ptr, w.shape, "float32", device=1, owner=w)),
     }.items():
+        # (a device-1 claim on memory that is really on device 0 is safe to launch on any machine)
         results = []
         for fast in (True, False):
             if not fast:
                 P.clear_fast_calls()
             args = make()
             bias = args.pop("bias_override", b)
+            ww = args.pop("w_override", w)
             try:
-                y = pycudnn.convolution(x, w, bias, **kw, **args)
+                y = pycudnn.convolution(x, ww, bias, **kw, **args)
                 results.append(("ok", float(rel_error(_host(y), ref))))
             except Exception as exc:  # compared below
                 results.append((type(exc).__name__, str(exc).split("\n")[0]))
@@ -459,6 +466,7 @@ def test_prepared_path_refuses_like_the_full_path(engine):
         elif fast[0] == "ok" and fast[1] > 5e-5:
             problems.append(f"{label}: wrong result through the prepared path ({fast[1]:.3g})")
     assert outcomes["bias claims device 1"][1][0] == "ValueError", outcomes
+    assert outcomes["weight claims device 1"][1][0] == "ValueError", outcomes
     assert outcomes["out channels_last"][1][0] == "ok", outcomes
     assert not problems, "\n".join(problems)
 

@@ -237,9 +237,6 @@ def test_benchmark_cache_honours_its_bound():
     assert [k for k, _ in cache.items()] == [("key", 7), ("key", 8), ("key", 9)]
 
 
-@pytest.mark.xfail(strict=True, reason="library gap 'cache-not-lru': BenchmarkCache.get() does not "
-                   "refresh an entry's recency, so the bound evicts the oldest *inserted* entry "
-                   "(FIFO), even one hit on every call; the issue asks for LRU")
 def test_benchmark_cache_is_least_recently_used():
     from pycudnn.algos import BenchmarkCache
 
@@ -250,6 +247,24 @@ def test_benchmark_cache_is_least_recently_used():
     cache.insert("d", "d")
     assert cache.get("a") == "a", "the entry just used was evicted (FIFO, not LRU)"
     assert cache.get("b") is None
+    cache.set_maxsize(1)  # lowering the bound evicts now, least recently used first
+    assert len(cache) == 1 and cache.get("a") == "a"
+
+
+def test_set_cache_limit_bounds_every_cache():
+    import pycudnn
+    from pycudnn import algos, prepared
+
+    try:
+        pycudnn.set_cache_limit(2)
+        assert all(c.maxsize == 2 for c in algos.caches.values())
+        assert prepared.FAST_CALLS_MAX == 2
+        with pytest.raises(ValueError, match="entries"):
+            pycudnn.set_cache_limit(0)
+    finally:
+        pycudnn.set_cache_limit(None)
+        for c in algos.caches.values():
+            c.set_maxsize(4096)
 
 
 # ---- resource hygiene ---------------------------------------------------------------------------------------
