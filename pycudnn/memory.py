@@ -596,6 +596,8 @@ def _release(buffer: Any, device: int, stream_ref: Any = None, sync: bool = Fals
     Binds everything it needs as arguments (``stream_ref`` keeps the caller's stream object alive
     until the free is queued): it never refers to the DeviceBuffer.
     """
+    if _shutting_down:  # interpreter exit: the driver reclaims the memory; touch nothing
+        return
     try:
         with device_guard(device):
             if sync:  # the allocation stream was a raw handle that may be destroyed by now
