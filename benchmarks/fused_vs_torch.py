@@ -77,7 +77,9 @@ def main(argv=None) -> int:
     compile_note = ""
     if not args.no_compile:
         try:
-            compiled = torch.compile(eager_add_relu_p)
+            # dynamic=False: one specialised graph per layer, as a model compiled for fixed shapes
+            # gets (automatic dynamic shapes would turn later layers into generic kernels)
+            compiled = torch.compile(eager_add_relu_p, dynamic=False)
         except Exception as exc:  # noqa: BLE001
             compile_note = f"torch.compile unavailable: {exc}"
     rows = []
