@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable
 from ctypes import POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_void_p
 
-from .errors import CudnnError, CudnnNotFoundError, error_class_for_status
+from .errors import CudnnNotFoundError, error_class_for_status
 
 __all__ = ["PROTOTYPES", "Library", "lib", "check", "raise_status", "version", "version_tuple",
            "library_path", "cudart_version", "is_loaded", "status_name", "MIN_VERSION"]

@@ -22,7 +22,7 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 from . import _lib
 from ._types import (BwdDataAlgo, BwdFilterAlgo, ConvolutionBwdDataAlgoPerf,

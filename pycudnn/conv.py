@@ -20,9 +20,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _lib
-from .algos import ConvolutionArgs, ConvolutionParams, scalar_pointers, strategy_for, try_all
+from .algos import (ConvolutionArgs, ConvolutionParams, _describe, scalar_pointers, strategy_for,
+                    try_all)
 from .configuration import _override_token, config
-from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError
+from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from . import prepared as _prepared
 from .tensor import Tensor, as_tensor, empty
 
@@ -34,7 +35,6 @@ log = logging.getLogger("pycudnn")
 
 INT_MAX = 2**31 - 1
 _CONV_NAMES = {3: "conv1d", 4: "conv2d", 5: "conv3d"}
-IntOrTuple = "int | Sequence[int]"
 
 
 # ---- validation helpers ---------------------------------------------------------------------------
@@ -388,10 +388,6 @@ class _Call:
 #: fused (params, api) that no engine took: later calls go straight to separate operations
 _UNFUSABLE: set = set()
 _UNFUSABLE_LOCK = threading.Lock()
-
-
-def _describe(record: Any) -> str:
-    return record.describe() if hasattr(record, "describe") else repr(record)
 
 
 def _overlaps(a: Tensor, b: Tensor) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 
 from . import algos
 from .algos import ConvolutionArgs, ConvolutionParams, check_precision, error_if_capturing
-from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError
+from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from .graph import (Epilogue, ExecutionPlan, OperationGraph, TensorSpec, bias_spec,
                     build_convolution_graph, engine_configs, filter_candidates, nchw_strides,
                     nhwc_strides)
@@ -88,13 +88,6 @@ class GraphRecord:
 
 def _weight_strides(params: ConvolutionParams) -> tuple[int, ...]:
     return nhwc_strides(params.weight_shape) if params.weight_format == "NHWC" else nchw_strides(params.weight_shape)
-
-
-def _alignment(ptr: int) -> int:
-    """The largest power of two (up to 16) dividing ``ptr``: what the graph may promise."""
-    if ptr == 0:
-        return 16
-    return min(16, ptr & -ptr)
 
 
 class _Prepared:
