@@ -96,8 +96,10 @@ def phase_pycudnn(opts) -> dict:
             call(layer, d, t)
             synchronize(0)
             ms = (time.perf_counter() - t0) * 1e3
+            items = algos.caches[d].items()  # LRU order: the entry just used is last
             rows.append({"layer": layer.name, "direction": d, "ms": ms,
-                         "searched": algos.caches[d].searches > n0})
+                         "searched": algos.caches[d].searches > n0,
+                         "choice": items[-1][1].describe() if items else None})
         del t
     return {"import_ms": t_import * 1e3, "load_ms": t_load * 1e3, "warmup_ms": t_warm * 1e3,
             "searches": {d: algos.caches[d].searches - searches_before[d] for d in directions},

@@ -301,10 +301,18 @@ class GraphSearch:
     def serialize(self, record: GraphRecord) -> dict[str, Any]:
         """What the tuning database keeps of a plan: which graph, engine id and knob choices."""
         plan = record.plan
-        return {"graph": record.graph_index, "engine_id": plan.engine_id,
+        data = {"graph": record.graph_index, "engine_id": plan.engine_id,
                 "knobs": [[int(t), int(v)] for t, v in plan.key[1]],
                 "workspace": plan.workspace_size or 0, "time_ms": record.time_ms,
                 "tag": plan.tag}
+        if plan.runtime_compiled and plan.finalized:
+            # Rebuilding from engine id + knobs would compile the kernel again (30-1000 ms);
+            # the plan's JSON lets a later process finalize it without compiling.
+            try:
+                data["plan_json"] = plan.json()
+            except CudnnError as exc:
+                log.debug("graph engine: %s has no JSON representation (%s)", plan.tag, exc.status_name)
+        return data
 
     def restore(self, args: ConvolutionArgs, data: dict[str, Any]) -> GraphRecord:
         """Rebuild a plan from its engine id and knobs, on this process's graph (no heuristics)."""
@@ -313,11 +321,28 @@ class GraphSearch:
         prep = self.prepared(args)
         graphs = self._graphs(args, prep)
         gi = int(data.get("graph", 0))
-        cfg = EngineConfig.from_key(graphs[gi], int(data["engine_id"]),
-                                    [(int(t), int(v)) for t, v in data.get("knobs", [])])
-        rec = GraphRecord(ExecutionPlan(cfg), args.params.direction, float(data.get("time_ms", -1.0)),
-                          "tuning-db", "db", gi)
-        rec.finalize(args.handle)
+        time_ms = float(data.get("time_ms", -1.0))
+        engine_id = int(data["engine_id"])
+        rec = None
+        text = data.get("plan_json")
+        if isinstance(text, str) and text:
+            try:
+                plan = ExecutionPlan.from_json(args.handle, graphs[gi], text)
+            except CudnnError as exc:  # e.g. another driver: rebuild from engine id and knobs below
+                log.info("tuning database: plan JSON of engine %d did not load (%s); rebuilding it",
+                         engine_id, exc.status_name)
+            else:
+                if plan.engine_id in (engine_id, -1):
+                    rec = GraphRecord(plan, args.params.direction, time_ms, "tuning-db", "db", gi)
+                else:
+                    log.info("tuning database: plan JSON holds engine %d, the record says %d; "
+                             "rebuilding it", plan.engine_id, engine_id)
+        if rec is None:
+            cfg = EngineConfig.from_key(graphs[gi], engine_id,
+                                        [(int(t), int(v)) for t, v in data.get("knobs", [])])
+            rec = GraphRecord(ExecutionPlan(cfg), args.params.direction, time_ms, "tuning-db", "db", gi)
+            rec.finalize(args.handle)
+        cfg = rec.plan.config
         kept, dropped = filter_candidates([cfg], args.params.dtype, args.params.allow_tf32,
                                           args.params.deterministic)
         if dropped:
