@@ -25,6 +25,7 @@ from .algos import (ConvolutionArgs, ConvolutionParams, _describe, scalar_pointe
 from .configuration import _override_token, config
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from . import prepared as _prepared
+from .memory import callers_device, restore_device
 from .tensor import Tensor, as_tensor, empty
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
@@ -517,26 +518,30 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
     Returns:
         The output ``(N, K, *out_spatial)`` as a :class:`pycudnn.Tensor` (``out`` when given).
     """
-    if type(x) is not Tensor:
-        x = as_tensor(x, stream=stream)
-    if type(w) is not Tensor:
-        w = as_tensor(w, stream=stream)
-    if bias is not None and type(bias) is not Tensor:
-        bias = as_tensor(bias, stream=stream)
-    key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, w.device,
-           stride, padding, dilation, groups, activation,
-           None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
-           _flags_token(flags))
-    prepared = _prepared.lookup(key)
-    if prepared is not None:
-        out_t = _matching_out(prepared, out, stream)
-        if out_t is not False:  # the key matched x, w and bias: launch without re-checking them
-            return prepared._run(x, w, out_t, None, bias, *_stream_pair(stream))
-    y, prepared = _convolution(x, w, bias, stride, padding, dilation, groups, activation, out,
-                               stream, flags)
-    if prepared is not None:
-        _prepared.remember(key, prepared)
-    return y
+    prev = callers_device()  # the caller's current device, given back at the end
+    try:
+        if type(x) is not Tensor:
+            x = as_tensor(x, stream=stream)
+        if type(w) is not Tensor:
+            w = as_tensor(w, stream=stream)
+        if bias is not None and type(bias) is not Tensor:
+            bias = as_tensor(bias, stream=stream)
+        key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, w.device,
+               stride, padding, dilation, groups, activation,
+               None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
+               _flags_token(flags))
+        prepared = _prepared.lookup(key)
+        if prepared is not None:
+            out_t = _matching_out(prepared, out, stream)
+            if out_t is not False:  # the key matched x, w and bias: launch without re-checking them
+                return prepared._run(x, w, out_t, None, bias, *_stream_pair(stream))
+        y, prepared = _convolution(x, w, bias, stride, padding, dilation, groups, activation, out,
+                                   stream, flags)
+        if prepared is not None:
+            _prepared.remember(key, prepared)
+        return y
+    finally:
+        restore_device(prev)
 
 
 def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
@@ -642,91 +647,99 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
     ``w`` is ``(C, K/groups, *kernel)``; the output is ``(N, K, *o)`` with
     ``o = (i - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1``.
     """
-    x, w = as_tensor(x), as_tensor(w)
-    fn = {3: "conv_transpose1d", 4: "conv_transpose2d", 5: "conv_transpose3d"}.get(x.ndim, "conv_transpose")
-    nd = _check_rank(x, "input", fn)
-    _check_pair(x, "input", w, "weight")
-    stride, padding, dilation = _geometry(stride, padding, dilation, nd)
-    output_padding = _spatial("output_padding", output_padding, nd, 0, "negative output_padding is not supported")
-    for op, s, d in zip(output_padding, stride, dilation):
-        if op >= s and op >= d:
-            raise ValueError(f"{fn}: output padding must be smaller than either stride or dilation, "
-                             f"but got output_padding={list(output_padding)}, stride={list(stride)}, "
-                             f"dilation={list(dilation)}")
-        if op >= s:
-            # PyTorch allows output_padding < dilation too, computing it without cuDNN; cuDNN's
-            # backward data has no such output size, so refuse before anything runs.
-            raise ValueError(f"{fn}: output_padding must be smaller than stride for cuDNN, but got "
-                             f"output_padding={list(output_padding)}, stride={list(stride)}")
-    groups = _groups(groups)
-    if w.shape[0] != x.shape[1]:
-        raise ValueError(f"{fn}: given weight of size {list(w.shape)}, expected input{list(x.shape)} to "
-                         f"have {w.shape[0]} channels, but got {x.shape[1]} channels instead")
-    if w.shape[0] % groups:
-        raise ValueError(f"{fn}: expected weight of size {list(w.shape)} to have a first dim "
-                         f"divisible by groups={groups}")
-    k_out = w.shape[1] * groups
-    spatial = tuple((i - 1) * s - 2 * p + d * (k - 1) + op + 1
-                    for i, k, s, p, d, op in zip(x.shape[2:], w.shape[2:], stride, padding, dilation, output_padding))
-    if any(o < 1 for o in spatial):
-        raise ValueError(f"{fn}: calculated output size {list(spatial)} is too small")
-    b = _check_bias(bias, k_out, x) if bias is not None else None
-    relu = _activation(activation)
-    y, _ = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride, padding, dilation,
-                          groups, out, stream, flags)
-    if (b is not None or relu) and y.size:
-        from .handle import get_handle
-        from .memory import resolve_stream
+    prev = callers_device()  # the caller's current device, given back at the end
+    try:
+        x, w = as_tensor(x), as_tensor(w)
+        fn = {3: "conv_transpose1d", 4: "conv_transpose2d", 5: "conv_transpose3d"}.get(x.ndim, "conv_transpose")
+        nd = _check_rank(x, "input", fn)
+        _check_pair(x, "input", w, "weight")
+        stride, padding, dilation = _geometry(stride, padding, dilation, nd)
+        output_padding = _spatial("output_padding", output_padding, nd, 0, "negative output_padding is not supported")
+        for op, s, d in zip(output_padding, stride, dilation):
+            if op >= s and op >= d:
+                raise ValueError(f"{fn}: output padding must be smaller than either stride or dilation, "
+                                 f"but got output_padding={list(output_padding)}, stride={list(stride)}, "
+                                 f"dilation={list(dilation)}")
+            if op >= s:
+                # PyTorch allows output_padding < dilation too, computing it without cuDNN; cuDNN's
+                # backward data has no such output size, so refuse before anything runs.
+                raise ValueError(f"{fn}: output_padding must be smaller than stride for cuDNN, but got "
+                                 f"output_padding={list(output_padding)}, stride={list(stride)}")
+        groups = _groups(groups)
+        if w.shape[0] != x.shape[1]:
+            raise ValueError(f"{fn}: given weight of size {list(w.shape)}, expected input{list(x.shape)} to "
+                             f"have {w.shape[0]} channels, but got {x.shape[1]} channels instead")
+        if w.shape[0] % groups:
+            raise ValueError(f"{fn}: expected weight of size {list(w.shape)} to have a first dim "
+                             f"divisible by groups={groups}")
+        k_out = w.shape[1] * groups
+        spatial = tuple((i - 1) * s - 2 * p + d * (k - 1) + op + 1
+                        for i, k, s, p, d, op in zip(x.shape[2:], w.shape[2:], stride, padding, dilation, output_padding))
+        if any(o < 1 for o in spatial):
+            raise ValueError(f"{fn}: calculated output size {list(spatial)} is too small")
+        b = _check_bias(bias, k_out, x) if bias is not None else None
+        relu = _activation(activation)
+        y, _ = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride, padding, dilation,
+                              groups, out, stream, flags)
+        if (b is not None or relu) and y.size:
+            from .handle import get_handle
+            from .memory import resolve_stream
 
-        handle = get_handle(y.device, resolve_stream(stream))
-        if b is not None:
-            add_bias(handle, y, b)
-        if relu:
-            relu_(handle, y)
-    return y
+            handle = get_handle(y.device, resolve_stream(stream))
+            if b is not None:
+                add_bias(handle, y, b)
+            if relu:
+                relu_(handle, y)
+        return y
+    finally:
+        restore_device(prev)
 
 
 def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *, stride: Any = 1,
                               padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
                               stream: Any = None, **flags: Any) -> Tensor:
     """Gradient of a convolution with respect to its input, of shape ``input_shape``."""
-    if type(grad_y) is not Tensor:
-        grad_y = as_tensor(grad_y, stream=stream)
-    if type(w) is not Tensor:
-        w = as_tensor(w, stream=stream)
-    key = ("backward_data", grad_y.shape, grad_y.strides, grad_y.dtype, grad_y.device, w.shape,
-           w.strides, w.dtype, w.device, _hashable(input_shape), stride, padding, dilation, groups,
-           _flags_token(flags))
-    prepared = _prepared.lookup(key)
-    if prepared is not None:
-        out_t = _matching_out(prepared, out, stream)
-        if out_t is not False:
-            return prepared._run(grad_y, w, out_t, None, None, *_stream_pair(stream))
-    fn = "convolution_backward_data"
-    nd = _check_rank(grad_y, "grad_y", fn)
-    _check_pair(grad_y, "grad_y", w, "weight")
-    stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
-    groups_i = _groups(groups)
-    input_shape_t = _shape_arg("input_shape", input_shape, grad_y.ndim)
-    _check_channels(input_shape_t, w.shape, groups_i, fn)
-    expected = (input_shape_t[0], w.shape[0]) + _check_output_positive(input_shape_t, w.shape[2:], stride_t, padding_t, dilation_t, fn)
-    if tuple(grad_y.shape) != expected:
-        raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input_shape "
-                         f"{list(input_shape_t)} and weight {list(w.shape)}, but got {list(grad_y.shape)}")
-
-    def slow(a, b_, out_, z=None, bias=None, stream=None):
-        _prepared.forget(key)  # the full path, which re-prepares; never this entry again
-        return convolution_backward_data(a, b_, input_shape, stride=stride, padding=padding,
-                                         dilation=dilation, groups=groups, out=out_, stream=stream,
-                                         **flags)
-
-    dx, call = _backward_data(fn, grad_y, w, input_shape_t, stride_t, padding_t, dilation_t, groups_i,
-                              out, stream, flags)
-    if call is not None:
-        prepared = _prepare(call, slow)
+    prev = callers_device()  # the caller's current device, given back at the end
+    try:
+        if type(grad_y) is not Tensor:
+            grad_y = as_tensor(grad_y, stream=stream)
+        if type(w) is not Tensor:
+            w = as_tensor(w, stream=stream)
+        key = ("backward_data", grad_y.shape, grad_y.strides, grad_y.dtype, grad_y.device, w.shape,
+               w.strides, w.dtype, w.device, _hashable(input_shape), stride, padding, dilation, groups,
+               _flags_token(flags))
+        prepared = _prepared.lookup(key)
         if prepared is not None:
-            _prepared.remember(key, prepared)
-    return dx
+            out_t = _matching_out(prepared, out, stream)
+            if out_t is not False:
+                return prepared._run(grad_y, w, out_t, None, None, *_stream_pair(stream))
+        fn = "convolution_backward_data"
+        nd = _check_rank(grad_y, "grad_y", fn)
+        _check_pair(grad_y, "grad_y", w, "weight")
+        stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
+        groups_i = _groups(groups)
+        input_shape_t = _shape_arg("input_shape", input_shape, grad_y.ndim)
+        _check_channels(input_shape_t, w.shape, groups_i, fn)
+        expected = (input_shape_t[0], w.shape[0]) + _check_output_positive(input_shape_t, w.shape[2:], stride_t, padding_t, dilation_t, fn)
+        if tuple(grad_y.shape) != expected:
+            raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input_shape "
+                             f"{list(input_shape_t)} and weight {list(w.shape)}, but got {list(grad_y.shape)}")
+
+        def slow(a, b_, out_, z=None, bias=None, stream=None):
+            _prepared.forget(key)  # the full path, which re-prepares; never this entry again
+            return convolution_backward_data(a, b_, input_shape, stride=stride, padding=padding,
+                                             dilation=dilation, groups=groups, out=out_, stream=stream,
+                                             **flags)
+
+        dx, call = _backward_data(fn, grad_y, w, input_shape_t, stride_t, padding_t, dilation_t, groups_i,
+                                  out, stream, flags)
+        if call is not None:
+            prepared = _prepare(call, slow)
+            if prepared is not None:
+                _prepared.remember(key, prepared)
+        return dx
+    finally:
+        restore_device(prev)
 
 
 def _hashable(shape: Any) -> Any:
@@ -752,48 +765,52 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
                                 padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
                                 stream: Any = None, **flags: Any) -> Tensor:
     """Gradient of a convolution with respect to its weight, of shape ``weight_shape``."""
-    if type(x) is not Tensor:
-        x = as_tensor(x, stream=stream)
-    if type(grad_y) is not Tensor:
-        grad_y = as_tensor(grad_y, stream=stream)
-    key = ("backward_filter", x.shape, x.strides, x.dtype, x.device, grad_y.shape, grad_y.strides,
-           grad_y.dtype, grad_y.device, _hashable(weight_shape), stride, padding, dilation, groups,
-           _flags_token(flags))
-    prepared = _prepared.lookup(key)
-    if prepared is not None:
-        out_t = _matching_out(prepared, out, stream)
-        if out_t is not False:
-            return prepared._run(x, grad_y, out_t, None, None, *_stream_pair(stream))
-    fn = "convolution_backward_filter"
-    nd = _check_rank(x, "input", fn)
-    _check_pair(x, "input", grad_y, "grad_y")
-    stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
-    groups_i = _groups(groups)
-    weight_shape_t = _shape_arg("weight_shape", weight_shape, x.ndim)
-    _check_channels(x.shape, weight_shape_t, groups_i, fn)
-    expected = (x.shape[0], weight_shape_t[0]) + _check_output_positive(x.shape, weight_shape_t[2:], stride_t, padding_t, dilation_t, fn)
-    if tuple(grad_y.shape) != expected:
-        raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input {list(x.shape)} "
-                         f"and weight_shape {list(weight_shape_t)}, but got {list(grad_y.shape)}")
-    f = _flags(flags)
-    call = _Call(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)  # type: ignore[arg-type]
-    dw = _output(out, weight_shape_t, x, call.fmt, call.stream)
-    call.w = dw
-    if x.size == 0 or grad_y.size == 0:
-        _fill_zero(dw, call.stream)  # an empty batch contributes nothing to the gradient
+    prev = callers_device()  # the caller's current device, given back at the end
+    try:
+        if type(x) is not Tensor:
+            x = as_tensor(x, stream=stream)
+        if type(grad_y) is not Tensor:
+            grad_y = as_tensor(grad_y, stream=stream)
+        key = ("backward_filter", x.shape, x.strides, x.dtype, x.device, grad_y.shape, grad_y.strides,
+               grad_y.dtype, grad_y.device, _hashable(weight_shape), stride, padding, dilation, groups,
+               _flags_token(flags))
+        prepared = _prepared.lookup(key)
+        if prepared is not None:
+            out_t = _matching_out(prepared, out, stream)
+            if out_t is not False:
+                return prepared._run(x, grad_y, out_t, None, None, *_stream_pair(stream))
+        fn = "convolution_backward_filter"
+        nd = _check_rank(x, "input", fn)
+        _check_pair(x, "input", grad_y, "grad_y")
+        stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
+        groups_i = _groups(groups)
+        weight_shape_t = _shape_arg("weight_shape", weight_shape, x.ndim)
+        _check_channels(x.shape, weight_shape_t, groups_i, fn)
+        expected = (x.shape[0], weight_shape_t[0]) + _check_output_positive(x.shape, weight_shape_t[2:], stride_t, padding_t, dilation_t, fn)
+        if tuple(grad_y.shape) != expected:
+            raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input {list(x.shape)} "
+                             f"and weight_shape {list(weight_shape_t)}, but got {list(grad_y.shape)}")
+        f = _flags(flags)
+        call = _Call(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)  # type: ignore[arg-type]
+        dw = _output(out, weight_shape_t, x, call.fmt, call.stream)
+        call.w = dw
+        if x.size == 0 or grad_y.size == 0:
+            _fill_zero(dw, call.stream)  # an empty batch contributes nothing to the gradient
+            return dw
+        call.run()
+
+        def slow(a, b_, out_, z=None, bias=None, stream=None):
+            _prepared.forget(key)  # the full path, which re-prepares; never this entry again
+            return convolution_backward_filter(a, b_, weight_shape, stride=stride, padding=padding,
+                                               dilation=dilation, groups=groups, out=out_,
+                                               stream=stream, **flags)
+
+        prepared = _prepare(call, slow)
+        if prepared is not None:
+            _prepared.remember(key, prepared)
         return dw
-    call.run()
-
-    def slow(a, b_, out_, z=None, bias=None, stream=None):
-        _prepared.forget(key)  # the full path, which re-prepares; never this entry again
-        return convolution_backward_filter(a, b_, weight_shape, stride=stride, padding=padding,
-                                           dilation=dilation, groups=groups, out=out_,
-                                           stream=stream, **flags)
-
-    prepared = _prepare(call, slow)
-    if prepared is not None:
-        _prepared.remember(key, prepared)
-    return dw
+    finally:
+        restore_device(prev)
 
 
 def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: Any = None,
@@ -803,76 +820,80 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
 
     ``z`` has the output's shape; ``out`` may be ``z`` itself (an in-place residual).
     """
-    if type(x) is not Tensor:
-        x = as_tensor(x, stream=stream)
-    if type(w) is not Tensor:
-        w = as_tensor(w, stream=stream)
-    if type(z) is not Tensor:
-        z = as_tensor(z, stream=stream)
-    if bias is not None and type(bias) is not Tensor:
-        bias = as_tensor(bias, stream=stream)
-    key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, w.device,
-           z.shape, z.strides, z.dtype, z.device, alpha, stride, padding, dilation, groups,
-           None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
-           _flags_token(flags))
-    prepared = _prepared.lookup(key)
-    if prepared is not None:
-        out_t = _matching_out(prepared, out, stream)
-        if out_t is not False:
-            return prepared._run(x, w, out_t, z, bias, *_stream_pair(stream))
-    geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
-    fn = "convolution_add_relu"
-    nd = _check_rank(x, "input", fn)
-    _check_pair(x, "input", w, "weight")
-    _check_pair(x, "input", z, "z")
-    stride, padding, dilation = _geometry(stride, padding, dilation, nd)
-    groups = _groups(groups)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
-        raise TypeError(f"alpha: expected a real number, got {alpha!r}")
-    _check_channels(x.shape, w.shape, groups, fn)
-    spatial = _check_output_positive(x.shape, w.shape[2:], stride, padding, dilation, fn)
-    shape = (x.shape[0], w.shape[0]) + spatial
-    if tuple(z.shape) != shape:
-        raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got {list(z.shape)}")
-    b = _check_bias(bias, w.shape[0], x) if bias is not None else None
-    f = _flags(flags)
-    call = _Call(fn, "forward", x, w, None, stride, padding, dilation, groups, f, stream,  # type: ignore[arg-type]
-                 epilogue="add_relu", z=z, alpha=float(alpha))
-    y = _output(out, shape, x, call.fmt, call.stream)
-    if y.size == 0:
-        return y
-    if x.size == 0:
-        _fill_zero(y, call.stream)
-        _epilogue_steps(call.handle, y, z, float(alpha), b)
-        return y
-    if b is None:
-        from .tensor import zeros
-
-        b_full = zeros((w.shape[0],), x.dtype, device=x.device, stream=call.stream)
-    else:
-        b_full = _contiguous_bias(call, b)
-    call.y, call.bias = y, b_full
-    if call.run_fused():
-        def slow(a, b_, out_, z=None, bias=None, stream=None):
-            _prepared.forget(key)  # the full path, which re-prepares; never this entry again
-            return convolution_add_relu(a, b_, z, alpha=alpha, bias=bias, out=out_, stream=stream,
-                                        **geometry, **flags)
-
-        prepared = _prepare(call, slow)
+    prev = callers_device()  # the caller's current device, given back at the end
+    try:
+        if type(x) is not Tensor:
+            x = as_tensor(x, stream=stream)
+        if type(w) is not Tensor:
+            w = as_tensor(w, stream=stream)
+        if type(z) is not Tensor:
+            z = as_tensor(z, stream=stream)
+        if bias is not None and type(bias) is not Tensor:
+            bias = as_tensor(bias, stream=stream)
+        key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, w.device,
+               z.shape, z.strides, z.dtype, z.device, alpha, stride, padding, dilation, groups,
+               None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
+               _flags_token(flags))
+        prepared = _prepared.lookup(key)
         if prepared is not None:
-            if b is None:
-                prepared.default_bias = b_full  # the zero bias this call made up, kept for replays
-            _prepared.remember(key, prepared)
+            out_t = _matching_out(prepared, out, stream)
+            if out_t is not False:
+                return prepared._run(x, w, out_t, z, bias, *_stream_pair(stream))
+        geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+        fn = "convolution_add_relu"
+        nd = _check_rank(x, "input", fn)
+        _check_pair(x, "input", w, "weight")
+        _check_pair(x, "input", z, "z")
+        stride, padding, dilation = _geometry(stride, padding, dilation, nd)
+        groups = _groups(groups)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
+            raise TypeError(f"alpha: expected a real number, got {alpha!r}")
+        _check_channels(x.shape, w.shape, groups, fn)
+        spatial = _check_output_positive(x.shape, w.shape[2:], stride, padding, dilation, fn)
+        shape = (x.shape[0], w.shape[0]) + spatial
+        if tuple(z.shape) != shape:
+            raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got {list(z.shape)}")
+        b = _check_bias(bias, w.shape[0], x) if bias is not None else None
+        f = _flags(flags)
+        call = _Call(fn, "forward", x, w, None, stride, padding, dilation, groups, f, stream,  # type: ignore[arg-type]
+                     epilogue="add_relu", z=z, alpha=float(alpha))
+        y = _output(out, shape, x, call.fmt, call.stream)
+        if y.size == 0:
+            return y
+        if x.size == 0:
+            _fill_zero(y, call.stream)
+            _epilogue_steps(call.handle, y, z, float(alpha), b)
+            return y
+        if b is None:
+            from .tensor import zeros
+
+            b_full = zeros((w.shape[0],), x.dtype, device=x.device, stream=call.stream)
+        else:
+            b_full = _contiguous_bias(call, b)
+        call.y, call.bias = y, b_full
+        if call.run_fused():
+            def slow(a, b_, out_, z=None, bias=None, stream=None):
+                _prepared.forget(key)  # the full path, which re-prepares; never this entry again
+                return convolution_add_relu(a, b_, z, alpha=alpha, bias=bias, out=out_, stream=stream,
+                                            **geometry, **flags)
+
+            prepared = _prepare(call, slow)
+            if prepared is not None:
+                if b is None:
+                    prepared.default_bias = b_full  # the zero bias this call made up, kept for replays
+                _prepared.remember(key, prepared)
+            return y
+        # Fallback (the reference's raw_cudnn_convolution_add_relu_fallback_out): conv, then add, relu.
+        target = y if not _overlaps(y, z) else empty(shape, x.dtype, memory_format=call.fmt,
+                                                     device=x.device, stream=call.stream)
+        convolution(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups, out=target,
+                    stream=call.stream, **flags)
+        _epilogue_steps(call.handle, target, z, float(alpha), b)
+        if target is not y:
+            transform(call.handle, target, y)
         return y
-    # Fallback (the reference's raw_cudnn_convolution_add_relu_fallback_out): conv, then add, relu.
-    target = y if not _overlaps(y, z) else empty(shape, x.dtype, memory_format=call.fmt,
-                                                 device=x.device, stream=call.stream)
-    convolution(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups, out=target,
-                stream=call.stream, **flags)
-    _epilogue_steps(call.handle, target, z, float(alpha), b)
-    if target is not y:
-        transform(call.handle, target, y)
-    return y
+    finally:
+        restore_device(prev)
 
 
 def _epilogue_steps(handle: int, y: Tensor, z: Tensor, alpha: float, bias: Tensor | None) -> None:

@@ -29,7 +29,8 @@ from .errors import NoDeviceError, OutOfMemoryError, PycudnnError
 
 __all__ = [
     "CudaError", "check_cuda", "device_count", "no_device_reason", "normalize_device",
-    "current_device", "ensure_device", "device_guard", "DeviceBuffer", "allocate",
+    "current_device", "ensure_device", "device_guard", "callers_device", "restore_device",
+    "DeviceBuffer", "allocate",
     "mem_get_info", "stream_is_capturing", "synchronize", "stream_synchronize", "stream_wait",
     "resolve_stream", "copy_host_to_device", "copy_device_to_host", "memset", "pointer_device",
     "empty_cache", "MAX_ALLOCATION",
@@ -301,6 +302,25 @@ class device_guard:
             err, = (_rt or _runtime()).cudaSetDevice(prev)
             if err and exc[0] is None:
                 check_cuda(err, f"cudaSetDevice({prev})")
+
+
+def callers_device() -> int | None:
+    """The calling thread's current device, to give back after a call that may switch it
+    (:func:`pycudnn.get_handle` makes the tensors' device current): the public convolution
+    functions leave the caller's device as they found it, like PyTorch's device guard. None
+    where only one device is visible, so that the common case costs no CUDA call."""
+    n = _count if _count is not None else device_count()
+    return current_device() if n > 1 else None
+
+
+def restore_device(prev: int | None) -> None:
+    """Make ``prev`` (from :func:`callers_device`) current again if a call switched away from it."""
+    if prev is None:
+        return
+    rt = _rt or _runtime()
+    err, cur = rt.cudaGetDevice()
+    if not err and cur != prev:
+        rt.cudaSetDevice(prev)
 
 
 def pointer_device(ptr: int) -> int:

@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 from .algos import ConvolutionArgs, ConvolutionParams
 from .handle import get_handle
-from .memory import allocate_fast, resolve_stream, stream_is_capturing, thread_workspace
+from .memory import (allocate_fast, callers_device, resolve_stream, restore_device,
+                     stream_is_capturing, thread_workspace)
 from .tensor import Tensor, as_tensor
 
 __all__ = ["PreparedConvolution", "prepare_convolution", "clear_fast_calls", "FAST_CALLS_MAX"]
@@ -81,50 +82,55 @@ class PreparedConvolution:
 
     def __call__(self, a: Any, b: Any, out: Any = None, *, z: Any = None, bias: Any = None,
                  stream: Any = None) -> Tensor:
-        if type(a) is not Tensor:
-            a = as_tensor(a)
-        if type(b) is not Tensor:
-            b = as_tensor(b)
-        s = 0 if stream is None else (stream if type(stream) is int else resolve_stream(stream))
-        dt = self.dtype
-        if ((a.shape, a.strides) != self._a_key or (b.shape, b.strides) != self._b_key
-                or (a.dtype is not dt and a.dtype != dt) or (b.dtype is not dt and b.dtype != dt)
-                or a.device != self.device or b.device != self.device):
-            raise ValueError(
-                f"prepared convolution: expected inputs of shapes {self._a_key[0]} and "
-                f"{self._b_key[0]} with strides {self._a_key[1]} and {self._b_key[1]}, dtype "
-                f"{dt.name} on cuda:{self.device}; got {a.shape}/{a.strides} and "
-                f"{b.shape}/{b.strides}, {a.dtype.name}/{b.dtype.name} on cuda:{a.device}/cuda:{b.device}")
-        if out is not None:
-            if type(out) is not Tensor:
-                out = as_tensor(out)
-            if (out.shape != self._out_shape or out.strides != self._out_strides
-                    or (out.dtype is not dt and out.dtype != dt) or out.device != self.device):
-                raise ValueError(f"prepared convolution: out must have shape {self._out_shape}, "
-                                 f"strides {self._out_strides}, dtype {dt.name} on "
-                                 f"cuda:{self.device}; got {out.shape}/{out.strides} "
-                                 f"{out.dtype.name} on cuda:{out.device}")
-        zt = bt = None
-        s_ref = None if stream is None or type(stream) is int else stream
-        if self.has_z:
-            zt = z if type(z) is Tensor else as_tensor(z)
-            if zt.shape != self.shapes["z"] or zt.strides != self.strides["z"] or zt.dtype != dt:
-                raise ValueError(f"prepared convolution: z must have shape {self.shapes['z']} and "
-                                 f"strides {self.strides['z']}")
-        if self.has_bias:
-            if bias is None:
-                bias = self.default_bias
+        prev = callers_device()  # the caller's current device, given back at the end
+        try:
+            if type(a) is not Tensor:
+                a = as_tensor(a)
+            if type(b) is not Tensor:
+                b = as_tensor(b)
+            s = 0 if stream is None else (stream if type(stream) is int else resolve_stream(stream))
+            dt = self.dtype
+            if ((a.shape, a.strides) != self._a_key or (b.shape, b.strides) != self._b_key
+                    or (a.dtype is not dt and a.dtype != dt) or (b.dtype is not dt and b.dtype != dt)
+                    or a.device != self.device or b.device != self.device):
+                raise ValueError(
+                    f"prepared convolution: expected inputs of shapes {self._a_key[0]} and "
+                    f"{self._b_key[0]} with strides {self._a_key[1]} and {self._b_key[1]}, dtype "
+                    f"{dt.name} on cuda:{self.device}; got {a.shape}/{a.strides} and "
+                    f"{b.shape}/{b.strides}, {a.dtype.name}/{b.dtype.name} on cuda:{a.device}/cuda:{b.device}")
+            if out is not None:
+                if type(out) is not Tensor:
+                    out = as_tensor(out)
+                if (out.shape != self._out_shape or out.strides != self._out_strides
+                        or (out.dtype is not dt and out.dtype != dt) or out.device != self.device):
+                    raise ValueError(f"prepared convolution: out must have shape {self._out_shape}, "
+                                     f"strides {self._out_strides}, dtype {dt.name} on "
+                                     f"cuda:{self.device}; got {out.shape}/{out.strides} "
+                                     f"{out.dtype.name} on cuda:{out.device}")
+            zt = bt = None
+            s_ref = None if stream is None or type(stream) is int else stream
+            if self.has_z:
+                zt = z if type(z) is Tensor else as_tensor(z)
+                if zt.shape != self.shapes["z"] or zt.strides != self.strides["z"] or zt.dtype != dt:
+                    raise ValueError(f"prepared convolution: z must have shape {self.shapes['z']} and "
+                                     f"strides {self.strides['z']}")
+            if self.has_bias:
                 if bias is None:
-                    raise ValueError("prepared convolution: this convolution was prepared with a bias; pass bias=")
-            bt = bias if type(bias) is Tensor else as_tensor(bias)
-            if bt.shape != self.shapes["b"] or bt.dtype != dt:
-                raise ValueError(f"prepared convolution: bias must have shape {self.shapes['b']}")
-        return self._run(a, b, out, zt, bt, s, s_ref)
+                    bias = self.default_bias
+                    if bias is None:
+                        raise ValueError("prepared convolution: this convolution was prepared with a bias; pass bias=")
+                bt = bias if type(bias) is Tensor else as_tensor(bias)
+                if bt.shape != self.shapes["b"] or bt.dtype != dt:
+                    raise ValueError(f"prepared convolution: bias must have shape {self.shapes['b']}")
+            return self._run(a, b, out, zt, bt, s, s_ref)
+        finally:
+            restore_device(prev)
 
     def _run(self, a: Tensor, b: Tensor, out: Tensor | None, zt: Tensor | None,
              bt: Tensor | None, s: int, stream_ref: Any = None) -> Tensor:
         """Launch on tensors already known to match (the convolution functions' remembered-call
         path checks them through its key); allocates ``out`` when None."""
+        handle = get_handle(self.device, s)  # first: makes the device current for the allocation
         if out is None:
             owner = allocate_fast(self._out_bytes, self.device, s, stream_ref)
             out = Tensor._make(owner.ptr, self._out_shape, self._out_strides, self.dtype,
@@ -146,16 +152,15 @@ class PreparedConvolution:
                     ptrs += (zt.ptr,)
                 if bt is not None:
                     ptrs += (bt.ptr,)
-                self._launch_graph(ptrs, s)
+                self._launch_graph(handle, ptrs, s)
             else:
-                self._launch_v7(x, w, y, zt, bt, s)
+                self._launch_v7(handle, x, w, y, zt, bt, s)
         except Exception:
             # out of memory, a cuDNN error, misaligned pointers...: the full path has the fallbacks
             return self._slow(a, b, out, z=zt, bias=bt, stream=s)
         return out
 
-    def _launch_graph(self, ptrs: tuple, s: int) -> None:
-        handle = get_handle(self.device, s)
+    def _launch_graph(self, handle: int, ptrs: tuple, s: int) -> None:
         if not self._workspace:
             self._execute(handle, ptrs, 0)
         elif stream_is_capturing(s):  # a captured graph must own its workspace
@@ -167,8 +172,9 @@ class PreparedConvolution:
         else:
             self._execute(handle, ptrs, thread_workspace(self._workspace, self.device, s))
 
-    def _launch_v7(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None, b: Tensor | None, s: int) -> None:
-        args = ConvolutionArgs(params=self.params, handle=get_handle(self.device, s), stream=s,
+    def _launch_v7(self, handle: int, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None,
+                   b: Tensor | None, s: int) -> None:
+        args = ConvolutionArgs(params=self.params, handle=handle, stream=s,
                                x=x.ptr, w=w.ptr, y=y.ptr, z=z.ptr if z is not None else 0,
                                bias=b.ptr if b is not None else 0)
         self.strategy.run(args, self.record)
@@ -179,6 +185,10 @@ _tls = threading.local()
 
 def remember(key: tuple, prepared: PreparedConvolution) -> None:
     """Keep ``prepared`` for a call signature (bounded; oldest entries go first)."""
+    try:
+        hash(key)
+    except TypeError:  # an unhashable argument (a list for stride, ...): nothing to remember
+        return
     _tls.last = prepared
     with _fast_lock:
         _fast[key] = prepared

@@ -51,10 +51,13 @@ def _check_lands_on(stream: int, x, w, y, non_blocking: bool) -> None:
     if non_blocking:
         # negative control: work on the legacy default stream is not recorded. (Only for a
         # non-blocking stream: the legacy stream would wait on a blocking one, which a capture
-        # forbids.)
-        pycudnn.convolution(x, w, stream=0, **kw)
+        # forbids.) pycudnn tensors here: a CuPy array names its producer stream, which the
+        # legacy stream would wait on -- a dependency on the capturing stream, also forbidden.
+        xt, wt, yt = (pycudnn.as_tensor(a, stream=stream) for a in (x, w, y))
+        kw["out"] = yt
+        pycudnn.convolution(xt, wt, stream=0, **kw)
         M.synchronize()
-        assert captured_nodes(stream, lambda: pycudnn.convolution(x, w, stream=0, **kw)) == 0
+        assert captured_nodes(stream, lambda: pycudnn.convolution(xt, wt, stream=0, **kw)) == 0
     M.synchronize()
 
 

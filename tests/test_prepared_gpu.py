@@ -57,6 +57,21 @@ def test_repeated_calls_take_the_remembered_path_and_stay_right(engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_geometry_given_as_lists_runs_and_is_not_remembered(engine):
+    import pycudnn
+    from pycudnn import prepared
+
+    x, w = _data(4)
+    X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)
+    ref = R.conv_forward(x, w, (1, 1), (1, 1), (1, 1), 1)
+    for _ in range(2):  # lists cannot key the remembered calls: the full path each time
+        y = pycudnn.convolution(X, W, stride=[1, 1], padding=[1, 1], dilation=[1, 1],
+                                activation="relu", engine=engine, allow_tf32=False)
+        assert _err(y.numpy(), np.maximum(ref, 0)) < 2e-5
+    assert len(prepared._fast) == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_prepared_object_all_directions(engine):
     import pycudnn
 
