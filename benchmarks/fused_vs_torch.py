@@ -53,6 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--alpha", type=float, default=1.0)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="batch size instead of 32 (a larger one makes the GPU time dominate)")
     args = ap.parse_args(argv)
 
     import torch
@@ -86,6 +88,7 @@ def main(argv=None) -> int:
     for dtype_name in ("bfloat16", "float16"):
         dt = getattr(torch, dtype_name)
         for (n, c, h, k, r, s, p) in LAYERS:
+            n = args.batch or n
             cl = torch.channels_last
             x = torch.randn(n, c, h, h, device="cuda", dtype=dt).to(memory_format=cl)
             w = (torch.randn(k, c, r, r, device="cuda", dtype=dt) * 0.05).to(memory_format=cl)

@@ -67,8 +67,8 @@ def allocations(monkeypatch):
         if original is None:
             continue
 
-        def wrapper(nbytes, device=None, stream=None, _orig=original):
-            buf = _orig(nbytes, device, stream)
+        def wrapper(nbytes, device=None, stream=None, *more, _orig=original, **kw):
+            buf = _orig(nbytes, device, stream, *more, **kw)
             if buf.nbytes:
                 seen.append((buf.ptr, buf.device))
             return buf
