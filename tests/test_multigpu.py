@@ -58,7 +58,8 @@ def _pointer_device(ptr: int) -> int:
 
 @pytest.fixture
 def allocations(monkeypatch):
-    """Every device allocation pycudnn makes while the test runs: (ptr, device it claims)."""
+    """Every device allocation pycudnn makes while the test runs: (ptr, device it claims,
+    device that owns the memory), the owner asked at once (the memory may be freed by the end)."""
     from pycudnn import memory
 
     seen: list[tuple[int, int]] = []
@@ -70,7 +71,7 @@ def allocations(monkeypatch):
         def wrapper(nbytes, device=None, stream=None, *more, _orig=original, **kw):
             buf = _orig(nbytes, device, stream, *more, **kw)
             if buf.nbytes:
-                seen.append((buf.ptr, buf.device))
+                seen.append((buf.ptr, buf.device, memory.pointer_device(buf.ptr)))
             return buf
         monkeypatch.setattr(memory, name, wrapper)
     try:
@@ -85,7 +86,7 @@ def allocations(monkeypatch):
             def tw(nbytes, device, stream, _orig=original_tw):
                 ptr = _orig(nbytes, device, stream)
                 if ptr:
-                    seen.append((ptr, device))
+                    seen.append((ptr, device, memory.pointer_device(ptr)))
                 return ptr
             monkeypatch.setattr(prepared, "thread_workspace", tw)
     except ImportError:
@@ -121,7 +122,7 @@ def test_tensors_on_device_1_run_on_device_1(engine, benchmark, allocations):
         rt.cudaStreamDestroy(s1)
         rt.cudaSetDevice(0)
     assert allocations, "no allocation was seen"
-    wrong = [(hex(p), d, _pointer_device(p)) for p, d in allocations if _pointer_device(p) != 1]
+    wrong = [(hex(p), claimed, owner) for p, claimed, owner in allocations if (claimed, owner) != (1, 1)]
     assert not wrong, f"workspaces/outputs allocated off device 1: {wrong}"
     assert 1 in H._thread_handles().handles, "no handle for device 1 in this thread"
 
