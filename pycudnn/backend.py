@@ -22,13 +22,13 @@ gone is not safe, and the process is ending anyway (PyTorch leaks its handles th
 from __future__ import annotations
 
 import ctypes
-import threading
 import weakref
 from ctypes import c_bool, c_char, c_double, c_float, c_int32, c_int64, c_void_p
 from enum import IntEnum
 from typing import Iterable, Sequence
 
 from . import _lib
+from ._live import LiveCounter
 from .errors import PycudnnError
 
 __all__ = [
@@ -423,41 +423,7 @@ _DATA_TYPE_NAMES = {"float32": 0, "float": 0, "float64": 1, "double": 1, "float1
 
 # ---- live counter ------------------------------------------------------------------------------
 
-class _LiveCounter:
-    """Counts backend descriptors alive, by type (for leak tests). Bound into every finalizer."""
-
-    __slots__ = ("_lock", "_counts")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[int, int] = {}
-
-    def inc(self, dtype: int) -> None:
-        with self._lock:
-            self._counts[dtype] = self._counts.get(dtype, 0) + 1
-
-    def dec(self, dtype: int) -> None:
-        with self._lock:
-            self._counts[dtype] = self._counts.get(dtype, 0) - 1
-
-    def total(self) -> int:
-        with self._lock:
-            return sum(self._counts.values())
-
-    def by_type(self) -> dict[str, int]:
-        with self._lock:
-            items = list(self._counts.items())
-        out = {}
-        for t, n in items:
-            if n:
-                try:
-                    out[DescriptorType(t).name] = n
-                except ValueError:
-                    out[str(t)] = n
-        return out
-
-
-_live = _LiveCounter()
+_live = LiveCounter()  # kind: the DescriptorType value
 
 
 def live_count() -> int:
@@ -467,13 +433,20 @@ def live_count() -> int:
 
 def live_counts_by_type() -> dict[str, int]:
     """Live backend descriptors per descriptor type name (only types with a non-zero count)."""
-    return _live.by_type()
+    out = {}
+    for t, n in _live.counts().items():
+        if n:
+            try:
+                out[DescriptorType(t).name] = n
+            except ValueError:
+                out[str(t)] = n
+    return out
 
 
-def _destroy(destroy, ptr: int, counter: _LiveCounter, dtype: int) -> None:
+def _destroy(destroy, ptr: int, counter: LiveCounter, dtype: int) -> None:
     # Finalizer callback: everything bound up front, no module globals, never the owner.
     destroy(ptr)
-    counter.dec(dtype)
+    counter.remove(dtype)
 
 
 class ClosedDescriptorError(PycudnnError, ValueError):
@@ -517,7 +490,7 @@ class BackendDescriptor:
         self.finalized = False
         # Descriptors set on this one: kept alive as long as it is (children are not freed first).
         self._children: list[BackendDescriptor] = []
-        _live.inc(idtype)
+        _live.add(idtype)
         fin = weakref.finalize(self, _destroy, L.cudnnBackendDestroyDescriptor, ptr, _live, idtype)
         fin.atexit = False
         self._finalizer = fin

@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import math
 import operator
-import threading
 import weakref
 from ctypes import byref, c_double, c_int, c_void_p
 from typing import Any, Callable, Sequence
@@ -44,6 +43,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ._lib import lib, raise_status
+from ._live import LiveCounter
 from ._types import (ActivationMode, ConvolutionMode, DataType, MathType, NanPropagation,
                      OpTensorOp, TensorFormat, dtype_to_cudnn, normalize_dtype)
 
@@ -65,37 +65,19 @@ INT32_MAX = 2**31 - 1
 
 # ---- live-descriptor accounting and the finalizer ----------------------------------------------
 
-class _LiveCounter:
-    """Thread-safe count of C descriptors created and not yet destroyed."""
-
-    __slots__ = ("_lock", "value")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.value = 0
-
-    def increment(self) -> None:
-        with self._lock:
-            self.value += 1
-
-    def decrement(self) -> None:
-        with self._lock:
-            self.value -= 1
-
-
-_LIVE = _LiveCounter()
+_LIVE = LiveCounter()
 
 
 def live_descriptor_count() -> int:
     """How many C descriptors made by this module are alive now (for leak tests)."""
-    return _LIVE.value
+    return _LIVE.total()
 
 
-def _destroy(destroy_fn: Callable[[int], int], handle: int, counter: _LiveCounter) -> None:
+def _destroy(destroy_fn: Callable[[int], int], handle: int, counter: LiveCounter) -> None:
     # Finalizer callback: everything is bound up front (no globals, no imports, no ``self``), so it
     # is safe from any thread and at any time. A destroy status cannot be acted upon here.
     destroy_fn(handle)
-    counter.decrement()
+    counter.remove()
 
 
 # ---- argument checking --------------------------------------------------------------------------
@@ -244,7 +226,7 @@ class _Descriptor:
         status = getattr(L, self._create_name)(byref(p))
         if status:
             raise_status(status, self._create_name)
-        _LIVE.increment()
+        _LIVE.add()
         return L, getattr(L, self._destroy_name), p.value
 
     def _adopt(self, destroy_fn: Callable[[int], int], handle: int) -> None:

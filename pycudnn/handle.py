@@ -21,6 +21,7 @@ the one last set on that handle by this thread.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import threading
 import weakref
@@ -34,6 +35,7 @@ __all__ = ["get_handle", "device_count", "live_handle_count", "pooled_handle_cou
 
 _pool_lock = threading.Lock()
 _pool: dict[int, list[int]] = {}     # device -> handles no thread holds
+_RETURNED: collections.deque = collections.deque()  # (device, handle) from finished threads
 _created: dict[int, int] = {}        # device -> handles ever created (none is ever destroyed)
 _tls = threading.local()
 _set_stream_fn: Any = None           # lib().cudnnSetStream, bound on first use
@@ -43,13 +45,21 @@ _set_stream_fn: Any = None           # lib().cudnnSetStream, bound on first use
 _INIT_FAILURES = frozenset({3005, 3006, 3007, 3008})
 
 
-def _give_back(handles: dict[int, int], _lock: Any = _pool_lock, _pool: dict = _pool) -> None:
-    """Finalizer of a thread's handle set: return its handles to the pool. It refers neither to
-    the thread's object nor to module globals (the lock and the pool are bound as defaults)."""
-    with _lock:
-        for device, handle in handles.items():
-            _pool.setdefault(device, []).append(handle)
+def _give_back(handles: dict[int, int], returned: collections.deque) -> None:
+    """Finalizer of a thread's handle set: queue its handles for the pool. It refers neither to
+    the thread's object nor to module globals (the queue is bound in), and takes no lock: a
+    finalizer can run inside any allocation, even one made while this thread holds
+    ``_pool_lock`` (see pycudnn._live); ``deque.append`` is atomic."""
+    for device, handle in list(handles.items()):
+        returned.append((device, handle))
     handles.clear()
+
+
+def _take_returned() -> None:
+    """Move handles queued by finished threads into the pool (``_pool_lock`` held)."""
+    while _RETURNED:
+        device, handle = _RETURNED.popleft()  # only lock holders pop: never empty here
+        _pool.setdefault(device, []).append(handle)
 
 
 class _ThreadHandles:
@@ -60,7 +70,7 @@ class _ThreadHandles:
     def __init__(self) -> None:
         self.handles: dict[int, int] = {}
         self.streams: dict[int, int] = {}
-        fin = weakref.finalize(self, _give_back, self.handles)
+        fin = weakref.finalize(self, _give_back, self.handles, _RETURNED)
         fin.atexit = False  # at exit nothing needs pooling, and handles are never destroyed
 
 
@@ -117,6 +127,7 @@ def _acquire(device: Any, state: _ThreadHandles) -> tuple[int, int]:
         return dev, handle
     _mem.ensure_device(dev)
     with _pool_lock:
+        _take_returned()
         free = _pool.get(dev)
         handle = free.pop() if free else None
     if handle is None:
@@ -178,6 +189,7 @@ def live_handle_count(device: int | None = None) -> int:
 def pooled_handle_count(device: int | None = None) -> int:
     """Handles in the pool, waiting for a thread (on ``device``, or on all devices)."""
     with _pool_lock:
+        _take_returned()
         if device is None:
             return sum(len(v) for v in _pool.values())
         return len(_pool.get(device, ()))
