@@ -221,8 +221,12 @@ def normalize_dtype(dtype, parameter: str = "dtype") -> np.dtype:
     """Return the numpy dtype for a numpy dtype, a type or a name; refuse what cuDNN convs lack.
 
     Raises:
-        TypeError: with the parameter name, the value given and the accepted names.
+        TypeError: with the parameter name, the value given and the accepted names; also for
+            ``None`` (numpy would read it as float64) and for a non-native byte order (cuDNN
+            reads device memory in the machine's order).
     """
+    if dtype is None:
+        raise TypeError(f"{parameter}: expected a dtype (one of {', '.join(SUPPORTED_DTYPES)}), got None")
     if isinstance(dtype, str):
         name = _DTYPE_NAMES.get(dtype.lower())
         if name is None:
@@ -237,6 +241,9 @@ def normalize_dtype(dtype, parameter: str = "dtype") -> np.dtype:
     if dt.name not in _TO_CUDNN:
         raise TypeError(f"{parameter}: unsupported dtype {dt.name!r}; expected one of "
                         f"{', '.join(SUPPORTED_DTYPES)}")
+    if not dt.isnative and dt.itemsize > 1:
+        raise TypeError(f"{parameter}: dtype {dt.str!r} has non-native byte order; device memory "
+                        f"is read in the machine's order: use {dt.newbyteorder('=').name}")
     return dt
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import threading
 from typing import Any, Sequence
 
@@ -26,7 +27,7 @@ from .configuration import _override_token, config
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from . import prepared as _prepared
 from .memory import callers_device, restore_device
-from .tensor import Tensor, as_tensor, empty
+from .tensor import Tensor, as_tensor, empty, has_internal_overlap, views_overlap
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
            "convolution_backward_filter", "convolution_add_relu", "output_size",
@@ -54,6 +55,9 @@ def _spatial(name: str, value: Any, nd: int, minimum: int, what: str) -> tuple[i
         raise TypeError(f"{name}: expected an int or a tuple of {nd} ints, got {type(value).__name__} {value!r}")
     if any(v < minimum for v in values):
         raise ValueError(f"{what}, but got {name}={list(values)}")
+    if any(v > INT_MAX for v in values):
+        raise ValueError(f"{name}: expected every value to be at most {INT_MAX} (cuDNN takes C "
+                         f"ints), but got {name}={list(values)}")
     return values
 
 
@@ -68,7 +72,22 @@ def _groups(groups: Any) -> int:
         raise TypeError(f"groups: expected a positive int, got {groups!r}")
     if groups < 1:
         raise ValueError(f"non-positive groups is not supported, but got groups={int(groups)}")
+    if groups > INT_MAX:
+        raise ValueError(f"groups: expected at most {INT_MAX} (cuDNN takes a C int), but got "
+                         f"groups={int(groups)}")
     return int(groups)
+
+
+def _check_sample_size(fn: str, *shapes: Sequence[int]) -> None:
+    """cuDNN indexes within one sample with 32 bits: refuse a sample above 2^31 - 1 elements before
+    anything is allocated (larger batches are split into pieces; a larger sample cannot be)."""
+    if any(0 in tuple(shape) for shape in shapes):
+        return  # nothing runs
+    inner = max(math.prod(shape[1:]) for shape in shapes)
+    if inner > INT_MAX:
+        raise ValueError(
+            f"{fn}: one sample holds {inner} elements ({' and '.join(str(list(sh[1:])) for sh in shapes)}), "
+            f"more than cuDNN's 32-bit indexing allows (2^31 - 1); split the channels or spatial dims yourself")
 
 
 def _check_rank(t: Tensor, name: str, fn: str) -> int:
@@ -152,7 +171,12 @@ def suggest_memory_format(*tensors: Tensor) -> str:
     return "contiguous"
 
 
-def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: int, name: str = "out") -> Tensor:
+def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: int,
+            reads: Sequence[tuple[str, Tensor | None]] = (), name: str = "out",
+            in_place: Tensor | None = None) -> Tensor:
+    """The tensor to write: ``out`` checked (shape, dtype, device, no overlap with itself or with
+    the tensors the call ``reads``), or a new one. ``in_place`` may be ``out`` itself exactly (the
+    residual of convolution_add_relu), but not partly."""
     if out is None:
         return empty(shape, like.dtype, memory_format=fmt, device=like.device, stream=stream)
     out = as_tensor(out)
@@ -162,6 +186,19 @@ def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: in
         raise TypeError(f"{name}: expected dtype {like.dtype.name}, got {out.dtype.name}")
     if out.device != like.device:
         raise ValueError(f"{name}: expected a tensor on cuda:{like.device}, got cuda:{out.device}")
+    if out.size:
+        if has_internal_overlap(out.shape, out.strides):
+            raise ValueError(f"{name}: its elements overlap each other (strides {list(out.strides)}): "
+                             f"more than one element of the written-to tensor refers to a single "
+                             f"memory location; pass an output without overlapping elements")
+        if (in_place is not None and not (in_place.ptr == out.ptr and in_place.strides == out.strides)
+                and views_overlap(out, in_place)):
+            reads = (*reads, ("z", in_place))
+        for read_name, t in reads:
+            if t is not None and views_overlap(out, t):
+                raise ValueError(f"{name}: it overlaps {read_name}, which the call reads: cuDNN does "
+                                 f"not compute in place, the result would be wrong; pass an output "
+                                 f"that shares no memory with the inputs")
     return out
 
 
@@ -178,17 +215,28 @@ def _flags_token(given: dict[str, Any]) -> tuple:
     return (config._version, _override_token.get())
 
 
-def _matching_out(prepared: Any, out: Any, stream: Any) -> Any:
+def _matching_out(prepared: Any, out: Any, stream: Any, a: Tensor, b: Tensor,
+                  bias: Tensor | None = None, z: Tensor | None = None) -> Any:
     """``out`` as a Tensor when the remembered call can write it as is (None: it allocates);
-    False when ``out`` has another layout, dtype or device: the full path checks and handles it."""
+    False when ``out`` has another layout, dtype or device, or may share memory with an input
+    (``a``, ``b``, ``bias``; ``z`` unless it is ``out`` exactly): the full path checks and
+    handles it."""
     if out is None:
         return None
     if type(out) is not Tensor:
         out = as_tensor(out, stream=stream)
-    if (out.shape == prepared._out_shape and out.strides == prepared._out_strides
+    if not (out.shape == prepared._out_shape and out.strides == prepared._out_strides
             and out.dtype == prepared.dtype and out.device == prepared.device):
-        return out
-    return False
+        return False
+    o0 = out.ptr
+    o1 = o0 + prepared._out_span
+    if (a.ptr < o1 and o0 < a.ptr + prepared._a_span) or (b.ptr < o1 and o0 < b.ptr + prepared._b_span):
+        return False
+    if bias is not None and _overlaps(out, bias):
+        return False
+    if z is not None and (z.ptr != o0 or z.strides != out.strides) and _overlaps(out, z):
+        return False
+    return out
 
 
 def _stream_pair(stream: Any) -> tuple[int, Any]:
@@ -532,7 +580,7 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
                _flags_token(flags))
         prepared = _prepared.lookup(key)
         if prepared is not None:
-            out_t = _matching_out(prepared, out, stream)
+            out_t = _matching_out(prepared, out, stream, x, w, bias)
             if out_t is not False:  # the key matched x, w and bias: launch without re-checking them
                 return prepared._run(x, w, out_t, None, bias, *_stream_pair(stream))
         y, prepared = _convolution(x, w, bias, stride, padding, dilation, groups, activation, out,
@@ -557,8 +605,10 @@ def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding
     b = _check_bias(bias, w.shape[0], x) if bias is not None else None
     relu = _activation(activation)
     f = _flags(flags)
+    _check_sample_size(fn, x.shape, (x.shape[0], w.shape[0]) + spatial)
     call = _Call(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups, f, stream)  # type: ignore[arg-type]
-    y = _output(out, (x.shape[0], w.shape[0]) + spatial, x, call.fmt, call.stream)
+    y = _output(out, (x.shape[0], w.shape[0]) + spatial, x, call.fmt, call.stream,
+                reads=(("input", x), ("weight", w), ("bias", b)))
     call.y = y
     y, fused_all = _forward_with_epilogue(call, y, b, relu)
 
@@ -666,6 +716,9 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
                 raise ValueError(f"{fn}: output_padding must be smaller than stride for cuDNN, but got "
                                  f"output_padding={list(output_padding)}, stride={list(stride)}")
         groups = _groups(groups)
+        if any(k < 1 for k in w.shape):
+            raise ValueError(f"{fn}: expected weight of size {list(w.shape)} to have positive sizes "
+                             f"(input channels, output channels per group, kernel)")
         if w.shape[0] != x.shape[1]:
             raise ValueError(f"{fn}: given weight of size {list(w.shape)}, expected input{list(x.shape)} to "
                              f"have {w.shape[0]} channels, but got {x.shape[1]} channels instead")
@@ -680,7 +733,8 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
         b = _check_bias(bias, k_out, x) if bias is not None else None
         relu = _activation(activation)
         y, _ = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride, padding, dilation,
-                              groups, out, stream, flags)
+                              groups, out, stream, flags,
+                              reads=(("input", x), ("weight", w), ("bias", b)))
         if (b is not None or relu) and y.size:
             from .handle import get_handle
             from .memory import resolve_stream
@@ -710,7 +764,7 @@ def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *
                _flags_token(flags))
         prepared = _prepared.lookup(key)
         if prepared is not None:
-            out_t = _matching_out(prepared, out, stream)
+            out_t = _matching_out(prepared, out, stream, grad_y, w)
             if out_t is not False:
                 return prepared._run(grad_y, w, out_t, None, None, *_stream_pair(stream))
         fn = "convolution_backward_data"
@@ -747,10 +801,12 @@ def _hashable(shape: Any) -> Any:
 
 
 def _backward_data(fn, dy: Tensor, w: Tensor, input_shape, stride, padding, dilation, groups, out,
-                   stream, flags) -> tuple[Tensor, "_Call | None"]:
+                   stream, flags, reads=None) -> tuple[Tensor, "_Call | None"]:
     f = _flags(flags)
+    _check_sample_size(fn, dy.shape, tuple(input_shape))
     call = _Call(fn, "backward_data", None, w, dy, stride, padding, dilation, groups, f, stream)  # type: ignore[arg-type]
-    dx = _output(out, tuple(input_shape), dy, call.fmt, call.stream)
+    dx = _output(out, tuple(input_shape), dy, call.fmt, call.stream,
+                 reads=reads if reads is not None else (("grad_y", dy), ("weight", w)))
     call.x = dx
     if dx.size == 0:
         return dx, None
@@ -776,7 +832,7 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
                _flags_token(flags))
         prepared = _prepared.lookup(key)
         if prepared is not None:
-            out_t = _matching_out(prepared, out, stream)
+            out_t = _matching_out(prepared, out, stream, x, grad_y)
             if out_t is not False:
                 return prepared._run(x, grad_y, out_t, None, None, *_stream_pair(stream))
         fn = "convolution_backward_filter"
@@ -791,8 +847,10 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
             raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input {list(x.shape)} "
                              f"and weight_shape {list(weight_shape_t)}, but got {list(grad_y.shape)}")
         f = _flags(flags)
+        _check_sample_size(fn, x.shape, grad_y.shape)
         call = _Call(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)  # type: ignore[arg-type]
-        dw = _output(out, weight_shape_t, x, call.fmt, call.stream)
+        dw = _output(out, weight_shape_t, x, call.fmt, call.stream,
+                     reads=(("input", x), ("grad_y", grad_y)))
         call.w = dw
         if x.size == 0 or grad_y.size == 0:
             _fill_zero(dw, call.stream)  # an empty batch contributes nothing to the gradient
@@ -836,7 +894,7 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
                _flags_token(flags))
         prepared = _prepared.lookup(key)
         if prepared is not None:
-            out_t = _matching_out(prepared, out, stream)
+            out_t = _matching_out(prepared, out, stream, x, w, bias, z)
             if out_t is not False:
                 return prepared._run(x, w, out_t, z, bias, *_stream_pair(stream))
         geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
@@ -855,9 +913,11 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
             raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got {list(z.shape)}")
         b = _check_bias(bias, w.shape[0], x) if bias is not None else None
         f = _flags(flags)
+        _check_sample_size(fn, x.shape, shape)
         call = _Call(fn, "forward", x, w, None, stride, padding, dilation, groups, f, stream,  # type: ignore[arg-type]
                      epilogue="add_relu", z=z, alpha=float(alpha))
-        y = _output(out, shape, x, call.fmt, call.stream)
+        y = _output(out, shape, x, call.fmt, call.stream,
+                    reads=(("input", x), ("weight", w), ("bias", b)), in_place=z)
         if y.size == 0:
             return y
         if x.size == 0:

@@ -669,7 +669,17 @@ class ConvolutionDescriptor(_Descriptor):
         if status:
             raise_status(status, "cudnnGetConvolutionNdForwardOutputDim",
                          f"input: {x_desc!r}", f"weight: {w_desc!r}", f"convolution: {self!r}")
-        return tuple(out)
+        shape = tuple(out)
+        exact = (xs[0], ws[0]) + tuple(
+            (i + 2 * p - d * (k - 1) - 1) // s + 1
+            for i, k, p, s, d in zip(xs[2:], ws[2:], self._padding, self._stride, self._dilation))
+        if shape != exact or any(n < 1 for n in shape):
+            # cuDNN computes in 32-bit ints: a huge dilation or padding wraps around unchecked
+            raise ValueError(f"output_shape: cuDNN reports the output {shape} for input {xs}, weight "
+                             f"{ws}, padding {self._padding}, stride {self._stride}, dilation "
+                             f"{self._dilation}, where the sizes are {exact}: the kernel's dilated "
+                             f"extent exceeds the padded input, or cuDNN's 32-bit arithmetic overflowed")
+        return shape
 
     def _check_shapes(self, xs: tuple[int, ...], ws: tuple[int, ...]) -> None:
         n = len(self._padding)

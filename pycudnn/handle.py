@@ -171,8 +171,8 @@ def get_handle(device: Any = None, stream: Any = None) -> int:
     else:
         _mem.ensure_device(device)
     if state.streams.get(device) != s:
-        if s < 0:
-            raise ValueError(f"stream: expected a non-negative cudaStream_t handle, got {s}")
+        if s < 0 or s >= 1 << 64:
+            _mem.resolve_stream(s)  # raises the ValueError naming the range
         _set_stream(handle, s)
         state.streams[device] = s
     return handle

@@ -361,13 +361,13 @@ def resolve_stream(stream: Any) -> int:
 
     Raises:
         TypeError: naming ``stream`` and what was given.
-        ValueError: a negative handle.
+        ValueError: a handle outside 0 .. 2**64 - 1.
     """
     if stream is None:
         return 0
     if type(stream) is int:
-        if stream < 0:
-            raise ValueError(f"stream: expected a non-negative cudaStream_t handle, got {stream}")
+        if stream < 0 or stream >= 1 << 64:
+            _stream_int(stream)  # raises, naming the range
         return stream
     return _resolve_stream_object(stream)
 
@@ -404,8 +404,9 @@ def _resolve_stream_object(stream: Any) -> int:
 
 
 def _stream_int(handle: int) -> int:
-    if handle < 0:
-        raise ValueError(f"stream: expected a non-negative cudaStream_t handle, got {handle}")
+    if handle < 0 or handle >= 1 << 64:
+        raise ValueError(f"stream: expected a cudaStream_t handle (a non-negative 64-bit value), "
+                         f"got {handle}")
     return handle
 
 

@@ -24,7 +24,7 @@ from .algos import ConvolutionArgs, ConvolutionParams
 from .handle import get_handle
 from .memory import (allocate_fast, callers_device, resolve_stream, restore_device,
                      stream_is_capturing, thread_workspace)
-from .tensor import Tensor, as_tensor
+from .tensor import Tensor, as_tensor, span_elements, views_overlap
 
 __all__ = ["PreparedConvolution", "prepare_convolution", "clear_fast_calls", "FAST_CALLS_MAX"]
 
@@ -69,6 +69,11 @@ class PreparedConvolution:
         self._out_shape = shapes[self._written]
         self._out_strides = strides[self._written]
         self._out_bytes = out_size_bytes
+        # bytes each fixed-layout tensor spans, for the remembered calls' cheap overlap test
+        item = dtype.itemsize
+        self._a_span = span_elements(*self._a_key) * item
+        self._b_span = span_elements(*self._b_key) * item
+        self._out_span = span_elements(self._out_shape, self._out_strides) * item
         #: the bias used when a call passes none (a fused epilogue whose first call made one up)
         self.default_bias: Tensor | None = None
         self._graph = params.engine == "graph"
@@ -107,6 +112,13 @@ class PreparedConvolution:
                                      f"strides {self._out_strides}, dtype {dt.name} on "
                                      f"cuda:{self.device}; got {out.shape}/{out.strides} "
                                      f"{out.dtype.name} on cuda:{out.device}")
+                o0 = out.ptr
+                o1 = o0 + self._out_span
+                for t, span in ((a, self._a_span), (b, self._b_span)):
+                    if t.ptr < o1 and o0 < t.ptr + span and views_overlap(out, t):
+                        raise ValueError("prepared convolution: out overlaps an input the call reads: "
+                                         "cuDNN does not compute in place; pass an output that "
+                                         "shares no memory with the inputs")
             zt = bt = None
             s_ref = None if stream is None or type(stream) is int else stream
             if self.has_z:

@@ -45,6 +45,7 @@ non-dense views, is ``"contiguous"``. ``"channels_last_3d"`` is accepted as an i
 from __future__ import annotations
 
 import ctypes
+import math
 import operator
 import sys
 import weakref
@@ -57,7 +58,8 @@ from . import memory as _mem
 from ._types import SUPPORTED_DTYPES, normalize_dtype
 
 __all__ = ["Tensor", "as_tensor", "tensor_from_pointer", "empty", "zeros", "from_numpy",
-           "span_elements", "contiguous_strides", "channels_last_strides", "MEMORY_FORMATS"]
+           "span_elements", "contiguous_strides", "channels_last_strides", "MEMORY_FORMATS",
+           "has_internal_overlap", "views_overlap"]
 
 #: memory_format spellings accepted by :func:`empty`, :func:`from_numpy` and ``is_contiguous``
 MEMORY_FORMATS = ("contiguous", "channels_last", "channels_last_3d")
@@ -124,6 +126,68 @@ def span_elements(shape: Sequence[int], strides: Sequence[int]) -> int:
             return 0
         span += (n - 1) * s
     return span
+
+
+#: views of at most this many elements are checked for overlap element by element when the quick
+#: rules cannot tell; larger exotic layouts are let through, as PyTorch does ("too hard")
+_OVERLAP_EXACT_MAX = 1 << 16
+
+
+def _offsets(shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
+    """Every element's offset (in elements) from the view's start, sorted."""
+    off = np.zeros((), np.int64)
+    for n, s in zip(shape, strides):
+        off = np.add.outer(off, np.arange(n, dtype=np.int64) * s)
+    return np.sort(off, axis=None)
+
+
+def has_internal_overlap(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether two elements of a view share memory (an output like that is undefined).
+
+    Exact for every layout a view can be made of a dense buffer (permuted, padded, sliced); a
+    zero stride on a dim of size > 1, or more elements than the span has places, always is one.
+    Other interleaved layouts are checked element by element up to ``_OVERLAP_EXACT_MAX`` elements
+    and let through above (never a false refusal)."""
+    dims = sorted((s, n) for n, s in zip(shape, strides) if n > 1)
+    reach = 0  # the largest offset the smaller-stride dims reach
+    for s, n in dims:
+        if s <= reach:
+            break
+        reach += (n - 1) * s
+    else:
+        return False  # each dim steps past everything the smaller ones span
+    if any(s == 0 for s, _ in dims):
+        return True
+    count = math.prod(n for _, n in dims)
+    if count > span_elements(shape, strides):
+        return True  # more elements than places
+    if count > _OVERLAP_EXACT_MAX:
+        return False
+    off = _offsets(shape, strides)
+    return bool(np.any(off[1:] == off[:-1]))
+
+
+def views_overlap(a: "Tensor", b: "Tensor") -> bool:
+    """Whether an element of ``a`` shares a byte with an element of ``b``.
+
+    False when their spans are apart; True when they start at the same address or are both dense
+    (no gaps in their spans); otherwise exact up to ``_OVERLAP_EXACT_MAX`` elements each, and
+    False above (interleaved views of one buffer are legitimate: never a false refusal)."""
+    if a.size == 0 or b.size == 0:
+        return False
+    a0, b0 = a.ptr, b.ptr
+    if not (a0 < b0 + b.span_bytes and b0 < a0 + a.span_bytes):
+        return False
+    if a0 == b0 or (a.span_bytes == a.nbytes and b.span_bytes == b.nbytes):
+        return True
+    if a.size > _OVERLAP_EXACT_MAX or b.size > _OVERLAP_EXACT_MAX:
+        return False
+    sa = a0 + _offsets(a.shape, a.strides) * a.dtype.itemsize  # byte starts, sorted
+    sb = b0 + _offsets(b.shape, b.strides) * b.dtype.itemsize
+    # an element [p, p + size) of a meets one of b iff some start of b lies in (p - b_item, p + a_item)
+    lo = np.searchsorted(sb, sa - b.dtype.itemsize, side="right")
+    hi = np.searchsorted(sb, sa + a.dtype.itemsize, side="left")
+    return bool(np.any(hi > lo))
 
 
 def _is_contiguous(shape: tuple, strides: tuple) -> bool:

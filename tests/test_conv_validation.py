@@ -124,3 +124,85 @@ def test_params_for_1d_conv_are_2d_with_unit_height():
     assert p.input_shape == (2, 4, 1, 16) and p.weight_shape == (8, 4, 1, 3)
     assert p.output_shape == (2, 8, 1, 7)
     assert p.stride == (1, 2) and p.padding == (0, 0) and p.dilation == (1, 1)
+
+
+# ---- outputs that share memory with themselves or with an input ---------------------------------
+
+BASE = 0x7F0000000000
+
+
+@pytest.mark.parametrize("out_shape,call", [
+    ((2, 8, 8, 8), lambda out: pycudnn.convolution(
+        t(2, 4, 8, 8, ptr=BASE), t(8, 4, 3, 3, ptr=BASE + (1 << 30)), padding=1, out=out)),
+    ((2, 4, 8, 8), lambda out: pycudnn.convolution_backward_data(
+        t(2, 8, 8, 8, ptr=BASE), t(8, 4, 3, 3, ptr=BASE + (1 << 30)), (2, 4, 8, 8), padding=1, out=out)),
+    ((8, 4, 3, 3), lambda out: pycudnn.convolution_backward_filter(
+        t(2, 4, 8, 8, ptr=BASE), t(2, 8, 8, 8, ptr=BASE + (1 << 30)), (8, 4, 3, 3), padding=1, out=out)),
+], ids=["forward", "backward_data", "backward_filter"])
+def test_out_aliasing_an_input_is_refused(out_shape, call):
+    """An out= starting where the first input starts: cuDNN does not compute in place."""
+    with pytest.raises(ValueError, match=r"out: it overlaps (input|grad_y), which the call reads"):
+        call(t(*out_shape, ptr=BASE))
+
+
+def test_out_overlapping_itself_is_refused():
+    out = pycudnn.tensor_from_pointer(BASE + (2 << 30), (2, 8, 8, 8), "float32", strides=(0, 64, 8, 1))
+    with pytest.raises(ValueError, match="out: its elements overlap each other"):
+        pycudnn.convolution(X, W, padding=1, out=out)
+
+
+def test_interleaved_out_next_to_its_input_is_accepted():
+    """Even channels written, odd channels read, of one buffer: no element shared, so the call gets
+    past validation (and stops only for want of a GPU here)."""
+    from pycudnn.errors import NoDeviceError
+
+    buf = BASE + (3 << 30)
+    x = pycudnn.tensor_from_pointer(buf + 4 * 64, (2, 4, 8, 8), "float32", strides=(512, 128, 8, 1))
+    out = pycudnn.tensor_from_pointer(buf, (2, 4, 8, 8), "float32", strides=(512, 128, 8, 1))
+    w = t(4, 4, 3, 3, ptr=BASE + (4 << 30))
+    with pytest.raises(NoDeviceError):
+        pycudnn.convolution(x, w, padding=1, out=out)
+
+
+def test_add_relu_accepts_out_equal_to_z_but_not_shifted():
+    from pycudnn.errors import NoDeviceError
+
+    z = t(2, 8, 8, 8, ptr=BASE + (2 << 30))
+    with pytest.raises(NoDeviceError):  # the in-place residual: validation passes
+        pycudnn.convolution_add_relu(X, W, z, padding=1, out=z)
+    shifted = t(2, 8, 8, 8, ptr=BASE + (2 << 30) + 4 * 8)
+    with pytest.raises(ValueError, match="out: it overlaps z"):
+        pycudnn.convolution_add_relu(X, W, z, padding=1, out=shifted)
+
+
+def test_remembered_call_hands_an_overlapping_out_to_the_full_path():
+    """The fast path's cheap test: an out= of the remembered layout that shares memory with an input
+    goes to the full path (which refuses it), never straight to the kernel."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    x, w = t(2, 4, 8, 8, ptr=BASE), t(8, 4, 3, 3, ptr=BASE + (1 << 30))
+    prepared = SimpleNamespace(_out_shape=(2, 8, 8, 8), _out_strides=(512, 64, 8, 1),
+                               dtype=np.dtype("float32"), device=0, _out_span=4 * 1024,
+                               _a_span=x.span_bytes, _b_span=w.span_bytes)
+    apart = t(2, 8, 8, 8, ptr=BASE + (2 << 30))
+    assert conv._matching_out(prepared, apart, None, x, w) is apart
+    assert conv._matching_out(prepared, t(2, 8, 8, 8, ptr=BASE + 64), None, x, w) is False
+    assert conv._matching_out(prepared, t(2, 8, 8, 8, ptr=BASE + (1 << 30)), None, x, w) is False
+    z = apart
+    assert conv._matching_out(prepared, apart, None, x, w, None, z) is apart  # out is z exactly
+    shifted_z = t(2, 8, 8, 8, ptr=BASE + (2 << 30) + 32)
+    assert conv._matching_out(prepared, apart, None, x, w, None, shifted_z) is False
+
+
+def test_geometry_above_int32_is_refused_up_front():
+    with pytest.raises(ValueError, match=r"stride: expected every value to be at most 2147483647"):
+        pycudnn.convolution(X, W, stride=2**40)
+    with pytest.raises(ValueError, match=r"groups: expected at most 2147483647"):
+        pycudnn.convolution(X, W, groups=2**31)
+
+
+def test_sample_above_int32_is_refused_before_allocating():
+    with pytest.raises(ValueError, match=r"one sample holds 2500000000 elements"):
+        pycudnn.convolution(t(1, 1, 50000, 50000), t(1, 1, 1, 1, ptr=BASE + (1 << 40)))

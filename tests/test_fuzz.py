@@ -85,36 +85,7 @@ def fuzz_settings(n: int) -> settings:
 # Library bugs found by this fuzzing (see docs/reliability.md, "Known gaps"). A key here lets the
 # conv fuzz count a wrongly accepted case instead of failing; remove the key once it is fixed.
 KNOWN_BUGS: dict[str, str] = {
-    "out-self-overlap":
-        "conv.py _output accepts an out= whose elements overlap each other (a stride of 0 on a dim "
-        "of size > 1, or strides such as all 1): results are undefined (PyTorch refuses: 'more "
-        "than one element of the written-to tensor refers to a single memory location')",
-    "out-aliases-input":
-        "conv.py accepts an out= that overlaps an input it reads (x or w; grad_y or w; x or grad_y; "
-        "the bias): cuDNN does not compute in place, so the result is garbage",
-    "late-int32-geometry":
-        "conv.py _spatial/_groups accept stride/padding/dilation/groups above 2**31 - 1; they are "
-        "refused only later by ConvolutionDescriptor (inside try_all, after the output was "
-        "allocated), or an absurd output size reaches the allocator first",
-    "late-sample-size":
-        "conv.py checks 'one sample holds more than 2**31 - 1 elements' only in _Call._run_split, "
-        "after the output (and any staging copies) were allocated",
-    "conv-transpose-weight-sizes":
-        "conv.py conv_transpose never checks that the weight's sizes are positive (a 0 kernel or 0 "
-        "output channels per group passes validation)",
-    "stream-handle-range":
-        "memory.resolve_stream accepts int handles of 2**64 and more (not a cudaStream_t)",
-    "big-endian-dtype":
-        "_types.normalize_dtype accepts non-native byte order (np.dtype('>f4')) for device views "
-        "(tensor_from_pointer, Tensor): cuDNN reads them as native floats (wrong results)",
-    "dtype-none":
-        "_types.normalize_dtype(None) returns float64 (numpy's default) instead of refusing: "
-        "tensor_from_pointer(ptr, shape, None) and TensorDescriptor(shape, None) silently mean float64",
-    "output-shape-overflow":
-        "descriptors.ConvolutionDescriptor.output_shape(validate=False) returns what "
-        "cudnnGetConvolutionNdForwardOutputDim computed in overflowing int32 arithmetic, e.g. "
-        "(1, 3, -2147483647) for input (1, 3, 1), filter (3, 3, 3), dilation 2**30: check the "
-        "result is positive (and the extents fit int32) even without validate",
+    # none open: every bug found so far is fixed, and its test below now enforces it
 }
 
 
@@ -1841,13 +1812,10 @@ def test_output_shape_fuzz(data, validate):
         # int32 overflow inside cuDNN's own arithmetic: mostly refused as BAD_PARAM (no reason),
         # but with validate=False cuDNN can also return a wrapped-around (even negative) shape
         if overflow and exc is None:
-            if res == expected and not cud:
-                outcome, bugs = "valid:ok", []
-            else:
-                assert "output-shape-overflow" in KNOWN_BUGS, \
-                    f"output_shape returned {res} (expected {expected}; {cud}; int32 overflow)"
-                outcome, bugs = "known-bug:ok", ["output-shape-overflow"]
-                note(f"cuDNN returned {res}, the formula gives {expected}")
+            # returned, so it must be the true shape (a wrapped one is refused: ValueError)
+            assert res == expected and not cud, \
+                f"output_shape returned {res} (expected {expected}; {cud}; int32 overflow)"
+            outcome, bugs = "valid:ok", []
             REPORT.record("desc:output_shape", outcome, bugs)
             for d in (x_desc, w_desc, conv):
                 d.close()
@@ -1931,50 +1899,42 @@ def test_bug_misaligned_cuda_array_interface_pointer_is_refused():
         pycudnn.as_tensor(FakeCAI(BASE + 2, (2, 4, 8, 8), "<f4", None))
 
 
-@_xfail("out-self-overlap")
 def test_bug_self_overlapping_out_is_refused():
     _refused_before_gpu(pycudnn.convolution, _t(*X["x"]), _t(*X["w"], ptr=BASE + REGION),
                         out=_t(*X["y"], ptr=BASE + 2 * REGION, strides=(0, 36, 6, 1)), match="out")
 
 
-@_xfail("out-aliases-input")
 def test_bug_out_aliasing_an_input_is_refused():
     _refused_before_gpu(pycudnn.convolution, _t(2, 8, 8, 8), _t(8, 8, 3, 3, ptr=BASE + REGION),
                         padding=1, out=_t(2, 8, 8, 8), match="out")
 
 
-@_xfail("late-int32-geometry")
 def test_bug_geometry_above_int32_is_refused_up_front():
     _refused_before_gpu(pycudnn.convolution, _t(*X["x"]), _t(8, 4, 1, 1, ptr=BASE + REGION),
                         stride=2**40, match="stride")
 
 
-@_xfail("late-sample-size")
 def test_bug_sample_above_int32_is_refused_before_allocating():
     _refused_before_gpu(pycudnn.convolution, _t(1, 1, 50000, 50000),
                         _t(1, 1, 1, 1, ptr=BASE + REGION), match="sample|2\\^31")
 
 
-@_xfail("conv-transpose-weight-sizes")
 def test_bug_conv_transpose_checks_weight_sizes():
     _refused_before_gpu(pycudnn.conv_transpose, _t(2, 4, 5, 5), _t(4, 2, 0, 3, ptr=BASE + REGION),
                         match="weight")
 
 
-@_xfail("stream-handle-range")
 def test_bug_stream_handle_must_fit_64_bits():
     with pytest.raises(ValueError, match="stream"):
         from pycudnn.memory import resolve_stream
         resolve_stream(2**64)
 
 
-@_xfail("big-endian-dtype")
 def test_bug_big_endian_device_views_are_refused():
     with pytest.raises(TypeError, match="dtype"):
         pycudnn.tensor_from_pointer(BASE, (2, 4, 8, 8), np.dtype(">f4"))
 
 
-@_xfail("dtype-none")
 def test_bug_dtype_none_is_refused():
     with pytest.raises(TypeError, match="dtype"):
         pycudnn.tensor_from_pointer(BASE, (2, 4, 8, 8), None)
@@ -1990,7 +1950,6 @@ def test_bug_cuda_array_interface_strides_length_is_checked():
         pycudnn.as_tensor(FakeCAI(BASE, (2, 4, 8, 8), "<f4", (1024, 256, 32)))
 
 
-@_xfail("output-shape-overflow")
 def test_bug_output_shape_never_returns_wrapped_sizes():
     from pycudnn.descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
 

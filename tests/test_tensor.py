@@ -526,3 +526,50 @@ def test_handle_pool_logic(fake_cudnn):
     assert reused in got and H.live_handle_count(0) == 3
     assert fake_cudnn["streams"][reused] == 0x99
     _wait_pooled(2)
+
+
+# ---- overlap detection (outputs must not overlap themselves or the inputs) ----------------------
+
+def _brute_overlap(shape, strides) -> bool:
+    import itertools
+    seen = set()
+    for idx in itertools.product(*(range(n) for n in shape)):
+        off = sum(i * s for i, s in zip(idx, strides))
+        if off in seen:
+            return True
+        seen.add(off)
+    return False
+
+
+@pytest.mark.parametrize("shape,strides", [
+    ((2, 3, 4), (12, 4, 1)),      # contiguous
+    ((2, 3, 4), (1, 2, 6)),       # permuted
+    ((2, 3, 4), (20, 5, 1)),      # padded
+    ((2, 3), (3, 2)),             # interleaved, no overlap (the sorted-stride rule cannot tell)
+    ((3, 3), (2, 3)),             # interleaved with overlap: offset 6 = 2*3 + 3*0 = 2*0 + 3*2
+    ((2, 4), (1, 1)),             # all strides 1: overlap
+    ((4, 1, 5), (0, 7, 1)),       # expanded: overlap
+    ((1, 1, 5), (0, 0, 1)),       # zero strides on size-1 dims: fine
+    ((5, 5), (4, 5)),             # 4i + 5j: 5+0 == 0+... 4*5=20=5*4: overlap
+])
+def test_internal_overlap_is_exact(shape, strides):
+    from pycudnn.tensor import has_internal_overlap
+
+    assert has_internal_overlap(shape, strides) == _brute_overlap(shape, strides)
+
+
+def test_views_overlap_is_exact_for_interleaved_views():
+    from pycudnn.tensor import tensor_from_pointer, views_overlap
+
+    base = 0x7F00_0000_0000
+    buf = lambda off, shape, strides: tensor_from_pointer(base + 4 * off, shape, "float32", strides=strides)  # noqa: E731
+    even = buf(0, (2, 4), (8, 2))       # columns 0, 2, 4, 6 of a (2, 8) buffer
+    odd = buf(1, (2, 4), (8, 2))        # columns 1, 3, 5, 7
+    assert not views_overlap(even, odd)  # interleaved, disjoint: a legitimate out= and input
+    assert views_overlap(even, buf(2, (2, 4), (8, 2)))   # shifted by one even column
+    assert views_overlap(even, buf(0, (16,), (1,)))      # the whole buffer
+    assert not views_overlap(even, buf(16, (4,), (1,)))  # past the end
+    # other element sizes: a float16 view of the bytes of even's second element
+    half = tensor_from_pointer(base + 4 * 2 + 2, (1,), "float16")
+    assert views_overlap(even, half) and views_overlap(half, even)
+    assert not views_overlap(even, tensor_from_pointer(base + 4 * 1 + 2, (1,), "float16"))
