@@ -66,7 +66,9 @@ def main(paths):
         out.append("")
     if fused:
         s = fused["summary"]
-        out.append(f"### Fused conv + bias + residual + relu (alpha={fused.get('alpha', 1.0)}), batch 32, NHWC\n")
+        batches = sorted({r["layer"][0] for r in fused.get("rows", [])}) or [32]
+        out.append(f"### Fused conv + bias + residual + relu (alpha={fused.get('alpha', 1.0)}), "
+                   f"batch {'/'.join(map(str, batches))}, NHWC\n")
         out.append(f"Geometric means: eager / fused = {s['eager_over_fused_geomean']:.2f}, "
                    f"torch.compile / fused = {s['compile_over_fused_geomean']:.2f}, "
                    f"conv+bias+relu eager / pycudnn = {s['bias_relu_eager_over_pycudnn_geomean']:.2f}, "

@@ -56,6 +56,9 @@ CASES = {
     "tensor_core": lambda: _cupy_compat(tensor_core="on"),
     "layout": lambda: _cupy_compat(d_layout=2),
     "2^31 span": lambda: _descriptor((2**30, 2, 1, 1)),
+    "out overlaps input": lambda: pycudnn.convolution(T((2, 3, 8, 8)), T((4, 3, 3, 3)),
+                                                      out=T((2, 4, 6, 6))),
+    "sample size": lambda: pycudnn.convolution(T((1, 1, 50000, 50000)), T((1, 1, 1, 1))),
 }
 
 
