@@ -573,3 +573,38 @@ def test_views_overlap_is_exact_for_interleaved_views():
     half = tensor_from_pointer(base + 4 * 2 + 2, (1,), "float16")
     assert views_overlap(even, half) and views_overlap(half, even)
     assert not views_overlap(even, tensor_from_pointer(base + 4 * 1 + 2, (1,), "float16"))
+
+
+def test_overlap_checks_match_brute_force_on_random_layouts():
+    """Property: for random small views (interleaved, padded, zero strides, offsets), the overlap
+    checks agree exactly with enumerating every element's bytes."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from pycudnn.tensor import has_internal_overlap, tensor_from_pointer, views_overlap
+
+    base = 0x7F00_0000_0000
+    dims = st.lists(st.tuples(st.integers(1, 4), st.integers(0, 9)), min_size=1, max_size=4)
+
+    def bytes_of(offset, layout, item):
+        import itertools
+        out = set()
+        for idx in itertools.product(*(range(n) for n, _ in layout)):
+            start = offset + item * sum(i * s for i, (_, s) in zip(idx, layout))
+            out.update(range(start, start + item))
+        return out
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(a=dims, b=dims, off=st.integers(0, 40), item_a=st.sampled_from([2, 4]),
+           item_b=st.sampled_from([2, 4]))
+    def check(a, b, off, item_a, item_b):
+        shape_a, strides_a = tuple(n for n, _ in a), tuple(s for _, s in a)
+        assert has_internal_overlap(shape_a, strides_a) == _brute_overlap(shape_a, strides_a)
+        dt = {2: "float16", 4: "float32"}
+        ta = tensor_from_pointer(base, shape_a, dt[item_a], strides=strides_a)
+        tb = tensor_from_pointer(base + off * 4, tuple(n for n, _ in b), dt[item_b],
+                                 strides=tuple(s for _, s in b))
+        expected = bool(bytes_of(0, a, item_a) & bytes_of(off * 4, b, item_b))
+        assert views_overlap(ta, tb) == expected == views_overlap(tb, ta)
+
+    check()
