@@ -138,6 +138,16 @@ def _check_output_positive(x_shape, kernel, stride, padding, dilation, fn: str) 
     return spatial
 
 
+def _check_grad_y(fn: str, grad_y: Tensor, x_shape, w_shape, stride, padding, dilation,
+                  x_name: str, w_name: str) -> None:
+    """A backward pass's grad_y must have the forward output's shape."""
+    expected = (x_shape[0], w_shape[0]) + _check_output_positive(x_shape, w_shape[2:], stride,
+                                                                 padding, dilation, fn)
+    if tuple(grad_y.shape) != expected:
+        raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for {x_name} "
+                         f"{list(x_shape)} and {w_name} {list(w_shape)}, but got {list(grad_y.shape)}")
+
+
 def _check_channels(x_shape, w_shape, groups: int, fn: str, x_name="input", w_name="weight") -> None:
     if w_shape[0] % groups != 0:
         raise ValueError(f"{fn}: expected {w_name} of size {list(w_shape)} to have a first dim "
@@ -328,11 +338,7 @@ class _Call:
             return
         n = x.shape[0]
         inner = max(ni, no) // n
-        if inner > INT_MAX:
-            raise ValueError(
-                f"{self.api}: one sample holds {inner} elements (input {list(x.shape[1:])}, output "
-                f"{list(y.shape[1:])}), more than cuDNN's 32-bit indexing allows (2^31 - 1); split "
-                f"the channels or spatial dims yourself")
+        _check_sample_size(self.api, x.shape, y.shape)  # done up front already; kept as a guard
         # The reference's heuristic: pieces of 256M (512M for backward filter) elements at most.
         budget = (1 << 29) if self.direction == "backward_filter" else (1 << 28)
         split = max(budget // inner, 1)
@@ -774,10 +780,8 @@ def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *
         groups_i = _groups(groups)
         input_shape_t = _shape_arg("input_shape", input_shape, grad_y.ndim)
         _check_channels(input_shape_t, w.shape, groups_i, fn)
-        expected = (input_shape_t[0], w.shape[0]) + _check_output_positive(input_shape_t, w.shape[2:], stride_t, padding_t, dilation_t, fn)
-        if tuple(grad_y.shape) != expected:
-            raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input_shape "
-                             f"{list(input_shape_t)} and weight {list(w.shape)}, but got {list(grad_y.shape)}")
+        _check_grad_y(fn, grad_y, input_shape_t, w.shape, stride_t, padding_t, dilation_t,
+                      "input_shape", "weight")
 
         def slow(a, b_, out_, z=None, bias=None, stream=None):
             _prepared.forget(key)  # the full path, which re-prepares; never this entry again
@@ -842,10 +846,8 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
         groups_i = _groups(groups)
         weight_shape_t = _shape_arg("weight_shape", weight_shape, x.ndim)
         _check_channels(x.shape, weight_shape_t, groups_i, fn)
-        expected = (x.shape[0], weight_shape_t[0]) + _check_output_positive(x.shape, weight_shape_t[2:], stride_t, padding_t, dilation_t, fn)
-        if tuple(grad_y.shape) != expected:
-            raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for input {list(x.shape)} "
-                             f"and weight_shape {list(weight_shape_t)}, but got {list(grad_y.shape)}")
+        _check_grad_y(fn, grad_y, x.shape, weight_shape_t, stride_t, padding_t, dilation_t,
+                      "input", "weight_shape")
         f = _flags(flags)
         _check_sample_size(fn, x.shape, grad_y.shape)
         call = _Call(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)  # type: ignore[arg-type]
