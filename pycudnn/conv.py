@@ -27,7 +27,7 @@ from .configuration import _override_token, config
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from . import prepared as _prepared
 from .memory import callers_device, restore_device
-from .tensor import Tensor, as_tensor, empty, has_internal_overlap, views_overlap
+from .tensor import Tensor, as_tensor, empty, has_internal_overlap, spans_overlap, views_overlap
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
            "convolution_backward_filter", "convolution_add_relu", "output_size",
@@ -238,13 +238,9 @@ def _matching_out(prepared: Any, out: Any, stream: Any, a: Tensor, b: Tensor,
     if not (out.shape == prepared._out_shape and out.strides == prepared._out_strides
             and out.dtype == prepared.dtype and out.device == prepared.device):
         return False
-    o0 = out.ptr
-    o1 = o0 + prepared._out_span
-    if (a.ptr < o1 and o0 < a.ptr + prepared._a_span) or (b.ptr < o1 and o0 < b.ptr + prepared._b_span):
+    if prepared.out_may_overlap(out, a, b) or (bias is not None and spans_overlap(out, bias)):
         return False
-    if bias is not None and _overlaps(out, bias):
-        return False
-    if z is not None and (z.ptr != o0 or z.strides != out.strides) and _overlaps(out, z):
+    if z is not None and (z.ptr != out.ptr or z.strides != out.strides) and spans_overlap(out, z):
         return False
     return out
 
@@ -423,7 +419,7 @@ class _Call:
             params=params, handle=self.handle, stream=self.stream, x=x.ptr, w=w.ptr, y=y.ptr,
             benchmark=self.flags["benchmark"], z=z.ptr if z is not None else 0,
             bias=self.bias.ptr if self.bias is not None else 0,
-            out_may_hold_data=any(_overlaps(written, t) for t in reads))
+            out_may_hold_data=any(spans_overlap(written, t) for t in reads))
         args.extra["benchmark_limit"] = self.flags.get("benchmark_limit")
         args.extra["tuning_db"] = self.flags.get("tuning_db", True)
         try:
@@ -443,15 +439,6 @@ class _Call:
 #: fused (params, api) that no engine took: later calls go straight to separate operations
 _UNFUSABLE: set = set()
 _UNFUSABLE_LOCK = threading.Lock()
-
-
-def _overlaps(a: Tensor, b: Tensor) -> bool:
-    """Whether the memory spans of two tensors intersect (conservative: by extent)."""
-    if a.size == 0 or b.size == 0:
-        return False
-    a0, a1 = a.ptr, a.ptr + a.span_bytes
-    b0, b1 = b.ptr, b.ptr + b.span_bytes
-    return a0 < b1 and b0 < a1
 
 
 def _unsqueeze(t: Tensor) -> Tensor:
@@ -946,7 +933,7 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
                 _prepared.remember(key, prepared)
             return y
         # Fallback (the reference's raw_cudnn_convolution_add_relu_fallback_out): conv, then add, relu.
-        target = y if not _overlaps(y, z) else empty(shape, x.dtype, memory_format=call.fmt,
+        target = y if not spans_overlap(y, z) else empty(shape, x.dtype, memory_format=call.fmt,
                                                      device=x.device, stream=call.stream)
         convolution(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups, out=target,
                     stream=call.stream, **flags)

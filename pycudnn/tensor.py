@@ -59,7 +59,7 @@ from ._types import SUPPORTED_DTYPES, normalize_dtype
 
 __all__ = ["Tensor", "as_tensor", "tensor_from_pointer", "empty", "zeros", "from_numpy",
            "span_elements", "contiguous_strides", "channels_last_strides", "MEMORY_FORMATS",
-           "has_internal_overlap", "views_overlap"]
+           "has_internal_overlap", "spans_overlap", "views_overlap"]
 
 #: memory_format spellings accepted by :func:`empty`, :func:`from_numpy` and ``is_contiguous``
 MEMORY_FORMATS = ("contiguous", "channels_last", "channels_last_3d")
@@ -167,17 +167,22 @@ def has_internal_overlap(shape: Sequence[int], strides: Sequence[int]) -> bool:
     return bool(np.any(off[1:] == off[:-1]))
 
 
+def spans_overlap(a: "Tensor", b: "Tensor") -> bool:
+    """Whether the memory spans of two tensors intersect (conservative: by extent)."""
+    if a.size == 0 or b.size == 0:
+        return False
+    return a.ptr < b.ptr + b.span_bytes and b.ptr < a.ptr + a.span_bytes
+
+
 def views_overlap(a: "Tensor", b: "Tensor") -> bool:
     """Whether an element of ``a`` shares a byte with an element of ``b``.
 
     False when their spans are apart; True when they start at the same address or are both dense
     (no gaps in their spans); otherwise exact up to ``_OVERLAP_EXACT_MAX`` elements each, and
     False above (interleaved views of one buffer are legitimate: never a false refusal)."""
-    if a.size == 0 or b.size == 0:
+    if not spans_overlap(a, b):
         return False
     a0, b0 = a.ptr, b.ptr
-    if not (a0 < b0 + b.span_bytes and b0 < a0 + a.span_bytes):
-        return False
     if a0 == b0 or (a.span_bytes == a.nbytes and b.span_bytes == b.nbytes):
         return True
     if a.size > _OVERLAP_EXACT_MAX or b.size > _OVERLAP_EXACT_MAX:

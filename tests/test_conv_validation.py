@@ -178,14 +178,15 @@ def test_add_relu_accepts_out_equal_to_z_but_not_shifted():
 def test_remembered_call_hands_an_overlapping_out_to_the_full_path():
     """The fast path's cheap test: an out= of the remembered layout that shares memory with an input
     goes to the full path (which refuses it), never straight to the kernel."""
-    from types import SimpleNamespace
-
     import numpy as np
 
+    from pycudnn.prepared import PreparedConvolution
+
     x, w = t(2, 4, 8, 8, ptr=BASE), t(8, 4, 3, 3, ptr=BASE + (1 << 30))
-    prepared = SimpleNamespace(_out_shape=(2, 8, 8, 8), _out_strides=(512, 64, 8, 1),
-                               dtype=np.dtype("float32"), device=0, _out_span=4 * 1024,
-                               _a_span=x.span_bytes, _b_span=w.span_bytes)
+    prepared = object.__new__(PreparedConvolution)  # just the layout a remembered call has
+    prepared.__dict__.update(_out_shape=(2, 8, 8, 8), _out_strides=(512, 64, 8, 1),
+                             dtype=np.dtype("float32"), device=0, _out_span=4 * 1024,
+                             _a_span=x.span_bytes, _b_span=w.span_bytes)
     apart = t(2, 8, 8, 8, ptr=BASE + (2 << 30))
     assert conv._matching_out(prepared, apart, None, x, w) is apart
     assert conv._matching_out(prepared, t(2, 8, 8, 8, ptr=BASE + 64), None, x, w) is False
