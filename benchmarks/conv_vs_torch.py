@@ -64,9 +64,11 @@ CONFIGS = {
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
 
 
-def time_calls(torch, fn, reps: int, trials: int = 5) -> float:
-    """Median over trials of the mean per-call time (ms) of ``reps`` back-to-back calls."""
-    fn()
+def time_calls(torch, fn, reps: int, trials: int = 5, warmup: int = 1) -> float:
+    """Median over trials of the mean per-call time (ms) of ``reps`` back-to-back calls, after
+    ``warmup`` calls (CUDA events on the current stream: host launch cost included)."""
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     samples = []
     for _ in range(trials):

@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
+
+from conv_vs_torch import time_calls as _time_calls  # this script's folder is on sys.path
 
 LAYERS = [  # (N, C, H, K, R, stride, pad)
     (32, 64, 56, 256, 1, 1, 0),
@@ -27,20 +28,9 @@ LAYERS = [  # (N, C, H, K, R, stride, pad)
 ]
 
 
-def time_calls(torch, fn, reps=50, trials=5):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(trials):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) / reps)
-    return statistics.median(samples)
+def time_calls(torch, fn):
+    """The shared timing (benchmarks/conv_vs_torch.py): 50 back-to-back calls after 3 warm-up calls."""
+    return _time_calls(torch, fn, reps=50, warmup=3)
 
 
 def geomean(v):
