@@ -35,6 +35,8 @@ _EXPORTS: dict[str, str] = {
     "config": "configuration", "flags": "configuration",
     # algorithm search and caches
     "benchmark_cache": "algos", "clear_caches": "algos", "set_cache_limit": "algos", "ConvolutionParams": "algos",
+    # the tuning database's records made ready ahead of the first call
+    "preload": "preloading", "PreloadReport": "preloading",
     # prepared convolutions
     "prepare_convolution": "prepared", "PreparedConvolution": "prepared",
     # convolutions
@@ -74,6 +76,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
                               TensorDescriptor)
     from .errors import *  # noqa: F403
     from .handle import device_count, get_handle
+    from .preloading import PreloadReport, preload
     from .prepared import PreparedConvolution, prepare_convolution
     from .interop import current_stream
     from .tensor import Tensor, as_tensor, empty, from_numpy, tensor_from_pointer, zeros

@@ -502,3 +502,42 @@ def test_no_warnings_on_the_happy_path(db):
         db.store(make_params(), V7_RECORD)
         new_process()
         assert db.lookup(make_params()) == V7_RECORD
+
+
+# ---- preload's reading of entries (the GPU part is in test_tuning_db_gpu.py) ------------------------
+
+@pytest.mark.parametrize("field", [None] + sorted(CHANGES))
+def test_params_from_dict_inverts_params_to_dict(field):
+    from pycudnn.preloading import params_from_dict
+
+    p = make_params()
+    if field is not None:
+        p = dataclasses.replace(p, **{field: CHANGES[field]})
+    data = json.loads(json.dumps(tuning_db.params_to_dict(p)))  # as read back from the file
+    q = params_from_dict(data, p.device)
+    assert q == p and hash(q) == hash(p)  # the same benchmark-cache key as the call's
+    assert params_from_dict(data, 3) == dataclasses.replace(p, device=3)
+
+
+@pytest.mark.parametrize("change, error", [
+    (lambda d: d.pop("dtype"), "missing field 'dtype'"),
+    (lambda d: d.update(future_field=1), "unknown field"),
+    (lambda d: d.update(padding=["1", 1]), "padding must hold integers"),
+])
+def test_params_from_dict_refuses_what_it_cannot_read(change, error):
+    from pycudnn.preloading import params_from_dict
+
+    data = tuning_db.params_to_dict(make_params())
+    change(data)
+    with pytest.raises((TypeError, ValueError), match=error):
+        params_from_dict(data, 0)
+
+
+def test_preload_without_a_gpu_names_the_reason():
+    import pycudnn
+    from conftest import has_gpu
+
+    if has_gpu():
+        pytest.skip("checks the refusal on a machine without a GPU")
+    with pytest.raises(NoDeviceError, match="pycudnn.preload: no usable CUDA device"):
+        pycudnn.preload()
