@@ -199,6 +199,26 @@ def test_out_argument_and_noncontiguous_out(engine):
 
 
 @pytest.mark.parametrize("engine", engines())
+def test_interleaved_out_next_to_its_input_runs(engine):
+    """Odd channels of one buffer read, even channels written: no element shared, so the call is
+    accepted and the input's channels stay as they were (twin of a CPU validation test)."""
+    import pycudnn
+
+    rng = np.random.default_rng(11)
+    buf = rng.standard_normal((2, 8, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    B = pycudnn.from_numpy(buf)
+    strides = (512, 128, 8, 1)  # every other channel of the (2, 8, 8, 8) buffer
+    x = pycudnn.tensor_from_pointer(B.ptr + 4 * 64, (2, 4, 8, 8), "float32", strides=strides)
+    out = pycudnn.tensor_from_pointer(B.ptr, (2, 4, 8, 8), "float32", strides=strides)
+    pycudnn.convolution(x, pycudnn.from_numpy(w), padding=1, out=out, engine=engine, allow_tf32=False)
+    got = _host(B)
+    ref = R.conv_forward(buf[:, 1::2].astype(np.float64), w.astype(np.float64), (1, 1), (1, 1), (1, 1), 1)
+    _close(got[:, 0::2], ref, 5e-5, "interleaved out")
+    assert np.array_equal(got[:, 1::2], buf[:, 1::2])
+
+
+@pytest.mark.parametrize("engine", engines())
 def test_add_relu_in_place_residual(engine):
     import pycudnn
 
