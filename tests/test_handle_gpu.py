@@ -43,6 +43,7 @@ def wait_pooled(handle: int) -> None:
     for _ in range(300):
         gc.collect()
         with H._pool_lock:
+            H._take_returned()  # ended threads queue their handles; a taker moves them to the pool
             if handle in H._pool.get(0, ()):
                 return
         time.sleep(0.01)

@@ -463,6 +463,8 @@ def fake_cudnn(monkeypatch):
     monkeypatch.setattr(M, "current_device", lambda: 0)
     fake_tls = threading.local()
     monkeypatch.setattr(H, "_tls", fake_tls)
+    with H._pool_lock:
+        H._take_returned()  # real handles queued by ended threads belong to the saved pool
     saved_pool = {k: list(v) for k, v in H._pool.items()}
     saved_created = dict(H._created)
     H._pool.clear()
@@ -470,6 +472,8 @@ def fake_cudnn(monkeypatch):
     yield state
     vars(fake_tls).clear()  # this thread's fake handles go to the pool now, not after restoring it
     gc.collect()
+    with H._pool_lock:
+        H._take_returned()  # fake handles queued by the test's threads: dropped with the fake pool
     H._pool.clear()
     H._pool.update(saved_pool)
     H._created.clear()
