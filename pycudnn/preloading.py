@@ -136,7 +136,9 @@ def preload(device: Any = None, *, launch: bool = True, max_bytes: int | None = 
     After it, the first ``benchmark=True`` call with stored parameters runs the stored choice from
     the in-memory cache, with its kernels already loaded: no search, no rebuild, no lazy loading.
     Safe to call from a background thread and while other threads convolve (each record is
-    rebuilt under its key's search lock; records already cached are left alone). Nothing happens
+    rebuilt under its key's search lock; records already cached are left alone), but not while a
+    CUDA graph is being captured: it launches work and allocates on the legacy default stream,
+    which a capture in another thread does not allow (preload before capturing). Nothing happens
     when the tuning database is off. Records that no longer rebuild are dropped from the database
     and logged, as a convolution would; nothing raises for a record.
 
