@@ -47,7 +47,7 @@ class PreloadReport:
     already_cached: int = 0
     #: no longer rebuild here: removed from the database, as a call would (logged)
     dropped: int = 0
-    #: unreadable, or short of memory: left for the first call to rebuild
+    #: unreadable, or out of memory while rebuilding: left for the first call
     skipped: int = 0
     seconds: float = 0.0
 
@@ -153,7 +153,8 @@ def preload(device: Any = None, *, launch: bool = True, max_bytes: int | None = 
         A :class:`PreloadReport` (counts and seconds; ``str()`` gives one line).
 
     Raises:
-        TypeError, ValueError: ``device`` is not a device of this machine.
+        TypeError, ValueError: ``device`` is not a device of this machine, or ``launch`` /
+            ``max_bytes`` are not what is described above.
         NoDeviceError: no usable CUDA device.
     """
     from . import _lib, tuning_db
@@ -161,9 +162,11 @@ def preload(device: Any = None, *, launch: bool = True, max_bytes: int | None = 
     from .memory import (callers_device, ensure_device, mem_get_info, normalize_device,
                          restore_device, stream_synchronize)
 
-    dev = normalize_device(device, "device", "pycudnn.preload")
+    if type(launch) is not bool:
+        raise TypeError(f"launch: expected a bool, got {type(launch).__name__}")
     if max_bytes is not None and (type(max_bytes) is not int or max_bytes < 0):
         raise ValueError(f"max_bytes: expected an int >= 0 or None, got {max_bytes!r}")
+    dev = normalize_device(device, "device", "pycudnn.preload")
     t0 = time.perf_counter()
     if not tuning_db.enabled():
         return PreloadReport(dev)
@@ -197,8 +200,6 @@ def preload(device: Any = None, *, launch: bool = True, max_bytes: int | None = 
 def _preload_one(entry: dict[str, Any], dev: int, handle: int, scratch: _Scratch, launch: bool,
                  max_bytes: int) -> tuple[str, ...]:
     """Rebuild (and launch) one entry; returns the report counters it adds to."""
-    from . import tuning_db
-
     try:
         params = params_from_dict(entry["params"], dev)
         strategy = strategy_for(params.engine)
@@ -213,18 +214,20 @@ def _preload_one(entry: dict[str, Any], dev: int, handle: int, scratch: _Scratch
         if cache.get(params) is not None:  # a convolution got there first
             return ("already_cached",)
         run = launch and sum(sizes) <= max_bytes
+        x = w = y = z = bias = 0
+        if run:
+            try:
+                x, w, y, z, bias = scratch.pointers(sizes)
+            except OutOfMemoryError:
+                run = False  # rebuild it all the same; its kernels load on the first call
         try:
-            x, w, y, z, bias = scratch.pointers(sizes) if run else [0] * 5
             args = ConvolutionArgs(params=params, handle=handle, stream=0, x=x, w=w, y=y,
                                    benchmark=True, z=z, bias=bias)
             record = strategy.restore(args, dict(entry["record"]))
         except OutOfMemoryError:
             return ("skipped",)
         except Exception as exc:  # noqa: BLE001 - stale record: drop it as a call would
-            log.warning("tuning database: dropping the record for %s (%s: %s)", params.short(),
-                        type(exc).__name__, str(exc).split("\n", 1)[0])
-            tuning_db.drop(params)
-            return ("dropped",)
+            return _drop(params, exc)
         launched = False
         if run:
             try:
@@ -233,9 +236,16 @@ def _preload_one(entry: dict[str, Any], dev: int, handle: int, scratch: _Scratch
             except OutOfMemoryError:
                 pass  # the record is fine; its kernels load on the first call instead
             except Exception as exc:  # noqa: BLE001
-                log.warning("tuning database: dropping the record for %s (%s: %s)", params.short(),
-                            type(exc).__name__, str(exc).split("\n", 1)[0])
-                tuning_db.drop(params)
-                return ("dropped",)
+                return _drop(params, exc)
         cache.insert(params, record)
     return ("restored", "launched") if launched else ("restored",)
+
+
+def _drop(params: ConvolutionParams, exc: BaseException) -> tuple[str, ...]:
+    """Forget a record that no longer rebuilds or runs here (logged, as a convolution would)."""
+    from . import tuning_db
+
+    log.warning("tuning database: dropping the record for %s (%s: %s)", params.short(),
+                type(exc).__name__, str(exc).split("\n", 1)[0])
+    tuning_db.drop(params)
+    return ("dropped",)

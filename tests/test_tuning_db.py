@@ -541,3 +541,15 @@ def test_preload_without_a_gpu_names_the_reason():
         pytest.skip("checks the refusal on a machine without a GPU")
     with pytest.raises(NoDeviceError, match="pycudnn.preload: no usable CUDA device"):
         pycudnn.preload()
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"max_bytes": -1}, "max_bytes: expected an int >= 0 or None, got -1"),
+    ({"max_bytes": 1.5}, "max_bytes: expected an int"),
+    ({"launch": "yes"}, "launch: expected a bool, got str"),
+])
+def test_preload_checks_its_arguments_first(kwargs, error):
+    import pycudnn
+
+    with pytest.raises((TypeError, ValueError), match=error):
+        pycudnn.preload(**kwargs)
