@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any
 
-from .algos import ConvolutionArgs, ConvolutionParams, caches, strategy_for
+from .algos import ConvolutionArgs, ConvolutionParams, _span_bytes, caches, strategy_for
 from .errors import OutOfMemoryError
 
 __all__ = ["preload", "PreloadReport", "params_from_dict"]
@@ -92,14 +92,13 @@ def _scratch_bytes(p: ConvolutionParams) -> list[int]:
     from ._types import normalize_dtype
     from .tensor import span_elements
 
-    item = normalize_dtype(p.dtype).itemsize
-    w = 1
-    for n in p.weight_shape:
-        w *= n
-    z = span_elements(p.output_shape, p.z_strides) if p.epilogue == "add_relu" and p.z_strides else 0
-    bias = p.output_shape[1] if p.epilogue else 0
-    return [span_elements(p.input_shape, p.input_strides) * item, w * item,
-            span_elements(p.output_shape, p.output_strides) * item, z * item, bias * 8]
+    # _span_bytes gives the bytes a direction writes: input (dgrad), weight (wgrad), output (fwd)
+    x, w, y = (_span_bytes(p, d) for d in ("backward_data", "backward_filter", "forward"))
+    z = 0
+    if p.epilogue == "add_relu" and p.z_strides:
+        z = span_elements(p.output_shape, p.z_strides) * normalize_dtype(p.dtype).itemsize
+    bias = p.output_shape[1] * 8 if p.epilogue else 0  # 8 bytes an element: any bias dtype fits
+    return [x, w, y, z, bias]
 
 
 class _Scratch:
