@@ -1533,6 +1533,19 @@ def _strict(v: list[Violation]) -> list[Violation]:
     return [x for x in v if x.bug not in KNOWN_BUGS and not x.optional]
 
 
+def _descriptor_shape_violations(shape: Any, validate: bool) -> tuple[list[Violation], tuple | None]:
+    """What the tensor and filter descriptor classes refuse in a shape: not a sequence of ints,
+    fewer than 3 or more than 8 dims, sizes above int32, and (when validating) sizes <= 0."""
+    v, shp = _seq_violations(shape, "shape")
+    if shp is not None:
+        if not 3 <= len(shp) <= 8:
+            v.append(Violation(f"{len(shp)} dims", "shape"))
+        v += _int32(shp, "shape")
+        if validate and shp and min(shp) <= 0:
+            v.append(Violation("size <= 0", "shape"))
+    return v, shp
+
+
 def _int32(values, name) -> list[Violation]:
     if values and (max(values) > INT32_MAX or min(values) < -(2**31)):
         return [Violation(f"{name} {values} outside int32", name)]
@@ -1591,14 +1604,8 @@ def test_tensor_descriptor_fuzz(data, dtype, validate):
     if strides is not None:
         strides = data.draw(corrupted(strides))
 
-    v, shp = _seq_violations(shape, "shape")
+    v, shp = _descriptor_shape_violations(shape, validate)
     cud: list[str] = []
-    if shp is not None:
-        if not 3 <= len(shp) <= 8:
-            v.append(Violation(f"{len(shp)} dims", "shape"))
-        v += _int32(shp, "shape")
-        if validate and shp and min(shp) <= 0:
-            v.append(Violation("size <= 0", "shape"))
     v += _dtype_violation(dtype)
     st_ = None
     if strides is None:
@@ -1645,14 +1652,8 @@ def test_filter_descriptor_fuzz(data, dtype, fmt, validate):
 
     shape = data.draw(corrupted(data.draw(desc_shape())))
 
-    v, shp = _seq_violations(shape, "shape")
+    v, shp = _descriptor_shape_violations(shape, validate)
     cud: list[str] = []
-    if shp is not None:
-        if not 3 <= len(shp) <= 8:
-            v.append(Violation(f"{len(shp)} dims", "shape"))
-        v += _int32(shp, "shape")
-        if validate and shp and min(shp) <= 0:
-            v.append(Violation("size <= 0", "shape"))
     v += _dtype_violation(dtype)
     if not (fmt in ("NCHW", "NHWC", "nhwc") or (_is_int(fmt) and not isinstance(fmt, bool) and fmt in (0, 1))):
         v.append(Violation(f"format {fmt!r}", "format"))
