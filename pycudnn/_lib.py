@@ -8,6 +8,14 @@
 
 If none loads, :class:`~pycudnn.errors.CudnnNotFoundError` lists every place tried and why.
 
+``PYCUDNN_LIBRARY`` (when set and not empty) is the only place tried: a library it names that does
+not load, is not cuDNN or is older than 9.0 raises ``CudnnNotFoundError`` naming the path and the
+reason, rather than falling through to another cuDNN the user did not ask for. It must be an
+absolute path: a relative one is refused (the message says which absolute path it would mean),
+because the library is opened lazily, at the first call that needs it, when the current directory
+may be another than where the variable was set, and a bare name would go through the dynamic
+loader's search path, which is what steps 2 and 3 already do.
+
 Every C function pycudnn calls is one row of :data:`PROTOTYPES`, with explicit ``restype`` and
 ``argtypes`` (``c_void_p`` for handles and pointers, ``c_size_t`` for sizes: ctypes' default
 ``int`` restype would truncate 64-bit values). Rows are bound on first use and then cached as
@@ -293,12 +301,27 @@ _lock = threading.Lock()
 _library: Library | None = None
 
 
-def _candidates() -> list[tuple[str, Callable[[], tuple[Any, Any]]]]:
-    """(description, loader) in the order they are tried; each loader returns (CDLL, path)."""
-    out: list[tuple[str, Callable[[], tuple[Any, Any]]]] = []
-    env = os.environ.get("PYCUDNN_LIBRARY")
+class _Refused(Exception):
+    """A candidate that pycudnn refuses without trying to open it."""
+
+
+def _open_env_library(env: str) -> tuple[Any, str]:
+    """Open the library PYCUDNN_LIBRARY names (an absolute path)."""
+    if not os.path.isabs(env):
+        raise _Refused(f"not an absolute path (relative to the current directory it would be "
+                       f"{os.path.abspath(env)}); set PYCUDNN_LIBRARY to the absolute path of "
+                       "libcudnn.so.9")
+    return ctypes.CDLL(env, mode=ctypes.RTLD_GLOBAL), env
+
+
+def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]]]]:
+    """(description, loader) in the order they are tried; each loader returns (CDLL, path).
+
+    ``env`` is PYCUDNN_LIBRARY's value: when set (not empty) it is the only candidate."""
     if env:
-        out.append((f"PYCUDNN_LIBRARY={env}", lambda: (ctypes.CDLL(env, mode=ctypes.RTLD_GLOBAL), env)))
+        path = env
+        return [(f"PYCUDNN_LIBRARY={env}", lambda: _open_env_library(path))]
+    out: list[tuple[str, Callable[[], tuple[Any, Any]]]] = []
 
     def from_pathfinder():
         from cuda.pathfinder import load_nvidia_dynamic_lib
@@ -319,9 +342,13 @@ _INSTALL_HINT = ('install the cuDNN 9 wheel that matches your CUDA: pip install 
 
 def _load() -> Library:
     tried: list[str] = []
-    for description, loader in _candidates():
+    env = os.environ.get("PYCUDNN_LIBRARY")
+    for description, loader in _candidates(env):
         try:
             cdll, path = loader()
+        except _Refused as exc:
+            tried.append(f"  - {description}: refused: {exc}")
+            continue
         except Exception as exc:  # OSError from dlopen, DynamicLibNotFoundError, ImportError
             tried.append(f"  - {description}: {type(exc).__name__}: {exc}")
             continue
@@ -336,8 +363,6 @@ def _load() -> Library:
         if ver < MIN_VERSION:
             # A library that loads but is too old is an error, not a reason to try the next
             # place: the user would otherwise run against a different cuDNN than they think.
-            # (A PYCUDNN_LIBRARY that does not load at all falls through to the next place, as
-            # the documented order says; the final error lists it with its reason.)
             raise CudnnNotFoundError(
                 f"pycudnn needs cuDNN >= 9.0 but found cuDNN {_format_version(ver)} at {path} "
                 f"(via {description}); {_INSTALL_HINT}")
@@ -346,6 +371,14 @@ def _load() -> Library:
         logging.getLogger("pycudnn").debug("loaded cuDNN %s from %s (via %s)",
                                            _format_version(ver), path, description)
         return Library(cdll, str(path), description)
+    if env:
+        # Only PYCUDNN_LIBRARY was tried: another cuDNN may be installed, but it is not the one
+        # asked for. The "  - " line keeps the shape of the list below (`pycudnn info` reads it).
+        raise CudnnNotFoundError(
+            f"could not load the libcudnn that PYCUDNN_LIBRARY names ({env}); pycudnn does not "
+            "fall back to another cuDNN while it is set:\n" + "\n".join(tried)
+            + "\nfix the path, or unset PYCUDNN_LIBRARY to use the cuDNN found otherwise "
+            '(the cuDNN wheel: pip install "pycudnn[cu12]" or [cu13])')
     raise CudnnNotFoundError("could not load libcudnn; tried, in order:\n" + "\n".join(tried)
                              + f"\n{_INSTALL_HINT}")
 

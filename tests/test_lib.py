@@ -117,8 +117,7 @@ else:
 
 
 def test_missing_library_error_lists_every_place_tried():
-    missing = "/nonexistent/dir/libcudnn.so.9"
-    proc = run_python(NOT_FOUND_PROBE, PYCUDNN_LIBRARY=missing, LD_LIBRARY_PATH="")
+    proc = run_python(NOT_FOUND_PROBE, LD_LIBRARY_PATH="")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     if out.startswith("LOADED"):
@@ -126,14 +125,94 @@ def test_missing_library_error_lists_every_place_tried():
     assert out.startswith("NOT-FOUND"), out
     lines = out.splitlines()
     tried = [line for line in lines if line.startswith("  - ")]
-    assert len(tried) == 4, out
-    assert tried[0].startswith(f"  - PYCUDNN_LIBRARY={missing}: OSError")
-    assert tried[1].startswith('  - cuda.pathfinder.load_nvidia_dynamic_lib("cudnn"): ')
-    assert "ImportError" in tried[1] or "ModuleNotFoundError" in tried[1]
-    assert tried[2].startswith("  - libcudnn.so.9: OSError")
-    assert tried[3].startswith("  - libcudnn.so: OSError")
+    assert len(tried) == 3, out
+    assert tried[0].startswith('  - cuda.pathfinder.load_nvidia_dynamic_lib("cudnn"): ')
+    assert "ImportError" in tried[0] or "ModuleNotFoundError" in tried[0]
+    assert tried[1].startswith("  - libcudnn.so.9: OSError")
+    assert tried[2].startswith("  - libcudnn.so: OSError")
     assert "could not load libcudnn; tried, in order:" in out
     assert 'pip install "pycudnn[cu12]"' in out and "set PYCUDNN_LIBRARY" in out
+
+
+# ---- PYCUDNN_LIBRARY is the only place tried when set -------------------------------------------
+
+ENV_LIBRARY_PROBE = r"""
+import json
+import pycudnn
+import pycudnn._lib as L
+state = {"loaded_after_import": L.is_loaded()}
+for attempt in range(2):  # the second call must not pick up another cuDNN either
+    try:
+        path = pycudnn.library_path()
+    except pycudnn.CudnnNotFoundError as exc:
+        state[f"error{attempt}"] = str(exc)
+    else:
+        state[f"loaded{attempt}"] = path
+print(json.dumps(state))
+"""
+
+
+def _env_library_error(monkeypatch, value: str) -> str:
+    """The CudnnNotFoundError message of loading with PYCUDNN_LIBRARY=value (in this process)."""
+    monkeypatch.setenv("PYCUDNN_LIBRARY", value)
+    monkeypatch.setattr(_lib, "_library", None)  # monkeypatch restores the loaded one afterwards
+    with pytest.raises(CudnnNotFoundError) as info:
+        _lib.lib()
+    assert _lib._library is None
+    return str(info.value)
+
+
+def test_pycudnn_library_that_does_not_load_is_an_error_not_a_fallback():
+    # Another cuDNN (the wheel's) loads in this environment; a missing PYCUDNN_LIBRARY used to be
+    # passed over silently in favour of it.
+    assert _lib.library_path()
+    missing = "/nonexistent/cudnn-9.1.0/lib/libcudnn.so.9"
+    proc = run_python(ENV_LIBRARY_PROBE, PYCUDNN_LIBRARY=missing)
+    assert proc.returncode == 0, proc.stderr
+    state = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert state["loaded_after_import"] is False  # import stays lazy
+    assert "loaded0" not in state and "loaded1" not in state, state
+    for message in (state["error0"], state["error1"]):
+        lines = message.splitlines()
+        assert lines[0] == (f"could not load the libcudnn that PYCUDNN_LIBRARY names ({missing}); "
+                            "pycudnn does not fall back to another cuDNN while it is set:")
+        assert lines[1] == (f"  - PYCUDNN_LIBRARY={missing}: OSError: {missing}: cannot open "
+                            "shared object file: No such file or directory")
+        assert lines[2].startswith("fix the path, or unset PYCUDNN_LIBRARY")
+        assert len(lines) == 3  # nothing else was tried
+    # the fixed parts are quoted in the troubleshooting page
+    trouble = (REPO / "docs" / "troubleshooting.md").read_text()
+    assert lines[0].replace(missing, "/opt/cudnn/libcudnn.so.9") in trouble
+    assert lines[2] in trouble
+
+
+def test_relative_pycudnn_library_is_refused_naming_the_absolute_path(monkeypatch, tmp_path):
+    real = _lib.library_path()
+    # a real libcudnn at the relative path: refused all the same, without being opened
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libcudnn.so.9").symlink_to(real)
+    monkeypatch.chdir(tmp_path)
+    message = _env_library_error(monkeypatch, "lib/libcudnn.so.9")
+    assert (f"  - PYCUDNN_LIBRARY=lib/libcudnn.so.9: refused: not an absolute path (relative to "
+            f"the current directory it would be {tmp_path}/lib/libcudnn.so.9); set "
+            "PYCUDNN_LIBRARY to the absolute path of libcudnn.so.9") in message.splitlines()
+    # a bare name is relative too (it would go through the loader's search path)
+    assert "refused: not an absolute path" in _env_library_error(monkeypatch, "libcudnn.so.9")
+
+
+def test_pycudnn_library_that_is_not_cudnn_is_an_error(monkeypatch):
+    import _ctypes  # a shared object that loads and has no cudnnGetVersion
+
+    message = _env_library_error(monkeypatch, _ctypes.__file__)
+    assert f"  - PYCUDNN_LIBRARY={_ctypes.__file__}: loaded {_ctypes.__file__} but it has no " \
+           "cudnnGetVersion" in message.splitlines()
+
+
+def test_empty_pycudnn_library_means_unset(monkeypatch):
+    real = _lib.library_path()
+    monkeypatch.setenv("PYCUDNN_LIBRARY", "")
+    monkeypatch.setattr(_lib, "_library", None)
+    assert _lib.lib().path == real
 
 
 # ---- the prototype table ------------------------------------------------------------------------
