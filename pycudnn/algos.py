@@ -79,6 +79,9 @@ class ConvolutionParams:
     #: byte alignment promised for each pointer (x, w, y[, z, b]); the graph engine bakes it into
     #: its graphs, so it is part of the key there (empty for the v7 engine, which needs none)
     alignments: tuple[int, ...] = ()
+    #: graph engine with benchmark: time at most this many candidates (None: all). A search cut
+    #: short is a different answer from a full one, so it is part of the key (None otherwise).
+    benchmark_limit: int | None = None
 
     def short(self) -> str:
         """One line for logs and the cache listing."""
@@ -86,7 +89,8 @@ class ConvolutionParams:
         return (f"{self.direction}{ep} {self.dtype} x{list(self.input_shape)} w{list(self.weight_shape)}"
                 f" y{list(self.output_shape)} pad{list(self.padding)} stride{list(self.stride)}"
                 f" dil{list(self.dilation)} groups={self.groups} fmt={self.weight_format}"
-                f" det={self.deterministic} tf32={self.allow_tf32} engine={self.engine}")
+                f" det={self.deterministic} tf32={self.allow_tf32} engine={self.engine}"
+                + (f" benchmark_limit={self.benchmark_limit}" if self.benchmark_limit is not None else ""))
 
 
 # ---- records and arguments ------------------------------------------------------------------------
@@ -156,6 +160,31 @@ class SearchStrategy(Protocol):
 
 # ---- the cache ------------------------------------------------------------------------------------
 
+class _SearchLock:
+    """A per-key lock that exists only while a thread holds or waits for it.
+
+    Keeping one lock per key for ever grew without bound for keys that never get a record
+    (deterministic v7 calls, failed searches); counting users and removing the entry when the last
+    one leaves keeps the map as small as the number of searches in flight.
+    """
+
+    __slots__ = ("cache", "key", "lock", "users")
+
+    def __init__(self, cache: "BenchmarkCache", key: ConvolutionParams) -> None:
+        self.cache = cache
+        self.key = key
+        self.lock = threading.Lock()
+        self.users = 0
+
+    def __enter__(self) -> "_SearchLock":
+        self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+        self.cache._leave(self)
+
+
 class BenchmarkCache:
     """Thread-safe map ConvolutionParams -> record, bounded, with per-key search locks.
 
@@ -167,7 +196,7 @@ class BenchmarkCache:
         self.maxsize = maxsize
         self._map: OrderedDict[ConvolutionParams, Any] = OrderedDict()
         self._lock = threading.Lock()
-        self._search_locks: dict[ConvolutionParams, threading.Lock] = {}
+        self._search_locks: dict[ConvolutionParams, _SearchLock] = {}
         self.searches = 0  # number of searches run (tests assert one per key)
 
     def get(self, key: ConvolutionParams) -> Any:
@@ -185,31 +214,43 @@ class BenchmarkCache:
         """Bound the cache (None: unbounded), evicting the least recently used entries now."""
         with self._lock:
             self.maxsize = maxsize
-            if maxsize is not None:
-                while len(self._map) > maxsize:
-                    old, _ = self._map.popitem(last=False)
-                    self._search_locks.pop(old, None)
+            self._evict()
 
     def insert(self, key: ConvolutionParams, record: Any) -> None:
         with self._lock:
             self._map[key] = record
             self._map.move_to_end(key)
-            if self.maxsize is not None:
-                while len(self._map) > self.maxsize:
-                    old, _ = self._map.popitem(last=False)
-                    self._search_locks.pop(old, None)
+            self._evict()
 
-    def search_lock(self, key: ConvolutionParams) -> threading.Lock:
+    def _evict(self) -> None:
+        if self.maxsize is not None:
+            while len(self._map) > self.maxsize:
+                self._map.popitem(last=False)
+
+    def search_lock(self, key: ConvolutionParams) -> _SearchLock:
+        """The lock serializing searches for ``key``; use it as ``with cache.search_lock(key):``
+        (the entry is removed when no thread holds or waits for it any more)."""
         with self._lock:
-            lock = self._search_locks.get(key)
-            if lock is None:
-                lock = self._search_locks[key] = threading.Lock()
-            return lock
+            entry = self._search_locks.get(key)
+            if entry is None:
+                entry = self._search_locks[key] = _SearchLock(self, key)
+            entry.users += 1
+            return entry
+
+    def _leave(self, entry: _SearchLock) -> None:
+        with self._lock:
+            entry.users -= 1
+            if entry.users == 0 and self._search_locks.get(entry.key) is entry:
+                del self._search_locks[entry.key]
+
+    @property
+    def searches_in_flight(self) -> int:
+        """Keys a thread is searching (or waiting to search) right now."""
+        return len(self._search_locks)
 
     def clear(self) -> None:
         with self._lock:
             self._map.clear()
-            self._search_locks.clear()
             self.searches = 0
 
     def items(self) -> list[tuple[ConvolutionParams, Any]]:
@@ -267,12 +308,29 @@ def clear_caches() -> None:
 
 # ---- guards ---------------------------------------------------------------------------------------
 
+def precision_problem(params: ConvolutionParams, math_type: int) -> str | None:
+    """Why ``math_type`` may not run ``params`` (None when it may).
+
+    The reference's rule: strict float32 runs on FMA math only. Beyond it, float32 and float64
+    data never run with ``TENSOR_OP_MATH_ALLOW_CONVERSION`` (which converts the inputs down to
+    half precision), and the math type must be one cuDNN defines.
+    """
+    try:
+        math = MathType(math_type)
+    except ValueError:
+        return f"unknown math type {math_type!r}"
+    if params.dtype == "float32" and not params.allow_tf32 and math != MathType.FMA_MATH:
+        return f"float32 with allow_tf32=False must run with FMA math, got {math.name}"
+    if params.dtype in ("float32", "float64") and math == MathType.TENSOR_OP_MATH_ALLOW_CONVERSION:
+        return f"{params.dtype} data may not be converted down to half precision ({math.name})"
+    return None
+
+
 def check_precision(params: ConvolutionParams, math_type: int) -> None:
-    """The reference's ASSERT_CORRECT_PRECISION: strict float32 never runs on tensor-op math."""
-    if params.dtype == "float32" and not params.allow_tf32 and math_type != MathType.FMA_MATH:
-        raise PycudnnError(
-            f"internal error: float32 with allow_tf32=False must run with FMA math, "
-            f"got {MathType(math_type).name}")
+    """The reference's ASSERT_CORRECT_PRECISION (see :func:`precision_problem`), before a launch."""
+    problem = precision_problem(params, math_type)
+    if problem is not None:
+        raise PycudnnError(f"internal error: {problem}")
 
 
 def error_if_capturing(stream: int, what: str) -> None:
@@ -414,8 +472,9 @@ def _to_tuning_db(args: ConvolutionArgs, strategy: Any, record: Any) -> None:
         return
     try:
         db.store(params, serialize(record))
-    except OSError as exc:  # a read-only or full disk must not fail the convolution
-        log.warning("tuning database: could not store a record (%s)", exc)
+    except Exception as exc:  # noqa: BLE001 - a read-only disk or a bad file must not fail the call
+        log.warning("tuning database: could not store a record (%s: %s)", type(exc).__name__,
+                    _first_line(exc))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -553,14 +612,55 @@ class V7Search:
                 "time_ms": record.time_ms, "deterministic": record.deterministic}
 
     def restore(self, args: ConvolutionArgs, data: dict[str, Any]) -> AlgoRecord:
-        """A record from the tuning database (the workspace is asked of cuDNN again)."""
+        """A record from the tuning database, checked as a search checks its candidates.
+
+        The database is untrusted input: only the algorithm and math type are taken from it.
+        cuDNN's heuristics for this key say whether the algorithm is supported and deterministic
+        (the record's own claims are ignored), the math type must pass the precision rule, and
+        the workspace is asked of cuDNN again and held to ``workspace_limit``.
+
+        Raises:
+            ValueError: the record does not check out for this key (the caller drops it).
+        """
         p = args.params
-        algo, math = int(data["algo"]), int(data["math_type"])
-        _V7_TABLE[p.direction].algo_enum(algo)  # ValueError for an algorithm this cuDNN lacks
-        MathType(math)
+        algo, math = _plain_int(data.get("algo"), "algo"), _plain_int(data.get("math_type"), "math_type")
+        try:
+            _V7_TABLE[p.direction].algo_enum(algo)
+        except ValueError:
+            raise ValueError(f"algo {algo} is not a {p.direction} algorithm of this cuDNN") from None
+        problem = precision_problem(p, math)
+        if problem is not None:
+            raise ValueError(problem)
+        # the same filter a search applies: supported for these descriptors, deterministic if asked
+        valid = self._valid(p, *self._heuristics(args), "heuristics")
+        match = [r for r in valid if r.algo == algo]
+        if not match:
+            raise ValueError(
+                f"{_V7_TABLE[p.direction].algo_enum(algo).name} is not a valid algorithm for this key "
+                f"(cuDNN's heuristics: unsupported{' or non-deterministic' if p.deterministic else ''})")
         ws = self.workspace_size(args, algo, math)
-        return AlgoRecord(algo, math, ws, float(data.get("time_ms", -1.0)),
-                          bool(data.get("deterministic", True)), p.direction, "tuning-db")
+        if ws >= _ABSURD_WORKSPACE:
+            raise ValueError(f"cuDNN reports an absurd workspace of {ws} bytes")
+        if p.workspace_limit is not None and ws > p.workspace_limit:
+            raise ValueError(f"needs a workspace of {ws} B, above workspace_limit={p.workspace_limit}")
+        time_ms = data.get("time_ms", -1.0)
+        time_ms = float(time_ms) if type(time_ms) in (int, float) and time_ms >= 0 else -1.0
+        return AlgoRecord(algo, math, ws, time_ms, match[0].deterministic, p.direction, "tuning-db")
+
+    def _heuristics(self, args: ConvolutionArgs) -> tuple[Any, int]:
+        """cudnnGet*_v7 for ``args``: (perf array, count)."""
+        p = args.params
+        table = _V7_TABLE[p.direction]
+        descs = self.descriptors(p)
+        a, _, b, _, out, _ = descs.operands(p.direction, args)
+        n = len(table.algos)
+        perf = (table.perf_struct * n)()
+        count = ctypes.c_int(0)
+        status = getattr(_lib.lib(), table.get_fn)(
+            args.handle, a, b, descs.search_conv.handle, out, n, ctypes.byref(count), perf)
+        if status:
+            _lib.raise_status(status, table.get_fn, f"  params: {p.short()}")
+        return perf, count.value
 
     def describe_params(self, params: ConvolutionParams) -> list[str]:
         """The legacy descriptors of ``params`` as cuDNN holds them (for error context)."""
@@ -604,43 +704,36 @@ class V7Search:
 
     # -- candidates --
     def candidates(self, args: ConvolutionArgs) -> list[AlgoRecord]:
+        if not args.benchmark:
+            return self._valid(args.params, *self._heuristics(args), "heuristics")
+        from .memory import allocate
+
         p = args.params
         table = _V7_TABLE[p.direction]
+        error_if_capturing(args.stream, table.find_fn)
         descs = self.descriptors(p)
         a, a_ptr, b, b_ptr, out, out_ptr = descs.operands(p.direction, args)
         n = len(table.algos)
         perf = (table.perf_struct * n)()
         count = ctypes.c_int(0)
-        library = _lib.lib()
-        if not args.benchmark:
-            status = getattr(library, table.get_fn)(
-                args.handle, a, b, descs.search_conv.handle, out, n, ctypes.byref(count), perf)
+        ws_size = self.max_workspace_size(args)
+        workspace = allocate(ws_size, p.device, args.stream)
+        scratch = None
+        try:
+            if args.out_may_hold_data:
+                # cudnnFind*Ex writes garbage into its output: never into data the caller needs.
+                scratch = allocate(_span_bytes(p, p.direction), p.device, args.stream)
+                out_ptr = scratch.ptr
+            status = getattr(_lib.lib(), table.find_fn)(
+                args.handle, a, a_ptr, b, b_ptr, descs.search_conv.handle, out, out_ptr,
+                n, ctypes.byref(count), perf, workspace.ptr, ws_size)
             if status:
-                _lib.raise_status(status, table.get_fn, f"  params: {p.short()}")
-            source = "heuristics"
-        else:
-            error_if_capturing(args.stream, table.find_fn)
-            from .memory import allocate
-
-            ws_size = self.max_workspace_size(args)
-            workspace = allocate(ws_size, p.device, args.stream)
-            scratch = None
-            try:
-                if args.out_may_hold_data:
-                    # cudnnFind*Ex writes garbage into its output: never into data the caller needs.
-                    scratch = allocate(_span_bytes(p, p.direction), p.device, args.stream)
-                    out_ptr = scratch.ptr
-                status = getattr(library, table.find_fn)(
-                    args.handle, a, a_ptr, b, b_ptr, descs.search_conv.handle, out, out_ptr,
-                    n, ctypes.byref(count), perf, workspace.ptr, ws_size)
-                if status:
-                    _lib.raise_status(status, table.find_fn, f"  params: {p.short()}")
-            finally:
-                workspace.close(args.stream)
-                if scratch is not None:
-                    scratch.close(args.stream)
-            source = "find"
-        return self._valid(p, perf, count.value, source)
+                _lib.raise_status(status, table.find_fn, f"  params: {p.short()}")
+        finally:
+            workspace.close(args.stream)
+            if scratch is not None:
+                scratch.close(args.stream)
+        return self._valid(p, perf, count.value, "find")
 
     @staticmethod
     def _valid(p: ConvolutionParams, perf, count: int, source: str) -> list[AlgoRecord]:
@@ -657,7 +750,7 @@ class V7Search:
             deterministic = r.determinism == Determinism.DETERMINISTIC
             if p.deterministic and not deterministic:
                 continue
-            if p.dtype == "float32" and not p.allow_tf32 and r.mathType != MathType.FMA_MATH:
+            if precision_problem(p, r.mathType) is not None:
                 continue  # would break the precision rule; check_precision guards the launch too
             out.append(AlgoRecord(int(r.algo), int(r.mathType), int(r.memory), float(r.time),
                                   deterministic, p.direction, source))
@@ -733,11 +826,28 @@ def _relu_descriptor(cls):
     return _relu_desc[0]
 
 
+#: the reference's guard: cuDNN sometimes reports workspaces near 2^64 (treated as unusable)
+_ABSURD_WORKSPACE = 1 << 40
+
+
+def _plain_int(value: Any, name: str) -> int:
+    """``value`` when it is an int (not a bool), else ValueError naming ``name``."""
+    if type(value) is not int:
+        raise ValueError(f"{name}: expected an int, got {value!r}")
+    return value
+
+
 def _span_bytes(p: ConvolutionParams, direction: str) -> int:
-    """Bytes spanned by the output of ``direction`` (for a scratch copy during Find)."""
+    """Bytes spanned by the tensor ``direction`` writes: the output (forward), the input
+    (backward data) or the weight (backward filter); for scratch buffers of the same size.
+
+    The item size comes from the same parser the descriptors use (``normalize_dtype``), so a
+    buffer sized here is never smaller than what a kernel given these parameters touches.
+    """
+    from ._types import normalize_dtype
     from .tensor import span_elements
 
-    itemsize = 8 if p.dtype == "float64" else (4 if p.dtype == "float32" else 2)
+    itemsize = normalize_dtype(p.dtype).itemsize
     if direction == "forward":
         return span_elements(p.output_shape, p.output_strides) * itemsize
     if direction == "backward_data":

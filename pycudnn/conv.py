@@ -382,7 +382,10 @@ class _Call:
             epilogue=self.epilogue,
             z_strides=_unsqueeze(z).strides if z is not None else None,
             alpha=self.alpha if self.epilogue == "add_relu" else 1.0,
-            alignments=self._alignments(x, w, y, z) if f["engine"] == "graph" else ())
+            alignments=self._alignments(x, w, y, z) if f["engine"] == "graph" else (),
+            # only a graph-engine measurement can be cut short by it
+            benchmark_limit=(f.get("benchmark_limit") if f["benchmark"] and f["engine"] == "graph"
+                             else None))
 
     def _alignments(self, x, w, y, z) -> tuple[int, ...]:
         ptrs = [x.ptr, w.ptr, y.ptr]
@@ -420,7 +423,6 @@ class _Call:
             benchmark=self.flags["benchmark"], z=z.ptr if z is not None else 0,
             bias=self.bias.ptr if self.bias is not None else 0,
             out_may_hold_data=any(spans_overlap(written, t) for t in reads))
-        args.extra["benchmark_limit"] = self.flags.get("benchmark_limit")
         args.extra["tuning_db"] = self.flags.get("tuning_db", True)
         try:
             record = try_all(args, self.strategy)

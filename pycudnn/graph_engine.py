@@ -45,6 +45,8 @@ _WARMUP, _TRIALS, _REPS = 1, 3, 3
 PRECOMPILED_PREFERENCE = 0.03
 
 _UID = {"x": 1, "w": 2, "y": 3, "z": 4, "b": 5}
+#: index in (x, w, y) of the tensor each direction writes
+_WRITTEN_ROLE = {"forward": 2, "backward_data": 0, "backward_filter": 1}
 
 
 @dataclass(eq=False)
@@ -264,9 +266,13 @@ class GraphSearch:
     def default_candidates(self, args: ConvolutionArgs) -> list[GraphRecord]:
         return self.candidates(args)
 
-    def _pointers(self, args: ConvolutionArgs, y_ptr: int | None = None) -> tuple[int, ...]:
+    def _pointers(self, args: ConvolutionArgs, written_ptr: int | None = None) -> tuple[int, ...]:
+        """The plan's pointers (x, w, y[, z][, b]); ``written_ptr`` replaces the tensor the
+        direction writes (y forward, x backward data, w backward filter), e.g. by a scratch buffer."""
         p = args.params
-        ptrs = [args.x, args.w, args.y if y_ptr is None else y_ptr]
+        ptrs = [args.x, args.w, args.y]
+        if written_ptr is not None:
+            ptrs[_WRITTEN_ROLE[p.direction]] = written_ptr
         if p.epilogue == "add_relu":
             ptrs.append(args.z)
         if p.epilogue in ("add_relu", "bias", "bias_relu"):
@@ -299,54 +305,59 @@ class GraphSearch:
 
     # -- tuning database ----------------------------------------------------------------------
     def serialize(self, record: GraphRecord) -> dict[str, Any]:
-        """What the tuning database keeps of a plan: which graph, engine id and knob choices."""
+        """What the tuning database keeps of a plan: which graph, engine id and knob choices.
+
+        Not the plan's JSON: a plan deserialized from a file carries its own tensors and could
+        touch memory other than this call's (the database is untrusted), so plans are always
+        rebuilt on the local graph from engine id and knobs.
+        """
         plan = record.plan
-        data = {"graph": record.graph_index, "engine_id": plan.engine_id,
+        return {"graph": record.graph_index, "engine_id": plan.engine_id,
                 "knobs": [[int(t), int(v)] for t, v in plan.key[1]],
                 "workspace": plan.workspace_size or 0, "time_ms": record.time_ms,
                 "tag": plan.tag}
-        if plan.runtime_compiled and plan.finalized:
-            # Rebuilding from engine id + knobs would compile the kernel again (30-1000 ms);
-            # the plan's JSON lets a later process finalize it without compiling.
-            try:
-                data["plan_json"] = plan.json()
-            except CudnnError as exc:
-                log.debug("graph engine: %s has no JSON representation (%s)", plan.tag, exc.status_name)
-        return data
 
     def restore(self, args: ConvolutionArgs, data: dict[str, Any]) -> GraphRecord:
-        """Rebuild a plan from its engine id and knobs, on this process's graph (no heuristics)."""
+        """Rebuild a stored choice on this process's graph for ``args`` (no heuristics).
+
+        Only the graph index, engine id and knob choices are read from the record (the database
+        is untrusted input): the plan is built from them on the graph of this key, so it computes
+        this convolution on these tensors or fails to finalize. It then gets the checks a search
+        applies: the engine's notes (no down-conversion, no tensor cores for strict float32, no
+        non-deterministic engine when determinism is asked) and the workspace limit.
+
+        Raises:
+            ValueError: the record does not check out for this key (the caller drops it).
+            CudnnError: cuDNN does not take the engine and knobs for this graph.
+        """
         from .graph import EngineConfig
 
+        p = args.params
         prep = self.prepared(args)
         graphs = self._graphs(args, prep)
-        gi = int(data.get("graph", 0))
-        time_ms = float(data.get("time_ms", -1.0))
-        engine_id = int(data["engine_id"])
-        rec = None
-        text = data.get("plan_json")
-        if isinstance(text, str) and text:
-            try:
-                plan = ExecutionPlan.from_json(args.handle, graphs[gi], text)
-            except CudnnError as exc:  # e.g. another driver: rebuild from engine id and knobs below
-                log.info("tuning database: plan JSON of engine %d did not load (%s); rebuilding it",
-                         engine_id, exc.status_name)
-            else:
-                if plan.engine_id in (engine_id, -1):
-                    rec = GraphRecord(plan, args.params.direction, time_ms, "tuning-db", "db", gi)
-                else:
-                    log.info("tuning database: plan JSON holds engine %d, the record says %d; "
-                             "rebuilding it", plan.engine_id, engine_id)
-        if rec is None:
-            cfg = EngineConfig.from_key(graphs[gi], engine_id,
-                                        [(int(t), int(v)) for t, v in data.get("knobs", [])])
-            rec = GraphRecord(ExecutionPlan(cfg), args.params.direction, time_ms, "tuning-db", "db", gi)
-            rec.finalize(args.handle)
-        cfg = rec.plan.config
-        kept, dropped = filter_candidates([cfg], args.params.dtype, args.params.allow_tf32,
-                                          args.params.deterministic)
+        gi = data.get("graph", 0)
+        if type(gi) is not int or not 0 <= gi < len(graphs):
+            raise ValueError(f"graph: expected an int in [0, {len(graphs)}), got {gi!r}")
+        engine_id = data.get("engine_id")
+        if type(engine_id) is not int or engine_id < 0:
+            raise ValueError(f"engine_id: expected an int >= 0, got {engine_id!r}")
+        knobs = data.get("knobs", [])
+        if not isinstance(knobs, list) or not all(
+                isinstance(k, list) and len(k) == 2 and all(type(v) is int for v in k) for k in knobs):
+            raise ValueError(f"knobs: expected a list of [type, value] int pairs, got {knobs!r}")
+        time_ms = data.get("time_ms", -1.0)
+        time_ms = float(time_ms) if type(time_ms) in (int, float) and time_ms >= 0 else -1.0
+        cfg = EngineConfig.from_key(graphs[gi], engine_id, [(t, v) for t, v in knobs])
+        _, dropped = filter_candidates([cfg], p.dtype, p.allow_tf32, p.deterministic)
         if dropped:
-            raise ValueError(f"stored plan {rec.plan.tag} is not allowed here: {dropped[0][1]}")
+            cfg.close()
+            raise ValueError(f"stored plan {cfg.tag} is not allowed here: {dropped[0][1]}")
+        rec = GraphRecord(ExecutionPlan(cfg), p.direction, time_ms, "tuning-db", "db", gi)
+        plan = rec.finalize(args.handle)
+        ws = plan.workspace_size or 0
+        if p.workspace_limit is not None and ws > p.workspace_limit:
+            raise ValueError(f"stored plan {plan.tag} needs a workspace of {ws} B, above "
+                             f"workspace_limit={p.workspace_limit}")
         return rec
 
     # -- measurement --------------------------------------------------------------------------
@@ -355,7 +366,7 @@ class GraphSearch:
 
         p = args.params
         error_if_capturing(args.stream, "graph engine benchmark")
-        limit = args.extra.get("benchmark_limit")
+        limit = p.benchmark_limit
         budget = args.extra.get("benchmark_budget_s", BENCHMARK_TIME_BUDGET_S)
         scratch = None
         out_ptr = None

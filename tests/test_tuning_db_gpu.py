@@ -1,7 +1,8 @@
 """The tuning database with the real engines on a GPU: a later "process" (caches and the
-database's memory cleared, the file kept) reuses the measured choice without searching, from the
-plan's JSON where a record carries one, and a record whose JSON no longer loads is rebuilt from
-its engine id and knobs instead of being searched again."""
+database's memory cleared, the file kept) reuses the measured choice without searching, rebuilt
+from its engine id and knobs on the local graph. A record is untrusted input: a plan's JSON in it
+(which carries its own tensors) is never deserialized, and a record that does not check out for
+its key is dropped and searched again, with the memory after the output left unchanged."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_later_process_reuses_the_measured_plan(db):
     params, first = _only_entry()
     data = db.lookup(params)
     assert data is not None and data["engine_id"] == first.plan.engine_id
-    assert ("plan_json" in data) == first.plan.runtime_compiled
+    assert "plan_json" not in data  # plans are rebuilt from engine id and knobs, never from JSON
 
     _new_process(db)
     assert _err(_run(x, w), ref) < 2e-5
@@ -81,43 +82,161 @@ def test_later_process_reuses_the_measured_plan(db):
     assert again.source == "tuning-db" and again.plan.key == first.plan.key
 
 
-def test_record_with_plan_json_finalizes_from_it(db):
-    from pycudnn import algos
+CANARY = 12345.0
 
-    x, w, ref = _case(1)
-    _run(x, w)
-    params, first = _only_entry()
+
+def _guarded_run(x, w):
+    """The convolution of ``_run`` with ``out=`` at the front of a buffer whose tail holds a
+    canary (a redzone, as TensorFlow's autotuner keeps): returns (output, canary values changed)."""
+    import pycudnn
+    from pycudnn import memory
+    from pycudnn.tensor import tensor_from_pointer
+
+    n_out = x.shape[0] * w.shape[0] * x.shape[2] * x.shape[3]
+    guard = pycudnn.from_numpy(np.full(n_out * 5, CANARY, np.float32))
+    y = tensor_from_pointer(guard.ptr, (x.shape[0], w.shape[0]) + x.shape[2:], "float32", owner=guard)
+    pycudnn.convolution(pycudnn.from_numpy(x), pycudnn.from_numpy(w), out=y, padding=1,
+                        engine="graph", benchmark=True, allow_tf32=False)
+    memory.synchronize()
+    got = guard.numpy()
+    return got[:n_out].reshape(y.shape), int(np.count_nonzero(got[n_out:] != CANARY))
+
+
+def test_plan_json_of_another_convolution_is_never_run(db):
+    """A record whose plan JSON (and engine id) are those of a 4x larger convolution, stored
+    under a small convolution's key: the plan is not deserialized, nothing is written past the
+    output, and the result is the small convolution's."""
+    import pycudnn
+    from pycudnn import algos, get_handle
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    big = rng.standard_normal((1, 8, 64, 64)).astype(np.float32)
+    small = rng.standard_normal((1, 8, 32, 32)).astype(np.float32)
+    _run(big, w)
+    _, big_rec = _only_entry()
+    big_rec.finalize(get_handle(0, 0))
+    try:
+        big_json = big_rec.plan.json()
+    except pycudnn.CudnnError:
+        big_json = '{"not": "a plan"}'  # this engine has no JSON form: the forged field still is one
+    pycudnn.clear_caches()
+    _run(small, w)
+    params, _ = _only_entry()
     data = db.lookup(params)
-    data["plan_json"] = first.plan.json()  # as stored for a runtime-compiled plan
+    data.update(engine_id=big_rec.plan.engine_id, knobs=[list(k) for k in big_rec.plan.key[1]],
+                plan_json=big_json, time_ms=0.0)
     db.store(params, data)
 
     _new_process(db)
-    assert _err(_run(x, w), ref) < 2e-5
-    _, again = _only_entry()
-    assert algos.caches["forward"].searches == 0
-    assert again.source == "tuning-db" and again.plan.config.mode == "json"
-    assert again.plan.engine_id == first.plan.engine_id
+    ref = R.conv_forward(small.astype(np.float64), w.astype(np.float64), (1, 1), (1, 1), (1, 1), 1)
+    out, changed = _guarded_run(small, w)
+    assert changed == 0
+    assert _err(out, ref) < 2e-5
+    _, rec = _only_entry()
+    assert rec.plan.config.mode != "json"
+    assert tuple(rec.plan.graph.specs["y"].shape) == (1, 8, 32, 32)  # built on this call's graph
 
 
-def test_plan_json_that_does_not_load_is_rebuilt_from_the_engine_id(db, caplog):
+@pytest.mark.parametrize("field, value", [
+    ("engine_id", 100000), ("engine_id", -1), ("engine_id", "7"), ("graph", 5), ("graph", -1),
+    ("knobs", [[1]]), ("knobs", "x"), ("knobs", [[10**30, 1]]),
+])
+def test_records_that_do_not_check_out_are_dropped_and_searched_again(db, field, value):
     from pycudnn import algos
 
-    x, w, ref = _case(2)
+    x, w, ref = _case(6)
     _run(x, w)
-    params, first = _only_entry()
+    params, _ = _only_entry()
     data = db.lookup(params)
-    data["plan_json"] = '{"not": "a plan"}'
+    data[field] = value
     db.store(params, data)
 
     _new_process(db)
-    with caplog.at_level("INFO", logger="pycudnn"):
-        assert _err(_run(x, w), ref) < 2e-5
-    _, again = _only_entry()
-    assert algos.caches["forward"].searches == 0  # rebuilt, not searched
-    assert again.source == "tuning-db" and again.plan.config.mode != "json"
-    assert again.plan.key == first.plan.key
-    assert "did not load" in caplog.text
-    assert db.lookup(params) is not None  # the record is kept
+    out, changed = _guarded_run(x, w)
+    assert changed == 0 and _err(out, ref) < 2e-5
+    _, rec = _only_entry()
+    assert rec.source != "tuning-db" and algos.caches["forward"].searches == 1
+    stored = db.lookup(params)
+    assert stored is None or stored.get(field) != value  # dropped (or replaced by the new search)
+
+
+def test_a_nondeterministic_record_is_not_used_for_a_deterministic_key(db):
+    """Whatever a v7 record claims, determinism is what cuDNN's heuristics say of the algorithm."""
+    import pycudnn
+    from pycudnn import algos
+    from pycudnn._types import BwdFilterAlgo
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((4, 16, 14, 14)).astype(np.float32)
+    dy = rng.standard_normal((4, 16, 14, 14)).astype(np.float32)
+    ref = R.conv_backward_filter(x.astype(np.float64), dy.astype(np.float64), (16, 16, 3, 3),
+                                 (1, 1), (1, 1), (1, 1), 1)
+    t = pycudnn.from_numpy
+
+    def run():
+        return pycudnn.convolution_backward_filter(t(x), t(dy), (16, 16, 3, 3), padding=1,
+                                                   engine="v7", benchmark=True, deterministic=True,
+                                                   allow_tf32=False).numpy()
+    assert _err(run(), ref) < 2e-5
+    params, _ = algos.caches["backward_filter"].items()[0]
+    db.store(params, {"algo": int(BwdFilterAlgo.ALGO_0), "math_type": 3, "workspace": 0,
+                      "time_ms": 0.0, "deterministic": True})  # ALGO_0 uses atomics
+    _new_process(db)
+    assert _err(run(), ref) < 2e-5
+    _, rec = algos.caches["backward_filter"].items()[0]
+    assert rec.algo != BwdFilterAlgo.ALGO_0 and rec.source == "find"
+
+
+def test_plans_run_from_several_threads_at_once(db):
+    """One finalized plan (shared through the benchmark cache) executed by 8 threads at the same
+    moment, each on its own stream and handle, gives every thread its own right result."""
+    import threading
+
+    import pycudnn
+    from pycudnn import algos, memory
+
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    xs = [rng.standard_normal((4, 16, 24, 24)).astype(np.float32) for _ in range(8)]
+    refs = [R.conv_forward(x.astype(np.float64), w.astype(np.float64), (1, 1), (1, 1), (1, 1), 1)
+            for x in xs]
+    pycudnn.convolution(pycudnn.from_numpy(xs[0]), pycudnn.from_numpy(w), padding=1,
+                        engine="graph", benchmark=True, allow_tf32=False)  # the one search
+    wd = pycudnn.from_numpy(w)
+    xds = [pycudnn.from_numpy(x) for x in xs]
+    memory.synchronize()
+    barrier = threading.Barrier(len(xs))
+    errors: list = []
+    results: dict = {}
+
+    def worker(i):
+        try:
+            from cuda.core import Device
+
+            dev = Device(0)
+            dev.set_current()
+            s = dev.create_stream()
+            barrier.wait()
+            outs = [pycudnn.convolution(xds[i], wd, padding=1, engine="graph", benchmark=True,
+                                        allow_tf32=False, stream=s) for _ in range(50)]
+            s.sync()
+            results[i] = [o.numpy() for o in outs[::10]]
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    memory.synchronize()
+    assert not errors, errors
+    assert algos.caches["forward"].searches == 1  # every thread replayed the same plan
+    assert len(results) == len(xs)
+    for i, outs in results.items():
+        for o in outs:
+            assert _err(o, refs[i]) < 2e-5, i
 
 
 # ---- preload: the database's records made ready before the first call ------------------------------
@@ -231,7 +350,6 @@ def test_preload_drops_stale_records_and_leaves_other_gpus_alone(db, tmp_path, c
     exported.write_text(json.dumps(doc))
     assert db.merge(exported) == 1
     # ... and this GPU's record made stale (an engine this cuDNN does not have)
-    data.pop("plan_json", None)
     data["engine_id"] = 100000
     db.store(params, data)
     assert len(db.entries()) == 2
