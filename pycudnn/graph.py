@@ -766,7 +766,16 @@ class ExecutionPlan:
     def from_json(cls, handle: int, graph: OperationGraph, text: str,
                   max_packs: int = 8) -> "ExecutionPlan":
         """Deserialize a plan saved with :meth:`json` (same cuDNN version and device); ``graph``
-        supplies the uids the variant packs use, so it must be the graph the plan was made for."""
+        supplies the uids the variant packs use, so it must be the graph the plan was made for.
+
+        Only for JSON this process trusts: the text carries the plan's own tensors, and nothing
+        here proves they are ``graph``'s (pycudnn's tuning database never stores or loads plan
+        JSON for that reason; it rebuilds plans with :meth:`EngineConfig.from_key`).
+
+        Raises:
+            CudnnError: cuDNN does not take the text, or the plan's engine config (and so its
+                notes) cannot be read.
+        """
         d = BackendDescriptor(DescriptorType.EXECUTION_PLAN)
         try:
             d.set_handle(Attr.EXECUTION_PLAN_HANDLE, handle)
@@ -788,10 +797,12 @@ class ExecutionPlan:
                 for k in pool:
                     k.close()
             cfg = EngineConfig(cfg_desc, graph, eid, knobs, num, beh, "json", 0)
-        except CudnnError:
-            if cfg_desc is None:
-                cfg_desc = BackendDescriptor(DescriptorType.ENGINECFG)
-            cfg = EngineConfig(cfg_desc, graph, -1, (), (), (), "json", 0)
+        except BaseException:
+            # no engine config, no notes: nothing to check the plan against (never run it)
+            if cfg_desc is not None:
+                cfg_desc.close()
+            d.close()
+            raise
         plan = cls(cfg, max_packs)
         plan.finalize_time = elapsed
         plan.workspace_size = ws

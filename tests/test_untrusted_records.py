@@ -234,3 +234,19 @@ def test_scratch_sizes_follow_the_dtype_the_descriptors_use(dtype, itemsize):
 def test_scratch_size_refuses_an_unknown_dtype():
     with pytest.raises((TypeError, ValueError)):
         algos._span_bytes(wgrad_params(dtype="complex-ish"), "forward")
+
+
+# ---- graph-engine measurements write scratch only where a direction writes --------------------------
+
+@pytest.mark.parametrize("direction, slot", [("forward", 2), ("backward_data", 0),
+                                             ("backward_filter", 1)])
+def test_graph_benchmark_scratch_replaces_the_written_tensor(direction, slot):
+    from pycudnn.graph_engine import GraphSearch
+
+    p = wgrad_params(direction=direction, engine="graph")
+    args = ConvolutionArgs(params=p, handle=0, stream=0, x=0x1000, w=0x2000, y=0x3000)
+    ptrs = GraphSearch()._pointers(args, 0xABC00)
+    expected = [0x1000, 0x2000, 0x3000]
+    expected[slot] = 0xABC00
+    assert ptrs == tuple(expected)
+    assert GraphSearch()._pointers(args) == (0x1000, 0x2000, 0x3000)
