@@ -22,7 +22,15 @@ functions take anything :func:`as_tensor` accepts and never copy it.
    Tensor (its owner) is garbage-collected.
 
 Host arrays (numpy, CPU torch tensors, lists) are refused with a TypeError pointing at
-:func:`from_numpy`. Negative strides are refused (cuDNN cannot use them).
+:func:`from_numpy`. Negative strides are refused (cuDNN cannot use them), and so is a device
+address that is not an int in ``[0, 2**64)`` (a bool, a float, a negative or too large number),
+with the same check as :func:`tensor_from_pointer`.
+
+**Read-only** memory stays read-only: the flag of CAI (``data[1]``) and of versioned DLPack
+(``DLPACK_FLAG_BITMASK_READ_ONLY``) becomes :attr:`Tensor.readonly`, views of the tensor inherit
+it, and every pycudnn function refuses a read-only tensor where it would write (``out=``) with
+a ValueError naming the parameter (:func:`check_writable`). It is exported again through CAI and
+versioned DLPack. Legacy DLPack capsules and PyTorch tensors carry no such flag (writable).
 
 **Out**: ``__cuda_array_interface__`` (version 3, ``stream: None``) and ``__dlpack__``. DLPack
 capsules are built with ctypes on top of a numpy-made ``DLManagedTensor``: numpy's C deleter and
@@ -59,7 +67,7 @@ from ._types import SUPPORTED_DTYPES, normalize_dtype
 
 __all__ = ["Tensor", "as_tensor", "tensor_from_pointer", "empty", "zeros", "from_numpy",
            "span_elements", "contiguous_strides", "channels_last_strides", "MEMORY_FORMATS",
-           "has_internal_overlap", "spans_overlap", "views_overlap"]
+           "has_internal_overlap", "spans_overlap", "views_overlap", "check_writable"]
 
 #: memory_format spellings accepted by :func:`empty`, :func:`from_numpy` and ``is_contiguous``
 MEMORY_FORMATS = ("contiguous", "channels_last", "channels_last_3d")
@@ -299,9 +307,13 @@ class Tensor:
         dtype: numpy dtype: float32, float16, float64, or ``ml_dtypes.bfloat16``.
         device: CUDA device ordinal.
         owner: object kept alive for as long as the view (an allocation, the source array, ...).
+        readonly: the memory must not be written (its producer said so through CAI or DLPack, or
+            ``readonly=True`` was given); pycudnn refuses such a tensor as an output, and views
+            of it (:meth:`narrow`, :meth:`unsqueeze`) are read-only too.
     """
 
-    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "owner", "_fmt", "__weakref__")
+    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "owner", "readonly", "_fmt",
+                 "__weakref__")
 
     ptr: int
     shape: tuple[int, ...]
@@ -309,10 +321,11 @@ class Tensor:
     dtype: np.dtype
     device: int
     owner: Any
+    readonly: bool
     _fmt: str | None
 
     def __init__(self, ptr: int, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None = None,
-                 device: int = 0, owner: Any = None) -> None:
+                 device: int = 0, owner: Any = None, *, readonly: bool = False) -> None:
         ptr, shape, dtype, strides, device = _validate_view(ptr, shape, dtype, strides, device, "Tensor")
         self.ptr = ptr
         self.shape = shape
@@ -320,11 +333,12 @@ class Tensor:
         self.dtype = dtype
         self.device = device
         self.owner = owner
+        self.readonly = _check_readonly(readonly, "Tensor")
         self._fmt = None
 
     @classmethod
     def _make(cls, ptr: int, shape: tuple, strides: tuple, dtype: np.dtype, device: int,
-              owner: Any) -> "Tensor":
+              owner: Any, readonly: bool = False) -> "Tensor":
         """Build without validation (callers pass checked values)."""
         t = object.__new__(cls)
         t.ptr = ptr
@@ -333,6 +347,7 @@ class Tensor:
         t.dtype = dtype
         t.device = device
         t.owner = owner
+        t.readonly = readonly
         t._fmt = None
         return t
 
@@ -425,7 +440,7 @@ class Tensor:
                              f"({size}) of dim {d}")
         shape = self.shape[:d] + (length,) + self.shape[d + 1:]
         ptr = self.ptr + start * self.strides[d] * self.dtype.itemsize if start else self.ptr
-        return Tensor._make(ptr, shape, self.strides, self.dtype, self.device, self)
+        return Tensor._make(ptr, shape, self.strides, self.dtype, self.device, self, self.readonly)
 
     def unsqueeze(self, dim: int) -> "Tensor":
         """The view with a size-1 dimension inserted at ``dim`` (PyTorch's stride rule)."""
@@ -433,7 +448,7 @@ class Tensor:
         stride = self.shape[d] * self.strides[d] if d < len(self.shape) else 1
         return Tensor._make(self.ptr, self.shape[:d] + (1,) + self.shape[d:],
                             self.strides[:d] + (stride,) + self.strides[d:], self.dtype,
-                            self.device, self)
+                            self.device, self, self.readonly)
 
     # -- host copies --
     def numpy(self, stream: Any = None) -> np.ndarray:
@@ -457,12 +472,13 @@ class Tensor:
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """CUDA Array Interface v3. Strides in bytes, or None when C-contiguous. bfloat16 has no
         CAI type string and is exported as ``'<V2'``: consumers that need bfloat16 should use
-        DLPack. ``stream`` is None: pycudnn keeps no record of pending work (see module doc)."""
+        DLPack. ``stream`` is None: pycudnn keeps no record of pending work (see module doc).
+        ``data[1]`` is :attr:`readonly`."""
         item = self.dtype.itemsize
         return {
             "shape": self.shape,
             "typestr": self.dtype.str,
-            "data": (self.ptr, False),
+            "data": (self.ptr, self.readonly),
             "strides": None if _is_contiguous(self.shape, self.strides)
             else tuple(s * item for s in self.strides),
             "version": 3,
@@ -477,7 +493,8 @@ class Tensor:
         """A DLPack capsule viewing this tensor (no copy).
 
         ``max_version >= (1, 0)`` gives a versioned ``"dltensor_versioned"`` capsule, otherwise a
-        legacy ``"dltensor"`` one. ``stream`` is accepted and not synchronised on (see the module
+        legacy ``"dltensor"`` one; a versioned capsule of a :attr:`readonly` tensor has
+        ``DLPACK_FLAG_BITMASK_READ_ONLY`` set (a legacy one cannot say so). ``stream`` is accepted and not synchronised on (see the module
         docstring). ``copy=True`` and a ``dl_device`` other than this tensor's raise BufferError.
         """
         if dl_device is not None and tuple(dl_device) != (_kDLCUDA, self.device):
@@ -490,22 +507,51 @@ class Tensor:
 
     def __repr__(self) -> str:
         return (f"Tensor(shape={self.shape}, dtype={self.dtype.name}, strides={self.strides}, "
-                f"device={self.device}, ptr={self.ptr:#x})")
+                f"device={self.device}, ptr={self.ptr:#x}" + (", readonly=True)" if self.readonly else ")"))
 
 
-def _validate_view(ptr: Any, shape: Any, dtype: Any, strides: Any, device: Any,
-                   what: str) -> tuple[int, tuple, np.dtype, tuple, int]:
+def check_writable(t: Tensor, parameter: str) -> None:
+    """Refuse a read-only tensor where a function would write it.
+
+    Args:
+        t: the tensor the call writes.
+        parameter: how the message names it, e.g. ``"out"`` or ``"prepared convolution: out"``.
+
+    Raises:
+        ValueError: ``t.readonly`` is set.
+    """
+    if t.readonly:
+        raise ValueError(f"{parameter}: is read-only (its producer marked the memory read-only), "
+                         "and this call writes it; pass a writable tensor")
+
+
+def _check_readonly(readonly: Any, what: str) -> bool:
+    if type(readonly) is not bool:
+        raise TypeError(f"{what}: readonly must be a bool, got {type(readonly).__name__}")
+    return readonly
+
+
+def _check_ptr(ptr: Any, what: str, parameter: str = "ptr") -> int:
+    """A device address as an int in [0, 2**64): the one check tensor_from_pointer and every
+    importer apply. Bools and floats are refused, and so are values out of range (a c_void_p
+    argument would pass a value past 64 bits to C wrapped, without a word)."""
     if isinstance(ptr, bool):
-        raise TypeError(f"{what}: ptr must be a non-negative int (a device address), got bool")
+        raise TypeError(f"{what}: {parameter} must be a non-negative int (a device address), got bool")
     try:
         p = operator.index(ptr)
     except TypeError:
         if type(ptr).__name__ not in ("CUdeviceptr", "cudaDevicePtr"):
-            raise TypeError(f"{what}: ptr must be a non-negative int (a device address), got "
-                            f"{type(ptr).__name__}") from None
+            raise TypeError(f"{what}: {parameter} must be a non-negative int (a device address), "
+                            f"got {type(ptr).__name__}") from None
         p = int(ptr)
     if not 0 <= p < 1 << 64:
-        raise ValueError(f"{what}: ptr must be a non-negative 64-bit address, got {p}")
+        raise ValueError(f"{what}: {parameter} must be a non-negative 64-bit address, got {p}")
+    return p
+
+
+def _validate_view(ptr: Any, shape: Any, dtype: Any, strides: Any, device: Any,
+                   what: str) -> tuple[int, tuple, np.dtype, tuple, int]:
+    p = _check_ptr(ptr, what)
     shp = _int_tuple(shape, "shape", what)
     dt = normalize_dtype(dtype, f"{what}: dtype")
     if strides is None:
@@ -533,7 +579,7 @@ def _validate_view(ptr: Any, shape: Any, dtype: Any, strides: Any, device: Any,
 
 
 def tensor_from_pointer(ptr: int, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None = None,
-                        device: int = 0, owner: Any = None) -> Tensor:
+                        device: int = 0, owner: Any = None, *, readonly: bool = False) -> Tensor:
     """A :class:`Tensor` viewing raw device memory (e.g. a cuda-python ``cuMemAlloc`` result).
 
     Args:
@@ -543,12 +589,13 @@ def tensor_from_pointer(ptr: int, shape: Sequence[int], dtype: Any, strides: Seq
         strides: in elements (default: C-contiguous); never negative.
         device: device ordinal the memory lives on.
         owner: object to keep alive as long as the view.
+        readonly: the memory must not be written: pycudnn refuses the tensor as an output.
 
     Raises:
         TypeError / ValueError naming the bad parameter.
     """
     p, shp, dt, st, dev = _validate_view(ptr, shape, dtype, strides, device, "tensor_from_pointer")
-    return Tensor._make(p, shp, st, dt, dev, owner)
+    return Tensor._make(p, shp, st, dt, dev, owner, _check_readonly(readonly, "tensor_from_pointer"))
 
 
 # ---- interop in ---------------------------------------------------------------------------------
@@ -602,7 +649,7 @@ def _typestr_dtype(typestr: Any) -> np.dtype | None:
 
 def _check_import(ptr: int, shape: tuple, strides: tuple, itemsize: int, source: str) -> None:
     """An imported array must describe usable device memory: what tensor_from_pointer checks."""
-    if any((not isinstance(d, int)) or d < 0 for d in shape):
+    if any((not isinstance(d, int)) or isinstance(d, bool) or d < 0 for d in shape):
         raise ValueError(f"as_tensor: {source} has a negative or non-integer size in shape {shape}")
     if len(strides) != len(shape):
         raise ValueError(f"as_tensor: {source} gives {len(strides)} strides for a {len(shape)}-D shape")
@@ -628,19 +675,36 @@ def _from_cai(obj: Any, cai: Any, consumer: int) -> Tensor:
         raise _unsupported(f"{_typestr_name(typestr)} (CUDA Array Interface typestr {typestr!r})")
     if cai.get("mask") is not None:
         raise TypeError("as_tensor: masked arrays (a __cuda_array_interface__ mask) are not supported")
-    ptr = data[0] or 0
+    source = f"{_type_name(obj)}.__cuda_array_interface__"
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise TypeError(f"as_tensor: {source} data must be a (pointer, read-only flag) pair, got "
+                        f"{data!r}")
+    # a zero-size array may give None as its pointer (older CAI producers)
+    ptr = 0 if data[0] is None else _check_ptr(data[0], "as_tensor", f"{source} data[0]")
+    flag = data[1]
+    if not isinstance(flag, (bool, np.bool_, int, np.integer)):
+        raise TypeError(f"as_tensor: {source} data[1] (the read-only flag) must be a bool, got "
+                        f"{type(flag).__name__}")
+    readonly = bool(flag)
     shape = tuple(shape)
     item = dtype.itemsize
     bstrides = cai.get("strides")
     if bstrides is None:
         strides = contiguous_strides(shape)
     else:
+        try:
+            bstrides = tuple(operator.index(s) for s in bstrides if not isinstance(s, bool))
+        except TypeError:
+            bstrides = ()
+        if len(bstrides) != len(cai["strides"]):  # a float, a bool, or not a sequence at all
+            raise TypeError(f"as_tensor: {source} strides must be a sequence of ints (bytes), got "
+                            f"{cai['strides']!r}")
         strides = tuple(s // item for s in bstrides)
         for s in bstrides:
             if s < 0 or s % item:
                 raise ValueError(f"as_tensor: unsupported strides {tuple(bstrides)} (bytes): cuDNN "
                                  f"needs non-negative multiples of the element size {item}")
-    _check_import(ptr, shape, strides, item, f"{_type_name(obj)}.__cuda_array_interface__")
+    _check_import(ptr, shape, strides, item, source)
     if cai.get("version", 0) >= 3:
         producer = cai.get("stream")
         if producer is not None and not _mem._same_stream(int(producer), consumer):
@@ -650,7 +714,7 @@ def _from_cai(obj: Any, cai: Any, consumer: int) -> Tensor:
         device = obj.device.id
     else:
         device = _mem.pointer_device(ptr)
-    return Tensor._make(ptr, shape, strides, dtype, device, obj)
+    return Tensor._make(ptr, shape, strides, dtype, device, obj, readonly)
 
 
 def _typestr_name(typestr: Any) -> str:
@@ -699,6 +763,7 @@ _DLTENSOR = b"dltensor"
 _DLTENSOR_VERSIONED = b"dltensor_versioned"
 _USED_DLTENSOR = b"used_dltensor"
 _USED_DLTENSOR_VERSIONED = b"used_dltensor_versioned"
+_DLPACK_FLAG_BITMASK_READ_ONLY = 1 << 0  # dlpack.h, versioned capsules only
 
 
 def _call_deleter(deleter: int, managed: int) -> None:
@@ -743,10 +808,12 @@ def _from_dlpack(obj: Any, consumer: int) -> Tensor:
             raise BufferError(f"as_tensor: {_type_name(obj)} exported DLPack "
                               f"{m.version.major}.{m.version.minor}; pycudnn reads 1.x")
         used = _USED_DLTENSOR_VERSIONED
+        readonly = bool(m.flags & _DLPACK_FLAG_BITMASK_READ_ONLY)
     elif _PyCapsule_IsValid(capsule, _DLTENSOR):
         managed = _PyCapsule_GetPointer(capsule, _DLTENSOR)
         m = _DLManagedTensor.from_address(managed)
         used = _USED_DLTENSOR
+        readonly = False  # a legacy capsule has no flags
     else:
         raise TypeError(f"as_tensor: {_type_name(obj)}.__dlpack__ did not return a DLPack capsule")
     t = m.dl_tensor
@@ -774,12 +841,14 @@ def _from_dlpack(obj: Any, consumer: int) -> Tensor:
             raise ValueError(f"as_tensor: negative strides {strides} are not supported by cuDNN")
     else:
         strides = contiguous_strides(shape)
-    ptr = (t.data or 0) + t.byte_offset
-    _check_import(ptr, shape, strides, dtype.itemsize, f"{_type_name(obj)}.__dlpack__")
+    source = f"{_type_name(obj)}.__dlpack__"
+    ptr = _check_ptr((t.data or 0) + t.byte_offset, "as_tensor", f"{source} data + byte_offset")
+    _check_import(ptr, shape, strides, dtype.itemsize, source)
     device = int(t.device.device_id)
     deleter = m.deleter
     _PyCapsule_SetName(capsule, used)  # consumed: from now on the deleter is ours to call
-    return Tensor._make(ptr, shape, strides, dtype, device, _DLPackImport(obj, managed, deleter))
+    return Tensor._make(ptr, shape, strides, dtype, device, _DLPackImport(obj, managed, deleter),
+                        readonly)
 
 
 def as_tensor(obj: Any, *, stream: Any = None) -> Tensor:
@@ -858,7 +927,7 @@ def _export_dlpack(tensor: Tensor, versioned: bool) -> Any:
     m: Any
     if _PyCapsule_IsValid(capsule, _DLTENSOR_VERSIONED):
         m = _DLManagedTensorVersioned.from_address(_PyCapsule_GetPointer(capsule, _DLTENSOR_VERSIONED))
-        m.flags = 0  # writable, not a copy
+        m.flags = _DLPACK_FLAG_BITMASK_READ_ONLY if tensor.readonly else 0  # and not a copy
     elif _PyCapsule_IsValid(capsule, _DLTENSOR):
         m = _DLManagedTensor.from_address(_PyCapsule_GetPointer(capsule, _DLTENSOR))
     else:  # pragma: no cover - numpy always names its capsules
