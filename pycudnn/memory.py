@@ -611,19 +611,46 @@ def _check_nbytes(nbytes: Any) -> int:
     return nbytes
 
 
-def _release(buffer: Any, device: int, stream_ref: Any = None, sync: bool = False) -> None:
-    """Finalizer of a DeviceBuffer: free stream-ordered on the stream recorded at allocation.
+def _thread_token() -> object:
+    """An object unique to the calling thread (a thread id may be reused by a later thread; this
+    object is not while anything holds it). Takes no lock: safe in finalizers."""
+    try:
+        return _tls.token
+    except AttributeError:
+        token = _tls.token = object()
+        return token
+
+
+# Memory allocated on the per-thread default stream (handle 2) is freed on the allocating thread's
+# per-thread stream when that thread drops it. Another thread cannot name that stream: handle 2
+# there is its own per-thread stream, which is not ordered after the allocating thread's work.
+# It frees on the legacy default stream of the device instead: the per-thread default streams are
+# blocking streams, which the legacy stream waits for, so the free is ordered after all the work
+# queued so far on every thread's per-thread stream; no host synchronization, one async call.
+_LEGACY = 1  # cudaStreamLegacy: the legacy default stream even where 0 would mean per-thread
+
+
+def _release(buffer: Any, device: int, stream_ref: Any = None, sync: bool = False,
+             thread: Any = None, legacy: Any = None) -> None:
+    """Finalizer of a DeviceBuffer: free stream-ordered on the stream recorded at allocation
+    (``thread``: the allocating thread's token for a per-thread-stream allocation, freed on
+    ``legacy``, the cuda.core legacy stream, when another thread drops it).
 
     Binds everything it needs as arguments (``stream_ref`` keeps the caller's stream object alive
-    until the free is queued): it never refers to the DeviceBuffer.
+    until the free is queued): it never refers to the DeviceBuffer, and takes no lock.
     """
     if _shutting_down:  # interpreter exit: the driver reclaims the memory; touch nothing
         return
     try:
         with device_guard(device):
             if sync:  # the allocation stream was a raw handle that may be destroyed by now
-                (_rt or _runtime()).cudaDeviceSynchronize()
-            buffer.close()
+                if (_rt or _runtime()).cudaDeviceSynchronize()[0]:
+                    return  # work may still use the memory: losing it is the safe choice
+                buffer.close()
+            elif thread is not None and thread is not _thread_token():
+                buffer.close(legacy)
+            else:
+                buffer.close()
     except Exception:  # a finalizer must not raise; the memory is lost at worst
         pass
 
@@ -638,23 +665,28 @@ class DeviceBuffer:
 
     Freed stream-ordered on :meth:`close` (on the stream given, else on the allocation stream) or,
     when it is garbage-collected, on the allocation stream by a ``weakref.finalize`` that holds no
-    reference to the object. Nothing is freed at interpreter exit (the driver reclaims it).
+    reference to the object, with its device current. Memory allocated on the per-thread default
+    stream and dropped by another thread is freed on the legacy default stream, which waits for
+    every thread's per-thread stream. Nothing is freed at interpreter exit (the driver reclaims it).
     The stream an allocation was made on must outlive the buffer unless ``close(stream=...)`` names
     another one (when ``stream`` was an object, the buffer keeps a reference to it).
     """
 
-    __slots__ = ("_ptr", "nbytes", "device", "_buffer", "_finalizer", "_stream_ref", "__weakref__")
+    __slots__ = ("_ptr", "nbytes", "device", "_buffer", "_finalizer", "_stream_ref", "_thread",
+                 "__weakref__")
 
     def __init__(self, ptr: int, nbytes: int, device: int, buffer: Any = None,
-                 stream_ref: Any = None, sync_release: bool = False) -> None:
+                 stream_ref: Any = None, sync_release: bool = False, thread: Any = None) -> None:
         self._ptr: int | None = ptr
         self.nbytes = nbytes
         self.device = device
         self._buffer = buffer
         self._stream_ref = stream_ref
+        self._thread = thread  # the allocating thread's token when allocated on the per-thread stream
         if buffer is not None:
+            legacy = _core_stream(_LEGACY) if thread is not None else None
             self._finalizer: Any = weakref.finalize(self, _release, buffer, device, stream_ref,
-                                                    sync_release)
+                                                    sync_release, thread, legacy)
             self._finalizer.atexit = False
         else:
             self._finalizer = None
@@ -683,10 +715,12 @@ class DeviceBuffer:
             return
         self._finalizer.detach()
         with device_guard(self.device):
-            if stream is None:
-                buffer.close()
-            else:
+            if stream is not None:
                 buffer.close(_core_stream(resolve_stream(stream)))
+            elif self._thread is not None and self._thread is not _thread_token():
+                buffer.close(_core_stream(_LEGACY))  # see _LEGACY
+            else:
+                buffer.close()
 
     def __enter__(self) -> "DeviceBuffer":
         return self
@@ -746,7 +780,8 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None) -> DeviceBuffe
     sync_release = stream_ref is None and handle > 2
     if sync_release:
         buf.set_deallocation_stream(_core_stream(0))
-    return DeviceBuffer(int(buf.handle), n, dev, buf, stream_ref, sync_release)
+    return DeviceBuffer(int(buf.handle), n, dev, buf, stream_ref, sync_release,
+                        _thread_token() if handle == 2 else None)
 
 
 def _allocate_slow(exc: Exception, mr: Any, n: int, dev: int, handle: int, s: Any) -> Any:
@@ -804,14 +839,17 @@ class StreamAllocation:
     The lean twin of :class:`DeviceBuffer` for the convolution hot path (about 2 us for an
     allocate/free pair against about 7 us through cuda.core's Buffer). Same interface: ``ptr``,
     ``nbytes``, ``device``, ``close(stream=None)``. When collected it frees itself on the stream
-    it was allocated on, so that stream must still exist: when the stream was given as an object
-    (cuda.core, CuPy, PyTorch), the allocation keeps a reference to it; a raw int handle is the
-    caller's promise. ``sync_free`` allocations (per-thread workspaces, collected when their thread
-    ends, long after the stream may be gone) are freed with a synchronous ``cudaFree`` instead.
+    it was allocated on, with its device current (0, 1 and 2 name a stream of the *current*
+    device), so that stream must still exist: when the stream was given as an object (cuda.core,
+    CuPy, PyTorch), the allocation keeps a reference to it; a raw int handle is the caller's
+    promise. Memory allocated on the per-thread default stream and dropped by another thread is
+    freed on the legacy default stream, which waits for every thread's per-thread stream (see
+    ``_LEGACY``). ``sync_free`` allocations (per-thread workspaces, collected when their thread
+    ends, long after the stream may be gone) are freed by :meth:`free_synchronously` instead.
     After interpreter shutdown has begun nothing is freed (the driver reclaims memory at exit).
     """
 
-    __slots__ = ("ptr", "nbytes", "device", "stream", "stream_ref", "sync_free")
+    __slots__ = ("ptr", "nbytes", "device", "stream", "stream_ref", "sync_free", "thread")
 
     def __init__(self, ptr: int, nbytes: int, device: int, stream: int, stream_ref: Any = None,
                  sync_free: bool = False) -> None:
@@ -821,6 +859,8 @@ class StreamAllocation:
         self.stream = stream
         self.stream_ref = stream_ref
         self.sync_free = sync_free
+        #: the allocating thread's token when allocated on the per-thread default stream
+        self.thread = _thread_token() if stream == 2 else None
 
     def close(self, stream: Any = None) -> None:
         """Free now, ordered on ``stream`` (default: the allocation stream). Idempotent."""
@@ -828,26 +868,35 @@ class StreamAllocation:
         if not ptr:
             return
         self.ptr = 0
-        s = self.stream if stream is None else (stream if type(stream) is int else resolve_stream(stream))
-        drv = _driver
-        if drv and not drv.free(ptr, s):
-            self.stream_ref = None
-            return
-        rt = _rt or _runtime()
-        err, = rt.cudaFreeAsync(ptr, s)
-        if err:
-            with device_guard(self.device):
-                rt.cudaFreeAsync(ptr, s)
+        if stream is not None:
+            s = stream if type(stream) is int else resolve_stream(stream)
+        else:
+            s = self.stream
+            if s == 2 and self.thread is not _thread_token():
+                s = _LEGACY  # another thread's per-thread stream: see _LEGACY
+        _free_async(ptr, s, self.device)
         self.stream_ref = None
 
-    def __del__(self) -> None:
+    def free_synchronously(self) -> None:
+        """Free now, after waiting for all work on the device: for memory whose stream may no
+        longer exist. ``cudaFree`` alone does not wait for work still using stream-ordered memory.
+        Nothing is freed when the device cannot be synchronized (the memory is lost at worst)."""
         ptr = self.ptr
-        if ptr and not _shutting_down:
+        if not ptr:
+            return
+        self.ptr = 0
+        self.stream_ref = None
+        rt = _rt or _runtime()
+        with device_guard(self.device):
+            check_cuda(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+            rt.cudaFree(ptr)
+
+    def __del__(self) -> None:
+        # no lock taken here (a finalizer may run on any thread, at any point)
+        if self.ptr and not _shutting_down:
             try:
                 if self.sync_free:
-                    self.ptr = 0
-                    with device_guard(self.device):
-                        (_rt or _runtime()).cudaFree(ptr)
+                    self.free_synchronously()
                 else:
                     self.close()
             except Exception:  # a finalizer must not raise; the memory is lost at worst
@@ -855,6 +904,28 @@ class StreamAllocation:
 
     def __repr__(self) -> str:
         return f"StreamAllocation(ptr={self.ptr:#x}, nbytes={self.nbytes}, device={self.device})"
+
+
+def _free_async(ptr: int, s: int, device: int) -> None:
+    """``cuMemFreeAsync(ptr, s)`` with ``device`` current where the handle does not say the device.
+
+    0, 1 and 2 name a stream of the current device: freeing a device-0 buffer on them while
+    device 1 is current would order the free on device 1's stream, after none of the work that
+    uses the buffer. A created stream belongs to its own device; and with one device visible
+    there is no other, so those cases skip the device check (one retry with the device made
+    current covers a thread on which no context was ever current). Takes no lock.
+    """
+    drv = _driver
+    rt = _rt or _runtime()
+    if s > 2 or _count == 1:
+        err = drv.free(ptr, s) if drv else rt.cudaFreeAsync(ptr, s)[0]
+        if not err:
+            return
+    with device_guard(device):
+        if drv:
+            drv.free(ptr, s)
+        else:
+            rt.cudaFreeAsync(ptr, s)
 
 
 class _DriverMemory:
@@ -887,7 +958,7 @@ class _DriverMemory:
             return self._ptr.value
 
 
-_driver: Any = None
+_driver: Any = None  # a _DriverMemory once loaded, False where libcuda cannot be; None: not tried
 
 
 def _driver_memory() -> Any:
@@ -923,9 +994,6 @@ def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
     return allocate(nbytes, device, stream if stream_ref is None else stream_ref)
 
 
-_tls = threading.local()
-
-
 def thread_workspace(nbytes: int, device: int, stream: int) -> int:
     """A workspace pointer of at least ``nbytes`` owned by this thread for (device, stream).
 
@@ -946,11 +1014,48 @@ def thread_workspace(nbytes: int, device: int, stream: int) -> int:
             del cache[key]
         while len(cache) >= THREAD_WORKSPACES_MAX:
             # the stream of an old entry may be gone: free it synchronously, not ordered on it
-            old = cache.pop(next(iter(cache)))
-            old.__del__()
+            cache.pop(next(iter(cache))).free_synchronously()
         ws = cache[key] = allocate_fast(max(nbytes, 1 << 20), device, stream, sync_free=True)
     return ws.ptr
 
 
 #: per thread, workspaces of at most this many (device, stream) pairs are kept
 THREAD_WORKSPACES_MAX = 4
+
+
+# ---- zeros that every stream may read ------------------------------------------------------------
+
+_zeros: dict[int, tuple[int, int]] = {}  # device -> (address, bytes) of its largest zero buffer
+_zeros_kept: list[Any] = []  # every zero buffer made: never freed (a launch anywhere may read one)
+_zeros_lock = threading.Lock()
+
+
+def shared_zeros(nbytes: int, device: int, stream: int) -> int | None:
+    """The address of at least ``nbytes`` zero bytes on ``device``, readable from any stream.
+
+    Made on first use per device (and again, twice as large, when a larger one is asked): filled
+    on ``stream`` and waited for before the address is returned, so the zeros are complete for
+    work queued afterwards on any stream; never written again and never freed while the process
+    runs, so no launch on any stream can read it freed or refilled. The sizes double, so all of
+    them together stay below twice the largest asked for. One dict lookup once made.
+
+    None while ``stream`` is being captured into a CUDA graph and no buffer large enough exists
+    (nothing can be waited for during a capture): the caller makes its own zeros for that call.
+    """
+    entry = _zeros.get(device)
+    if entry is not None and entry[1] >= nbytes:
+        return entry[0]
+    with _zeros_lock:
+        entry = _zeros.get(device)
+        if entry is not None and entry[1] >= nbytes:
+            return entry[0]
+        size = max(256, 1 << (max(nbytes, 1) - 1).bit_length())
+        with device_guard(device):
+            if stream_is_capturing(stream):
+                return None
+            buf = allocate(size, device, stream)
+            memset(buf.ptr, size, stream)
+            stream_synchronize(stream)
+        _zeros_kept.append(buf)
+        _zeros[device] = (buf.ptr, size)
+        return buf.ptr
