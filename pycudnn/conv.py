@@ -160,15 +160,31 @@ def _check_channels(x_shape, w_shape, groups: int, fn: str, x_name="input", w_na
         raise ValueError(f"{fn}: expected {w_name} to have positive sizes, got {list(w_shape)}")
 
 
-def _check_bias(bias: Tensor, k: int, ref: Tensor) -> Tensor:
-    bias = as_tensor(bias)
+def _check_bias(bias: Any, k: int, ref: Tensor, stream: Any = None) -> Tensor:
+    """``bias`` as a Tensor after the checks every path applies to it (the full path and
+    :class:`~pycudnn.prepared.PreparedConvolution` alike): K elements in one dim, the input's dtype
+    and device. Any stride is fine: fused epilogues read a copy (:func:`_contiguous_bias`)."""
+    bias = as_tensor(bias, stream=stream)
     if bias.ndim != 1 or bias.shape[0] != k:
         raise ValueError(f"expected bias to be 1-dimensional with {k} elements, but got bias of size {list(bias.shape)}")
     if bias.dtype != ref.dtype:
         raise TypeError(f"bias type ({bias.dtype.name}) and input type ({ref.dtype.name}) should be the same")
     if bias.device != ref.device:
-        raise ValueError(f"expected bias on cuda:{ref.device} like the input, got cuda:{bias.device}")
+        raise ValueError(f"expected bias to be on the input's device (cuda:{ref.device}), but got "
+                         f"bias on cuda:{bias.device}")
     return bias
+
+
+def _check_z(z: Any, shape: Sequence[int], ref: Tensor, fn: str, stream: Any = None) -> Tensor:
+    """``z`` (the residual of convolution_add_relu) as a Tensor after the checks every path applies
+    to it: the input's dtype, device and rank, no broadcast dims, and the output's ``shape``."""
+    if z is None:
+        raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got None")
+    z = as_tensor(z, stream=stream)
+    _check_pair(ref, "input", z, "z")
+    if tuple(z.shape) != tuple(shape):
+        raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got {list(z.shape)}")
+    return z
 
 
 def suggest_memory_format(*tensors: Tensor) -> str:
@@ -201,15 +217,23 @@ def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: in
             raise ValueError(f"{name}: its elements overlap each other (strides {list(out.strides)}): "
                              f"more than one element of the written-to tensor refers to a single "
                              f"memory location; pass an output without overlapping elements")
-        if (in_place is not None and not (in_place.ptr == out.ptr and in_place.strides == out.strides)
-                and views_overlap(out, in_place)):
-            reads = (*reads, ("z", in_place))
-        for read_name, t in reads:
-            if t is not None and views_overlap(out, t):
-                raise ValueError(f"{name}: it overlaps {read_name}, which the call reads: cuDNN does "
-                                 f"not compute in place, the result would be wrong; pass an output "
-                                 f"that shares no memory with the inputs")
+        _check_out_reads(out, reads, name, in_place)
     return out
+
+
+def _check_out_reads(out: Tensor, reads: Sequence[tuple[str, Tensor | None]], name: str = "out",
+                     in_place: Tensor | None = None) -> None:
+    """Refuse an ``out`` that shares memory with a tensor the call reads; ``in_place`` (z) may be
+    ``out`` exactly (same address and strides), but not partly. Used by the full path and by
+    prepared convolutions."""
+    if (in_place is not None and not (in_place.ptr == out.ptr and in_place.strides == out.strides)
+            and views_overlap(out, in_place)):
+        reads = (*reads, ("z", in_place))
+    for read_name, t in reads:
+        if t is not None and views_overlap(out, t):
+            raise ValueError(f"{name}: it overlaps {read_name}, which the call reads: cuDNN does "
+                             f"not compute in place, the result would be wrong; pass an output "
+                             f"that shares no memory with the inputs")
 
 
 def _flags(given: dict[str, Any]) -> dict[str, Any]:
@@ -633,14 +657,39 @@ def _prepare(call: "_Call", slow) -> "_prepared.PreparedConvolution | None":
         out_size_bytes=written.span_bytes)
 
 
-def _contiguous_bias(call: "_Call", b: Tensor) -> Tensor:
-    """The bias as fused epilogues read it (K contiguous elements): a strided one is copied."""
+def _contiguous_bias(b: Tensor, stream: int, call: "_Call | None" = None) -> Tensor:
+    """The bias as fused epilogues read it (K contiguous elements): ``b`` itself when it is, else
+    a dense copy made on ``stream`` (stream-ordered: allocated, copied and, once dropped, freed on
+    it). Prepared convolutions stage a strided bias through this too, as the full path does."""
     if b.shape[0] <= 1 or b.strides[0] == 1:
         return b
-    tmp = empty(b.shape, b.dtype, device=b.device, stream=call.stream)
-    transform(call.handle, _bias_view(b, 4), _bias_view(tmp, 4))
-    call.staged = True  # a copy made for this call: not replayable by a prepared convolution
+    if call is not None:
+        handle = call.handle
+        call.staged = True  # a copy made for this call: not replayable by a prepared convolution
+    else:
+        from .handle import get_handle
+
+        handle = get_handle(b.device, stream)
+    tmp = empty(b.shape, b.dtype, device=b.device, stream=stream)
+    transform(handle, _bias_view(b, 4), _bias_view(tmp, 4))
     return tmp
+
+
+def _zero_bias(call: "_Call", k: int, like: Tensor) -> Tensor:
+    """A zero bias of ``k`` elements for a fused epilogue called without one.
+
+    A view of the device's shared zeros (:func:`pycudnn.memory.shared_zeros`): complete before
+    any launch reads it and never freed, so a remembered call may replay it on any stream. While
+    the stream is being captured and those are not made yet: zeros made for this call on its
+    stream, and the call is not replayable."""
+    from .memory import shared_zeros
+    from .tensor import tensor_from_pointer, zeros
+
+    ptr = shared_zeros(k * like.dtype.itemsize, like.device, call.stream)
+    if ptr is None:
+        call.staged = True
+        return zeros((k,), like.dtype, device=like.device, stream=call.stream)
+    return tensor_from_pointer(ptr, (k,), like.dtype, device=like.device)
 
 
 def _activation(activation: Any) -> bool:
@@ -663,12 +712,7 @@ def _forward_with_epilogue(call: _Call, y: Tensor, b: Tensor | None, relu: bool)
             relu_(call.handle, y)
         return y, False
     if call.flags["engine"] == "graph" and (b is not None or relu):
-        if b is None:
-            from .tensor import zeros
-
-            b_fused = zeros((y.shape[1],), y.dtype, device=y.device, stream=call.stream)
-        else:
-            b_fused = _contiguous_bias(call, b)
+        b_fused = _zero_bias(call, y.shape[1], y) if b is None else _contiguous_bias(b, call.stream, call)
         call.epilogue, call.bias = ("bias_relu" if relu else "bias"), b_fused
         if call.run_fused():
             return y, b is not None  # a made-up zero bias cannot be replayed by a prepared call
@@ -900,8 +944,7 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
         _check_channels(x.shape, w.shape, groups, fn)
         spatial = _check_output_positive(x.shape, w.shape[2:], stride, padding, dilation, fn)
         shape = (x.shape[0], w.shape[0]) + spatial
-        if tuple(z.shape) != shape:
-            raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got {list(z.shape)}")
+        z = _check_z(z, shape, x, fn)
         b = _check_bias(bias, w.shape[0], x) if bias is not None else None
         f = _flags(flags)
         _check_sample_size(fn, x.shape, shape)
@@ -915,12 +958,7 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
             _fill_zero(y, call.stream)
             _epilogue_steps(call.handle, y, z, float(alpha), b)
             return y
-        if b is None:
-            from .tensor import zeros
-
-            b_full = zeros((w.shape[0],), x.dtype, device=x.device, stream=call.stream)
-        else:
-            b_full = _contiguous_bias(call, b)
+        b_full = _zero_bias(call, w.shape[0], x) if b is None else _contiguous_bias(b, call.stream, call)
         call.y, call.bias = y, b_full
         if call.run_fused():
             def slow(a, b_, out_, z=None, bias=None, stream=None):
@@ -931,7 +969,8 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
             prepared = _prepare(call, slow)
             if prepared is not None:
                 if b is None:
-                    prepared.default_bias = b_full  # the zero bias this call made up, kept for replays
+                    # the shared zeros (complete, never freed): replays on any stream may read them
+                    prepared.default_bias = b_full
                 _prepared.remember(key, prepared)
             return y
         # Fallback (the reference's raw_cudnn_convolution_add_relu_fallback_out): conv, then add, relu.

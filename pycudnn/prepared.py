@@ -90,9 +90,9 @@ class PreparedConvolution:
         prev = callers_device()  # the caller's current device, given back at the end
         try:
             if type(a) is not Tensor:
-                a = as_tensor(a)
+                a = as_tensor(a, stream=stream)
             if type(b) is not Tensor:
-                b = as_tensor(b)
+                b = as_tensor(b, stream=stream)
             s = 0 if stream is None else (stream if type(stream) is int else resolve_stream(stream))
             dt = self.dtype
             if ((a.shape, a.strides) != self._a_key or (b.shape, b.strides) != self._b_key
@@ -103,9 +103,10 @@ class PreparedConvolution:
                     f"{self._b_key[0]} with strides {self._a_key[1]} and {self._b_key[1]}, dtype "
                     f"{dt.name} on cuda:{self.device}; got {a.shape}/{a.strides} and "
                     f"{b.shape}/{b.strides}, {a.dtype.name}/{b.dtype.name} on cuda:{a.device}/cuda:{b.device}")
+            zt, bt = self._epilogue_args(a, z, bias, stream)
             if out is not None:
                 if type(out) is not Tensor:
-                    out = as_tensor(out)
+                    out = as_tensor(out, stream=stream)
                 if (out.shape != self._out_shape or out.strides != self._out_strides
                         or (out.dtype is not dt and out.dtype != dt) or out.device != self.device):
                     raise ValueError(f"prepared convolution: out must have shape {self._out_shape}, "
@@ -116,24 +117,50 @@ class PreparedConvolution:
                     raise ValueError("prepared convolution: out overlaps an input the call reads: "
                                      "cuDNN does not compute in place; pass an output that "
                                      "shares no memory with the inputs")
-            zt = bt = None
+                if zt is not None or bt is not None:
+                    from .conv import _check_out_reads
+
+                    # the full path's rule: out may be z exactly (an in-place residual), not partly
+                    _check_out_reads(out, (("bias", bt),), "prepared convolution: out", in_place=zt)
+            if bt is not None and bt.strides != self.strides["b"]:
+                from .conv import _contiguous_bias
+
+                # the fused plan reads K contiguous elements: a strided bias is copied first, on
+                # this call's stream, as the full path does (after every check: nothing has run)
+                bt = _contiguous_bias(bt, s)
             s_ref = None if stream is None or type(stream) is int else stream
-            if self.has_z:
-                zt = z if type(z) is Tensor else as_tensor(z)
-                if zt.shape != self.shapes["z"] or zt.strides != self.strides["z"] or zt.dtype != dt:
-                    raise ValueError(f"prepared convolution: z must have shape {self.shapes['z']} and "
-                                     f"strides {self.strides['z']}")
-            if self.has_bias:
-                if bias is None:
-                    bias = self.default_bias
-                    if bias is None:
-                        raise ValueError("prepared convolution: this convolution was prepared with a bias; pass bias=")
-                bt = bias if type(bias) is Tensor else as_tensor(bias)
-                if bt.shape != self.shapes["b"] or bt.dtype != dt:
-                    raise ValueError(f"prepared convolution: bias must have shape {self.shapes['b']}")
             return self._run(a, b, out, zt, bt, s, s_ref)
         finally:
             restore_device(prev)
+
+    def _epilogue_args(self, a: Tensor, z: Any, bias: Any, stream: Any) -> tuple[Any, Any]:
+        """``(z, bias)`` as Tensors, checked with the full path's own checks (``a`` is the input x:
+        only a forward convolution has an epilogue); None for those this convolution does not
+        take. A bias or z it was not prepared for is refused, never dropped."""
+        from . import conv as _conv
+
+        zt = bt = None
+        if self.has_z:
+            zt = _conv._check_z(z, self.shapes["z"], a, "prepared convolution", stream)
+            if zt.strides != self.strides["z"]:
+                raise ValueError(f"prepared convolution: expected z with strides "
+                                 f"{list(self.strides['z'])} (those it was prepared with), but got "
+                                 f"z with strides {list(zt.strides)}")
+        elif z is not None:
+            raise ValueError("prepared convolution: z was given, but this convolution was prepared "
+                             "without a residual z; prepare it from convolution_add_relu to add one")
+        if self.has_bias:
+            if bias is None:
+                bias = self.default_bias
+                if bias is None:
+                    raise ValueError(f"prepared convolution: this convolution was prepared with a "
+                                     f"bias; pass bias= (a tensor of size {list(self.shapes['b'])})")
+            bt = _conv._check_bias(bias, self.shapes["b"][0], a, stream)
+        elif bias is not None:
+            raise ValueError("prepared convolution: bias was given, but this convolution was "
+                             "prepared without a bias; prepare it with one "
+                             "(prepare_convolution(x, w, bias)) or call it without bias=")
+        return zt, bt
 
     def out_may_overlap(self, out: Tensor, a: Tensor, b: Tensor) -> bool:
         """Whether ``out``'s span meets ``a``'s or ``b``'s: a cheap test for the hot path, from the
