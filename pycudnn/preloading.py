@@ -61,30 +61,18 @@ def params_from_dict(data: dict[str, Any], device: int) -> ConvolutionParams:
     """The :class:`~pycudnn.algos.ConvolutionParams` of a database entry's ``params`` (the inverse
     of :func:`pycudnn.tuning_db.params_to_dict`), on device ``device``.
 
+    The entry is untrusted input: every field is parsed as strictly as a call's arguments are,
+    and only values a call can produce are accepted (see
+    :func:`pycudnn.tuning_db.params_from_dict`), so scratch sizes and launches never rest on a
+    value no call would give (``"double"`` for ``"float64"``, a negative size, an output shape
+    the geometry does not give, ...).
+
     Raises:
-        TypeError, ValueError: a field is missing, unknown or of the wrong kind.
+        TypeError, ValueError: a field is missing, unknown, of the wrong kind or out of range.
     """
-    if not isinstance(data, dict):
-        raise TypeError(f"params: expected an object, got {type(data).__name__}")
-    unknown = set(data) - set(_FIELDS)
-    if unknown:
-        raise ValueError(f"params: unknown field(s) {sorted(unknown)}")
-    values: dict[str, Any] = {}
-    for name, f in _FIELDS.items():
-        if name == "device":
-            values[name] = device
-            continue
-        if name not in data:
-            if f.default is dataclasses.MISSING:
-                raise ValueError(f"params: missing field {name!r}")
-            continue
-        v = data[name]
-        if isinstance(v, list):
-            if not all(type(i) is int for i in v):
-                raise TypeError(f"params: {name} must hold integers, got {v!r}")
-            v = tuple(v)
-        values[name] = v
-    return ConvolutionParams(**values)
+    from . import tuning_db
+
+    return tuning_db.params_from_dict(data, device)
 
 
 def _scratch_bytes(p: ConvolutionParams) -> list[int]:

@@ -57,6 +57,23 @@ def new_process():
     tuning_db._reset_for_tests()
 
 
+def grouped(g: int, **over) -> ConvolutionParams:
+    """make_params with ``g`` groups (the weight's input channels follow)."""
+    return make_params(groups=g, weight_shape=(8, 4 // g, 3, 3), **over)
+
+
+def wide(i: int, **over) -> ConvolutionParams:
+    """make_params with input width 8 + i (the output and the strides follow): distinct keys."""
+    w = 8 + i
+    return make_params(input_shape=(2, 4, 8, w), input_strides=(32 * w, 8 * w, w, 1),
+                       output_shape=(2, 8, 8, w), output_strides=(64 * w, 8 * w, w, 1), **over)
+
+
+def graph_params(**over) -> ConvolutionParams:
+    """make_params for the graph engine (which a call always gives the pointers' alignments)."""
+    return make_params(**{"engine": "graph", "alignments": (16, 16, 16), **over})
+
+
 # ---- location and switches ------------------------------------------------------------------------
 
 def test_location_order(monkeypatch, tmp_path):
@@ -119,8 +136,8 @@ def test_store_lookup_drop_round_trip(db):
 def test_graph_record_kept_verbatim_with_metadata(db):
     import pycudnn
 
-    p = make_params(engine="graph", dtype="bfloat16", alignments=(16, 16, 16), epilogue="add_relu",
-                    z_strides=(512, 1, 64, 8), alpha=0.5)
+    p = make_params(engine="graph", dtype="bfloat16", alignments=(16, 16, 16, 16, 16),
+                    epilogue="add_relu", z_strides=(512, 1, 64, 8), alpha=0.5)
     db.store(p, GRAPH_RECORD)
     new_process()
     assert db.lookup(p) == GRAPH_RECORD
@@ -132,7 +149,7 @@ def test_graph_record_kept_verbatim_with_metadata(db):
     # every field of the parameters, tuples as lists
     assert set(entry["params"]) == {f.name for f in dataclasses.fields(ConvolutionParams)}
     assert entry["params"]["z_strides"] == [512, 1, 64, 8]
-    assert entry["params"]["alignments"] == [16, 16, 16]
+    assert entry["params"]["alignments"] == [16, 16, 16, 16, 16]
     assert entry["params"]["workspace_limit"] is None
 
 
@@ -153,7 +170,7 @@ def test_store_replaces(db):
 
 def test_file_is_plain_json_one_entry_a_line(db):
     for g in (1, 2, 4):
-        db.store(make_params(groups=g, weight_shape=(8, 4 // g, 3, 3)), V7_RECORD)
+        db.store(grouped(g), V7_RECORD)
     text = Path(db.path()).read_text()
     doc = json.loads(text)
     assert doc["format"] == "pycudnn-tuning-db" and doc["version"] == 1 and len(doc["entries"]) == 3
@@ -166,9 +183,10 @@ def test_non_json_record_is_not_stored_and_does_not_raise(db):
     assert db.lookup(make_params()) is None
 
 
-def test_non_finite_time_is_stored_as_null(db):
-    db.store(make_params(), dict(V7_RECORD, time_ms=float("nan")))
-    assert db.lookup(make_params())["time_ms"] is None
+@pytest.mark.parametrize("time_ms", [float("nan"), float("inf"), -1.0])
+def test_unmeasured_or_non_finite_time_is_left_out(db, time_ms):
+    db.store(make_params(), dict(V7_RECORD, time_ms=time_ms))
+    assert db.lookup(make_params()) == {k: v for k, v in V7_RECORD.items() if k != "time_ms"}
     json.loads(Path(db.path()).read_text())  # strict JSON: no NaN
 
 
@@ -181,7 +199,7 @@ CHANGES = {
     "weight_format": "NHWC", "output_shape": (2, 8, 8, 7), "output_strides": (512, 1, 64, 8),
     "padding": (0, 1), "stride": (2, 1), "dilation": (1, 2), "groups": 2, "deterministic": True,
     "allow_tf32": False, "workspace_limit": 1 << 20, "engine": "graph", "epilogue": "add_relu",
-    "z_strides": (512, 64, 8, 1), "alpha": 0.5, "alignments": (16, 8, 16),
+    "z_strides": (512, 64, 8, 1), "alpha": 0.5, "alignments": (16, 8, 16), "benchmark_limit": 4,
 }
 
 
@@ -257,19 +275,20 @@ def test_file_read_once_and_refreshed_once_per_missing_key(db, monkeypatch):
 
 
 def test_miss_sees_a_record_another_process_stored(db, tmp_path):
-    p, q = make_params(), make_params(groups=2)
+    p, q = make_params(), grouped(2)
     assert db.lookup(p) is None  # this process has read the (empty) file
     code = (
         "import sys; sys.path.insert(0, 'tests')\n"
         "from pycudnn import tuning_db\n"
         f"tuning_db.device_identity = lambda d: {H200!r}\n"
         "from test_algos import make_params\n"
-        "tuning_db.store(make_params(groups=2), {'algo': 7})\n")
+        "tuning_db.store(make_params(groups=2, weight_shape=(8, 2, 3, 3)),\n"
+        "                {'algo': 7, 'math_type': 0, 'workspace': 0})\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert db.lookup(q) == {"algo": 7}
+    assert db.lookup(q) == {"algo": 7, "math_type": 0, "workspace": 0}
 
 
 # ---- corruption ---------------------------------------------------------------------------------
@@ -293,12 +312,12 @@ def test_corrupt_file_is_set_aside_and_the_program_carries_on(db, content):
 
 def test_truncated_file_is_set_aside_when_storing(db):
     for g in (1, 2):
-        db.store(make_params(groups=g), V7_RECORD)
+        db.store(grouped(g), V7_RECORD)
     data = Path(db.path()).read_bytes()
     Path(db.path()).write_bytes(data[: len(data) // 2])
     new_process()
     with pytest.warns(tuning_db.TuningDatabaseWarning):
-        db.store(make_params(groups=4), V7_RECORD)
+        db.store(grouped(4), V7_RECORD)
     assert len(glob.glob(db.path() + ".corrupt-*")) == 1
     assert [e["params"]["groups"] for e in db.entries()] == [4]
 
@@ -313,19 +332,22 @@ def test_unusable_entries_are_skipped(db):
     assert not glob.glob(db.path() + ".corrupt-*")
 
 
-def test_unwritable_location_raises_oserror_on_store_and_never_on_lookup(db, monkeypatch, tmp_path):
+def test_unwritable_location_is_logged_never_raised(db, monkeypatch, tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(blocker / "sub"))
     assert db.lookup(make_params()) is None
-    with pytest.raises(OSError):
-        db.store(make_params(), V7_RECORD)  # algos logs it and carries on
+    with caplog.at_level("WARNING", logger="pycudnn"):
+        db.store(make_params(), V7_RECORD)
+        db.drop(make_params())
+    assert "could not store a record in" in caplog.text and str(blocker / "sub") in caplog.text
+    assert db.entries() == [] and blocker.read_text() == "x"
 
 
 # ---- export, merge, clear ---------------------------------------------------------------------------
 
 def test_export_clear_merge(db, tmp_path):
-    params = [make_params(groups=g, weight_shape=(8, 4 // g, 3, 3)) for g in (1, 2, 4)]
+    params = [grouped(g) for g in (1, 2, 4)]
     for p in params:
         db.store(p, V7_RECORD)
     out = tmp_path / "shipped.json"
@@ -338,15 +360,22 @@ def test_export_clear_merge(db, tmp_path):
     assert db.merge(out) == 0  # nothing new
 
 
-def test_merge_keeps_the_faster_record(db, tmp_path):
-    p = make_params()
-    db.store(p, dict(V7_RECORD, time_ms=0.5, algo=1))
-    db.export(tmp_path / "slow.json")
-    db.store(p, dict(V7_RECORD, time_ms=0.2, algo=2))
-    db.export(tmp_path / "fast.json")
-    db.store(p, dict(V7_RECORD, time_ms=0.3, algo=3))
-    assert db.merge(tmp_path / "slow.json") == 0 and db.lookup(p)["algo"] == 3
-    assert db.merge(tmp_path / "fast.json") == 1 and db.lookup(p)["algo"] == 2
+def test_merge_keeps_local_records_whatever_time_an_import_claims(db, tmp_path):
+    p, q = make_params(), grouped(2)
+    db.store(p, dict(V7_RECORD, time_ms=0.0, algo=2))  # "0 ms": a made-up time
+    db.store(q, dict(V7_RECORD, algo=4))
+    db.export(tmp_path / "imported.json")
+    db.clear()
+    db.store(p, dict(V7_RECORD, time_ms=0.3, algo=3))  # measured here
+    report = db.import_file(tmp_path / "imported.json")
+    assert report == db.MergeReport(added=1, replaced=0, kept=1, refused=0)
+    assert db.lookup(p)["algo"] == 3 and db.lookup(q)["algo"] == 4
+    assert db.merge(tmp_path / "imported.json") == 0  # nothing new
+    # asked for explicitly, imported records replace local ones
+    assert db.merge(tmp_path / "imported.json", prefer="imported") == 1
+    assert db.lookup(p)["algo"] == 2
+    with pytest.raises(ValueError, match="prefer"):
+        db.merge(tmp_path / "imported.json", prefer="faster")
 
 
 def test_merge_refuses_what_is_not_a_database(db, tmp_path):
@@ -370,8 +399,9 @@ from pycudnn import tuning_db
 tuning_db.device_identity = lambda d: {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
 from test_algos import make_params
 start, count, tag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+from test_tuning_db import wide
 for i in range(start, start + count):
-    tuning_db.store(make_params(input_shape=(2, 4, 8, 8 + i)), {"algo": i, "time_ms": 0.1, "by": tag})
+    tuning_db.store(wide(i), {"algo": 1, "math_type": 0, "workspace": i, "time_ms": 0.1})
 print("done", tag)
 """
 
@@ -390,8 +420,8 @@ def test_four_processes_writing_overlapping_records(db):
     widths = sorted(e["params"]["input_shape"][3] - 8 for e in db.entries())
     assert widths == list(range(0, 75)), "a record was lost"
     for i in range(75):
-        rec = db.lookup(make_params(input_shape=(2, 4, 8, 8 + i)))
-        assert rec is not None and rec["algo"] == i
+        rec = db.lookup(wide(i))
+        assert rec is not None and rec["workspace"] == i
     assert len(doc["entries"]) == 75
     assert not glob.glob(os.path.dirname(db.path()) + "/.*.tmp")
 
@@ -402,7 +432,7 @@ def test_threads_writing_at_once(db):
     def work(t):
         try:
             for i in range(10):
-                db.store(make_params(input_shape=(2, 4, 8, 8 + t * 10 + i)), {"algo": t})
+                db.store(wide(t * 10 + i), dict(V7_RECORD, workspace=t))
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -451,14 +481,18 @@ class Persisting:
         if record.name == "slow-fails":
             raise CudnnNotSupportedError(9000, "cudnnBackendExecute", "CUDNN_STATUS_NOT_SUPPORTED", "", [])
 
-    def serialize(self, record):
-        return {"name": record.name}
+    def serialize(self, record):  # the graph engine's fields (the name as the tag)
+        return {"graph": 0, "engine_id": 3, "knobs": [], "workspace": 0, "tag": record.name}
 
     def restore(self, args, data):
         self.restored.append(data)
         if self.broken_restore:
             raise ValueError("engine gone")
-        return Rec(data["name"], source="tuning-db")
+        return Rec(data["tag"], source="tuning-db")
+
+
+def stored(name: str) -> dict:
+    return Persisting().serialize(Rec(name))
 
 
 def _args(p: ConvolutionParams, benchmark: bool = True) -> ConvolutionArgs:
@@ -466,11 +500,11 @@ def _args(p: ConvolutionParams, benchmark: bool = True) -> ConvolutionArgs:
 
 
 def test_a_later_process_skips_the_search(db):
-    p = make_params(engine="graph")
+    p = graph_params()
     first = Persisting()
     assert try_all(_args(p), first, algos.BenchmarkCache("forward")).name == "best"
     assert first.searches == 1
-    assert db.lookup(p) == {"name": "best"}
+    assert db.lookup(p) == stored("best")
     new_process()
     later, cache = Persisting(), algos.BenchmarkCache("forward")
     got = try_all(_args(p), later, cache)
@@ -486,14 +520,14 @@ def test_heuristic_choices_are_not_stored(db):
 
 
 def test_a_record_that_no_longer_rebuilds_is_dropped_and_searched_again(db, caplog):
-    p = make_params()
-    db.store(p, {"name": "gone"})
+    p = graph_params()
+    db.store(p, stored("gone"))
     new_process()
     s = Persisting(broken_restore=True)
     with caplog.at_level("WARNING", logger="pycudnn"):
         assert try_all(_args(p), s, algos.BenchmarkCache("forward")).name == "best"
     assert s.searches == 1 and "dropping the record" in caplog.text
-    assert db.lookup(p) == {"name": "best"}  # the new search's choice replaced it
+    assert db.lookup(p) == stored("best")  # the new search's choice replaced it
 
 
 def test_no_warnings_on_the_happy_path(db):
@@ -506,29 +540,96 @@ def test_no_warnings_on_the_happy_path(db):
 
 # ---- preload's reading of entries (the GPU part is in test_tuning_db_gpu.py) ------------------------
 
-@pytest.mark.parametrize("field", [None] + sorted(CHANGES))
+#: for every field but ``device``, a change a call can make (with the fields that follow from it)
+ROUND_TRIP = {
+    "direction": {"direction": "backward_data"}, "cudnn_version": {"cudnn_version": 92800},
+    "dtype": {"dtype": "float16"},
+    "input_shape": {"input_shape": (2, 4, 8, 9), "input_strides": (288, 72, 9, 1),
+                    "output_shape": (2, 8, 8, 9), "output_strides": (576, 72, 9, 1)},
+    "input_strides": {"input_strides": (256, 1, 32, 4)},
+    "weight_shape": {"weight_shape": (8, 4, 1, 1), "padding": (0, 0)},
+    "weight_format": {"weight_format": "NHWC"},
+    "output_shape": {"output_shape": (2, 8, 4, 4), "output_strides": (128, 16, 4, 1),
+                     "stride": (2, 2)},
+    "output_strides": {"output_strides": (512, 1, 64, 8)},
+    "padding": {"padding": (0, 1), "output_shape": (2, 8, 6, 8)}, "stride": {"stride": (1, 1)},
+    "dilation": {"dilation": (2, 2), "padding": (2, 2)},
+    "groups": {"groups": 2, "weight_shape": (8, 2, 3, 3)}, "deterministic": {"deterministic": True},
+    "allow_tf32": {"allow_tf32": False}, "workspace_limit": {"workspace_limit": 1 << 20},
+    "engine": {"engine": "graph", "alignments": (16, 16, 16)},
+    "epilogue": {"epilogue": "bias_relu", "engine": "graph", "alignments": (16, 16, 16, 16)},
+    "z_strides": {"epilogue": "add_relu", "z_strides": (512, 64, 8, 1)},
+    "alpha": {"epilogue": "add_relu", "z_strides": (512, 64, 8, 1), "alpha": 0.5},
+    "alignments": {"engine": "graph", "alignments": (16, 8, 4)},
+    "benchmark_limit": {"engine": "graph", "alignments": (16, 16, 16), "benchmark_limit": 4},
+}
+
+
+def test_round_trip_covers_every_field():
+    names = {f.name for f in dataclasses.fields(ConvolutionParams)}
+    assert set(ROUND_TRIP) == names - {"device"}, "a new ConvolutionParams field needs a rule"
+
+
+@pytest.mark.parametrize("field", [None] + sorted(ROUND_TRIP))
 def test_params_from_dict_inverts_params_to_dict(field):
     from pycudnn.preloading import params_from_dict
 
-    p = make_params()
-    if field is not None:
-        p = dataclasses.replace(p, **{field: CHANGES[field]})
+    p = make_params(**ROUND_TRIP[field]) if field else make_params()
     data = json.loads(json.dumps(tuning_db.params_to_dict(p)))  # as read back from the file
     q = params_from_dict(data, p.device)
     assert q == p and hash(q) == hash(p)  # the same benchmark-cache key as the call's
     assert params_from_dict(data, 3) == dataclasses.replace(p, device=3)
+    assert tuning_db.params_from_dict(data, 0) == p
 
 
-@pytest.mark.parametrize("change, error", [
-    (lambda d: d.pop("dtype"), "missing field 'dtype'"),
-    (lambda d: d.update(future_field=1), "unknown field"),
-    (lambda d: d.update(padding=["1", 1]), "padding must hold integers"),
-])
-def test_params_from_dict_refuses_what_it_cannot_read(change, error):
+#: values a call never gives, one field at a time (on make_params(); "graph:" on graph_params())
+REFUSED_PARAMS = [
+    ("pop dtype", "missing field 'dtype'"), ("future_field", "unknown field"),
+    ("padding", ["1", 1], "padding must hold integers"),
+    ("dtype", "double", "params.dtype"), ("dtype", "float", "params.dtype"),
+    ("dtype", "FLOAT32", "params.dtype"), ("dtype", "half", "params.dtype"),
+    ("dtype", "int8", "params.dtype"), ("dtype", 4, "params.dtype"),
+    ("direction", "sideways", "params.direction"), ("engine", "scripted", "params.engine"),
+    ("epilogue", "gelu", "params.epilogue"), ("weight_format", "nchw", "params.weight_format"),
+    ("input_shape", [2, 4, 8], "4 or 5 sizes"), ("input_shape", [2, 4, 8, True], "integers"),
+    ("input_shape", [2, 4, 8, 8.0], "integers"), ("input_shape", [-2, 4, 8, 8], "in \\[0"),
+    ("input_shape", [2, 4, 8, 2**40], "in \\[0"), ("input_strides", [256, 64, 8], "4 values"),
+    ("output_strides", [512, 64, 8, -1], "in \\[0"), ("weight_shape", [8, 4, 0, 3], "in \\[1"),
+    ("padding", [1], "2 values"), ("padding", [1, -1], "in \\[0"), ("stride", [1, 0], "in \\[1"),
+    ("dilation", [1, 1, 1], "2 values"), ("groups", 0, "in \\[1"), ("groups", True, "integer"),
+    ("groups", 2, "do not fit"), ("output_shape", [2, 8, 8, 9], "is not the output"),
+    ("output_shape", [3, 8, 8, 8], "is not the output"), ("deterministic", 1, "true or false"),
+    ("workspace_limit", -1, "in \\[0"), ("workspace_limit", 1.5, "integer"),
+    ("cudnn_version", "9.2", "integer"), ("z_strides", [512, 64, 8, 1], "exactly when"),
+    ("alpha", 0.5, "only with the 'add_relu'"), ("alpha", "1", "a number"),
+    ("alignments", [16, 16, 16], "3 values|0 values"), ("benchmark_limit", 4, "graph engine only"),
+    ("epilogue", "bias", "graph engine only"), ("device", -1, "params.device"),
+    ("graph:alignments", [16, 16], "3 values"), ("graph:alignments", [16, 16, 3], "powers of two"),
+    ("graph:epilogue", "add_relu", "exactly when"),
+    ("graph:direction", "backward_data", "forward direction only", {"epilogue": "bias",
+                                                                    "alignments": [16] * 4}),
+    ("graph:benchmark_limit", -1, "in \\[0"),
+    ("dtype", "float64", "NCHW only", {"weight_format": "NHWC"}),
+]
+
+
+@pytest.mark.parametrize("case", REFUSED_PARAMS, ids=lambda c: f"{c[0]}={c[1]!r}"[:50])
+def test_params_from_dict_refuses_what_no_call_writes(case):
     from pycudnn.preloading import params_from_dict
 
-    data = tuning_db.params_to_dict(make_params())
-    change(data)
+    field, *rest = case
+    graph = field.startswith("graph:")
+    field = field.removeprefix("graph:")
+    data = tuning_db.params_to_dict(graph_params() if graph else make_params())
+    if field.startswith("pop "):
+        data.pop(field[4:])
+    elif len(rest) == 1:
+        data[field] = 1
+    else:
+        data[field] = rest[0]
+        if len(rest) == 3:
+            data.update(rest[2])
+    error = rest[-1] if len(rest) < 3 else rest[1]
     with pytest.raises((TypeError, ValueError), match=error):
         params_from_dict(data, 0)
 
