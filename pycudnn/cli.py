@@ -6,7 +6,7 @@ Subcommands:
 * ``pycudnn bench``: time convolution layers (built-in ResNet-50 by default), against PyTorch when
   it is installed; results go to the tuning database;
 * ``pycudnn tune``: fill the tuning database for a list of layers ahead of time;
-* ``pycudnn cache show|clear|export FILE|import FILE``: the tuning database.
+* ``pycudnn cache show|clear|export FILE|import FILE [--replace]``: the tuning database.
 
 User mistakes (a bad ``--shape``, an unknown model, a missing file) print one line on stderr and
 exit with status 2; a machine that cannot run the command (no GPU, no libcudnn) prints one line
@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -1058,7 +1059,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 # ---- cache ----------------------------------------------------------------------------------------
 
+def _safe(value: Any) -> str:
+    """Text of an untrusted value fit for a terminal: non-printable characters (escape sequences,
+    control and bidirectional-override characters) are written as Python escapes."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _entry_summary(e: dict[str, Any]) -> list[str]:
+    """One row of ``cache show`` (every cell escaped: the entry may come from another machine)."""
     p = e.get("params", {})
     rec = e.get("record", {})
     gpu = e.get("gpu", {})
@@ -1068,49 +1079,91 @@ def _entry_summary(e: dict[str, Any]) -> list[str]:
     layer = (f"x{p.get('input_shape')} w{p.get('weight_shape')} s{p.get('stride')} p{p.get('padding')}"
              f"{'' if p.get('groups', 1) == 1 else ' g' + str(p.get('groups'))}")
     t = rec.get("time_ms")
-    return [f"{gpu.get('name')} ({cc}, {gpu.get('sm_count')} SMs)",
-            _version_text(int(e.get("cudnn_version", 0))), str(e.get("engine")),
-            SHORT.get(p.get("direction"), str(p.get("direction"))) + ep, str(p.get("dtype")),
-            str(p.get("weight_format")), layer, choice,
-            _fmt(t, 4) if isinstance(t, (int, float)) and t >= 0 else "-",
-            _fmt_bytes(rec.get("workspace")), str(e.get("created", ""))]
+    version = e.get("cudnn_version")
+    ws = rec.get("workspace")
+    row = [f"{gpu.get('name')} ({cc}, {gpu.get('sm_count')} SMs)",
+           _version_text(version) if type(version) is int else str(version), str(e.get("engine")),
+           SHORT.get(p.get("direction"), str(p.get("direction"))) + ep, str(p.get("dtype")),
+           str(p.get("weight_format")), layer, choice,
+           _fmt(t, 4) if type(t) in (int, float) and t >= 0 else "-",
+           _fmt_bytes(ws) if type(ws) is int else "-", str(e.get("created", ""))]
+    return [_safe(c) for c in row]
+
+
+_CACHE_COLUMNS = ["gpu", "cuDNN", "engine", "dir", "dtype", "fmt", "layer", "choice", "ms",
+                  "workspace", "created"]
+
+
+def _summaries(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The rows of ``cache show``; an entry that cannot be summarized (of another pycudnn's schema)
+    shows as such instead of failing the listing."""
+    out = []
+    for e in rows:
+        try:
+            out.append(_entry_summary(e))
+        except Exception as exc:  # noqa: BLE001 - one odd entry must not hide the others
+            out.append([_safe(f"(unreadable entry of schema {e.get('schema')!r}: "
+                              f"{type(exc).__name__})")] + ["-"] * (len(_CACHE_COLUMNS) - 1))
+    return out
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    """show | clear | export FILE | import FILE."""
+    """show | clear | export FILE | import FILE [--replace]."""
     from . import tuning_db
 
     action = args.action
+    try:
+        return _cache_action(args, tuning_db)
+    except PermissionError as exc:  # the database was refused: another user's, or open to others
+        raise RunError(f"pycudnn cache {action}: {_safe(_first_line(exc))}") from None
+
+
+def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
+    action = args.action
+    if args.replace and action != "import":
+        raise UsageError("--replace goes with cache import")
     if action == "show":
         rows = tuning_db.entries()
-        if args.json:
+        if args.json:  # json.dumps escapes every control and non-ASCII character
             print(json.dumps({"path": tuning_db.path(), "entries": rows}, indent=1))
             return 0
-        print(f"{tuning_db.path()}: {len(rows)} records"
-              + ("" if tuning_db.enabled() else " (turned off: PYCUDNN_TUNING_DB=0)"))
+        why = tuning_db.refused()
+        state = ("" if tuning_db.enabled() else " (turned off: PYCUDNN_TUNING_DB=0)") + (
+            f" (refused: {why})" if why else "")
+        print(_safe(f"{tuning_db.path()}: {len(rows)} records{state}"))
         if rows:
-            print(_table(["gpu", "cuDNN", "engine", "dir", "dtype", "fmt", "layer", "choice", "ms",
-                          "workspace", "created"], [_entry_summary(e) for e in rows], {8}))
+            print(_table(_CACHE_COLUMNS, _summaries(rows), {8}))
         return 0
     if action == "clear":
         n = tuning_db.clear()
-        print(f"removed {n} records from {tuning_db.path()}")
+        print(_safe(f"removed {n} records from {tuning_db.path()}"))
         return 0
     if not args.file:
         raise UsageError(f"cache {action} needs a FILE")
     if action == "export":
         _check_output_path("cache export", args.file)
         n = tuning_db.export(args.file)
-        print(f"exported {n} records to {args.file}")
+        print(f"exported {n} records to {_safe(args.file)}")
         return 0
     # import
     if not os.path.isfile(args.file):
-        raise UsageError(f"{args.file} does not exist")
+        raise UsageError(f"{_safe(args.file)} does not exist")
     try:
-        n = tuning_db.merge(args.file)
+        with warnings.catch_warnings():  # the count is printed below
+            warnings.filterwarnings("ignore", message=r".*: refused \d+ entr",
+                                    category=tuning_db.TuningDatabaseWarning)
+            report = tuning_db.import_file(args.file, prefer="imported" if args.replace else "local")
     except ValueError as exc:
-        raise UsageError(_first_line(exc)) from None
-    print(f"merged {n} records from {args.file} into {tuning_db.path()}")
+        raise UsageError(_safe(_first_line(exc))) from None
+    notes = []
+    if report.kept:
+        notes.append(f"kept {report.kept} local record{'s' if report.kept != 1 else ''} "
+                     + ("unchanged" if args.replace else "(--replace replaces them)"))
+    if report.refused:
+        notes.append(f"refused {report.refused} entr{'y' if report.refused == 1 else 'ies'} that "
+                     f"did not validate")
+    print(_safe(f"merged {report.merged} records from {args.file} into {tuning_db.path()}"
+                + "".join(f"; {n}" for n in notes)))
     return 0
 
 
@@ -1207,10 +1260,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search again even where the database already has a record")
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("cache", help="show, clear, export or import the tuning database")
+    p = sub.add_parser("cache", help="show, clear, export or import the tuning database",
+                       description="Show, clear, export or import the tuning database. An import "
+                       "checks every entry (those that do not validate are refused and counted) "
+                       "and only adds records for keys this database lacks: a record measured "
+                       "here is never replaced by one from elsewhere unless --replace is given.")
     p.add_argument("action", choices=["show", "clear", "export", "import"])
     p.add_argument("file", nargs="?", help="the file to export to or import from")
     p.add_argument("--json", action="store_true", help="show: print the entries as JSON")
+    p.add_argument("--replace", action="store_true",
+                   help="import: imported records replace local ones for the same key (default: "
+                        "local records win)")
     p.set_defaults(func=cmd_cache)
     return parser
 

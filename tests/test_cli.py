@@ -94,7 +94,7 @@ def test_info_json(tmp_path):
 
 
 def test_info_counts_records_and_says_when_off(db, capsys):
-    tuning_db.store(make_params(), {"algo": 1})
+    tuning_db.store(make_params(), {"algo": 1, "math_type": 0, "workspace": 0})
     rc, out, _ = call(capsys, "info")
     assert rc == 0 and "(1 records)" in out
     config.tuning_db = False
@@ -241,7 +241,8 @@ def test_cache_show_clear_export_import(db, capsys, tmp_path):
     rc, out, _ = call(capsys, "cache", "show")
     assert rc == 0 and out.strip() == f"{db.path()}: 0 records"
     db.store(make_params(), {"algo": 1, "math_type": 0, "workspace": 0, "time_ms": 0.25})
-    db.store(make_params(engine="graph", dtype="bfloat16", groups=2),
+    db.store(make_params(engine="graph", dtype="bfloat16", groups=2, weight_shape=(8, 2, 3, 3),
+                         alignments=(16, 16, 16)),
              {"graph": 0, "engine_id": 7, "knobs": [], "workspace": 2 << 20, "time_ms": 0.0123,
               "tag": "eng7"})
     rc, out, _ = call(capsys, "cache", "show")
@@ -474,7 +475,7 @@ def scripted(db, monkeypatch):
     strategy = _ScriptedV7()
     monkeypatch.setitem(algos._STRATEGIES, "scripted", strategy)
     monkeypatch.setattr(cli, "_CudaTimer", _FakeTimer)
-    params = make_params(engine="scripted")
+    params = make_params()  # v7 parameters (the database takes the engines it knows only)
 
     def fake_fn(layer, direction, bufs, flags):
         return lambda: try_all(ConvolutionArgs(params, 0, 0, 0, 0, 0, benchmark=flags["benchmark"]),
