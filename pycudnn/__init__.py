@@ -2,6 +2,9 @@
 
 Importing pycudnn is cheap: no submodule with heavy imports and no libcudnn is loaded until a
 name that needs it is first used (PEP 562 module ``__getattr__``).
+
+Two versions: ``pycudnn.__version__`` is pycudnn's own (the one place it is written; the package
+metadata reads it), and [`cudnn_version()`][pycudnn.cudnn_version] is the loaded cuDNN library's.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import importlib
 import os as _os
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the only place pycudnn's version is written (pyproject.toml reads it)
 
 # public name -> submodule that defines it
 _EXPORTS: dict[str, str] = {
@@ -44,13 +47,27 @@ _EXPORTS: dict[str, str] = {
     "convolution_backward_filter": "conv", "convolution_add_relu": "conv",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted([*_EXPORTS, "cudnn_version"]) + ["__version__"]
 
 if _os.environ.get("PYCUDNN_LOG"):  # a stderr handler on the "pycudnn" logger (see _logging)
     from ._logging import configure_from_env as _configure_logging
 
     _configure_logging()
     del _configure_logging
+
+
+def cudnn_version() -> int:
+    """The loaded cuDNN library's version as an int: 91900 for cuDNN 9.19.0.
+
+    Loads libcudnn on the first call (no GPU needed). `pycudnn.version()` is the same function
+    under its older name; pycudnn's own version is `pycudnn.__version__`.
+
+    Raises:
+        CudnnNotFoundError: no usable libcudnn was found.
+    """
+    from ._lib import version
+
+    return version()
 
 
 def __getattr__(name: str) -> Any:

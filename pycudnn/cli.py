@@ -418,6 +418,51 @@ def _cuda_text(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
+def _pip_install(extra: str) -> str:
+    """The command that installs pycudnn with ``extra``: from this checkout when it is one."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(root, "pyproject.toml")):
+        return f'pip install -e "{root}[{extra}]"'
+    return f'pip install "pycudnn-ctypes[{extra}]"'
+
+
+def _major(text: Any) -> int | None:
+    try:
+        return int(str(text).split(".")[0])
+    except ValueError:
+        return None
+
+
+def _cuda_mismatches(info: dict[str, Any]) -> list[str]:
+    """What ``pycudnn info`` warns about: cuDNN, cuda-bindings and the driver from CUDA majors
+    that do not work together, and what to do (one line each)."""
+    packages = info.get("packages", {})
+    cudnn = _major(info.get("cudnn", {}).get("cuda_runtime"))
+    bindings = _major(info.get("cuda_python_runtime") or packages.get("cuda-bindings"))
+    driver = _major(info.get("cuda_driver")) if info.get("cuda_driver") else None
+    out = []
+    if packages.get("nvidia-cudnn-cu12") and packages.get("nvidia-cudnn-cu13"):
+        keep = bindings or 12
+        out.append(f"nvidia-cudnn-cu12 and nvidia-cudnn-cu13 are both installed and write the same "
+                   f"libcudnn.so.9 (the one installed last is used): use one CUDA major here, e.g. "
+                   f"pip uninstall nvidia-cudnn-cu12 nvidia-cudnn-cu13, then "
+                   f"{_pip_install(f'cu{keep}')} and the CUDA {keep} builds of other packages")
+    if cudnn is not None and bindings is not None and cudnn != bindings:
+        out.append(f"cuDNN is built for CUDA {cudnn} but cuda-bindings is for CUDA {bindings}: "
+                   f"another package (often a PyTorch or CuPy wheel) brought one of them; use one "
+                   f"CUDA major in this environment, e.g. {_pip_install(f'cu{cudnn}')} to follow "
+                   f"cuDNN, or {_pip_install(f'cu{bindings}')} and that package's CUDA {bindings} "
+                   f"build")
+    if driver is not None:
+        newer = sorted({m for m in (cudnn, bindings) if m is not None and m > driver})
+        if newer:
+            out.append(f"the driver supports CUDA {info['cuda_driver']}, older than CUDA "
+                       f"{newer[-1]} that {'cuDNN' if cudnn == newer[-1] else 'cuda-bindings'} "
+                       f"needs: update the NVIDIA driver, or install the CUDA {driver} build: "
+                       f"{_pip_install(f'cu{driver}')}")
+    return out
+
+
 # ---- info -----------------------------------------------------------------------------------------
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -462,21 +507,27 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["packages"] = {name: _dist_version(name) for name in (
         "cuda-python", "cuda-bindings", "cuda-core", "cuda-pathfinder", "numpy", "ml_dtypes",
         "nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "torch", "cupy-cuda12x", "cupy-cuda13x")}
+    info["cuda_mismatch"] = _cuda_mismatches(info)
 
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     out = [f"pycudnn      {info['pycudnn']} ({info['pycudnn_path']}), Python {info['python']}"]
     c = info["cudnn"]
+    cuda = []
     if "error" in c:
         out.append(f"cuDNN        not found: {c['install']}")
         out.extend(f"               tried {t}" for t in c["tried"])
-        out.append(f"CUDA         driver supports CUDA {info['cuda_driver'] or '- (no driver)'}")
     else:
         out.append(f"cuDNN        {c['version']} at {c['path']}")
         out.append(f"               found via {c['found_via']}")
-        out.append(f"CUDA         cuDNN built for CUDA {c['cuda_runtime']}; "
-                   f"driver supports CUDA {info['cuda_driver'] or '- (no driver)'}")
+        cuda.append(f"cuDNN built for CUDA {c['cuda_runtime']}")
+    if info.get("cuda_python_runtime"):
+        cuda.append(f"cuda-bindings for CUDA {info['cuda_python_runtime']}")
+    cuda.append(f"driver supports CUDA {info['cuda_driver']}" if info["cuda_driver"]
+                else "no NVIDIA driver found")
+    out.append("CUDA         " + "; ".join(cuda))
+    out.extend(f"warning      {line}" for line in info["cuda_mismatch"])
     if devices:
         for d in devices:
             if "error" in d:
@@ -1216,10 +1267,18 @@ def _nonneg_int(text: str) -> int:
     return v
 
 
+def _own_version() -> str:
+    import pycudnn
+
+    return pycudnn.__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``pycudnn`` argument parser."""
     parser = _Parser(prog="pycudnn", description="pycudnn: cuDNN convolutions for any Python GPU "
                      "stack. Start with `pycudnn info`, then `pycudnn bench` on a GPU.")
+    parser.add_argument("--version", action="version", version=f"pycudnn {_own_version()}",
+                        help="print pycudnn's version and exit (`pycudnn info` shows cuDNN's)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log pycudnn's choices (-v: info, -vv: debug)")
@@ -1283,9 +1342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         debug = args.debug
-        if not args.command:
-            parser.print_help(sys.stderr)
-            return 2
+        if not args.command:  # asked for nothing: say what there is
+            parser.print_help(sys.stdout)
+            return 0
         command = f"pycudnn {args.command}"
         if args.verbose:
             import logging

@@ -1,0 +1,109 @@
+"""The command line's own version, its answer to no command, and `pycudnn info`'s CUDA lines:
+cuDNN, cuda-bindings and the driver from CUDA majors that do not work together are named, with
+what to do."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import pycudnn
+from pycudnn import cli
+
+
+def call(capsys, *args):
+    rc = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_version_is_pycudnns_own(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pycudnn {pycudnn.__version__}"
+
+
+def test_one_source_for_the_version():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        assert version("pycudnn-ctypes") == pycudnn.__version__
+    except PackageNotFoundError:  # run from a tree that is not installed
+        pytest.skip("pycudnn-ctypes is not installed here")
+
+
+def test_cudnn_version_and_its_older_name():
+    assert pycudnn.cudnn_version() == pycudnn.version() >= 90000
+    assert "cudnn_version" in pycudnn.__all__ and "cudnn_version" in dir(pycudnn)
+
+
+def test_no_command_prints_help_and_succeeds(capsys):
+    rc, out, err = call(capsys)
+    assert rc == 0 and err == ""
+    assert out.startswith("usage: pycudnn") and "info" in out and "bench" in out
+
+
+def test_info_names_the_driver_state(capsys):
+    rc, out, _ = call(capsys, "info")
+    assert rc == 0
+    line = next(x for x in out.splitlines() if x.startswith("CUDA "))
+    assert "CUDA -" not in line and "(no driver)" not in line
+    assert "driver supports CUDA " in line or "no NVIDIA driver found" in line
+    rc, out, _ = call(capsys, "info", "--json")
+    assert rc == 0 and isinstance(json.loads(out)["cuda_mismatch"], list)
+
+
+def info(cudnn=None, bindings=None, driver=None, **packages):
+    return {"cudnn": {"cuda_runtime": cudnn} if cudnn else {"error": "not found"},
+            "cuda_python_runtime": bindings, "cuda_driver": driver,
+            "packages": {k.replace("_", "-"): v for k, v in packages.items()}}
+
+
+def test_matching_majors_say_nothing():
+    assert cli._cuda_mismatches(info("12.9", "12.9", "13.0")) == []
+    assert cli._cuda_mismatches(info("13.0", "13.0", "13.1")) == []
+    assert cli._cuda_mismatches(info("12.9", "12.9", None)) == []  # no driver: the GPU line says so
+    assert cli._cuda_mismatches(info(None, "12.9", "12.4")) == []
+
+
+def test_cudnn_from_another_major_than_cuda_bindings():
+    (line,) = cli._cuda_mismatches(info("13.0", "12.9", "13.0"))
+    assert "cuDNN is built for CUDA 13 but cuda-bindings is for CUDA 12" in line
+    assert "[cu13]" in line and "[cu12]" in line
+
+
+def test_driver_older_than_the_libraries():
+    (line,) = cli._cuda_mismatches(info("13.0", "13.0", "12.8"))
+    assert "driver supports CUDA 12.8, older than CUDA 13 that cuDNN needs" in line
+    assert "update the NVIDIA driver" in line and "[cu12]" in line
+
+
+def test_both_cudnn_wheels_installed():
+    lines = cli._cuda_mismatches(info("13.0", "12.9", "13.0", nvidia_cudnn_cu12="9.1",
+                                      nvidia_cudnn_cu13="9.1"))
+    assert len(lines) == 2
+    assert "nvidia-cudnn-cu12 and nvidia-cudnn-cu13 are both installed" in lines[0]
+
+
+def test_the_install_command_fits_where_pycudnn_comes_from(monkeypatch):
+    import os
+
+    text = cli._pip_install("cu12")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
+    if os.path.isfile(os.path.join(root, "pyproject.toml")):
+        assert text == f'pip install -e "{root}[cu12]"'
+    else:
+        assert text == 'pip install "pycudnn-ctypes[cu12]"'
+    monkeypatch.setattr(os.path, "isfile", lambda p: False)
+    assert cli._pip_install("cu13") == 'pip install "pycudnn-ctypes[cu13]"'
+
+
+def test_python_m_pycudnn_version():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "pycudnn", "--version"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("pycudnn ")
