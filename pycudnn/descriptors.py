@@ -118,7 +118,8 @@ def _ints(values: Any, name: str) -> tuple[int, ...]:
     except TypeError:
         pass
     else:
-        if bool not in map(type, values):  # bool is an int subclass, never a size here
+        types = set(map(type, values))  # bool is an int subclass and NumPy < 2.3's bool_ has
+        if bool not in types and np.bool_ not in types:  # __index__: neither is ever a size here
             return out
     for i, v in enumerate(values):
         if isinstance(v, (bool, np.bool_)):
