@@ -1,4 +1,5 @@
-"""Shared test set-up: the ``gpu`` marker skips cleanly where no CUDA device is usable."""
+"""Shared test set-up: the ``gpu`` marker skips cleanly where no CUDA device is usable, and the
+run's summary counts those skips in one line instead of listing each."""
 
 from __future__ import annotations
 
@@ -35,11 +36,42 @@ def has_gpu() -> bool:
     return gpu_reason() is None
 
 
+GPU_SKIP = "needs a CUDA GPU: "
+
+
 def pytest_collection_modifyitems(config, items):
     reason = gpu_reason()
     if reason is None:
         return
-    skip = pytest.mark.skip(reason=f"gpu test: {reason}")
+    skip = pytest.mark.skip(reason=GPU_SKIP + reason)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line for the tests skipped for want of a GPU, one per other reason (pyproject's
+    ``-r`` options leave skips out of pytest's own summary, which lists each test's reason)."""
+    reasons: dict[str, int] = {}
+    gpu = 0
+    no_gpu = gpu_reason() is not None
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = _skip_reason(report)
+        if no_gpu and ("gpu" in report.keywords or reason.startswith(GPU_SKIP)):
+            gpu += 1
+        else:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    if not gpu and not reasons:
+        return
+    terminalreporter.section("skipped", sep="-")
+    if gpu:
+        terminalreporter.write_line(f"{gpu} GPU tests skipped ({GPU_SKIP}{gpu_reason()}); they "
+                                    f"run on a machine with one")
+    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{n} skipped: {reason}")
