@@ -1,11 +1,19 @@
 """A 2-D convolution on CuPy arrays with pycudnn, checked against a float64 NumPy reference.
 
-Run on a machine with an NVIDIA GPU, CuPy and pycudnn:  python examples/conv2d_cupy.py
+Needs: an NVIDIA GPU and CuPy (from a checkout: pip install -e ".[cu12,examples]", or
+".[cu13,examples-cu13]" for CUDA 13). Run:  python examples/conv2d_cupy.py
 CuPy arrays go in and come out without copies (the CUDA array interface both ways).
 """
 
-import cupy as cp
+import sys
+
 import numpy as np
+
+try:
+    import cupy as cp
+except ImportError:
+    sys.exit("conv2d_cupy.py needs CuPy, which is not installed: "
+             'pip install -e ".[cu12,examples]" (CUDA 13: ".[cu13,examples-cu13]")')
 
 import pycudnn
 
@@ -52,4 +60,7 @@ def main():
 
 
 if __name__ == "__main__":
+    if not pycudnn.device_count():
+        sys.exit("conv2d_cupy.py needs an NVIDIA GPU with a working driver; none "
+                 "is usable here (`pycudnn info` says why)")
     main()

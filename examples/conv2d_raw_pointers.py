@@ -1,8 +1,11 @@
 """A 2-D convolution on memory allocated with cuda-python alone (cuda.bindings), by raw pointers.
 
-Run on a machine with an NVIDIA GPU:  python examples/conv2d_raw_pointers.py
+Needs: an NVIDIA GPU; nothing beyond pycudnn's own dependencies.
+Run:  python examples/conv2d_raw_pointers.py
 No array library: cudaMalloc'd pointers are wrapped with pycudnn.tensor_from_pointer.
 """
+
+import sys
 
 import numpy as np
 from cuda.bindings import runtime as rt
@@ -59,4 +62,7 @@ def main():
 
 
 if __name__ == "__main__":
+    if not pycudnn.device_count():
+        sys.exit("conv2d_raw_pointers.py needs an NVIDIA GPU with a working driver; none "
+                 "is usable here (`pycudnn info` says why)")
     main()

@@ -1,7 +1,8 @@
 """Capture a convolution training step (forward, backward data, backward filter) into a CUDA
 graph, replay it on new data, and compare with running the same step eagerly.
 
-Run on a machine with an NVIDIA GPU:  python examples/cuda_graph.py
+Needs: an NVIDIA GPU; nothing beyond pycudnn's own dependencies.
+Run:  python examples/cuda_graph.py
 Only cuda-python (cuda.bindings) and pycudnn: the graph is captured with
 cudaStreamBeginCapture / cudaStreamEndCapture on a non-default stream, instantiated once and
 launched with cudaGraphLaunch.
@@ -114,4 +115,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if not pycudnn.device_count():
+        sys.exit("cuda_graph.py needs an NVIDIA GPU with a working driver; none "
+                 "is usable here (`pycudnn info` says why)")
     sys.exit(main())

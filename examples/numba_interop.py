@@ -1,7 +1,8 @@
 """Numba device arrays in and out of pycudnn, without copies.
 
-Run on a machine with an NVIDIA GPU, Numba (numba-cuda) and pycudnn:
-    python examples/numba_interop.py
+Needs: an NVIDIA GPU and Numba's CUDA target, numba-cuda (from a checkout:
+pip install -e ".[cu12,examples]", or ".[cu13,examples-cu13]" for CUDA 13).
+Run:  python examples/numba_interop.py
 
 * In: ``numba.cuda.to_device`` arrays go straight into pycudnn (the CUDA array interface).
 * Out: ``numba.cuda.as_cuda_array(pycudnn_tensor)`` views pycudnn's result, and ``out=`` writes
@@ -17,7 +18,12 @@ import math
 import sys
 
 import numpy as np
-from numba import cuda
+
+try:
+    from numba import cuda
+except ImportError:
+    sys.exit("numba_interop.py needs Numba with numba-cuda, which is not installed: "
+             'pip install -e ".[cu12,examples]" (CUDA 13: ".[cu13,examples-cu13]")')
 
 import pycudnn
 
@@ -118,4 +124,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if not pycudnn.device_count():
+        sys.exit("numba_interop.py needs an NVIDIA GPU with a working driver; none "
+                 "is usable here (`pycudnn info` says why)")
     sys.exit(main())

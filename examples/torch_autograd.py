@@ -1,6 +1,8 @@
 """A ``torch.autograd.Function`` whose forward and backward convolutions run in pycudnn.
 
-Run on a machine with an NVIDIA GPU, PyTorch and pycudnn:  python examples/torch_autograd.py
+Needs: an NVIDIA GPU and a CUDA build of PyTorch for the same CUDA major as pycudnn's extra
+(PyTorch's install selector gives the command; `pycudnn info` warns when the two disagree).
+Run:  python examples/torch_autograd.py
 
 * Zero-copy both ways: ``pycudnn.as_tensor(torch_tensor)`` views PyTorch's memory and
   ``torch.from_dlpack(pycudnn_tensor)`` views pycudnn's; gradients are written straight into
@@ -17,7 +19,11 @@ from __future__ import annotations
 
 import sys
 
-import torch
+try:
+    import torch
+except ImportError:
+    sys.exit("torch_autograd.py needs PyTorch, which is not installed: install a CUDA build of "
+             "PyTorch for the same CUDA major as pycudnn's extra (see docs/examples.md)")
 
 import pycudnn
 
@@ -70,7 +76,8 @@ def rel_err(a, b):
 
 def main() -> int:
     if not torch.cuda.is_available():
-        print("torch_autograd: PyTorch sees no CUDA device: FAILED")
+        print("torch_autograd.py needs a CUDA build of PyTorch and an NVIDIA GPU; PyTorch sees no "
+              "CUDA device here", file=sys.stderr)
         return 1
     dev = torch.device("cuda", 0)
     geometry = dict(stride=(2, 1), padding=(1, 1), dilation=(1, 2), groups=2)
@@ -132,4 +139,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if not pycudnn.device_count():
+        sys.exit("torch_autograd.py needs an NVIDIA GPU with a working driver; none "
+                 "is usable here (`pycudnn info` says why)")
     sys.exit(main())

@@ -2,8 +2,9 @@
 convolution, forward and backward, and CuPy does the rest (ReLU masks, pooling, the dense layer,
 softmax cross-entropy, Adam).
 
-Run on a machine with an NVIDIA GPU, CuPy, scikit-learn and pycudnn:
-    python examples/train_digits_cnn.py
+Needs: an NVIDIA GPU, CuPy and scikit-learn; tqdm draws the progress bar when installed (from a
+checkout: pip install -e ".[cu12,examples]", or ".[cu13,examples-cu13]" for CUDA 13).
+Run:  python examples/train_digits_cnn.py
 It prints a progress bar per epoch (tqdm when installed), the test accuracy and the training time,
 and exits with status 1 unless the accuracy is at least 95% and training took under a minute.
 
@@ -19,10 +20,15 @@ from __future__ import annotations
 import sys
 import time
 
-import cupy as cp
 import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+
+try:
+    import cupy as cp
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+except ImportError as exc:
+    sys.exit(f"train_digits_cnn.py needs CuPy and scikit-learn ({exc.name} is missing): "
+             'pip install -e ".[cu12,examples]" (CUDA 13: ".[cu13,examples-cu13]")')
 
 import pycudnn
 
@@ -199,4 +205,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if not pycudnn.device_count():
+        sys.exit("train_digits_cnn.py needs an NVIDIA GPU with a working driver; none "
+                 "is usable here (`pycudnn info` says why)")
     sys.exit(main())
