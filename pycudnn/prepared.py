@@ -24,7 +24,7 @@ from .algos import ConvolutionArgs, ConvolutionParams
 from .handle import get_handle
 from .memory import (allocate_fast, callers_device, resolve_stream, restore_device,
                      stream_is_capturing, thread_workspace)
-from .tensor import Tensor, as_tensor, span_elements, views_overlap
+from .tensor import Tensor, as_tensor, check_writable, span_elements, views_overlap
 
 __all__ = ["PreparedConvolution", "prepare_convolution", "clear_fast_calls", "FAST_CALLS_MAX"]
 
@@ -113,6 +113,8 @@ class PreparedConvolution:
                                      f"strides {self._out_strides}, dtype {dt.name} on "
                                      f"cuda:{self.device}; got {out.shape}/{out.strides} "
                                      f"{out.dtype.name} on cuda:{out.device}")
+                if out.readonly:
+                    check_writable(out, "prepared convolution: out")
                 if self.out_may_overlap(out, a, b) and (views_overlap(out, a) or views_overlap(out, b)):
                     raise ValueError("prepared convolution: out overlaps an input the call reads: "
                                      "cuDNN does not compute in place; pass an output that "

@@ -195,3 +195,11 @@ def test_missing_bias_uses_the_made_up_zero_bias_or_is_refused(launched):
     conv.default_bias = T(0x50000000, "b")
     conv(X, W, z=z)
     assert launched == [(X.ptr, W.ptr, NEW_OUT, z.ptr, 0x50000000)]
+
+
+def test_read_only_out_is_refused(launched):
+    out = tensor_from_pointer(0x50000000, SHAPES["y"], F32, STRIDES["y"], device=0)
+    out.readonly = True
+    with pytest.raises(ValueError, match="prepared convolution: out: is read-only"):
+        _prepared(launched)(X, W, out=out, bias=T(0x30000000, "b"))
+    assert launched == []

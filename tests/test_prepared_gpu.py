@@ -178,3 +178,126 @@ def test_prepared_from_many_threads():
     for t in threads:
         t.join()
     assert errors == []
+
+
+# ---- the bias and z of fused epilogues -----------------------------------------------------------
+
+BF16_CL = dict(dtype="bfloat16", memory_format="channels_last")  # what the fused engines take
+
+
+def _bf16(a):
+    """``a`` rounded to bfloat16, as float64 (what the device holds, for the references)."""
+    import pycudnn
+
+    return np.asarray(pycudnn.from_numpy(np.asarray(a, np.float32), dtype="bfloat16").numpy(), np.float64)
+
+
+def _fused_seen():
+    import pycudnn
+
+    return [e for e in pycudnn.benchmark_cache() if e["fused"]]
+
+
+def test_made_up_zero_bias_is_complete_for_calls_on_other_streams():
+    """convolution_add_relu without a bias on stream S1 (busy) then on S2: the zero bias the
+    first call made up was filled on S1, behind its busy work, and the remembered call on S2 read
+    it before the fill (the memory had held 1000.0 before: off by about 1000)."""
+    import pycudnn
+    from cuda.core import Device
+
+    dev = Device(0)
+    dev.set_current()
+    s1, s2 = dev.create_stream(), dev.create_stream()
+    rng = np.random.default_rng(3)
+    xh = rng.standard_normal((1, 16, 8, 8))
+    wh = rng.standard_normal((16, 16, 3, 3))
+    zh = rng.standard_normal((1, 16, 8, 8))
+    x, w, z = (pycudnn.from_numpy(a.astype(np.float32), **BF16_CL) for a in (xh, wh, zh))
+    ref = np.maximum(R.conv_forward(_bf16(xh), _bf16(wh), (1, 1), (1, 1), (1, 1), 1) + _bf16(zh), 0)
+    f = dict(padding=1, engine="graph", allow_tf32=False)
+    bx = pycudnn.from_numpy(rng.standard_normal((32, 256, 96, 96)).astype(np.float32))
+    bw = pycudnn.from_numpy(rng.standard_normal((256, 256, 3, 3)).astype(np.float32))
+    by = pycudnn.empty((32, 256, 96, 96))
+    pycudnn.convolution(bx, bw, out=by, stream=s1, **f)  # searched and remembered
+    pycudnn.convolution(bx, bw, out=by, stream=s1, **f)
+    s1.sync()
+    prime = pycudnn.from_numpy(np.full(32768, 1000.0, np.float32), dtype="bfloat16", stream=s1)
+    del prime  # 64 KiB of 1000.0 back to the pool, on S1: what a made-up bias may get next
+    for _ in range(40):
+        pycudnn.convolution(bx, bw, out=by, stream=s1, **f)  # ~0.1 s queued on S1
+    y1 = pycudnn.convolution_add_relu(x, w, z, stream=s1, **f)  # the bias is made up here
+    y2 = pycudnn.convolution_add_relu(x, w, z, stream=s2, **f)  # the remembered call, on S2
+    s2.sync()
+    r2 = y2.numpy(stream=s2)
+    s1.sync()
+    r1 = y1.numpy(stream=s1)
+    assert _fused_seen(), "the graph engine should have fused this epilogue on an H200"
+    assert _err(r1, ref) < 3e-2
+    assert _err(r2, ref) < 3e-2
+
+
+def test_prepared_strided_bias_is_read_as_strided():
+    """A bias of stride 2 (every other element of a buffer): the prepared call copies it dense,
+    as the full path does, instead of reading the first K elements of the buffer."""
+    import pycudnn
+    from pycudnn.tensor import tensor_from_pointer
+
+    rng = np.random.default_rng(2)
+    xh = rng.standard_normal((2, 8, 16, 16))
+    wh = rng.standard_normal((16, 8, 3, 3))
+    bh = rng.standard_normal(32)
+    x, w = (pycudnn.from_numpy(a.astype(np.float32), **BF16_CL) for a in (xh, wh))
+    buf = pycudnn.from_numpy(bh.astype(np.float32), dtype="bfloat16")
+    strided = tensor_from_pointer(buf.ptr, (16,), buf.dtype, strides=(2,), owner=buf)
+    dense = pycudnn.from_numpy(bh[::2].astype(np.float32), dtype="bfloat16")
+    conv = R.conv_forward(_bf16(xh), _bf16(wh), (1, 1), (1, 1), (1, 1), 1)
+    ref = conv + _bf16(bh[::2])[None, :, None, None]
+    f = dict(padding=1, engine="graph")
+    assert _err(pycudnn.convolution(x, w, strided, **f).numpy(), ref) < 3e-2  # the full path
+    prepared = pycudnn.prepare_convolution(x, w, dense, **f)
+    assert _fused_seen(), "the graph engine should have fused the bias on an H200"
+    for _ in range(2):
+        assert _err(prepared(x, w, bias=strided).numpy(), ref) < 3e-2
+        assert _err(prepared(x, w, bias=dense).numpy(), ref) < 3e-2
+
+
+def test_prepared_refusals_launch_nothing_and_leave_out_untouched():
+    import pycudnn
+    from pycudnn import prepared as P
+
+    rng = np.random.default_rng(7)
+    xh = rng.standard_normal((1, 16, 8, 8))
+    wh = rng.standard_normal((16, 16, 3, 3))
+    zh = rng.standard_normal((1, 16, 8, 8))
+    bh = rng.standard_normal(16)
+    x, w = (pycudnn.from_numpy(a.astype(np.float32), **BF16_CL) for a in (xh, wh))
+    b = pycudnn.from_numpy(bh.astype(np.float32), dtype="bfloat16")
+    f = dict(padding=1, engine="graph")
+    plain = pycudnn.prepare_convolution(x, w, **f)
+    with pytest.raises(ValueError, match="bias was given, but this convolution was prepared without"):
+        plain(x, w, bias=b)
+    with pytest.raises(ValueError, match="z was given"):
+        plain(x, w, z=pycudnn.from_numpy(zh.astype(np.float32), **BF16_CL))
+    # a z and an out sharing one buffer, out shifted by one row of z: partly overlapping
+    pattern = (np.arange(2 * 16 * 8 * 8) % 7 - 3).reshape(2, 16, 8, 8).astype(np.float32)
+    big = pycudnn.from_numpy(pattern, **BF16_CL)  # two samples: room for the shift
+    z = pycudnn.tensor_from_pointer(big.ptr, (1, 16, 8, 8), big.dtype, strides=big.strides, owner=big)
+    pycudnn.convolution_add_relu(x, w, z, bias=b, **f)  # remembered with z and a dense bias
+    fused = [p for p in P._fast.values() if p.has_z]
+    assert fused, "the graph engine should have fused this epilogue on an H200"
+    conv = fused[0]
+    shifted = pycudnn.tensor_from_pointer(big.ptr + 8 * 16 * 2, (1, 16, 8, 8), big.dtype,
+                                          strides=big.strides, owner=big)
+    before = np.asarray(big.numpy(), np.float64).copy()
+    with pytest.raises(ValueError, match="out: it overlaps z"):
+        conv(x, w, out=shifted, z=z, bias=b)
+    with pytest.raises(ValueError, match="out: it overlaps z"):  # the same call, full path
+        pycudnn.convolution_add_relu(x, w, z, bias=b, out=shifted, **f)
+    pycudnn.memory.synchronize()
+    assert np.array_equal(np.asarray(big.numpy(), np.float64), before)
+    # out is z exactly: allowed (an in-place residual), as on the full path
+    zref = np.asarray(z.numpy(), np.float64)
+    ref = np.maximum(R.conv_forward(_bf16(xh), _bf16(wh), (1, 1), (1, 1), (1, 1), 1) + zref
+                     + _bf16(bh)[None, :, None, None], 0)
+    assert conv(x, w, out=z, z=z, bias=b) is z
+    assert _err(z.numpy(), ref) < 3e-2

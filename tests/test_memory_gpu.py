@@ -1,0 +1,396 @@
+"""Where and when pycudnn frees the device memory it allocates.
+
+* The CPU tests (no ``gpu`` mark) replace the driver by a recorder and check which stream each
+  free is ordered on and which device is current then: memory allocated on the per-thread
+  default stream and dropped by another thread is freed on the legacy stream (which waits for
+  every thread's per-thread stream), never on the dropping thread's own per-thread stream; a
+  buffer of device 0 dropped while device 1 is current is freed with device 0 current; a
+  synchronous free waits for the device first.
+* The GPU tests reproduce the damage those frees did: another thread's result overwritten (per-
+  thread streams), a result on one device overwritten after a free ordered on another device's
+  stream (two GPUs), and an output on a raw stream handle reused while its convolution still ran.
+  Results are checked against float64 NumPy references.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import queue
+import threading
+
+import numpy as np
+import pytest
+
+import reference as R
+
+gpu = pytest.mark.gpu
+
+
+# ---- CPU: the stream and device of each free ---------------------------------------------------
+
+class _Driver:
+    """Stands in for libcuda's cuMemAllocAsync / cuMemFreeAsync."""
+
+    def __init__(self, current: list) -> None:
+        self.current = current
+        self.frees: list[tuple[int, int, int]] = []  # (ptr, stream, device current at the free)
+        self.next_ptr = 0x7F0000000000
+
+    def allocate(self, nbytes: int, stream: int) -> int:
+        self.next_ptr += 1 << 24
+        return self.next_ptr
+
+    def free(self, ptr: int, stream: int) -> int:
+        self.frees.append((ptr, stream, self.current[0]))
+        return 0
+
+
+class _Runtime:
+    """Stands in for the few cuda.bindings runtime calls a synchronous free makes."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def cudaDeviceSynchronize(self):
+        self.calls.append(("cudaDeviceSynchronize",))
+        return (0,)
+
+    def cudaFree(self, ptr):
+        self.calls.append(("cudaFree", ptr))
+        return (0,)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """(driver, runtime, current device) of a made-up 2-device machine, current device 1."""
+    from pycudnn import memory
+
+    current = [1]
+
+    @contextlib.contextmanager
+    def device_guard(device):
+        prev, current[0] = current[0], device
+        try:
+            yield device
+        finally:
+            current[0] = prev
+
+    drv, rt = _Driver(current), _Runtime()
+    monkeypatch.setattr(memory, "_driver", drv)
+    monkeypatch.setattr(memory, "_rt", rt)
+    monkeypatch.setattr(memory, "_count", 2)
+    monkeypatch.setattr(memory, "device_guard", device_guard)
+    return drv, rt, current
+
+
+def _in_thread(fn):
+    errors = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+
+
+def test_per_thread_stream_memory_dropped_by_another_thread_is_freed_on_the_legacy_stream(fake_cuda):
+    from pycudnn import memory
+
+    drv, _, _ = fake_cuda
+    mine = memory.allocate_fast(4096, 0, 2)
+    theirs = memory.allocate_fast(4096, 0, 2)
+    mine_ptr, theirs_ptr = mine.ptr, theirs.ptr
+    mine.close()  # the allocating thread: its own per-thread stream
+    holder = [theirs]
+    del theirs
+    _in_thread(lambda: holder.pop())  # the last reference dropped on another thread
+    assert drv.frees == [(mine_ptr, 2, 0), (theirs_ptr, 1, 0)]
+
+
+def test_per_thread_stream_memory_closed_on_another_thread_is_freed_on_the_legacy_stream(fake_cuda):
+    from pycudnn import memory
+
+    drv, _, _ = fake_cuda
+    a = memory.allocate_fast(4096, 0, 2)
+    ptr = a.ptr
+    _in_thread(a.close)
+    assert drv.frees == [(ptr, 1, 0)]
+
+
+@pytest.mark.parametrize("stream", [0, 1, 2])
+def test_free_on_a_default_stream_makes_the_allocations_device_current(fake_cuda, stream):
+    """0, 1 and 2 name a stream of the current device: device 0's memory dropped while device 1
+    is current must be freed on device 0's stream, and device 1 made current again."""
+    from pycudnn import memory
+
+    drv, _, current = fake_cuda
+    a = memory.allocate_fast(4096, 0, stream)
+    ptr = a.ptr
+    del a
+    gc.collect()
+    assert drv.frees == [(ptr, stream, 0)]
+    assert current == [1]
+
+
+def test_free_on_a_created_stream_needs_no_device_switch(fake_cuda):
+    from pycudnn import memory
+
+    drv, _, _ = fake_cuda
+    a = memory.allocate_fast(4096, 0, 0x5000, stream_ref=object())
+    ptr = a.ptr
+    a.close()
+    assert drv.frees == [(ptr, 0x5000, 1)]  # the stream belongs to device 0 itself
+
+
+def test_synchronous_free_waits_for_the_device_first(fake_cuda):
+    """cudaFree does not wait for stream-ordered work still using the memory."""
+    from pycudnn import memory
+
+    drv, rt, _ = fake_cuda
+    a = memory.allocate_fast(4096, 0, 0x5000)  # a raw handle: the stream may be gone when freed
+    assert a.sync_free
+    ptr = a.ptr
+    del a
+    gc.collect()
+    assert rt.calls == [("cudaDeviceSynchronize",), ("cudaFree", ptr)]
+    assert drv.frees == []
+
+
+def test_evicted_thread_workspace_is_freed_after_a_device_synchronize(fake_cuda):
+    from pycudnn import memory
+
+    drv, rt, _ = fake_cuda
+    ptrs = []
+
+    def work():
+        for stream in range(0x5000, 0x5000 + memory.THREAD_WORKSPACES_MAX + 1):
+            ptrs.append(memory.thread_workspace(1 << 20, 0, stream))
+
+    _in_thread(work)
+    assert rt.calls[:2] == [("cudaDeviceSynchronize",), ("cudaFree", ptrs[0])]
+
+
+def test_nothing_is_freed_once_interpreter_shutdown_began(fake_cuda, monkeypatch):
+    from pycudnn import memory
+
+    drv, rt, _ = fake_cuda
+    a = memory.allocate_fast(4096, 0, 0)
+    b = memory.allocate_fast(4096, 0, 0x5000)
+    monkeypatch.setattr(memory, "_shutting_down", True)
+    del a, b
+    gc.collect()
+    assert drv.frees == [] and rt.calls == []
+
+
+class _CoreBuffer:
+    def __init__(self, closes: list) -> None:
+        self.closes = closes
+
+    def close(self, stream=None):
+        self.closes.append(stream)
+
+
+def test_device_buffer_of_the_per_thread_stream_freed_by_another_thread(fake_cuda, monkeypatch):
+    from pycudnn import memory
+
+    legacy = object()
+    monkeypatch.setattr(memory, "_core_stream", lambda handle: legacy if handle <= 1 else None)
+    closes: list = []
+    token = memory._thread_token()
+    own = memory.DeviceBuffer(0x1000, 256, 0, _CoreBuffer(closes), thread=token)
+    other = memory.DeviceBuffer(0x2000, 256, 0, _CoreBuffer(closes), thread=token)
+    own.close()
+    assert closes == [None]  # the allocation (per-thread) stream, on the allocating thread
+    holder = [other]
+    del other
+    _in_thread(lambda: holder.pop())
+    assert closes == [None, legacy]
+    closed = memory.DeviceBuffer(0x3000, 256, 0, _CoreBuffer(closes), thread=token)
+    _in_thread(closed.close)
+    assert closes == [None, legacy, legacy]
+
+
+# ---- GPU ---------------------------------------------------------------------------------------
+
+F = dict(padding=1, engine="graph", allow_tf32=False)
+
+
+def _err(got, ref) -> float:
+    return float(np.abs(np.asarray(got, np.float64) - ref).max() / np.abs(ref).max())
+
+
+def _busy(rng, device=None):
+    """Inputs of a convolution that keeps a stream busy for a few milliseconds."""
+    import pycudnn
+
+    t = lambda a: pycudnn.from_numpy(a.astype(np.float32), device=device)  # noqa: E731
+    bx, bw = t(rng.standard_normal((32, 256, 96, 96))), t(rng.standard_normal((256, 256, 3, 3)))
+    return bx, bw, pycudnn.empty((32, 256, 96, 96), device=device)
+
+
+@gpu
+def test_per_thread_stream_result_dropped_by_another_thread_does_not_overwrite_its_result():
+    """Thread A queues busy work, then y = conv(x) on its per-thread stream and hands y to
+    thread B, which drops it and convolves on its own per-thread stream. Freeing y on B's
+    per-thread stream let B's output take y's memory before A's kernel wrote y: A's late write
+    replaced B's result."""
+    import pycudnn
+    from pycudnn import memory
+
+    pycudnn.clear_caches()
+    rng = np.random.default_rng(4)
+    bx, bw, by = _busy(rng)
+    x, x2 = (rng.standard_normal((8, 64, 64, 64)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    X, X2, W = pycudnn.from_numpy(x), pycudnn.from_numpy(x2), pycudnn.from_numpy(w)
+    ref2 = R.conv_forward(x2, w, (1, 1), (1, 1), (1, 1), 1)
+    pycudnn.convolution(X2, W, **F)  # searched once: later calls take the remembered path
+    pycudnn.convolution(bx, bw, out=by, **F)
+    memory.synchronize()
+    handoff: queue.Queue = queue.Queue()
+    ready, a_done = threading.Barrier(2, timeout=60), threading.Event()
+    report: dict = {}
+    errors: list = []
+
+    def thread_a():
+        try:
+            pycudnn.convolution(X, W, stream=2, **F)  # warm: this thread's workspace
+            pycudnn.convolution(bx, bw, out=by, stream=2, **F)
+            memory.stream_synchronize(2)
+            ready.wait()
+            for _ in range(40):
+                pycudnn.convolution(bx, bw, out=by, stream=2, **F)  # ~0.1 s queued
+            y = pycudnn.convolution(X, W, stream=2, **F)  # written after the busy work
+            handoff.put(y)
+            del y
+            memory.stream_synchronize(2)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            a_done.set()
+
+    def thread_b():
+        try:
+            pycudnn.convolution(X2, W, stream=2, **F)  # warm: this thread's workspace
+            memory.stream_synchronize(2)
+            ready.wait()
+            y = handoff.get(timeout=60)
+            del y  # the last reference: dropped here
+            y2 = pycudnn.convolution(X2, W, stream=2, **F)
+            report["before"] = _err(y2.numpy(stream=2), ref2)
+            assert a_done.wait(60)
+            report["after"] = _err(y2.numpy(stream=2), ref2)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    ta, tb = threading.Thread(target=thread_a), threading.Thread(target=thread_b)
+    ta.start()
+    tb.start()
+    ta.join()
+    tb.join()
+    assert not errors, errors
+    assert report["before"] < 1e-4 and report["after"] < 1e-4, report
+
+
+@gpu
+def test_output_on_a_raw_stream_dropped_while_its_convolution_runs_is_not_reused_early():
+    """An output on a raw stream handle (which may be destroyed before the output is collected)
+    is freed synchronously: cudaFree alone would hand the memory to the next allocation while
+    the kernel writing it is still queued."""
+    import pycudnn
+    from cuda.bindings import runtime as rt
+    from pycudnn import memory
+
+    pycudnn.clear_caches()
+    rng = np.random.default_rng(6)
+    bx, bw, by = _busy(rng)
+    x, x2 = (rng.standard_normal((8, 64, 64, 64)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    X, X2, W = pycudnn.from_numpy(x), pycudnn.from_numpy(x2), pycudnn.from_numpy(w)
+    ref2 = R.conv_forward(x2, w, (1, 1), (1, 1), (1, 1), 1)
+    streams = []
+    for _ in range(2):
+        err, s = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
+        assert not int(err)
+        streams.append(int(s))
+    s1, s2 = streams
+    try:
+        for s in (s1, s2):  # warm: searched, remembered, workspaces made
+            pycudnn.convolution(X, W, stream=s, **F)
+            pycudnn.convolution(X2, W, stream=s, **F)
+        pycudnn.convolution(bx, bw, out=by, stream=s1, **F)
+        memory.synchronize()
+        for _ in range(40):
+            pycudnn.convolution(bx, bw, out=by, stream=s1, **F)  # ~0.1 s queued on s1
+        y = pycudnn.convolution(X, W, stream=s1, **F)
+        del y  # dropped while its convolution waits behind the busy work
+        gc.collect()
+        y2 = pycudnn.convolution(X2, W, stream=s2, **F)
+        memory.synchronize()
+        assert _err(y2.numpy(stream=s2), ref2) < 1e-4
+    finally:
+        memory.synchronize()
+        for s in streams:
+            rt.cudaStreamDestroy(s)
+
+
+def _device_count() -> int:
+    try:
+        from pycudnn import memory
+
+        return memory.device_count()
+    except Exception:  # pragma: no cover - cuda.bindings missing
+        return 0
+
+
+@gpu
+@pytest.mark.skipif(_device_count() < 2, reason=f"needs 2 CUDA devices; this machine has "
+                    f"{_device_count()} (run on a 2-GPU machine to cover frees across devices)")
+def test_device_0_result_dropped_while_device_1_is_current_is_freed_on_device_0():
+    """y on device 0's legacy stream, dropped while device 1 is current: a free on "stream 0"
+    then meant device 1's legacy stream, not ordered after device 0's kernel still writing y,
+    and the next device-0 allocation on another stream got y's memory."""
+    import pycudnn
+    from cuda.bindings import runtime as rt
+    from pycudnn import memory
+
+    pycudnn.clear_caches()
+    rng = np.random.default_rng(5)
+    memory.ensure_device(0)
+    bx, bw, by = _busy(rng, device=0)
+    x, x2 = (rng.standard_normal((8, 64, 64, 64)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    X, X2, W = (pycudnn.from_numpy(a, device=0) for a in (x, x2, w))
+    ref2 = R.conv_forward(x2, w, (1, 1), (1, 1), (1, 1), 1)
+    err, s = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
+    assert not int(err)
+    s = int(s)
+    try:
+        pycudnn.convolution(X, W, **F)  # warm (legacy stream workspace)
+        pycudnn.convolution(X2, W, stream=s, **F)  # warm (stream s workspace)
+        pycudnn.convolution(bx, bw, out=by, **F)
+        memory.synchronize(0)
+        for _ in range(40):
+            pycudnn.convolution(bx, bw, out=by, **F)  # ~0.1 s on device 0's legacy stream
+        y = pycudnn.convolution(X, W, **F)  # written after the busy work
+        memory.ensure_device(1)  # the program moved on to device 1
+        del y
+        gc.collect()
+        assert memory.current_device() == 1, "dropping the buffer changed the current device"
+        memory.ensure_device(0)
+        y2 = pycudnn.convolution(X2, W, stream=s, **F)
+        before = _err(y2.numpy(stream=s), ref2)
+        memory.synchronize(0)
+        after = _err(y2.numpy(stream=s), ref2)
+        assert before < 1e-4 and after < 1e-4, (before, after)
+    finally:
+        memory.ensure_device(0)
+        memory.synchronize(0)
+        rt.cudaStreamDestroy(s)
