@@ -27,7 +27,8 @@ from .configuration import _override_token, config
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from . import prepared as _prepared
 from .memory import callers_device, restore_device
-from .tensor import Tensor, as_tensor, empty, has_internal_overlap, spans_overlap, views_overlap
+from .tensor import (Tensor, as_tensor, check_writable, empty, has_internal_overlap, spans_overlap,
+                     views_overlap)
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
            "convolution_backward_filter", "convolution_add_relu", "output_size",
@@ -206,6 +207,7 @@ def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: in
     if out is None:
         return empty(shape, like.dtype, memory_format=fmt, device=like.device, stream=stream)
     out = as_tensor(out)
+    check_writable(out, name)
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(out.shape)}")
     if out.dtype != like.dtype:
@@ -259,6 +261,8 @@ def _matching_out(prepared: Any, out: Any, stream: Any, a: Tensor, b: Tensor,
         return None
     if type(out) is not Tensor:
         out = as_tensor(out, stream=stream)
+    if out.readonly:
+        return False  # the full path refuses it with its message
     if not (out.shape == prepared._out_shape and out.strides == prepared._out_strides
             and out.dtype == prepared.dtype and out.device == prepared.device):
         return False
@@ -603,7 +607,7 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
             if out_t is not False:  # the key matched x, w and bias: launch without re-checking them
                 return prepared._run(x, w, out_t, None, bias, *_stream_pair(stream))
         y, prepared = _convolution(x, w, bias, stride, padding, dilation, groups, activation, out,
-                                   stream, flags)
+                                   stream, flags, key)
         if prepared is not None:
             _prepared.remember(key, prepared)
         return y
@@ -612,8 +616,11 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
 
 
 def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
-                 groups: Any, activation: Any, out: Any, stream: Any, flags: dict[str, Any]):
-    """The full path of :func:`convolution`; returns (output, PreparedConvolution or None)."""
+                 groups: Any, activation: Any, out: Any, stream: Any, flags: dict[str, Any],
+                 key: Any = None):
+    """The full path of :func:`convolution`; returns (output, PreparedConvolution or None).
+    ``key``: the remembered-call key the prepared convolution will be kept under (its fallback
+    forgets it, as every public function's does)."""
     fn = _CONV_NAMES.get(x.ndim, "convolution")
     nd = _check_rank(x, "input", fn)
     _check_pair(x, "input", w, "weight")
@@ -632,8 +639,10 @@ def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding
     y, fused_all = _forward_with_epilogue(call, y, b, relu)
 
     def slow(a, b_, out_, z=None, bias=None, stream=None):
-        return _convolution(a, b_, bias, stride, padding, dilation, groups, activation, out_,
-                            stream, flags)[0]
+        if key is not None:
+            _prepared.forget(key)  # the full path, which re-prepares; never this entry again
+        return convolution(a, b_, bias, stride=stride, padding=padding, dilation=dilation,
+                           groups=groups, activation=activation, out=out_, stream=stream, **flags)
 
     return y, (_prepare(call, slow) if fused_all else None)
 

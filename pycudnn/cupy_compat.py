@@ -139,7 +139,7 @@ def _channels_last_view(t: Tensor) -> Tensor:
     n, h, w, c = t.shape
     sn, sh, sw, sc = t.strides
     return tensor_from_pointer(t.ptr, (n, c, h, w), t.dtype, strides=(sn, sc, sh, sw),
-                               device=t.device, owner=t)
+                               device=t.device, owner=t, readonly=t.readonly)
 
 
 def _bias_view(b: Any, stream: int) -> Tensor | None:

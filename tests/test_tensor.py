@@ -459,8 +459,6 @@ def test_check_writable_names_the_parameter():
                                "this call writes it; pass a writable tensor")
 
 
-@pytest.mark.xfail(reason="the out= check is in conv._output (conv.py), not in tensor.py: it needs "
-                          "check_writable(out, name) there", strict=False)
 def test_convolution_refuses_a_read_only_out(device_address):
     import pycudnn
 
