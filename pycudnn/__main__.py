@@ -1,4 +1,4 @@
-"""``python -m pycudnn``: the command line (see :mod:`pycudnn.cli`)."""
+"""``python -m pycudnn``: the command line (see `pycudnn.cli`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The ``pycudnn`` logger and the ``PYCUDNN_LOG`` environment variable.
 
-pycudnn logs through the standard :mod:`logging` module under the logger named ``"pycudnn"``:
+pycudnn logs through the standard `logging` module under the logger named ``"pycudnn"``:
 what was searched, what was chosen and why, fallbacks taken, the library that was loaded. Like
 every library it attaches no handler of its own, so nothing is printed unless the application
 configures logging (``logging.basicConfig(level=logging.DEBUG)`` or
@@ -31,7 +31,7 @@ _handler: logging.Handler | None = None
 
 
 def handler() -> logging.Handler | None:
-    """The stderr handler :func:`configure` attached, or None."""
+    """The stderr handler [`configure()`][pycudnn._logging.configure] attached, or None."""
     return _handler
 
 
@@ -43,7 +43,7 @@ def configure(level: str | int | None = None, stream: TextIO | None = None) -> l
 
     Args:
         level: ``"debug"``, ``"info"``, ``"warning"``, ``"error"``, ``"critical"`` or a
-            :mod:`logging` level number.
+            `logging` level number.
         stream: where to write (default: ``sys.stderr`` at the time of each record).
 
     Returns:

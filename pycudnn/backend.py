@@ -3,7 +3,7 @@
 Every value below is taken from cuDNN's own header ``cudnn_graph_v9.h`` (``tests/test_backend.py``
 parses the header and compares). Only the attribute names pycudnn uses are listed.
 
-:class:`BackendDescriptor` is the only place in pycudnn that deals in raw attribute *types*:
+`BackendDescriptor` is the only place in pycudnn that deals in raw attribute *types*:
 callers use typed setters and getters (``set_int64s``, ``set_enum``, ``set_descriptors``,
 ``get_descriptors``...), which validate their Python arguments before any C call (a
 non-descriptor passed where cuDNN expects a descriptor segfaults instead of failing), and choose
@@ -13,8 +13,8 @@ takes a pointer to the handle).
 
 Lifetime rules, as elsewhere in pycudnn: the C object is freed by a ``weakref.finalize`` whose
 callback holds only the bound destroy function, the integer pointer and the live counter (never
-``self``); :meth:`BackendDescriptor.close` frees it now; use after close raises
-:class:`ClosedDescriptorError` instead of handing a dead pointer to cuDNN. Finalizers do not run
+``self``); `BackendDescriptor.close()` frees it now; use after close raises
+`ClosedDescriptorError` instead of handing a dead pointer to cuDNN. Finalizers do not run
 at interpreter exit (``atexit = False``): destroying an execution plan after the CUDA context is
 gone is not safe, and the process is ending anyway (PyTorch leaks its handles the same way).
 """
@@ -401,7 +401,7 @@ def _dtype_label(dtype: int) -> str:
 
 
 def to_data_type(value) -> int:
-    """cudnnDataType_t of a :class:`pycudnn._types.DataType`, a numpy dtype or a dtype name."""
+    """cudnnDataType_t of a `pycudnn._types.DataType`, a numpy dtype or a dtype name."""
     from ._types import DataType, dtype_to_cudnn
 
     if isinstance(value, DataType):
@@ -456,10 +456,10 @@ class ClosedDescriptorError(PycudnnError, ValueError):
 # ---- the descriptor ----------------------------------------------------------------------------
 
 class BackendDescriptor:
-    """An owned ``cudnnBackendDescriptor_t`` of one :class:`DescriptorType`.
+    """An owned ``cudnnBackendDescriptor_t`` of one `DescriptorType`.
 
     Args:
-        dtype: the descriptor type (a :class:`DescriptorType` or its integer).
+        dtype: the descriptor type (a `DescriptorType` or its integer).
 
     Raises:
         CudnnError: when cuDNN refuses to create it (e.g. a sub-library that cannot load).
@@ -499,7 +499,7 @@ class BackendDescriptor:
 
     @property
     def ptr(self) -> int:
-        """The C pointer as an int; raises :class:`ClosedDescriptorError` after close()."""
+        """The C pointer as an int; raises `ClosedDescriptorError` after close()."""
         p = self._ptr
         if p is None:
             raise ClosedDescriptorError(f"{self._name()} used after close()")
@@ -729,7 +729,7 @@ class BackendDescriptor:
         """Number of elements of an attribute, asked with 0 elements requested.
 
         Works for heuristic results; knob choices answer 0 this way (MEASURED.md): read those
-        with :meth:`get_descriptors` and enough pre-created receivers.
+        with `get_descriptors()` and enough pre-created receivers.
         """
         a = self._check_attr(attr, tuple(AttrType), "get_count")
         atype = ATTRIBUTE_TYPES.get(attr)  # type: ignore[call-overload]
@@ -787,7 +787,7 @@ class BackendDescriptor:
         return self._fill(a, recv)
 
     def fill_descriptors(self, attr: "Attr | int", receivers: Sequence["BackendDescriptor"]) -> int:
-        """Like :meth:`get_descriptors` into caller-owned receivers (a reusable pool); returns
+        """Like `get_descriptors()` into caller-owned receivers (a reusable pool); returns
         how many were filled. Nothing is closed."""
         a = self._check_attr(attr, AttrType.BACKEND_DESCRIPTOR, "fill_descriptors")
         for d in receivers:

@@ -2,7 +2,7 @@
 
 ``pycudnn.config.benchmark = True`` changes the default for every thread. ``with
 pycudnn.flags(benchmark=True): ...`` overrides it for the current thread (and asyncio task) only,
-through a :class:`contextvars.ContextVar`; nesting restores the previous values on exit. A flag
+through a `contextvars.ContextVar`; nesting restores the previous values on exit. A flag
 passed to a convolution call beats both.
 """
 
@@ -78,7 +78,7 @@ class Config:
             object.__setattr__(self, "_version", self._version + 1)
 
     def token(self, given: dict[str, Any]) -> tuple:
-        """A hashable summary of every input to :meth:`resolve` (for call-signature caches):
+        """A hashable summary of every input to `resolve()` (for call-signature caches):
         changes whenever a global default, an active ``flags()`` block or ``given`` changes."""
         over = _override_token.get()
         if given:

@@ -9,8 +9,9 @@ The three functions keep CuPy 13's names, positional parameters, keyword-only pa
 defaults, and its semantics: the result is written into the preallocated array the caller passes
 (``y``, or ``gW``), an optional bias ``b`` (one value per channel) is added, and nothing is
 returned. They run on CuPy's current stream (more precisely: the current stream of the framework
-the data array comes from, see :func:`pycudnn.current_stream`), and accept any array pycudnn
-accepts (CuPy, PyTorch, Numba, :class:`pycudnn.Tensor`), without copies.
+the data array comes from, see
+[`pycudnn.current_stream()`][pycudnn.interop.current_stream]), and accept any array pycudnn
+accepts (CuPy, PyTorch, Numba, [`pycudnn.Tensor`][pycudnn.tensor.Tensor]), without copies.
 
 How the parameters map onto pycudnn:
 
@@ -20,12 +21,12 @@ How the parameters map onto pycudnn:
   may run in TF32 on Ampere and later); ``'never'`` sets ``allow_tf32=False`` (float32 is computed
   in full float32). Half precision always may use tensor cores: cuDNN has no other fast path.
 * ``deterministic=True`` keeps only deterministic algorithms (pycudnn's ``deterministic``).
-* ``d_layout`` / ``w_layout``: :data:`CUDNN_TENSOR_NCHW` (0, default) or
-  :data:`CUDNN_TENSOR_NHWC` (1). With NHWC the arrays are shaped the way CuPy 13 wanted them,
+* ``d_layout`` / ``w_layout``: `CUDNN_TENSOR_NCHW` (0, default) or
+  `CUDNN_TENSOR_NHWC` (1). With NHWC the arrays are shaped the way CuPy 13 wanted them,
   ``(N, H, W, C)`` for data and ``(K, R, S, C)`` for the filter; pycudnn views them as NCHW shapes
   with channels-last strides (no copy). As in CuPy 13 the layouts apply to 4-D arrays; the data
   layout of other ranks is channels-first whatever ``d_layout`` says (CuPy ignored it too).
-* The workspace is bounded by :func:`set_max_workspace_size` when it was called; by default
+* The workspace is bounded by `set_max_workspace_size()` when it was called; by default
   (unlike CuPy's 8 MiB) pycudnn lets cuDNN use what the device has free, which allows faster
   algorithms.
 
@@ -59,7 +60,7 @@ _max_workspace_size: int | None = None
 
 
 def get_max_workspace_size() -> int | None:
-    """The workspace bound set by :func:`set_max_workspace_size`, in bytes.
+    """The workspace bound set by `set_max_workspace_size()`, in bytes.
 
     ``None`` (the default) means no bound beyond the device's free memory; CuPy 13's default was
     8 MiB.
@@ -71,7 +72,7 @@ def set_max_workspace_size(size: int | None) -> None:
     """Bound the workspace the functions of this module may use (bytes; ``None``: no bound).
 
     Only this module's functions are affected; pycudnn's own functions take
-    ``workspace_limit=`` (or :data:`pycudnn.config`).
+    ``workspace_limit=`` (or [`pycudnn.config`][pycudnn.configuration.config]).
     """
     global _max_workspace_size
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
@@ -181,7 +182,7 @@ def convolution_forward(x: Any, W: Any, b: Any, y: Any, pad: Sequence[int], stri
         groups: number of channel groups.
         auto_tune: measure the candidate algorithms once per shape and keep the fastest.
         tensor_core: ``'auto'``, ``'always'`` or ``'never'`` (see the module docstring).
-        d_layout: layout of ``x`` and ``y``: :data:`CUDNN_TENSOR_NCHW` or :data:`CUDNN_TENSOR_NHWC`.
+        d_layout: layout of ``x`` and ``y``: `CUDNN_TENSOR_NCHW` or `CUDNN_TENSOR_NHWC`.
         w_layout: layout of ``W``.
 
     Raises:

@@ -1,16 +1,16 @@
 """RAII wrappers of cuDNN's legacy descriptors: tensor, filter, convolution, activation, op-tensor.
 
-Each class owns one C descriptor. It is destroyed by a :func:`weakref.finalize` whose callback
+Each class owns one C descriptor. It is destroyed by a `weakref.finalize()` whose callback
 holds only what it needs (the destroy function and the integer handle) and never the Python
-object, so descriptors are freed when they are garbage collected, at :meth:`close`, or at the end
+object, so descriptors are freed when they are garbage collected, at `close()`, or at the end
 of a ``with`` block, and never from ``__del__`` during interpreter shutdown. After close,
-:attr:`handle` raises :class:`ValueError`: a dead pointer is never passed to C.
+`handle` raises `ValueError`: a dead pointer is never passed to C.
 
 Arguments are validated in Python first, with messages that name the parameter, the value and what
 was expected. What only cuDNN checks (for instance tensors spanning 2**31 elements or more) comes
-back as the :class:`~pycudnn.errors.CudnnError` subclass for the status, carrying cuDNN's own reason
-from ``cudnnGetLastErrorString`` where cuDNN records one. ``validate=False`` skips the Python value
-checks (signs, zero strides, channel counts) so that cuDNN's own reason can be seen.
+back as the [`CudnnError`][pycudnn.errors.CudnnError] subclass for the status, carrying cuDNN's
+own reason from ``cudnnGetLastErrorString`` where cuDNN records one. ``validate=False`` skips the
+Python value checks (signs, zero strides, channel counts) so that cuDNN's own reason can be seen.
 
 Facts about cuDNN 9 (measured with 9.28) that shape this module:
 
@@ -26,7 +26,7 @@ Facts about cuDNN 9 (measured with 9.28) that shape this module:
 * ``cudnnGetConvolutionNdForwardOutputDim`` checks that input C == groups * filter C, but not that
   the filter's K is divisible by groups, and refuses a kernel larger than the padded input with
   BAD_PARAM and an empty reason: both are checked in Python by
-  :meth:`ConvolutionDescriptor.output_shape`.
+  `ConvolutionDescriptor.output_shape()`.
 * A failed ``cudnnSet*Descriptor`` can leave the descriptor half-written, so a descriptor whose
   set fails is destroyed at once and never handed out.
 """
@@ -113,14 +113,12 @@ def _ints(values: Any, name: str) -> tuple[int, ...]:
         except TypeError:
             raise TypeError(f"{name}: expected a sequence of ints, got {type(values).__name__} "
                             f"{values!r}") from None
-    try:
-        out = tuple(map(_index, values))  # fast path, at C speed
-    except TypeError:
-        pass
-    else:
-        types = set(map(type, values))  # bool is an int subclass and NumPy < 2.3's bool_ has
-        if bool not in types and np.bool_ not in types:  # __index__: neither is ever a size here
-            return out
+    types = set(map(type, values))  # bool is an int subclass and NumPy < 2.3's bool_ has
+    if bool not in types and np.bool_ not in types:  # __index__: neither is ever a size here
+        try:
+            return tuple(map(_index, values))  # fast path, at C speed
+        except TypeError:
+            pass
     for i, v in enumerate(values):
         if isinstance(v, (bool, np.bool_)):
             raise TypeError(f"{name}: expected ints, got bool {v!r} at index {i} of {values!r}")
@@ -418,7 +416,7 @@ class FilterDescriptor(_Descriptor):
     Args:
         shape: (K, C / groups, *kernel); each positive and at most 2**31 - 1.
         dtype: numpy dtype, type or name ("float32", "float16", "bfloat16", "float64").
-        format: "NCHW", "NHWC" or a :class:`~pycudnn._types.TensorFormat` of those two.
+        format: "NCHW", "NHWC" or a `TensorFormat` of those two.
         validate: when False, skip the positivity check so that cuDNN's own check applies.
     """
 
@@ -510,7 +508,7 @@ class ConvolutionDescriptor(_Descriptor):
             bfloat16 and float32, double for float64.
         allow_tf32: for float32, whether tensor cores (TF32) may be used. Initial math type:
             TENSOR_OP_MATH for float16/bfloat16, FMA_MATH for float32 without TF32, DEFAULT_MATH
-            otherwise (PyTorch's rule). :attr:`math_type` changes it later.
+            otherwise (PyTorch's rule). `math_type` changes it later.
         mode: CROSS_CORRELATION (what deep-learning frameworks call convolution) or CONVOLUTION.
         validate: when False, skip the Python sign checks so that cuDNN's own checks apply.
     """
@@ -742,8 +740,8 @@ class ActivationDescriptor(_Descriptor):
     """An activation function (for cudnnActivationForward and fused convolution + bias + act).
 
     Args:
-        mode: an :class:`~pycudnn._types.ActivationMode` (or its name or value).
-        nan_propagation: :class:`~pycudnn._types.NanPropagation`.
+        mode: an `ActivationMode` (or its name or value).
+        nan_propagation: `NanPropagation`.
         coef: ceiling for CLIPPED_RELU, alpha for ELU; a real number, not NaN.
     """
 
@@ -803,10 +801,10 @@ class OpTensorDescriptor(_Descriptor):
     """An element-wise operation for cudnnOpTensor.
 
     Args:
-        op: an :class:`~pycudnn._types.OpTensorOp` (or its name or value).
+        op: an `OpTensorOp` (or its name or value).
         compute_dtype: data type of the operands; computed in float for float16, bfloat16 and
             float32, in double for float64.
-        nan_propagation: :class:`~pycudnn._types.NanPropagation`.
+        nan_propagation: `NanPropagation`.
     """
 
     __slots__ = ("_op", "_compute_type", "_nan")

@@ -1,9 +1,9 @@
 """The exception hierarchy of pycudnn.
 
-Every error that comes from cuDNN is a :class:`CudnnError` carrying the status, the C function
-that returned it, the symbolic status name (cuDNN 9 numbering) and cuDNN's own reason from
-``cudnnGetLastErrorString``. Subclasses group statuses by family, so callers can catch
-``CudnnBadParamError`` or ``CudnnNotSupportedError`` without knowing numbers.
+Every error that comes from cuDNN is a [`CudnnError`][pycudnn.errors.CudnnError] carrying the
+status, the C function that returned it, the symbolic status name (cuDNN 9 numbering) and cuDNN's
+own reason from ``cudnnGetLastErrorString``. Subclasses group statuses by family, so callers can
+catch ``CudnnBadParamError`` or ``CudnnNotSupportedError`` without knowing numbers.
 
 This module imports nothing else from pycudnn.
 """
@@ -119,7 +119,7 @@ class CudnnExecutionError(CudnnError):
 class OutOfMemoryError(PycudnnError, MemoryError):
     """Device memory could not be allocated (a workspace or a result).
 
-    Also a :class:`MemoryError`, so generic handlers catch it.
+    Also a `MemoryError`, so generic handlers catch it.
     """
 
 

@@ -14,9 +14,9 @@ exit. PyTorch leaks them on purpose too, because ``cudnnDestroy`` from an exit h
 after the CUDA driver has started shutting down and crash the process. The driver reclaims
 everything when the process ends.
 
-:func:`get_handle` also makes the device current and sets the caller's stream on the handle with
-``cudnnSetStream`` (as PyTorch's ``getCudnnHandle()`` does), skipping the call when the stream is
-the one last set on that handle by this thread.
+[`get_handle()`][pycudnn.handle.get_handle] also makes the device current and sets the caller's
+stream on the handle with ``cudnnSetStream`` (as PyTorch's ``getCudnnHandle()`` does), skipping
+the call when the stream is the one last set on that handle by this thread.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def get_handle(device: Any = None, stream: Any = None) -> int:
 
     Args:
         device: device ordinal (default: the current device); the device is made current.
-        stream: anything :func:`pycudnn.memory.resolve_stream` accepts (default: the legacy
+        stream: anything `pycudnn.memory.resolve_stream()` accepts (default: the legacy
             default stream).
 
     Returns:
