@@ -63,7 +63,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     no_gpu = gpu_reason() is not None
     for report in terminalreporter.stats.get("skipped", []):
         reason = _skip_reason(report)
-        if no_gpu and ("gpu" in report.keywords or reason.startswith(GPU_SKIP)):
+        if no_gpu and ("gpu" in getattr(report, "keywords", ()) or reason.startswith(GPU_SKIP)):
             gpu += 1
         else:
             reasons[reason] = reasons.get(reason, 0) + 1
