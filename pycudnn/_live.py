@@ -2,7 +2,7 @@
 
 A finalizer can run at any allocation - the garbage collector starts there - including while the
 same thread is inside this counter's own lock, taken to count a new object. A finalizer that
-took that lock would then wait for itself forever (seen on the GPU machine: a backend descriptor
+took that lock would then wait for itself forever (seen in practice on a GPU: a backend descriptor
 created while a collected one's finalizer ran). So `LiveCounter.remove()` never takes a lock:
 it queues the kind on a deque (``append`` is atomic), and whoever holds the lock folds the queue in.
 """

@@ -1986,7 +1986,7 @@ def test_case_count_floor():
     suites = {"conv:" + f for f in FUNCTIONS}
     missing = [s for s in suites if REPORT.cases[s] == 0]
     if missing:
-        pytest.skip(f"the fuzz tests did not all run in this session (missing {missing})")
+        pytest.skip(f"the fuzz tests did not all run in this pytest run (missing {missing})")
     total = REPORT.total
     print(f"\npycudnn fuzz: {total} cases ran: {dict(REPORT.cases)}")
     if SCALE >= 1:

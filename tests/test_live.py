@@ -1,6 +1,6 @@
 """Live counts and finalizers: a finalizer that runs while its own thread holds the counter's (or
 the handle pool's) lock must not wait for it. The garbage collector can start inside any
-allocation, so this happened for real on the GPU machine: a backend descriptor being counted
+allocation, so this happened for real on a GPU: a backend descriptor being counted
 while a collected one's finalizer ran, and the test process hung. CPU only, real libcudnn."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class _Cycle:
 def test_descriptors_collected_while_others_are_created(make):
     """With the collector running at almost every allocation, finalizers of cyclic garbage run
     during the creation of new descriptors (on Python 3.12+ at any bytecode boundary, so inside
-    the counter's lock too: the hang seen on the GPU machine): no hang, and the live counts come
+    the counter's lock too: the hang once seen on a GPU): no hang, and the live counts come
     back to where they were."""
     gc.collect()
     before = (D.live_descriptor_count(), B.live_count())
