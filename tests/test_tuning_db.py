@@ -10,6 +10,7 @@ import dataclasses
 import glob
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -296,7 +297,11 @@ def test_miss_sees_a_record_another_process_stored(db, tmp_path):
 @pytest.mark.parametrize("content", [
     b"this is not json", b"", b'{"format": "pycudnn-tuning-db", "version": 1, "entries": [{"sch',
     b"\xff\xfe garbage", b"[1, 2, 3]", b'{"format": "other", "version": 1, "entries": []}',
-])
+    b"null", b'"text"', b'{"format": "pycudnn-tuning-db", "version": 1, "entries": {}}',
+    b'{"format": "pycudnn-tuning-db", "version": "1", "entries": []}',
+    b'{"format": "pycudnn-tuning-db", "version": 1, "entries": [' + b"[" * 5000 + b"]" * 5000 + b"]}",
+    b'{"format": "pycudnn-tuning-db", "version": 1, "entries": [' + b"7" * 5000 + b"]}",
+], ids=lambda c: repr(c[:30]))
 def test_corrupt_file_is_set_aside_and_the_program_carries_on(db, content):
     os.makedirs(os.path.dirname(db.path()), exist_ok=True)
     Path(db.path()).write_bytes(content)
@@ -654,3 +659,327 @@ def test_preload_checks_its_arguments_first(kwargs, error):
 
     with pytest.raises((TypeError, ValueError), match=error):
         pycudnn.preload(**kwargs)
+
+
+# ---- untrusted files: any content, any file type, any owner --------------------------------------
+
+DEEP = ('{"format": "pycudnn-tuning-db", "version": 1, "entries": [' + "[" * 100_000
+        + "]" * 100_000 + "]}")
+
+
+def plant(db, content: str | bytes) -> Path:
+    """Put ``content`` at the database path (the directory as pycudnn makes it)."""
+    os.makedirs(os.path.dirname(db.path()), mode=0o700, exist_ok=True)
+    f = Path(db.path())
+    f.write_bytes(content.encode() if isinstance(content, str) else content)
+    return f
+
+
+def shipped_file(db, tmp_path, *params: ConvolutionParams) -> Path:
+    """An exported database holding V7_RECORD for ``params`` (this database is left empty)."""
+    for p in params:
+        db.store(p, V7_RECORD)
+    out = tmp_path / "shipped.json"
+    db.export(out)
+    db.clear()
+    os.unlink(db.path())
+    new_process()
+    return out
+
+
+class Serializing:
+    name = "v7"
+
+    def serialize(self, record):
+        return dict(V7_RECORD)
+
+
+@pytest.mark.parametrize("call", ["lookup", "entries", "clear", "store", "drop", "merge",
+                                  "end of a measured search"])
+def test_a_deeply_nested_file_is_set_aside_by_every_function(db, tmp_path, call):
+    p = make_params()
+    good = shipped_file(db, tmp_path, grouped(2))
+    plant(db, DEEP)
+    run = {
+        "lookup": lambda: db.lookup(p), "entries": db.entries, "clear": db.clear,
+        "store": lambda: db.store(p, V7_RECORD), "drop": lambda: db.drop(p),
+        "merge": lambda: db.merge(good),
+        "end of a measured search": lambda: algos._to_tuning_db(
+            ConvolutionArgs(params=p, handle=0, stream=0, x=0, w=0, y=0, benchmark=True),
+            Serializing(), object()),
+    }[call]
+    with pytest.warns(tuning_db.TuningDatabaseWarning, match="RecursionError.*moved it aside"):
+        run()  # no RecursionError
+    [aside] = glob.glob(db.path() + ".corrupt-*")
+    assert Path(aside).read_text() == DEEP
+    db.store(p, V7_RECORD)  # a fresh database from here on
+    new_process()
+    assert db.lookup(p) == V7_RECORD
+    assert db.lookup(grouped(2)) == (V7_RECORD if call == "merge" else None)
+
+
+def test_an_import_file_nested_too_deep_is_refused_and_left_alone(db, tmp_path):
+    bad = tmp_path / "deep.json"
+    bad.write_text(DEEP)
+    with pytest.raises(ValueError, match="not a pycudnn tuning database.*RecursionError"):
+        db.merge(bad)
+    assert bad.read_text() == DEEP
+
+
+def test_an_oversized_file_is_set_aside_unread(db, monkeypatch):
+    db.store(make_params(), V7_RECORD)
+    size = os.path.getsize(db.path())
+    new_process()
+    monkeypatch.setattr(tuning_db, "MAX_FILE_BYTES", size - 1)
+    with pytest.warns(tuning_db.TuningDatabaseWarning, match=f"{size} bytes, more than"):
+        assert db.lookup(make_params()) is None
+    assert len(glob.glob(db.path() + ".corrupt-*")) == 1
+
+
+def _in_thread(fn, timeout=10.0, unblock=None):
+    """(finished, result, warnings) of ``fn()`` run in a thread for at most ``timeout`` s;
+    ``unblock()`` then lets a blocked thread go (it may hold the module's lock)."""
+    out: dict = {}
+
+    def work():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out["result"] = fn()
+        out["warnings"] = [str(w.message) for w in caught]
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(timeout)
+    finished = not t.is_alive()
+    if not finished and unblock is not None:
+        unblock()
+        t.join(timeout)
+    return finished, out.get("result"), out.get("warnings", [])
+
+
+@pytest.mark.parametrize("call", ["lookup", "entries", "store", "clear"])
+def test_a_fifo_at_the_path_never_blocks(db, call):
+    p = make_params()
+    os.makedirs(os.path.dirname(db.path()), mode=0o700)
+    os.mkfifo(db.path())
+    run = {"lookup": lambda: db.lookup(p), "entries": db.entries,
+           "store": lambda: db.store(p, V7_RECORD), "clear": db.clear}[call]
+    def unblock():  # a regular file at the path, then the blocked reader let go
+        alias = db.path() + ".fifo"
+        os.link(db.path(), alias)
+        Path(db.path() + ".new").write_text(tuning_db._document([]))
+        os.replace(db.path() + ".new", db.path())
+        os.close(os.open(alias, os.O_WRONLY | os.O_NONBLOCK))
+
+    finished, _, caught = _in_thread(run, unblock=unblock)
+    assert finished, f"{call} blocked on a FIFO at the database path"
+    assert any("not a regular file" in w and "moved it aside" in w for w in caught), caught
+    [aside] = glob.glob(db.path() + ".corrupt-*")
+    assert stat.S_ISFIFO(os.lstat(aside).st_mode)
+    db.store(p, V7_RECORD)
+    new_process()
+    assert db.lookup(p) == V7_RECORD and stat.S_ISREG(os.lstat(db.path()).st_mode)
+
+
+@pytest.mark.parametrize("target", ["a database elsewhere", "/dev/null"])
+def test_a_symlink_at_the_path_is_never_followed(db, tmp_path, target):
+    p = make_params()
+    elsewhere = shipped_file(db, tmp_path, p)
+    link_to = str(elsewhere) if target == "a database elsewhere" else target
+    before = elsewhere.read_bytes()
+    os.makedirs(os.path.dirname(db.path()), mode=0o700, exist_ok=True)
+    os.symlink(link_to, db.path())
+    finished, found, caught = _in_thread(lambda: db.lookup(p))
+    assert finished and found is None  # the record behind the link was not read
+    assert any("symbolic link" in w for w in caught), caught
+    [aside] = glob.glob(db.path() + ".corrupt-*")
+    assert os.readlink(aside) == link_to
+    db.store(grouped(2), V7_RECORD)
+    assert not os.path.islink(db.path()) and elsewhere.read_bytes() == before
+
+
+def test_directory_is_created_0700_and_files_0600(db):
+    db.store(make_params(), V7_RECORD)
+    mode = lambda f: stat.S_IMODE(os.lstat(f).st_mode)  # noqa: E731
+    assert mode(os.path.dirname(db.path())) == 0o700
+    assert mode(db.path()) == 0o600 and mode(db.path() + ".lock") == 0o600
+
+
+def test_a_file_an_earlier_version_wrote_0644_is_read_and_rewritten_0600(db):
+    db.store(make_params(), V7_RECORD)
+    os.chmod(db.path(), 0o644)
+    new_process()
+    assert db.lookup(make_params()) == V7_RECORD
+    db.store(grouped(2), V7_RECORD)
+    assert stat.S_IMODE(os.stat(db.path()).st_mode) == 0o600
+
+
+def _chown_or_skip(f: str) -> None:
+    try:
+        os.chown(f, 4242, 4242, follow_symlinks=False)
+    except PermissionError:
+        pytest.skip("needs root to give a file to another user")
+
+
+UNSAFE = {
+    "directory writable by others": (lambda f: os.chmod(os.path.dirname(f), 0o777),
+                                     "writable by group or others"),
+    "sticky directory writable by all": (lambda f: os.chmod(os.path.dirname(f), 0o1777),
+                                         "writable by group or others"),
+    "directory writable by its group": (lambda f: os.chmod(os.path.dirname(f), 0o770),
+                                        "writable by group or others"),
+    "file writable by others": (lambda f: os.chmod(f, 0o666), "writable by group or others"),
+    "file of another user": (_chown_or_skip, "belongs to uid 4242"),
+    "directory of another user": (lambda f: _chown_or_skip(os.path.dirname(f)),
+                                  "belongs to uid 4242"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSAFE))
+def test_an_unsafe_directory_or_file_turns_the_database_off_with_one_warning(db, case):
+    p = make_params()
+    db.store(p, V7_RECORD)
+    before = Path(db.path()).read_bytes()
+    new_process()
+    make_unsafe, why = UNSAFE[case]
+    make_unsafe(db.path())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert db.lookup(p) is None  # the record is not believed
+        assert db.lookup(p) is None
+        db.store(grouped(2), V7_RECORD)
+        db.drop(p)
+        assert db.entries() == []
+    msgs = [str(w.message) for w in caught if issubclass(w.category, tuning_db.TuningDatabaseWarning)]
+    assert len(msgs) == 1 and "refused" in msgs[0] and why in msgs[0], msgs
+    assert db.path() in msgs[0]
+    assert why in db.refused()
+    with pytest.raises(PermissionError, match="refused"):
+        db.clear()
+    assert Path(db.path()).read_bytes() == before  # nothing written, nothing moved
+    assert not glob.glob(db.path() + ".corrupt-*")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_an_odd_lock_file_turns_writing_off_without_blocking(db, tmp_path, kind):
+    db.store(make_params(), V7_RECORD)
+    lock = db.path() + ".lock"
+    os.unlink(lock)
+    if kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        os.symlink(tmp_path / "elsewhere", lock)
+    finished, _, caught = _in_thread(lambda: db.store(grouped(2), V7_RECORD))
+    assert finished and any("lock file" in w and "refused" in w for w in caught), caught
+    assert not (tmp_path / "elsewhere").exists()
+    assert db.refused() is not None
+
+
+# ---- entries that do not validate ----------------------------------------------------------------
+
+def _rewrite_first_entry(db, change) -> None:
+    doc = json.loads(Path(db.path()).read_text())
+    change(doc["entries"][0])
+    Path(db.path()).write_text(json.dumps(doc))
+
+
+def _set(path: str, value):
+    def change(entry):
+        *parents, last = path.split(".")
+        for k in parents:
+            entry = entry[k]
+        entry[last] = value
+    return change
+
+
+def _pop(path: str):
+    def change(entry):
+        *parents, last = path.split(".")
+        for k in parents:
+            entry = entry[k]
+        del entry[last]
+    return change
+
+
+BAD_V7_ENTRIES = [
+    _set("record.time_ms", -1.0), _set("record.time_ms", "0.1"), _set("record.time_ms", None),
+    _set("record.time_ms", True), _set("record.algo", "1"), _set("record.algo", 99),
+    _set("record.algo", 1.0), _set("record.math_type", 7), _set("record.workspace", -1),
+    _set("record.workspace", 2**64), _set("record.deterministic", "yes"), _set("record.by", "x"),
+    _pop("record.math_type"), _set("record", [1]), _set("gpu.name", "\x1b[2JNVIDIA H200"),
+    _set("gpu.extra", 1), _set("gpu.sm_count", "132"), _set("cudnn_version", "9.2"),
+    _set("cudnn_version", 1), _set("engine", "graph"), _set("params.dtype", "double"),
+    _set("params.input_shape", [2, 4, 8, -8]), _set("schema", "1"), _set("schema", True),
+    _set("created", 5), _set("created", "\x1b]0;x\x07"), _set("extra", 1), _pop("params"),
+]
+
+
+@pytest.mark.parametrize("change", BAD_V7_ENTRIES, ids=range(len(BAD_V7_ENTRIES)))
+def test_an_entry_that_does_not_validate_is_dropped_with_a_log_line(db, caplog, change):
+    p, q = make_params(), grouped(2)
+    db.store(p, V7_RECORD)
+    db.store(q, V7_RECORD)
+    _rewrite_first_entry(db, change)
+    new_process()
+    with caplog.at_level("WARNING", logger="pycudnn"):
+        assert db.lookup(p) is None
+        assert db.lookup(q) == V7_RECORD
+    assert f"tuning database {db.path()}: dropping entry 0" in caplog.text
+    assert "\x1b" not in caplog.text  # reasons quote values escaped
+    assert len(db.entries()) == 1 and not glob.glob(db.path() + ".corrupt-*")
+
+
+BAD_GRAPH_RECORDS = [
+    ("knobs", [[1]]), ("knobs", "x"), ("knobs", [[1, 2**70]]), ("knobs", [[-1, 0]]),
+    ("knobs", [[1, 2]] * 65), ("graph", 1), ("graph", -1), ("engine_id", -1), ("engine_id", "7"),
+    ("tag", "eng\x1b[31m"), ("plan_json", 5), ("workspace", 1.5), ("time_ms", float("inf")),
+]
+
+
+@pytest.mark.parametrize("field, value", BAD_GRAPH_RECORDS, ids=lambda v: repr(v)[:20])
+def test_a_graph_record_with_a_field_out_of_its_type_or_range_is_dropped(db, field, value):
+    p = graph_params()
+    db.store(p, GRAPH_RECORD)
+    text = Path(db.path()).read_text()
+    if value == float("inf"):  # JSON has no infinity; 1e999 parses as one
+        _rewrite_first_entry(db, _set("record.time_ms", 12345.5))
+        Path(db.path()).write_text(Path(db.path()).read_text().replace("12345.5", "1e999"))
+    else:
+        _rewrite_first_entry(db, _set(f"record.{field}", value))
+    assert Path(db.path()).read_text() != text
+    new_process()
+    assert db.lookup(p) is None and db.entries() == []
+
+
+def test_lookup_returns_checked_types_and_leaves_out_stored_plan_json(db):
+    p = graph_params()
+    db.store(p, dict(GRAPH_RECORD, plan_json='{"engine": 41}'))
+    new_process()
+    got = db.lookup(p)
+    assert got == GRAPH_RECORD  # a plan is rebuilt from engine id and knobs, never from JSON
+    got["knobs"][0][1] = 99  # a deep copy
+    assert db.lookup(p) == GRAPH_RECORD
+
+
+def test_storing_a_record_that_does_not_validate_forgets_the_earlier_one(db, caplog):
+    p = make_params()
+    db.store(p, V7_RECORD)
+    with caplog.at_level("WARNING", logger="pycudnn"):
+        db.store(p, dict(V7_RECORD, algo="1"))
+    assert "not storing a record" in caplog.text and "record.algo" in caplog.text
+    assert db.lookup(p) is None and db.entries() == []
+
+
+def test_import_validates_every_entry_and_counts_the_refused(db, tmp_path, caplog):
+    p, q = make_params(), grouped(2)
+    out = shipped_file(db, tmp_path, p, q)
+    doc = json.loads(out.read_text())
+    doc["entries"][1]["record"]["time_ms"] = "fast"
+    doc["entries"].append({"schema": 1, "gpu": {"name": "\x1b]0;pwned\x07"}, "cudnn_version": "9.2"})
+    out.write_text(json.dumps(doc))
+    with caplog.at_level("WARNING", logger="pycudnn"), \
+            pytest.warns(tuning_db.TuningDatabaseWarning, match="refused 2 entries"):
+        report = db.import_file(out)
+    assert report == db.MergeReport(added=1, replaced=0, kept=0, refused=2)
+    assert f"tuning database {out}: dropping entry 1" in caplog.text
+    assert len(db.entries()) == 1
