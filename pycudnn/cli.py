@@ -1120,23 +1120,29 @@ def _safe(value: Any) -> str:
 
 
 def _entry_summary(e: dict[str, Any]) -> list[str]:
-    """One row of ``cache show`` (every cell escaped: the entry may come from another machine)."""
-    p = e.get("params", {})
-    rec = e.get("record", {})
-    gpu = e.get("gpu", {})
-    cc = ".".join(map(str, gpu.get("compute_capability", [])))
+    """One row of ``cache show`` (every cell escaped: the entry may come from another machine;
+    entries of another pycudnn's schema hold anything, so nothing here assumes a type)."""
+    def obj(v: Any) -> dict[str, Any]:
+        return v if isinstance(v, dict) else {}
+
+    p, rec, gpu = obj(e.get("params")), obj(e.get("record")), obj(e.get("gpu"))
+    cc = gpu.get("compute_capability", [])
+    cc = ".".join(map(str, cc)) if isinstance(cc, list) else str(cc)
     choice = rec.get("tag") or (f"algo {rec['algo']} math {rec.get('math_type')}" if "algo" in rec else "?")
     ep = f"+{p['epilogue']}" if p.get("epilogue") else ""
+    groups = p.get("groups", 1)
     layer = (f"x{p.get('input_shape')} w{p.get('weight_shape')} s{p.get('stride')} p{p.get('padding')}"
-             f"{'' if p.get('groups', 1) == 1 else ' g' + str(p.get('groups'))}")
+             f"{'' if groups == 1 else ' g' + str(groups)}")
+    direction = p.get("direction")
     t = rec.get("time_ms")
+    ms = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else -1.0
     version = e.get("cudnn_version")
     ws = rec.get("workspace")
     row = [f"{gpu.get('name')} ({cc}, {gpu.get('sm_count')} SMs)",
            _version_text(version) if type(version) is int else str(version), str(e.get("engine")),
-           SHORT.get(p.get("direction"), str(p.get("direction"))) + ep, str(p.get("dtype")),
-           str(p.get("weight_format")), layer, choice,
-           _fmt(t, 4) if type(t) in (int, float) and t >= 0 else "-",
+           (SHORT.get(direction, direction) if isinstance(direction, str) else str(direction)) + ep,
+           str(p.get("dtype")), str(p.get("weight_format")), layer, str(choice),
+           _fmt(ms, 4) if ms >= 0 else "-",
            _fmt_bytes(ws) if type(ws) is int else "-", str(e.get("created", ""))]
     return [_safe(c) for c in row]
 
@@ -1164,7 +1170,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
     action = args.action
     try:
-        return _cache_action(args, tuning_db)
+        with warnings.catch_warnings():  # a refusal is in the output or the error below
+            warnings.filterwarnings("ignore", message=r"pycudnn tuning database .* refused: ",
+                                    category=tuning_db.TuningDatabaseWarning)
+            return _cache_action(args, tuning_db)
     except PermissionError as exc:  # the database was refused: another user's, or open to others
         raise RunError(f"pycudnn cache {action}: {_safe(_first_line(exc))}") from None
 

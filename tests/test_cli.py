@@ -210,11 +210,6 @@ def test_plot_without_matplotlib_says_so_before_running(capsys, tmp_path):
     assert rc == 2 and "needs matplotlib" in err
 
 
-def test_no_command_prints_help_and_exit_2():
-    proc = run_cli()
-    assert proc.returncode == 2 and "bench" in proc.stderr and "Traceback" not in proc.stderr
-
-
 @pytest.mark.parametrize("sub", ["info", "bench", "tune", "cache"])
 def test_help_of_every_command(sub, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -535,3 +530,104 @@ def test_run_layer_reports_a_failure_in_its_row(scripted, db, monkeypatch):
         __import__("pycudnn").errors.OutOfMemoryError("out of memory\nmore")))
     row = cli._run_layer(cli.parse_shape("2,4,8,8,8,3,3,1,1"), "forward", None, _opts(), torch_on=False)
     assert row["error"].startswith("NoAlgorithmError: ") and row["ms"] is None
+
+
+# ---- cache: untrusted files ------------------------------------------------------------------------
+
+V7 = {"algo": 1, "math_type": 0, "workspace": 0, "time_ms": 0.25}
+
+
+def _import_file(db, tmp_path, extra_entries) -> Path:
+    """An exported database (one valid v7 entry) with ``extra_entries`` appended."""
+    db.store(make_params(), V7)
+    f = tmp_path / "import.json"
+    db.export(f)
+    db.clear()
+    doc = json.loads(f.read_text())
+    doc["entries"] += extra_entries
+    f.write_text(json.dumps(doc))
+    return f
+
+
+def test_cache_import_refuses_odd_entries_and_show_escapes_what_it_prints(db, tmp_path):
+    params = {"direction": "forward", "dtype": "float32", "input_shape": [1, 1, 4, 4]}
+    evil = "\x1b]0;pwned\x07\x1b[2J\x1b[31mNVIDIA H200\u202e"
+    f = _import_file(db, tmp_path, [
+        {"schema": 1, "gpu": {"name": evil}, "cudnn_version": 92800, "engine": "v7",
+         "params": params, "record": {"algo": 1}},
+        {"schema": 1, "gpu": {"name": "x"}, "cudnn_version": "9.2", "engine": "v7",
+         "params": params, "record": {"algo": 1}},
+        # another pycudnn's schema: kept as it is (never used by this one), shown escaped
+        {"schema": 2, "gpu": {"name": evil, "compute_capability": "9.0"}, "cudnn_version": "9.2",
+         "engine": evil, "params": {"direction": [evil]}, "record": {"tag": evil}},
+    ])
+    cache = Path(db.path()).parent
+    proc = run_cli("cache", "import", str(f), cache=cache)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (f"merged 2 records from {f} into {db.path()}; refused 2 "
+                                   f"entries that did not validate")
+    assert "dropping entry 1" in proc.stderr and "dropping entry 2" in proc.stderr
+    assert "\x1b" not in proc.stderr
+    proc = run_cli("cache", "show", cache=cache)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{db.path()}: 2 records" in proc.stdout and "NVIDIA H200 (9.0, 132 SMs)" in proc.stdout
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout and "\u202e" not in proc.stdout
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in proc.stdout and "\\u202e" in proc.stdout
+    proc = run_cli("cache", "show", "--json", cache=cache)
+    assert proc.returncode == 0 and "\x1b" not in proc.stdout
+    assert len(json.loads(proc.stdout)["entries"]) == 2
+
+
+def test_cache_show_survives_an_entry_it_cannot_summarize(db, capsys, tmp_path):
+    f = _import_file(db, tmp_path, [{"schema": 7, "gpu": {"compute_capability": 5},
+                                     "cudnn_version": [], "engine": 1, "params": {"groups": []},
+                                     "record": {"algo": {}}}])
+    assert call(capsys, "cache", "import", str(f))[0] == 0
+    rc, out, err = call(capsys, "cache", "show")
+    assert rc == 0 and f"{db.path()}: 2 records" in out and "algo 1 math 0" in out, err
+
+
+def test_cache_import_keeps_local_records_unless_replace(db, capsys, tmp_path):
+    p = make_params()
+    db.store(p, dict(V7, time_ms=0.0, algo=2))  # claims 0 ms
+    f = tmp_path / "imported.json"
+    db.export(f)
+    db.store(p, dict(V7, algo=1))  # measured here
+    rc, out, _ = call(capsys, "cache", "import", str(f))
+    assert rc == 0 and out.strip() == (f"merged 0 records from {f} into {db.path()}; kept 1 "
+                                       f"local record (--replace replaces them)")
+    assert db.lookup(p)["algo"] == 1
+    rc, out, _ = call(capsys, "cache", "import", str(f), "--replace")
+    assert rc == 0 and out.startswith("merged 1 records") and db.lookup(p)["algo"] == 2
+    rc, _, err = call(capsys, "cache", "show", "--replace")
+    assert rc == 2 and "--replace goes with cache import" in err
+
+
+def test_cache_clear_clears_a_file_nested_too_deep(tmp_path):
+    f = tmp_path / tuning_db.FILE_NAME
+    deep = '{"format": "pycudnn-tuning-db", "version": 1, "entries": [' + "[" * 100_000 + "]" * 100_000 + "]}"
+    f.write_text(deep)
+    proc = run_cli("cache", "clear", cache=tmp_path)
+    assert proc.returncode == 0 and "removed 0 records" in proc.stdout, proc.stderr
+    assert "RecursionError" in proc.stderr and "moved it aside" in proc.stderr
+    assert not f.exists() or json.loads(f.read_text())["entries"] == []
+    [aside] = tmp_path.glob(tuning_db.FILE_NAME + ".corrupt-*")
+    assert aside.read_text() == deep
+
+
+def test_cache_commands_on_a_directory_others_may_write(tmp_path):
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    os.chmod(cache, 0o777)
+    proc = run_cli("cache", "show", cache=cache)
+    assert proc.returncode == 0 and "0 records (refused:" in proc.stdout
+    assert "writable by group or others" in proc.stdout
+    proc = run_cli("cache", "clear", cache=cache)
+    err = one_line_error(proc, 1)
+    assert "was refused" in err and "writable by group or others" in err
+    assert not (cache / tuning_db.FILE_NAME).exists()
+
+
+def test_safe_text_escapes_control_and_invisible_characters():
+    assert cli._safe("NVIDIA H200 (9.0)") == "NVIDIA H200 (9.0)"
+    assert cli._safe("a\x1b[2Jb\x07\n\u202ec\u00e9") == "a\\x1b[2Jb\\x07\\n\\u202ecé"
