@@ -520,10 +520,21 @@ class _Refused(Exception):
     """The directory or file is not safely this user's: the database is off for the process."""
 
 
+#: digits of the longest integer a document may hold (int64 needs 19 and a sign); Python's own
+#: limit (4300) can be lifted process-wide by other libraries, so the file's is set here
+_MAX_INT_DIGITS = 24
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > _MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
 def _parse(text: str | bytes, where: str) -> tuple[dict[str, dict[str, Any]], int]:
     """(key -> checked entry, number of entries dropped); _Corrupt when the document is broken."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_int=_bounded_int)
     except (ValueError, RecursionError, MemoryError) as exc:  # ValueError: JSON, UTF-8, int digits
         raise _Corrupt(f"not JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     if (not isinstance(doc, dict) or doc.get("format") != _FORMAT
