@@ -336,7 +336,7 @@ def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]
     return out
 
 
-_INSTALL_HINT = ('install the cuDNN 9 wheel that matches your CUDA: pip install "pycudnn[cu12]" '
+_INSTALL_HINT = ('install the cuDNN 9 wheel that matches your CUDA: pip install "pycudnn-ctypes[cu12]" '
                  '(or [cu13]), or set PYCUDNN_LIBRARY to the path of libcudnn.so.9')
 
 
@@ -378,7 +378,7 @@ def _load() -> Library:
             f"could not load the libcudnn that PYCUDNN_LIBRARY names ({env}); pycudnn does not "
             "fall back to another cuDNN while it is set:\n" + "\n".join(tried)
             + "\nfix the path, or unset PYCUDNN_LIBRARY to use the cuDNN found otherwise "
-            '(the cuDNN wheel: pip install "pycudnn[cu12]" or [cu13])')
+            '(the cuDNN wheel: pip install "pycudnn-ctypes[cu12]" or [cu13])')
     raise CudnnNotFoundError("could not load libcudnn; tried, in order:\n" + "\n".join(tried)
                              + f"\n{_INSTALL_HINT}")
 

@@ -143,7 +143,7 @@ _OVERLAP_EXACT_MAX = 1 << 16
 
 def _offsets(shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
     """Every element's offset (in elements) from the view's start, sorted."""
-    off = np.zeros((), np.int64)
+    off: np.ndarray = np.zeros((), np.int64)
     for n, s in zip(shape, strides):
         off = np.add.outer(off, np.arange(n, dtype=np.int64) * s)
     return np.sort(off, axis=None)

@@ -113,8 +113,6 @@ def test_install_instructions_name_our_distribution():
         text = path.read_text()
         for bad in ('install "pycudnn[', "install 'pycudnn[", "install pycudnn[", "install pycudnn\n",
                     "install pycudnn "):
-            if path.name == "troubleshooting.md" and bad == 'install "pycudnn[':
-                continue  # quotes _lib's message word for word (test_library_not_found_hint)
             assert bad not in text, f"{path.name} says {bad!r}"
 
 

@@ -657,15 +657,15 @@ def test_threads_get_right_results(mode):
 
 
 @gpu
-@pytest.mark.parametrize("benchmark", [False, True])
-def test_cold_cache_threads_search_each_key_once(benchmark):
+@pytest.mark.parametrize("measure", [False, True])  # not "benchmark": pytest-benchmark owns that name
+def test_cold_cache_threads_search_each_key_once(measure):
     """The caches cold; 16 threads released at once on the same keys (plain convolutions in every
     direction, both engines): one search per key, and every result right."""
     import pycudnn
     from pycudnn import algos
 
     problems = make_problems(seed=8, fused=False)
-    extra = {"benchmark": benchmark, "benchmark_limit": 3}
+    extra = {"benchmark": measure, "benchmark_limit": 3}
     for p in problems:
         p.kwargs.update(extra)
     pycudnn.clear_caches()
@@ -681,7 +681,7 @@ def test_cold_cache_threads_search_each_key_once(benchmark):
     assert not wrong, wrong[:10]
     searches = {d: algos.caches[d].searches - before[d] for d in algos.caches}
     keys = {d: len(algos.caches[d]) for d in algos.caches}
-    figure(f"cold cache (benchmark={benchmark}): searches vs keys per direction",
+    figure(f"cold cache (benchmark={measure}): searches vs keys per direction",
            f"{searches} vs {keys} over {n} calls in {elapsed:.1f} s")
     assert searches == keys, f"searches {searches} != distinct keys {keys}"
     expected = {"forward": 0, "backward_data": 0, "backward_filter": 0}
