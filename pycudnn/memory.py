@@ -207,11 +207,18 @@ def no_device_reason() -> str | None:
     return _probe_devices()[1]
 
 
+NO_DEVICE_ADVICE = ("; run `pycudnn info` to see why (descriptors and argument checks work "
+                    "without a GPU)")
+
+
 def require_device(what: str = "pycudnn") -> int:
-    """The device count, or :class:`NoDeviceError` naming the driver's reason when it is 0."""
+    """The device count, or :class:`NoDeviceError` naming the driver's reason when it is 0.
+
+    ``what`` is the public call the user made; the message starts with it and ends with what to
+    do next."""
     n = _count or device_count()
     if not n:
-        raise NoDeviceError(f"{what}: no usable CUDA device: {no_device_reason()}")
+        raise NoDeviceError(f"{what}: no usable CUDA device: {no_device_reason()}{NO_DEVICE_ADVICE}")
     return n
 
 
@@ -733,13 +740,16 @@ class DeviceBuffer:
         return f"DeviceBuffer({state}, nbytes={self.nbytes}, device={self.device})"
 
 
-def allocate(nbytes: int, device: Any = None, stream: Any = None) -> DeviceBuffer:
+def allocate(nbytes: int, device: Any = None, stream: Any = None, *,
+             what: str = "allocate") -> DeviceBuffer:
     """Allocate ``nbytes`` of device memory, stream-ordered on ``stream``, through cuda.core.
 
     Args:
         nbytes: size in bytes; 0 gives a buffer with ``ptr == 0`` without touching the device.
         device: device ordinal (default: the current device).
         stream: anything :func:`resolve_stream` accepts (default: the legacy default stream).
+        what: the public call on whose behalf this allocates (``"from_numpy"``): a missing
+            device is reported under that name.
 
     On a stream being captured into a CUDA graph, cuda.core's pool refuses to allocate; the
     allocation then goes through cuda.core's ``GraphMemoryResource`` (a graph allocation node),
@@ -756,7 +766,7 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None) -> DeviceBuffe
         if device is None:
             dev = current_device() if device_count() else 0
         else:
-            dev = normalize_device(device) if device_count() else operator.index(device)
+            dev = normalize_device(device, what=what) if device_count() else operator.index(device)
         return DeviceBuffer(0, 0, dev)
     if n >= MAX_ALLOCATION:
         where = device if device is not None else "current"
@@ -764,7 +774,7 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None) -> DeviceBuffe
             f"out of memory: refusing a workspace/allocation of {n} bytes ({_fmt_bytes(n)}) on "
             f"device {where}: sizes from 1 TiB up are treated as out of memory (cuDNN sometimes "
             "reports sizes near 2^64)")
-    dev = normalize_device(device, what="allocate")
+    dev = normalize_device(device, what=what)
     handle = stream if type(stream) is int else resolve_stream(stream)
     stream_ref = None if stream is None or type(stream) is int else stream
     s = _core_stream(handle)

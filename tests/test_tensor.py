@@ -567,6 +567,20 @@ class TestWithoutGPU:
         with pytest.raises(NoDeviceError):
             M.mem_get_info()
 
+    def test_errors_name_the_public_call_and_what_to_do(self):
+        import pycudnn
+
+        for name, call in [("from_numpy", lambda: pycudnn.from_numpy(np.zeros(4, np.float32))),
+                           ("empty", lambda: pycudnn.empty((2, 3))),
+                           ("zeros", lambda: pycudnn.zeros((2,), device=0)),
+                           ("get_handle", lambda: pycudnn.get_handle())]:
+            with pytest.raises(NoDeviceError) as info:
+                call()
+            message = str(info.value)
+            assert message.startswith(f"{name}: no usable CUDA device: "), message
+            assert "allocate" not in message
+            assert "run `pycudnn info` to see why" in message
+
 
 # ---- handle pool logic, with cuDNN and the device replaced by fakes --------------------------------
 
