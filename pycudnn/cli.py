@@ -6,7 +6,7 @@ Subcommands:
 * ``pycudnn bench``: time convolution layers (built-in ResNet-50 by default), against PyTorch when
   it is installed; results go to the tuning database;
 * ``pycudnn tune``: fill the tuning database for a list of layers ahead of time;
-* ``pycudnn cache show|clear|export FILE|import FILE [--replace]``: the tuning database.
+* ``pycudnn cache show [FILE]|clear|export FILE|import FILE [--replace]``: the tuning database.
 
 User mistakes (a bad ``--shape``, an unknown model, a missing file) print one line on stderr and
 exit with status 2; a machine that cannot run the command (no GPU, no libcudnn) prints one line
@@ -1165,7 +1165,7 @@ def _summaries(rows: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    """show | clear | export FILE | import FILE [--replace]."""
+    """show [FILE] | clear | export FILE | import FILE [--replace]."""
     from . import tuning_db
 
     action = args.action
@@ -1182,6 +1182,8 @@ def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
     action = args.action
     if args.replace and action != "import":
         raise UsageError("--replace goes with cache import")
+    if action == "show" and args.file:
+        return _show_file(args, tuning_db)
     if action == "show":
         rows = tuning_db.entries()
         if args.json:  # json.dumps escapes every control and non-ASCII character
@@ -1216,14 +1218,41 @@ def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
     except ValueError as exc:
         raise UsageError(_safe(_first_line(exc))) from None
     notes = []
+    refused = (f"refused {report.refused} entr{'y' if report.refused == 1 else 'ies'} that did "
+               f"not validate")
+    if not (report.merged or report.kept):  # nothing valid in it: no merge, no write
+        print(_safe(f"{args.file} holds no records; {tuning_db.path()} is unchanged"
+                    + (f"; {refused}" if report.refused else "")))
+        return 0
     if report.kept:
         notes.append(f"kept {report.kept} local record{'s' if report.kept != 1 else ''} "
                      + ("unchanged" if args.replace else "(--replace replaces them)"))
     if report.refused:
-        notes.append(f"refused {report.refused} entr{'y' if report.refused == 1 else 'ies'} that "
-                     f"did not validate")
+        notes.append(refused)
     print(_safe(f"merged {report.merged} records from {args.file} into {tuning_db.path()}"
                 + "".join(f"; {n}" for n in notes)))
+    return 0
+
+
+def _show_file(args: argparse.Namespace, tuning_db: Any) -> int:
+    """``cache show FILE``: the valid entries of FILE (an export, say), read as an import reads
+    it; nothing is changed. Entries that do not validate are left out (stderr names them)."""
+    if not os.path.lexists(args.file):
+        raise UsageError(f"{_safe(args.file)} does not exist")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", tuning_db.TuningDatabaseWarning)
+            rows = tuning_db.read_file(args.file)
+    except (ValueError, FileNotFoundError) as exc:
+        raise UsageError(_safe(_first_line(exc))) from None
+    if args.json:  # json.dumps escapes every control and non-ASCII character
+        print(json.dumps({"path": args.file, "entries": rows}, indent=1))
+    else:
+        print(_safe(f"{args.file}: {len(rows)} records"))
+        if rows:
+            print(_table(_CACHE_COLUMNS, _summaries(rows), {8}))
+    for w in caught:  # how many entries were left out, after the listing
+        print(f"pycudnn cache show: {_safe(w.message)}", file=sys.stderr)
     return 0
 
 
@@ -1334,7 +1363,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "and only adds records for keys this database lacks: a record measured "
                        "here is never replaced by one from elsewhere unless --replace is given.")
     p.add_argument("action", choices=["show", "clear", "export", "import"])
-    p.add_argument("file", nargs="?", help="the file to export to or import from")
+    p.add_argument("file", nargs="?", help="show: list this file's records instead of the "
+                   "database's; export: the file to write; import: the file to merge")
     p.add_argument("--json", action="store_true", help="show: print the entries as JSON")
     p.add_argument("--replace", action="store_true",
                    help="import: imported records replace local ones for the same key (default: "

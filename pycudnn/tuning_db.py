@@ -76,7 +76,7 @@ import warnings
 from typing import Any, Iterable, Iterator
 
 __all__ = ["enabled", "lookup", "store", "drop", "path", "cache_dir", "entries", "clear", "export",
-           "merge", "import_file", "MergeReport", "refused", "device_identity", "params_to_dict",
+           "merge", "import_file", "read_file", "MergeReport", "refused", "device_identity", "params_to_dict",
            "params_from_dict", "validate_record", "entry_key", "TuningDatabaseWarning", "SCHEMA_VERSION", "FILE_NAME",
            "MAX_FILE_BYTES"]
 
@@ -1131,6 +1131,31 @@ def _read_import(file: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{file} is not a pycudnn tuning database: not UTF-8") from None
+
+
+def read_file(file: str | os.PathLike) -> list[dict[str, Any]]:
+    """The valid entries of a database file such as an export (copies; nothing is changed, here
+    or in this database).
+
+    ``file`` is read as :func:`import_file` reads it (a FIFO or device is never opened for
+    blocking reads, the size is capped at :data:`MAX_FILE_BYTES`) and every entry is validated as
+    when the database is read: entries that do not validate are left out, logged one by one and
+    counted in one :class:`TuningDatabaseWarning`. No entry, however odd, makes this raise.
+
+    Raises:
+        FileNotFoundError: ``file`` does not exist.
+        ValueError: ``file`` is not a tuning database (not JSON, another format, not a regular
+            file, too large, not UTF-8).
+    """
+    file = os.fspath(file)
+    try:
+        incoming, refused_n = _parse(_read_import(file), file)
+    except _Corrupt as exc:
+        raise ValueError(f"{file} is not a pycudnn tuning database: {exc}") from None
+    if refused_n:
+        _warn(f"{file}: left out {refused_n} entr{'y' if refused_n == 1 else 'ies'} that did not "
+              f"validate (see the log)")
+    return list(incoming.values())
 
 
 def import_file(file: str | os.PathLike, *, prefer: str = "local") -> MergeReport:

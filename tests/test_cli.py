@@ -272,7 +272,8 @@ def test_cache_commands_in_a_subprocess(tmp_path):
     proc = run_cli("cache", "export", str(tmp_path / "x.json"), cache=tmp_path)
     assert proc.returncode == 0 and json.loads((tmp_path / "x.json").read_text())["entries"] == []
     proc = run_cli("cache", "import", str(tmp_path / "x.json"), cache=tmp_path)
-    assert proc.returncode == 0 and "merged 0 records" in proc.stdout
+    assert proc.returncode == 0 and proc.stdout.strip() == (
+        f"{tmp_path / 'x.json'} holds no records; {tmp_path / tuning_db.FILE_NAME} is unchanged")
     proc = run_cli("cache", "clear", cache=tmp_path)
     assert proc.returncode == 0 and "removed 0 records" in proc.stdout
 
@@ -601,6 +602,82 @@ def test_cache_import_keeps_local_records_unless_replace(db, capsys, tmp_path):
     assert rc == 0 and out.startswith("merged 1 records") and db.lookup(p)["algo"] == 2
     rc, _, err = call(capsys, "cache", "show", "--replace")
     assert rc == 2 and "--replace goes with cache import" in err
+
+
+def test_cache_show_file_lists_that_file_not_the_database(db, capsys, tmp_path):
+    f = _import_file(db, tmp_path, [])  # one v7 entry; the database is left empty
+    db.store(make_params(engine="graph", dtype="bfloat16", alignments=(16, 16, 16)),
+             {"graph": 0, "engine_id": 7, "knobs": [], "workspace": 0, "time_ms": 0.5, "tag": "eng7"})
+    rc, out, err = call(capsys, "cache", "show", str(f))
+    assert rc == 0, err
+    assert out.splitlines()[0] == f"{f}: 1 records"
+    assert "algo 1 math 0" in out and "eng7" not in out and db.path() not in out
+    rc, out, _ = call(capsys, "cache", "show", str(f), "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["path"] == str(f) and len(doc["entries"]) == 1
+    assert doc["entries"][0]["record"]["algo"] == 1
+    rc, out, _ = call(capsys, "cache", "show")
+    assert rc == 0 and f"{db.path()}: 1 records" in out and "eng7" in out
+    assert len(db.entries()) == 1  # show FILE changed nothing
+
+
+def test_cache_show_file_validates_and_escapes_the_untrusted_file(db, tmp_path):
+    evil = "\x1b]0;pwned\x07\u202e"
+    params = {"direction": "forward", "dtype": "float32", "input_shape": [1, 1, 4, 4]}
+    f = _import_file(db, tmp_path, [
+        {"schema": 1, "gpu": {"name": evil}, "cudnn_version": 92800, "engine": "v7",
+         "params": params, "record": {"algo": 1}},  # does not validate: left out
+        {"schema": 2, "gpu": {"name": evil}, "cudnn_version": 1, "engine": evil,
+         "params": {}, "record": {"tag": evil}},  # another schema: listed, escaped
+    ])
+    proc = run_cli("cache", "show", str(f), cache=Path(db.path()).parent)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == f"{f}: 2 records"
+    assert "\x1b" not in proc.stdout + proc.stderr and "\u202e" not in proc.stdout
+    assert "\\x1b]0;pwned\\x07" in proc.stdout
+    assert "dropping entry 1" in proc.stderr
+    assert f"pycudnn cache show: {f}: left out 1 entry that did not validate" in proc.stderr
+    with pytest.warns(tuning_db.TuningDatabaseWarning, match="left out 1 entry"):
+        assert [e["schema"] for e in tuning_db.read_file(f)] == [1, 2]
+
+
+@pytest.mark.parametrize("content, why", [
+    ("not json at all", "not JSON"),
+    ('{"format": "other", "entries": []}', "not a version-1 pycudnn-tuning-db document"),
+    ('{"format": "pycudnn-tuning-db", "version": 1, "entries": ' + "[" * 100_000, "not JSON"),
+])
+def test_cache_show_of_a_file_that_is_no_database_is_exit_2(db, capsys, tmp_path, content, why):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    rc, out, err = call(capsys, "cache", "show", str(bad))
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{bad} is not a pycudnn tuning database: {why}" in err
+    assert bad.read_text() == content  # never moved aside: it is not the database
+    rc, _, err = call(capsys, "cache", "show", str(tmp_path / "missing.json"))
+    assert rc == 2 and "missing.json does not exist" in err
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for odd in (tmp_path, fifo):  # never blocks on the FIFO
+        rc, _, err = call(capsys, "cache", "show", str(odd))
+        assert rc == 2 and f"{odd} is not a pycudnn tuning database: " in err
+
+
+def test_cache_import_of_a_file_without_records_changes_nothing(db, capsys, tmp_path):
+    db.store(make_params(), V7)
+    before = Path(db.path()).read_bytes()
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"format": "pycudnn-tuning-db", "version": 1, "entries": []}')
+    rc, out, _ = call(capsys, "cache", "import", str(empty))
+    assert rc == 0 and out.strip() == f"{empty} holds no records; {db.path()} is unchanged"
+    odd = _import_file(db, tmp_path, [{"schema": 1}])
+    odd_doc = json.loads(odd.read_text())
+    odd_doc["entries"] = odd_doc["entries"][1:]  # only the entry that does not validate
+    odd.write_text(json.dumps(odd_doc))
+    db.store(make_params(), V7)
+    rc, out, _ = call(capsys, "cache", "import", str(odd))
+    assert rc == 0 and out.strip() == (f"{odd} holds no records; {db.path()} is unchanged; "
+                                       f"refused 1 entry that did not validate")
+    assert Path(db.path()).read_bytes() == before
 
 
 def test_cache_clear_clears_a_file_nested_too_deep(tmp_path):
