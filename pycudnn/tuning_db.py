@@ -531,10 +531,29 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+#: deepest nesting of arrays and objects a document may have (a valid one has 5); whether JSON
+#: nested deeper parses at all depends on the Python version (3.11 raises RecursionError, 3.12
+#: does not), so the file's own limit is checked after parsing
+_MAX_DEPTH = 32
+
+
+def _too_deep(doc: Any) -> bool:
+    """Whether arrays and objects nest deeper than ``_MAX_DEPTH`` in ``doc`` (no recursion)."""
+    level = [doc] if isinstance(doc, (list, dict)) else []
+    for _ in range(_MAX_DEPTH):  # after k rounds: the containers k levels inside the document
+        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v)
+                 if isinstance(c, (list, dict))]
+        if not level:
+            return False
+    return True
+
+
 def _parse(text: str | bytes, where: str) -> tuple[dict[str, dict[str, Any]], int]:
     """(key -> checked entry, number of entries dropped); _Corrupt when the document is broken."""
     try:
         doc = json.loads(text, parse_int=_bounded_int)
+        if _too_deep(doc):
+            raise ValueError(f"nested more than {_MAX_DEPTH} deep")
     except (ValueError, RecursionError, MemoryError) as exc:  # ValueError: JSON, UTF-8, int digits
         raise _Corrupt(f"not JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     if (not isinstance(doc, dict) or doc.get("format") != _FORMAT

@@ -708,7 +708,7 @@ def test_a_deeply_nested_file_is_set_aside_by_every_function(db, tmp_path, call)
             ConvolutionArgs(params=p, handle=0, stream=0, x=0, w=0, y=0, benchmark=True),
             Serializing(), object()),
     }[call]
-    with pytest.warns(tuning_db.TuningDatabaseWarning, match="RecursionError.*moved it aside"):
+    with pytest.warns(tuning_db.TuningDatabaseWarning, match="(RecursionError|nested more than 32 deep).*moved it aside"):
         run()  # no RecursionError
     [aside] = glob.glob(db.path() + ".corrupt-*")
     assert Path(aside).read_text() == DEEP
@@ -721,7 +721,7 @@ def test_a_deeply_nested_file_is_set_aside_by_every_function(db, tmp_path, call)
 def test_an_import_file_nested_too_deep_is_refused_and_left_alone(db, tmp_path):
     bad = tmp_path / "deep.json"
     bad.write_text(DEEP)
-    with pytest.raises(ValueError, match="not a pycudnn tuning database.*RecursionError"):
+    with pytest.raises(ValueError, match="not a pycudnn tuning database.*(RecursionError|nested more than 32 deep)"):
         db.merge(bad)
     assert bad.read_text() == DEEP
 
@@ -983,3 +983,17 @@ def test_import_validates_every_entry_and_counts_the_refused(db, tmp_path, caplo
     assert report == db.MergeReport(added=1, replaced=0, kept=0, refused=2)
     assert f"tuning database {out}: dropping entry 1" in caplog.text
     assert len(db.entries()) == 1
+
+
+@pytest.mark.parametrize("depth, corrupt", [(5, False), (32, False), (33, True), (5000, True)])
+def test_a_document_nested_beyond_the_files_limit_is_corrupt_on_every_python(db, depth, corrupt):
+    """Whether deep JSON parses depends on the Python version; the file's own depth limit does not."""
+    nested = "[" * (depth - 2) + "]" * (depth - 2)
+    text = '{"format": "pycudnn-tuning-db", "version": 1, "entries": [' + nested + "]}"
+    os.makedirs(os.path.dirname(db.path()), exist_ok=True)
+    Path(db.path()).write_text(text)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert db.entries() == []
+    aside = glob.glob(db.path() + ".corrupt-*")
+    assert bool(aside) == corrupt, [str(w.message) for w in caught]
