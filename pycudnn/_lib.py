@@ -1,12 +1,13 @@
 """Finding and loading libcudnn lazily, the prototype table, and the status checker.
 
-``import pycudnn`` never opens libcudnn: :func:`lib` does, on first use, in this order:
+``import pycudnn`` never opens libcudnn: `lib()` does, on first use, in this order:
 
 1. the path in the environment variable ``PYCUDNN_LIBRARY``;
 2. ``cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")`` (NVIDIA wheels, conda, system);
 3. the sonames ``libcudnn.so.9`` then ``libcudnn.so``.
 
-If none loads, :class:`~pycudnn.errors.CudnnNotFoundError` lists every place tried and why.
+If none loads, [`CudnnNotFoundError`][pycudnn.errors.CudnnNotFoundError] lists every place tried and
+why.
 
 ``PYCUDNN_LIBRARY`` (when set and not empty) is the only place tried: a library it names that does
 not load, is not cuDNN or is older than 9.0 raises ``CudnnNotFoundError`` naming the path and the
@@ -16,10 +17,10 @@ because the library is opened lazily, at the first call that needs it, when the 
 may be another than where the variable was set, and a bare name would go through the dynamic
 loader's search path, which is what steps 2 and 3 already do.
 
-Every C function pycudnn calls is one row of :data:`PROTOTYPES`, with explicit ``restype`` and
+Every C function pycudnn calls is one row of `PROTOTYPES`, with explicit ``restype`` and
 ``argtypes`` (``c_void_p`` for handles and pointers, ``c_size_t`` for sizes: ctypes' default
 ``int`` restype would truncate 64-bit values). Rows are bound on first use and then cached as
-attributes of the :class:`Library` object, so a hot-path call is one attribute lookup.
+attributes of the `Library` object, so a hot-path call is one attribute lookup.
 """
 
 from __future__ import annotations
@@ -276,7 +277,7 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
 
 
 class Library:
-    """The loaded libcudnn: C functions bound lazily from :data:`PROTOTYPES` as attributes."""
+    """The loaded libcudnn: C functions bound lazily from `PROTOTYPES` as attributes."""
 
     def __init__(self, cdll: ctypes.CDLL, path: str, found_via: str) -> None:
         self._cdll = cdll
@@ -427,7 +428,8 @@ def last_error_string() -> str:
 
 
 def raise_status(status: int, function: str, *context: str):
-    """Raise the :class:`CudnnError` subclass for ``status`` returned by ``function``."""
+    """Raise the [`CudnnError`][pycudnn.errors.CudnnError] subclass for ``status`` returned by
+    ``function``."""
     reason = last_error_string()
     raise error_class_for_status(status)(status, function, status_name(status), reason, list(context))
 

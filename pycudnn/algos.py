@@ -2,15 +2,16 @@
 
 This is the behaviour of PyTorch's ``Conv_v7.cpp`` (see ``docs/architecture.md``):
 
-* :class:`ConvolutionParams` is the immutable cache key: everything that changes the answer.
-* :class:`BenchmarkCache` holds one record per key, one cache per direction, thread-safe, with a
+* [`ConvolutionParams`][pycudnn.algos.ConvolutionParams] is the immutable cache key: everything that
+  changes the answer.
+* `BenchmarkCache` holds one record per key, one cache per direction, thread-safe, with a
   per-key search lock so two threads asking for the same new key run one search, and a reader
   never waits on a search for another key.
-* :func:`try_all` is the reference's ``AlgoIterator::try_all``: the cached record first (searched
+* `try_all()` is the reference's ``AlgoIterator::try_all``: the cached record first (searched
   again when it runs out of memory), else every candidate in order, skipping those that run out of
   memory or fail inside cuDNN, caching the first that succeeds; when all fail it raises
-  :class:`~pycudnn.errors.NoAlgorithmError` listing each candidate and why.
-* A *search strategy* supplies the candidates and runs one. :class:`V7Search` here is the legacy
+  [`NoAlgorithmError`][pycudnn.errors.NoAlgorithmError] listing each candidate and why.
+* A *search strategy* supplies the candidates and runs one. `V7Search` here is the legacy
   Get/Find search; the graph engine supplies another strategy with the same contract, so the key,
   caches, iterator, guards and batch splitting are shared, never forked.
 """
@@ -327,7 +328,7 @@ def precision_problem(params: ConvolutionParams, math_type: int) -> str | None:
 
 
 def check_precision(params: ConvolutionParams, math_type: int) -> None:
-    """The reference's ASSERT_CORRECT_PRECISION (see :func:`precision_problem`), before a launch."""
+    """The reference's ASSERT_CORRECT_PRECISION (see `precision_problem()`), before a launch."""
     problem = precision_problem(params, math_type)
     if problem is not None:
         raise PycudnnError(f"internal error: {problem}")

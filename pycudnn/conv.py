@@ -3,8 +3,8 @@
 Each function validates its arguments in Python (PyTorch's wording), chooses the memory format
 the way ``cudnn_conv_suggest_memory_format`` does, turns 1-D convolutions into 2-D ones with a
 unit height, splits the batch when a tensor exceeds 2^31 - 1 elements, and hands one
-:class:`~pycudnn.algos.ConvolutionArgs` per piece to the engine's search strategy through
-:func:`~pycudnn.algos.try_all`. How the search is done is not this module's business.
+`ConvolutionArgs` per piece to the engine's search strategy through
+`try_all()`. How the search is done is not this module's business.
 
 Nothing is launched before every argument has been checked, so bad input leaves the caller's
 buffers untouched.
@@ -163,8 +163,9 @@ def _check_channels(x_shape, w_shape, groups: int, fn: str, x_name="input", w_na
 
 def _check_bias(bias: Any, k: int, ref: Tensor, stream: Any = None) -> Tensor:
     """``bias`` as a Tensor after the checks every path applies to it (the full path and
-    :class:`~pycudnn.prepared.PreparedConvolution` alike): K elements in one dim, the input's dtype
-    and device. Any stride is fine: fused epilogues read a copy (:func:`_contiguous_bias`)."""
+    [`PreparedConvolution`][pycudnn.prepared.PreparedConvolution] alike): K elements in one dim, the
+    input's dtype and device. Any stride is fine: fused epilogues read a copy
+    (`_contiguous_bias()`)."""
     bias = as_tensor(bias, stream=stream)
     if bias.ndim != 1 or bias.shape[0] != k:
         raise ValueError(f"expected bias to be 1-dimensional with {k} elements, but got bias of size {list(bias.shape)}")
@@ -573,10 +574,13 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
     """Convolution (cross-correlation, as PyTorch's ``conv1d/2d/3d``) on device memory.
 
     Args:
-        x: input ``(N, C, *spatial)``, anything :func:`pycudnn.as_tensor` accepts (1 to 3 spatial dims).
+        x: input ``(N, C, *spatial)``, anything [`pycudnn.as_tensor()`][pycudnn.tensor.as_tensor]
+            accepts (1 to 3 spatial dims).
         w: weight ``(K, C/groups, *kernel)``.
         bias: optional ``(K,)``, added to the output.
-        stride, padding, dilation: an int or one int per spatial dim.
+        stride: the step between output positions: an int or one int per spatial dim.
+        padding: zeros added on both sides of each spatial dim: an int or one int per spatial dim.
+        dilation: the spacing between kernel elements: an int or one int per spatial dim.
         groups: number of channel groups.
         activation: ``None`` or ``"relu"`` (applied after the bias). The graph engine fuses
             bias and activation into the convolution when an engine takes the graph.
@@ -584,10 +588,11 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
         stream: the CUDA stream to run on (int handle, cuda.core Stream, or an object with
             ``__cuda_stream__``); default the legacy default stream.
         **flags: ``benchmark``, ``deterministic``, ``allow_tf32``, ``workspace_limit``, ``engine``;
-            defaults from :data:`pycudnn.config`.
+            defaults from [`pycudnn.config`][pycudnn.configuration.config].
 
     Returns:
-        The output ``(N, K, *out_spatial)`` as a :class:`pycudnn.Tensor` (``out`` when given).
+        The output ``(N, K, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] (``out``
+        when given).
     """
     prev = callers_device()  # the caller's current device, given back at the end
     try:
@@ -618,9 +623,9 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
 def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
                  groups: Any, activation: Any, out: Any, stream: Any, flags: dict[str, Any],
                  key: Any = None):
-    """The full path of :func:`convolution`; returns (output, PreparedConvolution or None).
-    ``key``: the remembered-call key the prepared convolution will be kept under (its fallback
-    forgets it, as every public function's does)."""
+    """The full path of [`convolution()`][pycudnn.conv.convolution]; returns (output,
+    PreparedConvolution or None). ``key``: the remembered-call key the prepared convolution will be
+    kept under (its fallback forgets it, as every public function's does)."""
     fn = _CONV_NAMES.get(x.ndim, "convolution")
     nd = _check_rank(x, "input", fn)
     _check_pair(x, "input", w, "weight")
@@ -687,7 +692,7 @@ def _contiguous_bias(b: Tensor, stream: int, call: "_Call | None" = None) -> Ten
 def _zero_bias(call: "_Call", k: int, like: Tensor) -> Tensor:
     """A zero bias of ``k`` elements for a fused epilogue called without one.
 
-    A view of the device's shared zeros (:func:`pycudnn.memory.shared_zeros`): complete before
+    A view of the device's shared zeros (`pycudnn.memory.shared_zeros()`): complete before
     any launch reads it and never freed, so a remembered call may replay it on any stream. While
     the stream is being captured and those are not made yet: zeros made for this call on its
     stream, and the call is not replayable."""

@@ -12,7 +12,7 @@ Tensors are always described in N, C, spatial order; the strides carry the layou
 ``strides = (H*W*C, 1, W*C, C)``). Groups are implied by the shapes: x has C channels, w has
 C / groups input channels.
 
-Execution is the hot path: :meth:`ExecutionPlan.execute` with pointers seen before is a dict
+Execution is the hot path: `ExecutionPlan.execute()` with pointers seen before is a dict
 lookup plus one ctypes call to ``cudnnBackendExecute``. A variant pack holds raw pointers, so it is
 reusable only with the same buffers; a small LRU keeps the packs of the last few buffer sets.
 """
@@ -83,7 +83,7 @@ class TensorSpec:
     """One tensor of a graph: unique id, dims and strides (N, C, spatial order), data type.
 
     ``alignment`` is the byte alignment promised for its pointer (a graph property: pointers
-    passed to :meth:`ExecutionPlan.execute` are checked against it). ``virtual`` tensors are
+    passed to `ExecutionPlan.execute()` are checked against it). ``virtual`` tensors are
     graph intermediates with no memory; ``by_value`` tensors are host scalars.
     """
     uid: int
@@ -190,7 +190,7 @@ class OperationGraph:
         direction: ``"forward"``, ``"backward_data"`` or ``"backward_filter"``.
         uid: ``{"x": .., "w": .., "y": .., ["z": ..], ["b": ..]}`` (x/w/y keep their forward
             meaning in every direction: for backward_data x is dx, for backward_filter w is dw).
-        uids: the order of pointers :meth:`ExecutionPlan.execute` takes: x, w, y, then z, b.
+        uids: the order of pointers `ExecutionPlan.execute()` takes: x, w, y, then z, b.
         specs: the TensorSpecs by the same names.
     """
 
@@ -495,7 +495,7 @@ class EngineConfig:
     """One candidate: a finalized engine-config descriptor and what the engine says about itself.
 
     ``key`` (engine id + sorted knob choices) identifies it across processes (a tuning database
-    can store it and :meth:`from_key` rebuilds it).
+    can store it and `from_key()` rebuilds it).
     """
     descriptor: BackendDescriptor
     graph: OperationGraph
@@ -571,7 +571,7 @@ class EngineConfig:
 
 
 class CandidateList(list):
-    """A list of :class:`EngineConfig` with ``problems``: what went wrong while collecting it
+    """A list of `EngineConfig` with ``problems``: what went wrong while collecting it
     (a heuristic mode that failed, a config that could not be read)."""
 
     def __init__(self, items=(), problems=None) -> None:
@@ -611,7 +611,7 @@ def _describe(cfg: BackendDescriptor, knob_pool: list[BackendDescriptor]):
 def engine_configs(handle: int, graph: OperationGraph,
                    modes: Sequence[str] = ("A", "B", "FALLBACK")) -> CandidateList:
     """Candidate engine configs from cuDNN's heuristics, in the order of ``modes`` and then of
-    each mode's ranking, deduplicated by :attr:`EngineConfig.key`.
+    each mode's ranking, deduplicated by `EngineConfig.key`.
 
     A mode that fails is recorded in ``problems`` and skipped (the others still answer).
     """
@@ -684,7 +684,7 @@ def filter_candidates(cands: Iterable[EngineConfig], dtype, allow_tf32: bool,
 # ---- execution plans ---------------------------------------------------------------------------
 
 class ExecutionPlan:
-    """An execution plan built from an :class:`EngineConfig` (lazily: call :meth:`finalize`).
+    """An execution plan built from an `EngineConfig` (lazily: call `finalize()`).
 
     After finalize: ``workspace_size`` (bytes), ``finalize_time`` (seconds), ``engine_id``,
     ``knobs``, ``notes`` (numerical), ``behavior_notes``, ``runtime_compiled``.
@@ -765,12 +765,12 @@ class ExecutionPlan:
     @classmethod
     def from_json(cls, handle: int, graph: OperationGraph, text: str,
                   max_packs: int = 8) -> "ExecutionPlan":
-        """Deserialize a plan saved with :meth:`json` (same cuDNN version and device); ``graph``
+        """Deserialize a plan saved with `json()` (same cuDNN version and device); ``graph``
         supplies the uids the variant packs use, so it must be the graph the plan was made for.
 
         Only for JSON this process trusts: the text carries the plan's own tensors, and nothing
         here proves they are ``graph``'s (pycudnn's tuning database never stores or loads plan
-        JSON for that reason; it rebuilds plans with :meth:`EngineConfig.from_key`).
+        JSON for that reason; it rebuilds plans with `EngineConfig.from_key()`).
 
         Raises:
             CudnnError: cuDNN does not take the text, or the plan's engine config (and so its
@@ -822,7 +822,7 @@ class ExecutionPlan:
 
         Args:
             handle: cudnnHandle_t (int); one per thread.
-            ptrs: device pointers as a tuple ordered like :attr:`uids` (x, w, y[, z][, b]) -
+            ptrs: device pointers as a tuple ordered like `uids` (x, w, y[, z][, b]) -
                 the fast path - or a mapping from uid or name ("x", "w", ...) to pointer.
             workspace: device pointer of at least ``workspace_size`` bytes (0 if none needed).
         """

@@ -1,8 +1,8 @@
 """The graph engine: cuDNN's backend API behind the same search contract as the v7 engine.
 
-:class:`GraphSearch` supplies candidates and runs one; the cache key, the per-direction caches,
+`GraphSearch` supplies candidates and runs one; the cache key, the per-direction caches,
 the iterator with its fallbacks, the guards and the batch splitting are those of
-:mod:`pycudnn.algos` and :mod:`pycudnn.conv`. Only the search differs:
+[`pycudnn.algos`][pycudnn.algos] and [`pycudnn.conv`][pycudnn.conv]. Only the search differs:
 
 * candidates are cuDNN's heuristics (modes A, B and FALLBACK, in that order), every engine config
   with its knob choices, filtered by their notes as PyTorch does (no down-converting engines; no

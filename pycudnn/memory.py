@@ -1,17 +1,17 @@
 """Device memory and CUDA runtime helpers. This module knows nothing of cuDNN.
 
-* **Errors.** :func:`check_cuda` turns a ``cuda.bindings.runtime`` status into a Python exception:
-  no driver / no device -> :class:`~pycudnn.errors.NoDeviceError` naming the driver's reason,
-  ``cudaErrorMemoryAllocation`` -> :class:`~pycudnn.errors.OutOfMemoryError`, anything else ->
-  :class:`CudaError`.
-* **Devices.** :func:`device_count` (0 where there is no driver; never raises),
-  :func:`current_device`, :func:`ensure_device` and the :class:`device_guard` context manager.
-  Both use the runtime's notion of the current device (``cudaGetDevice`` / ``cudaSetDevice``, as
-  PyTorch does), so they agree with PyTorch, CuPy and cuDNN itself, and they skip
-  ``cudaSetDevice`` when the device is already current.
-* **Streams.** :func:`resolve_stream` turns whatever the caller gave into a ``cudaStream_t``
+* **Errors.** `check_cuda()` turns a ``cuda.bindings.runtime`` status into a Python exception:
+  no driver / no device -> [`NoDeviceError`][pycudnn.errors.NoDeviceError] naming the driver's
+  reason, ``cudaErrorMemoryAllocation`` -> [`OutOfMemoryError`][pycudnn.errors.OutOfMemoryError],
+  anything else -> `CudaError`.
+* **Devices.** [`device_count()`][pycudnn.handle.device_count] (0 where there is no driver; never
+  raises), `current_device()`, `ensure_device()` and the `device_guard` context manager. Both use
+  the runtime's notion of the current device (``cudaGetDevice`` / ``cudaSetDevice``, as PyTorch
+  does), so they agree with PyTorch, CuPy and cuDNN itself, and they skip ``cudaSetDevice`` when the
+  device is already current.
+* **Streams.** `resolve_stream()` turns whatever the caller gave into a ``cudaStream_t``
   handle (an ``int``); ``None`` is the legacy default stream, ``0``.
-* **Memory.** :func:`allocate` returns a :class:`DeviceBuffer` from cuda.core's stream-ordered
+* **Memory.** `allocate()` returns a `DeviceBuffer` from cuda.core's stream-ordered
   memory resource of the device (``Device(i).memory_resource``, the driver's memory pool).
 
 Only ``cuda.bindings.runtime`` calls whose signatures are the same in cuda-bindings 12.x and 13.x
@@ -142,7 +142,7 @@ def error_text(code: int) -> str:
 
 
 def cuda_error(err: Any, what: str) -> Exception:
-    """The exception :func:`check_cuda` raises for a failed ``err`` (not raised here)."""
+    """The exception `check_cuda()` raises for a failed ``err`` (not raised here)."""
     code = int(err)
     text = error_text(code)
     if code in _no_device_set():
@@ -212,7 +212,8 @@ NO_DEVICE_ADVICE = ("; run `pycudnn info` to see why (descriptors and argument c
 
 
 def require_device(what: str = "pycudnn") -> int:
-    """The device count, or :class:`NoDeviceError` naming the driver's reason when it is 0.
+    """The device count, or [`NoDeviceError`][pycudnn.errors.NoDeviceError] naming the driver's
+    reason when it is 0.
 
     ``what`` is the public call the user made; the message starts with it and ends with what to
     do next."""
@@ -273,7 +274,7 @@ def ensure_device(device: int) -> int:
     Cheap when it is already current: one ``cudaGetDevice``. The first call on each thread also
     calls ``cudaSetDevice`` once, because ``cudaGetDevice`` answers 0 on a thread where no context
     was ever made current, and driver-API work (cuda.core allocations) needs a current context.
-    No validation: callers pass an ordinal checked by :func:`normalize_device`.
+    No validation: callers pass an ordinal checked by `normalize_device()`.
     """
     rt = _rt or _runtime()
     err, cur = rt.cudaGetDevice()
@@ -313,15 +314,15 @@ class device_guard:
 
 def callers_device() -> int | None:
     """The calling thread's current device, to give back after a call that may switch it
-    (:func:`pycudnn.get_handle` makes the tensors' device current): the public convolution
-    functions leave the caller's device as they found it, like PyTorch's device guard. None
-    where only one device is visible, so that the common case costs no CUDA call."""
+    ([`pycudnn.get_handle()`][pycudnn.handle.get_handle] makes the tensors' device current): the
+    public convolution functions leave the caller's device as they found it, like PyTorch's device
+    guard. None where only one device is visible, so that the common case costs no CUDA call."""
     n = _count if _count is not None else device_count()
     return current_device() if n > 1 else None
 
 
 def restore_device(prev: int | None) -> None:
-    """Make ``prev`` (from :func:`callers_device`) current again if a call switched away from it."""
+    """Make ``prev`` (from `callers_device()`) current again if a call switched away from it."""
     if prev is None:
         return
     rt = _rt or _runtime()
@@ -335,7 +336,8 @@ def pointer_device(ptr: int) -> int:
 
     ``ptr == 0`` (an empty array) gives the current device. Where no device is usable at all this
     returns 0 instead of raising: such a tensor cannot be used by any operation anyway, which will
-    raise :class:`NoDeviceError` itself. Raises TypeError for plain (unregistered) host memory.
+    raise [`NoDeviceError`][pycudnn.errors.NoDeviceError] itself. Raises TypeError for plain
+    (unregistered) host memory.
     """
     if not _count and not device_count():
         return 0
@@ -435,7 +437,7 @@ def synchronize(device: Any = None) -> None:
 
 
 def stream_synchronize(stream: Any) -> None:
-    """Wait for all work on ``stream`` (anything :func:`resolve_stream` accepts)."""
+    """Wait for all work on ``stream`` (anything `resolve_stream()` accepts)."""
     handle = stream if type(stream) is int else resolve_stream(stream)
     check_cuda((_rt or _runtime()).cudaStreamSynchronize(handle), "cudaStreamSynchronize")
 
@@ -663,14 +665,14 @@ def _release(buffer: Any, device: int, stream_ref: Any = None, sync: bool = Fals
 
 
 class DeviceBuffer:
-    """Device memory from :func:`allocate`.
+    """Device memory from `allocate()`.
 
     Attributes:
-        ptr: the device address (0 for an empty buffer); reading it after :meth:`close` raises.
+        ptr: the device address (0 for an empty buffer); reading it after `close()` raises.
         nbytes: its size in bytes.
         device: the device ordinal.
 
-    Freed stream-ordered on :meth:`close` (on the stream given, else on the allocation stream) or,
+    Freed stream-ordered on `close()` (on the stream given, else on the allocation stream) or,
     when it is garbage-collected, on the allocation stream by a ``weakref.finalize`` that holds no
     reference to the object, with its device current. Memory allocated on the per-thread default
     stream and dropped by another thread is freed on the legacy default stream, which waits for
@@ -747,7 +749,7 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None, *,
     Args:
         nbytes: size in bytes; 0 gives a buffer with ``ptr == 0`` without touching the device.
         device: device ordinal (default: the current device).
-        stream: anything :func:`resolve_stream` accepts (default: the legacy default stream).
+        stream: anything `resolve_stream()` accepts (default: the legacy default stream).
         what: the public call on whose behalf this allocates (``"from_numpy"``): a missing
             device is reported under that name.
 
@@ -795,7 +797,7 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None, *,
 
 
 def _allocate_slow(exc: Exception, mr: Any, n: int, dev: int, handle: int, s: Any) -> Any:
-    """The failure path of :func:`allocate` (the device is current)."""
+    """The failure path of `allocate()` (the device is current)."""
     if _is_oom(exc):
         try:
             _free, total = mem_get_info(dev)
@@ -846,7 +848,7 @@ _atexit.register(_mark_shutdown)
 class StreamAllocation:
     """Device memory from ``cudaMallocAsync`` on a stream, freed with ``cudaFreeAsync``.
 
-    The lean twin of :class:`DeviceBuffer` for the convolution hot path (about 2 us for an
+    The lean twin of `DeviceBuffer` for the convolution hot path (about 2 us for an
     allocate/free pair against about 7 us through cuda.core's Buffer). Same interface: ``ptr``,
     ``nbytes``, ``device``, ``close(stream=None)``. When collected it frees itself on the stream
     it was allocated on, with its device current (0, 1 and 2 name a stream of the *current*
@@ -855,7 +857,7 @@ class StreamAllocation:
     promise. Memory allocated on the per-thread default stream and dropped by another thread is
     freed on the legacy default stream, which waits for every thread's per-thread stream (see
     ``_LEGACY``). ``sync_free`` allocations (per-thread workspaces, collected when their thread
-    ends, long after the stream may be gone) are freed by :meth:`free_synchronously` instead.
+    ends, long after the stream may be gone) are freed by `free_synchronously()` instead.
     After interpreter shutdown has begun nothing is freed (the driver reclaims memory at exit).
     """
 
@@ -983,10 +985,10 @@ def _driver_memory() -> Any:
 
 def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
                   sync_free: bool = False) -> Any:
-    """:func:`allocate` for trusted arguments on the hot path (``device`` current, ``stream`` an
+    """`allocate()` for trusted arguments on the hot path (``device`` current, ``stream`` an
     int handle; ``stream_ref`` the stream object it came from, kept alive until the free): plain
     ``cudaMallocAsync``; anything unusual (0 or huge sizes, an error such as out of memory) goes
-    through :func:`allocate`, which retries and explains."""
+    through `allocate()`, which retries and explains."""
     if stream > 2 and stream_ref is None:
         # a raw handle of a user's stream may be destroyed before this memory is collected:
         # free it synchronously then, never ordered on a stream that may no longer exist

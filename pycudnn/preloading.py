@@ -1,13 +1,13 @@
 """Preloading: the tuning database's choices for one GPU, made ready before the first call.
 
 A later process finds each layer's stored choice on its first call and skips the search
-(:mod:`pycudnn.tuning_db`), but that first call still pays for rebuilding the choice (graph and
-plan, about 1 ms) and for CUDA loading the chosen kernels on their first launch (CUDA loads
-modules lazily: 40-100 ms for the first kernel of an engine family, a few ms for each further
-one; PyTorch pays the same). :func:`preload` pays both at a moment the program chooses: at
-start-up, in a thread while data loads, or before capturing a CUDA graph (where a search is not
-allowed). Every record of the database that applies to the device (same GPU model and cuDNN
-version) is rebuilt, run once on scratch buffers (which loads its kernels), and put in the
+([`pycudnn.tuning_db`][pycudnn.tuning_db]), but that first call still pays for rebuilding the choice
+(graph and plan, about 1 ms) and for CUDA loading the chosen kernels on their first launch (CUDA
+loads modules lazily: 40-100 ms for the first kernel of an engine family, a few ms for each further
+one; PyTorch pays the same). [`preload()`][pycudnn.preloading.preload] pays both at a moment the
+program chooses: at start-up, in a thread while data loads, or before capturing a CUDA graph (where
+a search is not allowed). Every record of the database that applies to the device (same GPU model
+and cuDNN version) is rebuilt, run once on scratch buffers (which loads its kernels), and put in the
 in-memory benchmark cache, so the first convolution with those parameters is a cache hit.
 """
 
@@ -34,7 +34,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(ConvolutionParams)}
 
 @dataclasses.dataclass(frozen=True)
 class PreloadReport:
-    """What :func:`preload` did (counts of tuning database records)."""
+    """What [`preload()`][pycudnn.preloading.preload] did (counts of tuning database records)."""
 
     device: int
     #: records stored for this GPU model and cuDNN version (the others are left alone)
@@ -58,12 +58,12 @@ class PreloadReport:
 
 
 def params_from_dict(data: dict[str, Any], device: int) -> ConvolutionParams:
-    """The :class:`~pycudnn.algos.ConvolutionParams` of a database entry's ``params`` (the inverse
-    of :func:`pycudnn.tuning_db.params_to_dict`), on device ``device``.
+    """The [`ConvolutionParams`][pycudnn.algos.ConvolutionParams] of a database entry's ``params``
+    (the inverse of `pycudnn.tuning_db.params_to_dict()`), on device ``device``.
 
     The entry is untrusted input: every field is parsed as strictly as a call's arguments are,
     and only values a call can produce are accepted (see
-    :func:`pycudnn.tuning_db.params_from_dict`), so scratch sizes and launches never rest on a
+    `pycudnn.tuning_db.params_from_dict()`), so scratch sizes and launches never rest on a
     value no call would give (``"double"`` for ``"float64"``, a negative size, an output shape
     the geometry does not give, ...).
 
@@ -137,7 +137,8 @@ def preload(device: Any = None, *, launch: bool = True, max_bytes: int | None = 
             the free memory); records that need more are rebuilt but not launched.
 
     Returns:
-        A :class:`PreloadReport` (counts and seconds; ``str()`` gives one line).
+        A [`PreloadReport`][pycudnn.preloading.PreloadReport] (counts and seconds; ``str()`` gives
+        one line).
 
     Raises:
         TypeError, ValueError: ``device`` is not a device of this machine, or ``launch`` /

@@ -1,15 +1,15 @@
 """Prepared convolutions: everything decided once, then launched with the least host work.
 
-A :class:`PreparedConvolution` holds the cached choice (a graph-engine plan or a v7 algorithm
-record) for one set of shapes, strides, dtype, geometry and flags. Calling it checks that the new
-tensors match, allocates the output if none is given, and launches: no validation of geometry,
-no descriptors, no plan, no search. On the graph engine a launch with buffers seen before is one
-dict lookup plus one ``cudnnBackendExecute``.
+A [`PreparedConvolution`][pycudnn.prepared.PreparedConvolution] holds the cached choice (a
+graph-engine plan or a v7 algorithm record) for one set of shapes, strides, dtype, geometry and
+flags. Calling it checks that the new tensors match, allocates the output if none is given, and
+launches: no validation of geometry, no descriptors, no plan, no search. On the graph engine a
+launch with buffers seen before is one dict lookup plus one ``cudnnBackendExecute``.
 
 The public convolution functions keep a bounded map from a cheap call signature to a prepared
 convolution, so repeated calls with the same shapes take the same short path; users who call one
 convolution many times can hold the object themselves through
-:func:`pycudnn.prepare_convolution`.
+[`pycudnn.prepare_convolution()`][pycudnn.prepared.prepare_convolution].
 
 If a launch fails (out of memory, a cuDNN error), the call goes back through the full search
 iterator, which has the fallbacks.
@@ -275,10 +275,11 @@ def prepare_convolution(x: Any, w: Any, bias: Any = None, *, direction: str = "f
                         **kwargs: Any) -> PreparedConvolution:
     """Run a convolution once (searching and caching its algorithm) and return it prepared.
 
-    ``direction="forward"`` takes ``(x, w)`` like :func:`pycudnn.convolution` (``bias`` and
-    ``activation`` allowed); ``"backward_data"`` takes ``(grad_y, w)`` and ``input_shape=``;
-    ``"backward_filter"`` takes ``(x, grad_y)`` and ``weight_shape=``. Other keyword arguments
-    (stride, padding, dilation, groups, stream, flags) are those of the matching function.
+    ``direction="forward"`` takes ``(x, w)`` like
+    [`pycudnn.convolution()`][pycudnn.conv.convolution] (``bias`` and ``activation`` allowed);
+    ``"backward_data"`` takes ``(grad_y, w)`` and ``input_shape=``; ``"backward_filter"`` takes
+    ``(x, grad_y)`` and ``weight_shape=``. Other keyword arguments (stride, padding, dilation,
+    groups, stream, flags) are those of the matching function.
 
     Example::
 

@@ -1,20 +1,22 @@
 """The device tensor view, allocation through cuda.core, and interop in and out.
 
-A :class:`Tensor` is a view of device memory: pointer, shape, strides (in elements), dtype, device,
-and an optional ``owner`` that keeps the memory alive. Building one needs no GPU. pycudnn's
-functions take anything :func:`as_tensor` accepts and never copy it.
+A [`Tensor`][pycudnn.tensor.Tensor] is a view of device memory: pointer, shape, strides (in
+elements), dtype, device, and an optional ``owner`` that keeps the memory alive. Building one needs
+no GPU. pycudnn's functions take anything [`as_tensor()`][pycudnn.tensor.as_tensor] accepts and
+never copy it.
 
-**In** (:func:`as_tensor`, zero-copy, checked in this order):
+**In** ([`as_tensor()`][pycudnn.tensor.as_tensor], zero-copy, checked in this order):
 
-1. a :class:`Tensor`: returned as is;
+1. a [`Tensor`][pycudnn.tensor.Tensor]: returned as is;
 2. a PyTorch tensor (recognised only when ``torch`` is already imported): its attributes are read
    directly (``data_ptr()``, ``shape``, ``stride()``, ``dtype``, ``get_device()``), which is the
    fastest path and also covers bfloat16 and tensors that require grad (pycudnn does no autograd;
    the result simply is not tracked). No stream synchronisation, as with CAI v2 which PyTorch
    exports: pass PyTorch's current stream to the operation;
 3. ``__cuda_array_interface__`` (CuPy, Numba, ...), read once. Version 3's ``stream`` is honoured:
-   when it differs from the consumer's stream (``stream=`` of :func:`as_tensor`, default the
-   legacy default stream) the consumer waits on it through an event. CAI has no bfloat16 type
+   when it differs from the consumer's stream (``stream=`` of
+   [`as_tensor()`][pycudnn.tensor.as_tensor], default the legacy default stream) the consumer waits
+   on it through an event. CAI has no bfloat16 type
    string: ``'<V2'`` is read as bfloat16 (and pycudnn exports bfloat16 as ``'<V2'``);
 4. ``__dlpack__`` / ``__dlpack_device__`` (JAX, PyTorch, CuPy, ...): called with the consumer's
    stream (the legacy default stream is passed as 1, as the DLPack spec requires) and
@@ -22,14 +24,14 @@ functions take anything :func:`as_tensor` accepts and never copy it.
    Tensor (its owner) is garbage-collected.
 
 Host arrays (numpy, CPU torch tensors, lists) are refused with a TypeError pointing at
-:func:`from_numpy`. Negative strides are refused (cuDNN cannot use them), and so is a device
-address that is not an int in ``[0, 2**64)`` (a bool, a float, a negative or too large number),
-with the same check as :func:`tensor_from_pointer`.
+[`from_numpy()`][pycudnn.tensor.from_numpy]. Negative strides are refused (cuDNN cannot use them),
+and so is a device address that is not an int in ``[0, 2**64)`` (a bool, a float, a negative or too
+large number), with the same check as [`tensor_from_pointer()`][pycudnn.tensor.tensor_from_pointer].
 
 **Read-only** memory stays read-only: the flag of CAI (``data[1]``) and of versioned DLPack
-(``DLPACK_FLAG_BITMASK_READ_ONLY``) becomes :attr:`Tensor.readonly`, views of the tensor inherit
+(``DLPACK_FLAG_BITMASK_READ_ONLY``) becomes `Tensor.readonly`, views of the tensor inherit
 it, and every pycudnn function refuses a read-only tensor where it would write (``out=``) with
-a ValueError naming the parameter (:func:`check_writable`). It is exported again through CAI and
+a ValueError naming the parameter (`check_writable()`). It is exported again through CAI and
 versioned DLPack. Legacy DLPack capsules and PyTorch tensors carry no such flag (writable).
 
 **Out**: ``__cuda_array_interface__`` (version 3, ``stream: None``) and ``__dlpack__``. DLPack
@@ -69,7 +71,8 @@ __all__ = ["Tensor", "as_tensor", "tensor_from_pointer", "empty", "zeros", "from
            "span_elements", "contiguous_strides", "channels_last_strides", "MEMORY_FORMATS",
            "has_internal_overlap", "spans_overlap", "views_overlap", "check_writable"]
 
-#: memory_format spellings accepted by :func:`empty`, :func:`from_numpy` and ``is_contiguous``
+#: memory_format spellings accepted by [`empty()`][pycudnn.tensor.empty],
+#: [`from_numpy()`][pycudnn.tensor.from_numpy] and ``is_contiguous``
 MEMORY_FORMATS = ("contiguous", "channels_last", "channels_last_3d")
 
 _F32: np.dtype = np.dtype("float32")
@@ -309,7 +312,8 @@ class Tensor:
         owner: object kept alive for as long as the view (an allocation, the source array, ...).
         readonly: the memory must not be written (its producer said so through CAI or DLPack, or
             ``readonly=True`` was given); pycudnn refuses such a tensor as an output, and views
-            of it (:meth:`narrow`, :meth:`unsqueeze`) are read-only too.
+            of it ([`narrow()`][pycudnn.tensor.Tensor.narrow],
+            [`unsqueeze()`][pycudnn.tensor.Tensor.unsqueeze]) are read-only too.
     """
 
     __slots__ = ("ptr", "shape", "strides", "dtype", "device", "owner", "readonly", "_fmt",
@@ -473,7 +477,7 @@ class Tensor:
         """CUDA Array Interface v3. Strides in bytes, or None when C-contiguous. bfloat16 has no
         CAI type string and is exported as ``'<V2'``: consumers that need bfloat16 should use
         DLPack. ``stream`` is None: pycudnn keeps no record of pending work (see module doc).
-        ``data[1]`` is :attr:`readonly`."""
+        ``data[1]`` is `readonly`."""
         item = self.dtype.itemsize
         return {
             "shape": self.shape,
@@ -493,7 +497,7 @@ class Tensor:
         """A DLPack capsule viewing this tensor (no copy).
 
         ``max_version >= (1, 0)`` gives a versioned ``"dltensor_versioned"`` capsule, otherwise a
-        legacy ``"dltensor"`` one; a versioned capsule of a :attr:`readonly` tensor has
+        legacy ``"dltensor"`` one; a versioned capsule of a `readonly` tensor has
         ``DLPACK_FLAG_BITMASK_READ_ONLY`` set (a legacy one cannot say so). ``stream`` is accepted and not synchronised on (see the module
         docstring). ``copy=True`` and a ``dl_device`` other than this tensor's raise BufferError.
         """
@@ -580,7 +584,8 @@ def _validate_view(ptr: Any, shape: Any, dtype: Any, strides: Any, device: Any,
 
 def tensor_from_pointer(ptr: int, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None = None,
                         device: int = 0, owner: Any = None, *, readonly: bool = False) -> Tensor:
-    """A :class:`Tensor` viewing raw device memory (e.g. a cuda-python ``cuMemAlloc`` result).
+    """A [`Tensor`][pycudnn.tensor.Tensor] viewing raw device memory (e.g. a cuda-python
+    ``cuMemAlloc`` result).
 
     Args:
         ptr: device address (an int, a ``CUdeviceptr``); 0 only for a tensor without elements.
@@ -852,14 +857,14 @@ def _from_dlpack(obj: Any, consumer: int) -> Tensor:
 
 
 def as_tensor(obj: Any, *, stream: Any = None) -> Tensor:
-    """A zero-copy :class:`Tensor` view of a CUDA device array.
+    """A zero-copy [`Tensor`][pycudnn.tensor.Tensor] view of a CUDA device array.
 
     Args:
-        obj: a :class:`Tensor` (returned as is), a PyTorch CUDA tensor, anything with
-            ``__cuda_array_interface__`` (CuPy, Numba, ...) or ``__dlpack__`` on a CUDA device
+        obj: a [`Tensor`][pycudnn.tensor.Tensor] (returned as is), a PyTorch CUDA tensor, anything
+            with ``__cuda_array_interface__`` (CuPy, Numba, ...) or ``__dlpack__`` on a CUDA device
             (JAX, PyTorch, ...). See the module docstring for the order and the stream rules.
         stream: the stream the caller will use the data on (anything
-            :func:`pycudnn.memory.resolve_stream` accepts; default: the legacy default stream).
+            `pycudnn.memory.resolve_stream()` accepts; default: the legacy default stream).
             Producers that report a stream (CAI v3, DLPack) are ordered before it.
 
     Raises:
@@ -980,7 +985,8 @@ def empty(shape: Sequence[int], dtype: Any = "float32", memory_format: str = "co
 
 def zeros(shape: Sequence[int], dtype: Any = "float32", memory_format: str = "contiguous",
           device: Any = None, stream: Any = None) -> Tensor:
-    """Like :func:`empty`, then filled with zeros on ``stream`` (asynchronously)."""
+    """Like [`empty()`][pycudnn.tensor.empty], then filled with zeros on ``stream``
+    (asynchronously)."""
     t = _alloc_view(shape, dtype, memory_format, device, stream, "zeros")
     n = t.nbytes
     if n:

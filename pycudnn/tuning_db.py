@@ -1,13 +1,13 @@
 """The persistent tuning database: measured choices that survive the process.
 
-Every choice measured with ``benchmark=True`` is written here (by :mod:`pycudnn.algos`, through
-:func:`store`) and read back on the first use of the same key in a later process
-(:func:`lookup`), so that process skips the search. A record is applied only where it is valid:
-the key holds the GPU's identity (name, compute capability, SM count), the cuDNN version,
-pycudnn's record schema version, the engine, and every field of the
-:class:`~pycudnn.algos.ConvolutionParams` except the device *ordinal*, which is replaced by the
-device's identity (an ordinal depends on ``CUDA_VISIBLE_DEVICES``; two GPUs of one model share
-their records). A record that no longer rebuilds is dropped by the caller (:func:`drop`).
+Every choice measured with ``benchmark=True`` is written here (by [`pycudnn.algos`][pycudnn.algos],
+through `store()`) and read back on the first use of the same key in a later process (`lookup()`),
+so that process skips the search. A record is applied only where it is valid: the key holds the
+GPU's identity (name, compute capability, SM count), the cuDNN version, pycudnn's record schema
+version, the engine, and every field of the [`ConvolutionParams`][pycudnn.algos.ConvolutionParams]
+except the device *ordinal*, which is replaced by the device's identity (an ordinal depends on
+``CUDA_VISIBLE_DEVICES``; two GPUs of one model share their records). A record that no longer
+rebuilds is dropped by the caller (`drop()`).
 
 **The file.** One JSON document, data only (never pickle: a database file cannot run code):
 
@@ -20,33 +20,35 @@ their records). A record that no longer rebuilds is dropped by the caller (:func
 ```
 
 one entry a line, so files diff and merge well and a team can ship one with its program
-(:func:`export`, :func:`merge`). ``record`` is what the engine's ``serialize()`` returned.
+([`export()`][pycudnn.tuning_db.export], [`merge()`][pycudnn.tuning_db.merge]). ``record`` is what
+the engine's ``serialize()`` returned.
 
 **Untrusted input.** A database file may come from another machine, a shared directory or
 another user, so nothing in it is believed until checked. Every entry is validated when it is
 read, imported or written: its ``params`` are parsed as strictly as a call's arguments
-(:func:`params_from_dict`: canonical dtype names, ranks, non-negative sizes, a geometry that
+(`params_from_dict()`: canonical dtype names, ranks, non-negative sizes, a geometry that
 gives the stored output shape, ...), and its ``record`` must hold exactly the fields of the
 engine's ``serialize()`` with the right types and ranges. An entry that does not validate is
-dropped with a log line naming the file and the reason; :func:`lookup` only ever returns a
+dropped with a log line naming the file and the reason; `lookup()` only ever returns a
 validated record (the engines still check that it fits the call before running it). A file that
 does not parse at all (not JSON, nested too deep, not UTF-8, larger than
-:data:`MAX_FILE_BYTES`, not a regular file) is moved aside to ``<file>.corrupt-<timestamp>`` with
+`MAX_FILE_BYTES`, not a regular file) is moved aside to ``<file>.corrupt-<timestamp>`` with
 one warning, and the program carries on with an empty database. No public function of this
 module raises because of what a file contains.
 
 **The directory.** It is created with mode 0700 and files with mode 0600. A directory or database
 file that belongs to another user, or that group or others may write, is refused: the database
-is off for the rest of the process, with one :class:`TuningDatabaseWarning`. Files are opened
-without following symbolic links and without blocking (a FIFO at the path cannot hang a call),
-through a descriptor of the checked directory.
+is off for the rest of the process, with one
+[`TuningDatabaseWarning`][pycudnn.tuning_db.TuningDatabaseWarning]. Files are opened without
+following symbolic links and without blocking (a FIFO at the path cannot hang a call), through a
+descriptor of the checked directory.
 
 **Safety between writers.** Readers take no lock: writers replace the file atomically (a
 temporary file in the same directory, ``fsync``, ``os.replace``), so a reader sees the old or the
-new document, whole. Writers (:func:`store`, :func:`drop`, :func:`clear`, :func:`merge`) hold an
-exclusive ``flock`` on ``<file>.lock`` (and a lock per process for threads) while they read the
-current file, change it and replace it, so several processes and threads writing at once lose
-nothing.
+new document, whole. Writers (`store()`, `drop()`, [`clear()`][pycudnn.tuning_db.clear],
+[`merge()`][pycudnn.tuning_db.merge]) hold an exclusive ``flock`` on ``<file>.lock`` (and a lock per
+process for threads) while they read the current file, change it and replace it, so several
+processes and threads writing at once lose nothing.
 
 **Where.** ``$PYCUDNN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pycudnn``, else ``~/.cache/pycudnn``;
 the file is ``tuning-db-v1.json`` there. ``PYCUDNN_TUNING_DB=0`` or
@@ -181,7 +183,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def params_to_dict(params: Any) -> dict[str, Any]:
-    """Every field of a :class:`~pycudnn.algos.ConvolutionParams` as JSON data (tuples as lists)."""
+    """Every field of a [`ConvolutionParams`][pycudnn.algos.ConvolutionParams] as JSON data (tuples
+    as lists)."""
     return {f.name: _jsonable(getattr(params, f.name)) for f in dataclasses.fields(params)}
 
 
@@ -262,10 +265,11 @@ def _text(name: str, v: Any, limit: int, printable: bool = True) -> str:
 
 
 def params_from_dict(data: Any, device: int) -> Any:
-    """The :class:`~pycudnn.algos.ConvolutionParams` of a database entry's ``params`` (the inverse
-    of :func:`params_to_dict`), on device ``device``, parsed as strictly as a call's arguments:
-    every value must be one that a call can produce (canonical dtype names, known directions,
-    engines and epilogues, ranks, sizes and a geometry that gives the stored output shape).
+    """The [`ConvolutionParams`][pycudnn.algos.ConvolutionParams] of a database entry's ``params``
+    (the inverse of `params_to_dict()`), on device ``device``, parsed as strictly as a call's
+    arguments: every value must be one that a call can produce (canonical dtype names, known
+    directions, engines and epilogues, ranks, sizes and a geometry that gives the stored output
+    shape).
 
     Raises:
         TypeError, ValueError: a field is missing, unknown, of the wrong kind or out of range.
@@ -433,7 +437,8 @@ def _validate_entry(entry: Any) -> tuple[str, dict[str, Any]]:
     """(key, a checked copy of ``entry``); TypeError or ValueError naming what is wrong.
 
     Entries of another schema version (written by another pycudnn) are kept, checked only for
-    their outline: they never match a key of this version, and :func:`pycudnn.preload` skips them.
+    their outline: they never match a key of this version, and
+    [`pycudnn.preload()`][pycudnn.preloading.preload] skips them.
     """
     if not isinstance(entry, dict):
         raise TypeError(f"expected an object, got {type(entry).__name__}")
@@ -889,7 +894,7 @@ def _load_locked(st: _State) -> dict[str, dict[str, Any]]:
     """Read the file (holding the write lock): an unusable file is set aside here.
 
     Raises:
-        _Refused, OSError: as :func:`_read`.
+        _Refused, OSError: as `_read()`.
     """
     try:
         text, sig = _read(st.file)
@@ -947,7 +952,7 @@ def _reset_for_tests() -> None:
 
 def lookup(params: Any) -> dict | None:
     """The record stored for ``params`` by an earlier process (a copy of what the engine's
-    ``serialize()`` returned, every field checked: see :func:`validate_record`), or None. Never
+    ``serialize()`` returned, every field checked: see `validate_record()`), or None. Never
     raises: a database that cannot be read, or was refused, is a miss."""
     if not enabled():
         return None
@@ -1090,7 +1095,7 @@ def clear() -> int:
 def export(file: str | os.PathLike) -> int:
     """Write the database to ``file`` (same JSON format, atomically); returns the entry count.
 
-    Ship the file with a program and :func:`merge` it on the target machines.
+    Ship the file with a program and [`merge()`][pycudnn.tuning_db.merge] it on the target machines.
 
     Raises:
         PermissionError: the database was refused.
@@ -1110,7 +1115,7 @@ def export(file: str | os.PathLike) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class MergeReport:
-    """What :func:`import_file` did with the entries of a file."""
+    """What [`import_file()`][pycudnn.tuning_db.import_file] did with the entries of a file."""
 
     #: keys this database did not have
     added: int = 0
@@ -1156,10 +1161,11 @@ def read_file(file: str | os.PathLike) -> list[dict[str, Any]]:
     """The valid entries of a database file such as an export (copies; nothing is changed, here
     or in this database).
 
-    ``file`` is read as :func:`import_file` reads it (a FIFO or device is never opened for
-    blocking reads, the size is capped at :data:`MAX_FILE_BYTES`) and every entry is validated as
-    when the database is read: entries that do not validate are left out, logged one by one and
-    counted in one :class:`TuningDatabaseWarning`. No entry, however odd, makes this raise.
+    ``file`` is read as [`import_file()`][pycudnn.tuning_db.import_file] reads it (a FIFO or device
+    is never opened for blocking reads, the size is capped at `MAX_FILE_BYTES`) and every entry is
+    validated as when the database is read: entries that do not validate are left out, logged one by
+    one and counted in one [`TuningDatabaseWarning`][pycudnn.tuning_db.TuningDatabaseWarning]. No
+    entry, however odd, makes this raise.
 
     Raises:
         FileNotFoundError: ``file`` does not exist.
@@ -1229,5 +1235,6 @@ def import_file(file: str | os.PathLike, *, prefer: str = "local") -> MergeRepor
 
 def merge(file: str | os.PathLike, *, prefer: str = "local") -> int:
     """Add the records of an exported ``file`` to this database; returns how many were added or
-    replaced. See :func:`import_file` (local records win unless ``prefer="imported"``)."""
+    replaced. See [`import_file()`][pycudnn.tuning_db.import_file] (local records win unless
+    ``prefer="imported"``)."""
     return import_file(file, prefer=prefer).merged

@@ -99,6 +99,16 @@ def test_no_device_message():
     assert str(info.value) in TROUBLE
 
 
+def test_docstrings_use_markdown_cross_references_not_sphinx_roles():
+    """The API reference renders Markdown: a cross-reference is [`name`][pycudnn.module.name]
+    (or plain `name` for what the reference does not show), never a Sphinx role."""
+    role = re.compile(r":(?:py:)?(?:func|meth|class|mod|attr|data|exc|obj|const):`")
+    found = [f"{path.name}:{n}: {line.strip()}"
+             for path in sorted((ROOT / "pycudnn").rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if role.search(line)]
+    assert not found, "\n".join(found)
+
+
 def test_every_page_in_the_nav_exists():
     nav = re.findall(r":\s*([\w./-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
     assert nav, "mkdocs.yml has no nav"
