@@ -284,10 +284,21 @@ def database_documents(draw) -> tuple[bytes, bool]:
         intact = False
     if intact:
         try:
-            json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+            parsed = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
         except (ValueError, RecursionError):  # NaN, huge ints, deep nesting, lone surrogates
             intact = False
+        else:  # the file format's own limit, the same on every Python
+            intact = _depth(parsed) <= 32
     return data, intact
+
+
+def _depth(v: Any) -> int:
+    """How deep lists and dicts nest in ``v`` (a scalar is 0)."""
+    if isinstance(v, dict):
+        v = list(v.values())
+    if isinstance(v, list):
+        return 1 + max((_depth(c) for c in v), default=0)
+    return 0
 
 
 def _refuse_constant(name: str) -> Any:
