@@ -293,12 +293,14 @@ def database_documents(draw) -> tuple[bytes, bool]:
 
 
 def _depth(v: Any) -> int:
-    """How deep lists and dicts nest in ``v`` (a scalar is 0)."""
-    if isinstance(v, dict):
-        v = list(v.values())
-    if isinstance(v, list):
-        return 1 + max((_depth(c) for c in v), default=0)
-    return 0
+    """How deep lists and dicts nest in ``v`` (a scalar is 0), without recursion."""
+    deepest, todo = 0, [(v, 1)]
+    while todo:
+        node, d = todo.pop()
+        if isinstance(node, (list, dict)):
+            deepest = max(deepest, d)
+            todo.extend((c, d + 1) for c in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def _refuse_constant(name: str) -> Any:
