@@ -28,7 +28,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 from ctypes import POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_void_p
 
 from .errors import CudnnNotFoundError, error_class_for_status
@@ -285,7 +285,7 @@ class Library:
         self.found_via = found_via
         self._bind_lock = threading.Lock()
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         # Only reached for names not yet bound; binds the row and caches it on the instance.
         if name.startswith("_") or name not in PROTOTYPES:
             raise AttributeError(f"{name!r} is not in pycudnn's prototype table")
@@ -324,7 +324,7 @@ def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]
         return [(f"PYCUDNN_LIBRARY={env}", lambda: _open_env_library(path))]
     out: list[tuple[str, Callable[[], tuple[Any, Any]]]] = []
 
-    def from_pathfinder():
+    def from_pathfinder() -> tuple[ctypes.CDLL, str]:
         from cuda.pathfinder import load_nvidia_dynamic_lib
 
         loaded = load_nvidia_dynamic_lib("cudnn")
@@ -427,7 +427,7 @@ def last_error_string() -> str:
     return buf.value.decode("utf-8", "replace").strip()
 
 
-def raise_status(status: int, function: str, *context: str):
+def raise_status(status: int, function: str, *context: str) -> NoReturn:
     """Raise the [`CudnnError`][pycudnn.errors.CudnnError] subclass for ``status`` returned by
     ``function``."""
     reason = last_error_string()
@@ -440,7 +440,7 @@ def check(status: int, function: str, *context: str) -> None:
         raise_status(status, function, *context)
 
 
-def call(function: str, *args) -> None:
+def call(function: str, *args: Any) -> None:
     """Call a table function that returns a status and raise on failure."""
     status = getattr(lib(), function)(*args)
     if status:

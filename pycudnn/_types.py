@@ -9,6 +9,7 @@ import ctypes
 from enum import IntEnum
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "Status", "DataType", "TensorFormat", "ConvolutionMode", "MathType", "Determinism",
@@ -217,7 +218,7 @@ _TO_CUDNN = {"float32": DataType.FLOAT, "float16": DataType.HALF, "bfloat16": Da
              "float64": DataType.DOUBLE}
 
 
-def normalize_dtype(dtype, parameter: str = "dtype") -> np.dtype:
+def normalize_dtype(dtype: npt.DTypeLike, parameter: str = "dtype") -> np.dtype:
     """Return the numpy dtype for a numpy dtype, a type or a name; refuse what cuDNN convs lack.
 
     Raises:
@@ -247,6 +248,6 @@ def normalize_dtype(dtype, parameter: str = "dtype") -> np.dtype:
     return dt
 
 
-def dtype_to_cudnn(dtype) -> DataType:
+def dtype_to_cudnn(dtype: npt.DTypeLike) -> DataType:
     """cuDNN data type of a dtype (numpy dtype or name)."""
     return _TO_CUDNN[normalize_dtype(dtype).name]

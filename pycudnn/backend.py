@@ -25,11 +25,14 @@ import ctypes
 import weakref
 from ctypes import c_bool, c_char, c_double, c_float, c_int32, c_int64, c_void_p
 from enum import IntEnum
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from . import _lib
 from ._live import LiveCounter
 from .errors import PycudnnError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = [
     "DescriptorType", "Attr", "AttrType", "HeurMode", "BehaviorNote", "NumericalNote",
@@ -293,8 +296,9 @@ class ConvMode(IntEnum):
 
 
 #: The C element type of every attribute pycudnn sets or gets. Setters refuse an attribute whose
-#: type here does not match (a wrong type is a silent memory misread in C).
-ATTRIBUTE_TYPES: dict[Attr, AttrType] = {
+#: type here does not match (a wrong type is a silent memory misread in C). The keys are `Attr`
+#: members; the table is typed by int because it is also looked up by raw attribute numbers.
+ATTRIBUTE_TYPES: dict[int, AttrType] = {
     Attr.POINTWISE_MODE: AttrType.POINTWISE_MODE,
     Attr.POINTWISE_MATH_PREC: AttrType.DATA_TYPE,
     Attr.CONVOLUTION_COMP_TYPE: AttrType.DATA_TYPE,
@@ -400,7 +404,7 @@ def _dtype_label(dtype: int) -> str:
         return f"backend descriptor type {int(dtype)}"
 
 
-def to_data_type(value) -> int:
+def to_data_type(value: int | npt.DTypeLike) -> int:
     """cudnnDataType_t of a `pycudnn._types.DataType`, a numpy dtype or a dtype name."""
     from ._types import DataType, dtype_to_cudnn
 
@@ -443,7 +447,8 @@ def live_counts_by_type() -> dict[str, int]:
     return out
 
 
-def _destroy(destroy, ptr: int, counter: LiveCounter, dtype: int) -> None:
+def _destroy(destroy: Callable[[int], object], ptr: int, counter: LiveCounter,
+             dtype: int) -> None:
     # Finalizer callback: everything bound up front, no module globals, never the owner.
     destroy(ptr)
     counter.remove(dtype)
@@ -521,7 +526,7 @@ class BackendDescriptor:
         self.ptr  # noqa: B018 - refuse a closed descriptor
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _name(self) -> str:
@@ -542,24 +547,24 @@ class BackendDescriptor:
 
     # -- raw set/get (private: only this class deals in attribute types) -------------------------
 
-    def _check_attr(self, attr, expected: AttrType | tuple[AttrType, ...], setter: str) -> int:
+    def _check_attr(self, attr: int, expected: AttrType | tuple[AttrType, ...], setter: str) -> int:
         if isinstance(attr, bool) or not isinstance(attr, int):
             raise TypeError(f"{setter}: attribute must be a backend.Attr, got {attr!r}")
-        known = ATTRIBUTE_TYPES.get(attr)  # type: ignore[call-overload]
+        known = ATTRIBUTE_TYPES.get(attr)
         exp = expected if isinstance(expected, tuple) else (expected,)
         if known is not None and known not in exp:
             raise ValueError(f"{setter}: {_attr_label(attr)} takes {known.symbol}, "
                              f"not {' or '.join(e.symbol for e in exp)}")
         return int(attr)
 
-    def _set(self, attr: int, atype: AttrType, count: int, array) -> None:
+    def _set(self, attr: int, atype: AttrType, count: int, array: Any) -> None:
         status = _lib.lib().cudnnBackendSetAttribute(self.ptr, attr, int(atype), count, array)
         if status:
             _lib.raise_status(status, "cudnnBackendSetAttribute",
                               f"attribute: {_attr_label(attr)} ({atype.symbol} x {count}) "
                               f"on {_dtype_label(self.dtype)}")
 
-    def _get(self, attr: int, atype: AttrType, requested: int, array) -> int:
+    def _get(self, attr: int, atype: AttrType, requested: int, array: Any) -> int:
         n = c_int64(0)
         status = _lib.lib().cudnnBackendGetAttribute(self.ptr, attr, int(atype), requested,
                                                      ctypes.byref(n), array)
@@ -572,7 +577,7 @@ class BackendDescriptor:
     # -- typed setters -----------------------------------------------------------------------
 
     @staticmethod
-    def _as_int(value, attr, setter: str, lo: int = _INT64_MIN, hi: int = _INT64_MAX) -> int:
+    def _as_int(value: object, attr: int, setter: str, lo: int = _INT64_MIN, hi: int = _INT64_MAX) -> int:
         if isinstance(value, bool) or not hasattr(value, "__index__"):
             raise TypeError(f"{setter}: {_attr_label(attr)} takes integers, got {value!r}")
         v = value.__index__()
@@ -604,7 +609,7 @@ class BackendDescriptor:
         """Set an array of 4-byte enum values (e.g. numerical notes)."""
         if isinstance(attr, bool) or not isinstance(attr, int):
             raise TypeError(f"set_enums: attribute must be a backend.Attr, got {attr!r}")
-        atype = ATTRIBUTE_TYPES.get(attr)  # type: ignore[call-overload]
+        atype = ATTRIBUTE_TYPES.get(attr)
         if atype is None or atype not in _ENUM_TYPES:
             raise ValueError(f"set_enums: {_attr_label(attr)} is not an enum-valued attribute")
         if atype is AttrType.DATA_TYPE:
@@ -620,7 +625,7 @@ class BackendDescriptor:
         arr = (c_int32 * max(len(vals), 1))(*vals)
         self._set(int(attr), atype, len(vals), arr)
 
-    def set_data_type(self, attr: Attr, dtype) -> None:
+    def set_data_type(self, attr: Attr, dtype: int | npt.DTypeLike) -> None:
         """Set a cudnnDataType_t attribute from a DataType, a numpy dtype or a dtype name."""
         a = self._check_attr(attr, AttrType.DATA_TYPE, "set_data_type")
         try:
@@ -629,7 +634,7 @@ class BackendDescriptor:
             raise type(exc)(f"set_data_type: {_attr_label(attr)}: {exc}") from None
         self._set(a, AttrType.DATA_TYPE, 1, ctypes.byref(v))
 
-    def _scalar(self, attr, value, setter: str):
+    def _scalar(self, attr: int, value: float, setter: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             try:
                 value = float(value)  # numpy scalars
@@ -732,7 +737,7 @@ class BackendDescriptor:
         with `get_descriptors()` and enough pre-created receivers.
         """
         a = self._check_attr(attr, tuple(AttrType), "get_count")
-        atype = ATTRIBUTE_TYPES.get(attr)  # type: ignore[call-overload]
+        atype = ATTRIBUTE_TYPES.get(attr)
         if atype is None:
             raise ValueError(f"get_count: {_attr_label(attr)} has no known attribute type")
         return self._get(a, atype, 0, None)
@@ -751,7 +756,7 @@ class BackendDescriptor:
 
     def get_enums(self, attr: Attr, max_count: int) -> list[int]:
         """Read an array of 4-byte enum values; members of the matching IntEnum where known."""
-        atype = ATTRIBUTE_TYPES.get(attr)  # type: ignore[call-overload]
+        atype = ATTRIBUTE_TYPES.get(attr)
         if atype is None or atype not in _ENUM_TYPES:
             raise ValueError(f"get_enums: {_attr_label(attr)} is not an enum-valued attribute")
         arr = (c_int32 * max(max_count, 1))()
@@ -825,7 +830,7 @@ class BackendDescriptor:
             return ""
         buf = (c_char * n)()
         n2 = self._get(a, AttrType.CHAR, n, buf)
-        return bytes(buf[:min(n, n2)]).rstrip(b"\0").decode("utf-8", "replace")  # type: ignore[arg-type]  # a c_char array slices to bytes
+        return buf.raw[:min(n, n2)].rstrip(b"\0").decode("utf-8", "replace")
 
     def get_json(self) -> str:
         """The JSON representation of a finalized execution plan (for a tuning database)."""

@@ -38,7 +38,7 @@ import math
 import operator
 import weakref
 from ctypes import byref, c_double, c_int, c_void_p
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence, TypeVar
 
 import numpy as np
 
@@ -206,6 +206,9 @@ def _fail(status: int, function: str, destroy_fn: Callable[[int], int], handle: 
 
 # ---- base class ---------------------------------------------------------------------------------
 
+_D = TypeVar("_D", bound="_Descriptor")
+
+
 class _Descriptor:
     """Owns one C descriptor; see the module docstring for the lifetime rules."""
 
@@ -261,13 +264,13 @@ class _Descriptor:
         if fin is not None:
             fin()  # runs at most once, also when racing with garbage collection
 
-    def __enter__(self):
+    def __enter__(self: _D) -> _D:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         # A copy would share the C pointer without owning it, and outlive it.
         raise TypeError(f"cannot pickle or copy a {type(self).__name__}: it owns a cuDNN "
                         f"descriptor; create a new one from the same arguments")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import operator
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from .errors import NoDeviceError, OutOfMemoryError, PycudnnError
 
@@ -56,7 +56,7 @@ class CudaError(PycudnnError):
         self.what = what
         super().__init__(f"{what} failed: {text or f'cudaError {code}'}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[int, str, str], CudaError], tuple[int, str, str]]:
         return (_rebuild_cuda_error, (self.code, self.what, str(self)))
 
 

@@ -7,6 +7,7 @@ geometry and flags) with pycudnn alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["repro_lines", "repro_snippet"]
@@ -19,7 +20,7 @@ def _tensor_line(name: str, t: Any) -> str:
             f"format={t.memory_format} device=cuda:{t.device} ptr=0x{t.ptr:x}")
 
 
-def _make(name: str, shape, dtype: str, fmt: str) -> str:
+def _make(name: str, shape: Sequence[int], dtype: str, fmt: str) -> str:
     mf = f", memory_format={fmt!r}" if fmt == "channels_last" else ""
     return (f"{name} = pycudnn.from_numpy(rng.standard_normal({tuple(shape)!r}, dtype=np.float32), "
             f"dtype={dtype!r}{mf})")
