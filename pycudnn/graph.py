@@ -25,13 +25,17 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, NoReturn, Sequence
 
 from . import _lib
 from .backend import (Attr, AttrType, BackendDescriptor, BehaviorNote, ClosedDescriptorError,
                       ConvMode, DescriptorType, HeurMode, KnobType, NumericalNote, PointwiseMode,
                       to_data_type)
 from .errors import CudnnError, NoAlgorithmError, PycudnnError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = [
     "TensorSpec", "Epilogue", "OperationGraph", "EngineConfig", "CandidateList", "ExecutionPlan",
@@ -89,7 +93,8 @@ class TensorSpec:
     uid: int
     shape: tuple[int, ...]
     strides: tuple[int, ...]
-    dtype: object
+    #: a `pycudnn._types.DataType`, numpy dtype or name; held as the cudnnDataType_t int
+    dtype: int | npt.DTypeLike
     virtual: bool = False
     by_value: bool = False
     alignment: int = 16
@@ -136,13 +141,15 @@ class TensorSpec:
             raise
         return d
 
-    def like(self, uid: int, dtype=None, virtual: bool | None = None) -> "TensorSpec":
+    def like(self, uid: int, dtype: int | npt.DTypeLike | None = None,
+             virtual: bool | None = None) -> "TensorSpec":
         """Same dims and strides under another uid (and optionally dtype / virtual flag)."""
         return TensorSpec(uid, self.shape, self.strides, self.dtype if dtype is None else dtype,
                           self.virtual if virtual is None else virtual, False, self.alignment)
 
 
-def bias_spec(uid: int, channels: int, ndim: int, dtype, alignment: int = 16) -> TensorSpec:
+def bias_spec(uid: int, channels: int, ndim: int, dtype: int | npt.DTypeLike,
+              alignment: int = 16) -> TensorSpec:
     """A 1 x K x 1 x 1 (x 1) bias with NHWC-style strides, as engines want it (MEASURED.md 2b)."""
     shape = (1, int(channels)) + (1,) * (ndim - 2)
     strides = (int(channels), 1) + (int(channels),) * (ndim - 2)
@@ -195,7 +202,8 @@ class OperationGraph:
     """
 
     def __init__(self, descriptor: BackendDescriptor, direction: str, specs: dict[str, TensorSpec],
-                 keep: list[BackendDescriptor], by_value: list[tuple[int, object]],
+                 keep: list[BackendDescriptor],
+                 by_value: list[tuple[int, ctypes.c_double | ctypes.c_float]],
                  epilogue: Epilogue | None, description: str) -> None:
         self.descriptor = descriptor
         self.direction = direction
@@ -232,14 +240,14 @@ class OperationGraph:
     def __enter__(self) -> "OperationGraph":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
         return f"<OperationGraph {self.description}{' closed' if self.closed else ''}>"
 
 
-def _spatial_tuple(v, n: int, name: str) -> tuple[int, ...]:
+def _spatial_tuple(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
     if isinstance(v, bool):
         raise TypeError(f"{name} must be an int or a sequence of {n} ints, got {v!r}")
     if isinstance(v, int):
@@ -253,7 +261,8 @@ def _spatial_tuple(v, n: int, name: str) -> tuple[int, ...]:
     return t
 
 
-def _check_conv_shapes(x: TensorSpec, w: TensorSpec, y: TensorSpec, pre, post, stride, dil) -> int:
+def _check_conv_shapes(x: TensorSpec, w: TensorSpec, y: TensorSpec, pre: tuple[int, ...],
+                       post: tuple[int, ...], stride: tuple[int, ...], dil: tuple[int, ...]) -> int:
     nd = len(x.shape)
     if len(w.shape) != nd or len(y.shape) != nd:
         raise ValueError(f"x, w, y must have the same rank, got {x.shape}, {w.shape}, {y.shape}")
@@ -281,8 +290,11 @@ def _check_conv_shapes(x: TensorSpec, w: TensorSpec, y: TensorSpec, pre, post, s
 
 
 def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: TensorSpec,
-                            y: TensorSpec, padding, stride, dilation, compute_dtype=None,
-                            epilogue: Epilogue | None = None, *, post_padding=None,
+                            y: TensorSpec, padding: int | Sequence[int],
+                            stride: int | Sequence[int], dilation: int | Sequence[int],
+                            compute_dtype: int | npt.DTypeLike | None = None,
+                            epilogue: Epilogue | None = None, *,
+                            post_padding: int | Sequence[int] | None = None,
                             alpha: float = 1.0, beta: float = 0.0) -> OperationGraph:
     """Build and finalize the operation graph of one convolution (plus a fused epilogue).
 
@@ -340,7 +352,7 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
     next_uid = itertools.count(max(uids) + 1)
 
     keep: list[BackendDescriptor] = []
-    by_value: list[tuple[int, object]] = []
+    by_value: list[tuple[int, ctypes.c_double | ctypes.c_float]] = []
 
     def track(d: BackendDescriptor) -> BackendDescriptor:
         keep.append(d)
@@ -402,7 +414,8 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
 
         if epilogue is not None:
             def pointwise(mode: PointwiseMode, xin: BackendDescriptor, out: BackendDescriptor,
-                          bin: BackendDescriptor | None = None, alpha2: float | None = None):
+                          bin: BackendDescriptor | None = None, alpha2: float | None = None
+                          ) -> None:
                 pw = track(BackendDescriptor(DescriptorType.POINTWISE))
                 pw.set_enum(Attr.POINTWISE_MODE, mode)
                 pw.set_data_type(Attr.POINTWISE_MATH_PREC, inter_dt)
@@ -429,6 +442,7 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
             for i, step in enumerate(steps):
                 out = ty if i == len(steps) - 1 else virtual_like(y)[1]
                 if step == "z":
+                    assert epilogue.z is not None  # the "z" step is listed only with a z
                     tz = track(epilogue.z.build())
                     a = float(epilogue.alpha)
                     if a == 1.0:
@@ -448,6 +462,7 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
                         pointwise(PointwiseMode.ADD, cur, out, zs)
                         desc_parts.append(f"+{a:g}*z(mul)")
                 elif step == "bias":
+                    assert epilogue.bias is not None  # the "bias" step is listed only with a bias
                     tb = track(epilogue.bias.build())
                     pointwise(PointwiseMode.ADD, cur, out, tb)
                     desc_parts.append("+bias")
@@ -483,7 +498,7 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
 
 # ---- engine configs ----------------------------------------------------------------------------
 
-def _enum_or_int(cls, v: int):
+def _enum_or_int(cls: type[IntEnum], v: int) -> int:
     try:
         return cls(v)
     except ValueError:
@@ -570,11 +585,12 @@ class EngineConfig:
                    tuple((_enum_or_int(KnobType, t), v) for t, v in knobs), num, beh, "key", 0)
 
 
-class CandidateList(list):
+class CandidateList(list[EngineConfig]):
     """A list of `EngineConfig` with ``problems``: what went wrong while collecting it
     (a heuristic mode that failed, a config that could not be read)."""
 
-    def __init__(self, items=(), problems=None) -> None:
+    def __init__(self, items: Iterable[EngineConfig] = (),
+                 problems: Iterable[str] | None = None) -> None:
         super().__init__(items)
         self.problems: list[str] = list(problems or [])
 
@@ -583,7 +599,8 @@ _MODE_NAMES = {"A": HeurMode.A, "B": HeurMode.B, "FALLBACK": HeurMode.FALLBACK,
                "INSTANT": HeurMode.INSTANT}
 
 
-def _describe(cfg: BackendDescriptor, knob_pool: list[BackendDescriptor]):
+def _describe(cfg: BackendDescriptor, knob_pool: list[BackendDescriptor]
+              ) -> tuple[int, tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]]:
     engine = cfg.get_descriptor(Attr.ENGINECFG_ENGINE, DescriptorType.ENGINE)
     try:
         eid = engine.get_int64(Attr.ENGINE_GLOBAL_INDEX)
@@ -661,7 +678,7 @@ def engine_configs(handle: int, graph: OperationGraph,
     return out
 
 
-def filter_candidates(cands: Iterable[EngineConfig], dtype, allow_tf32: bool,
+def filter_candidates(cands: Iterable[EngineConfig], dtype: int | npt.DTypeLike, allow_tf32: bool,
                       deterministic: bool) -> tuple[list[EngineConfig], list[tuple[EngineConfig, str]]]:
     """Drop candidates the way PyTorch's v8 path does: DOWN_CONVERT_INPUTS engines always;
     TENSOR_CORE engines for float32 data when TF32 is not allowed; NONDETERMINISTIC engines when
@@ -704,9 +721,9 @@ class ExecutionPlan:
         self.descriptor: BackendDescriptor | None = None
         self.workspace_size: int | None = None
         self.finalize_time: float | None = None
-        self._plan_ptr = None
-        self._exec = None
-        self._packs: OrderedDict = OrderedDict()
+        self._plan_ptr: int | None = None
+        self._exec: Any = None  # cudnnBackendExecute (a ctypes function) once finalized
+        self._packs: OrderedDict[tuple[Sequence[int], int], BackendDescriptor] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- facts ---------------------------------------------------------------------------------
@@ -724,7 +741,7 @@ class ExecutionPlan:
 
     def __repr__(self) -> str:
         state = (f"workspace={self.workspace_size} finalize={self.finalize_time * 1e3:.2f}ms"
-                 if self.finalized else "not finalized")
+                 if self.finalized and self.finalize_time is not None else "not finalized")
         return f"<ExecutionPlan {self.tag} {state}>"
 
     # -- building ------------------------------------------------------------------------------
@@ -817,7 +834,8 @@ class ExecutionPlan:
 
     # -- running -------------------------------------------------------------------------------
 
-    def execute(self, handle: int, ptrs, workspace: int = 0) -> None:
+    def execute(self, handle: int, ptrs: Sequence[int] | Mapping[int | str, int],
+                workspace: int = 0) -> None:
         """Run the plan on ``handle``'s stream.
 
         Args:
@@ -842,7 +860,7 @@ class ExecutionPlan:
         if status:
             self._raise_exec(status, ptrs, workspace)
 
-    def _order(self, ptrs) -> tuple:
+    def _order(self, ptrs: Sequence[int] | Mapping[int | str, int]) -> tuple[int, ...]:
         if isinstance(ptrs, Mapping):
             out = []
             for uid, name in zip(self.uids, self._names):
@@ -859,7 +877,7 @@ class ExecutionPlan:
         raise TypeError(f"ExecutionPlan.execute: ptrs must be a tuple ordered like uids "
                         f"{self.uids} or a mapping uid/name -> pointer, got {type(ptrs).__name__}")
 
-    def _new_pack(self, ptrs: tuple, workspace) -> BackendDescriptor:
+    def _new_pack(self, ptrs: Sequence[int], workspace: int) -> BackendDescriptor:
         if self._plan_ptr is None:
             if self.descriptor is not None:
                 raise ClosedDescriptorError("ExecutionPlan used after close()")
@@ -895,10 +913,10 @@ class ExecutionPlan:
         vp = BackendDescriptor(DescriptorType.VARIANT_PACK)
         # Arguments were validated above: set the three attributes with prebuilt ctypes arrays
         # (the generic typed setters would re-validate every element).
-        all_ptrs = ptrs + self.graph.by_value_ptrs
+        all_ptrs = (*ptrs, *self.graph.by_value_ptrs)
         n = len(all_ptrs)
         setattr_ = self._setattr
-        p = vp._ptr
+        p = vp.ptr
         st = setattr_(p, _VP_UIDS, _T_INT64, n, self._uid_array)
         if not st:
             st = setattr_(p, _VP_PTRS, _T_VOID_PTR, n, (ctypes.c_void_p * n)(*all_ptrs))
@@ -921,7 +939,7 @@ class ExecutionPlan:
                 packs.popitem(last=False)  # dropped, not closed: a thread may still hold it
         return vp
 
-    def _raise_exec(self, status: int, ptrs, workspace) -> None:
+    def _raise_exec(self, status: int, ptrs: Sequence[int], workspace: int) -> NoReturn:
         if self._plan_ptr is None:
             raise ClosedDescriptorError("ExecutionPlan used after close()")
         _lib.raise_status(status, "cudnnBackendExecute",
@@ -951,7 +969,7 @@ class ExecutionPlan:
     def __enter__(self) -> "ExecutionPlan":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -977,8 +995,10 @@ def first_plan(handle: int, candidates: Iterable[EngineConfig], max_attempts: in
     raise NoAlgorithmError(f"no engine config finalized ({len(failures)} tried)", failures)
 
 
-def fused_plan(handle: int, x: TensorSpec, w: TensorSpec, y: TensorSpec, padding, stride,
-               dilation, epilogue: Epilogue, compute_dtype=None, *, allow_tf32: bool = True,
+def fused_plan(handle: int, x: TensorSpec, w: TensorSpec, y: TensorSpec,
+               padding: int | Sequence[int], stride: int | Sequence[int],
+               dilation: int | Sequence[int], epilogue: Epilogue,
+               compute_dtype: int | npt.DTypeLike | None = None, *, allow_tf32: bool = True,
                deterministic: bool = False, modes: Sequence[str] = ("A", "FALLBACK"),
                max_attempts: int | None = None) -> ExecutionPlan:
     """Forward conv + epilogue as one plan; if alpha != 1 on the z-add's ALPHA2 gets no working
