@@ -333,7 +333,10 @@ def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]
 
     out.append(('cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")', from_pathfinder))
     for soname in ("libcudnn.so.9", "libcudnn.so"):
-        out.append((soname, lambda s=soname: (ctypes.CDLL(s, mode=ctypes.RTLD_GLOBAL), s)))  # type: ignore[misc]
+        def from_soname(s: str = soname) -> tuple[ctypes.CDLL, str]:
+            return ctypes.CDLL(s, mode=ctypes.RTLD_GLOBAL), s
+
+        out.append((soname, from_soname))
     return out
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 __all__ = ["main", "build_parser", "Layer", "MODELS", "MODEL_BATCH", "parse_shape", "model_layers",
            "UsageError", "RunError"]
@@ -1261,7 +1261,7 @@ def _show_file(args: argparse.Namespace, tuning_db: Any) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a mistake as one line (UsageError) instead of usage + exit."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise _ParseError(f"{self.prog}: error: {message} (see '{self.prog} --help')")
 
 
