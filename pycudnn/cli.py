@@ -685,7 +685,7 @@ class _TorchTimer:
         pass
 
 
-def _first_call(fn: Callable[[], Any], timer: Any) -> float:
+def _first_call(fn: Callable[[], Any], timer: _CudaTimer | _TorchTimer) -> float:
     """Wall milliseconds until the first call's convolution has finished (search included)."""
     timer.sync()
     t0 = time.perf_counter()
@@ -694,7 +694,8 @@ def _first_call(fn: Callable[[], Any], timer: Any) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def _steady(fn: Callable[[], Any], timer: Any, trials: int = 7, trial_ms: float = 5.0) -> float:
+def _steady(fn: Callable[[], Any], timer: _CudaTimer | _TorchTimer, trials: int = 7,
+            trial_ms: float = 5.0) -> float:
     """Median over ``trials`` of the mean time per call of back-to-back calls (ms), host cost
     included; each trial runs about ``trial_ms``."""
     fn()
