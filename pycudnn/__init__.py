@@ -37,7 +37,8 @@ _EXPORTS: dict[str, str] = {
     # configuration
     "config": "configuration", "flags": "configuration",
     # algorithm search and caches
-    "benchmark_cache": "algos", "clear_caches": "algos", "set_cache_limit": "algos", "ConvolutionParams": "algos",
+    "benchmark_cache": "engines", "clear_caches": "engines", "set_cache_limit": "engines",
+    "ConvolutionParams": "problem",
     # the tuning database's records made ready ahead of the first call
     "preload": "preloading", "PreloadReport": "preloading",
     # prepared convolutions
@@ -85,7 +86,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ._lib import cudart_version, library_path, version, version_tuple
-    from .algos import ConvolutionParams, benchmark_cache, clear_caches, set_cache_limit
+    from .engines import benchmark_cache, clear_caches, set_cache_limit
+    from .problem import ConvolutionParams
     from .configuration import config, flags
     from .conv import (conv_transpose, convolution, convolution_add_relu,
                        convolution_backward_data, convolution_backward_filter)

@@ -11,9 +11,13 @@ This is the behaviour of PyTorch's ``Conv_v7.cpp`` (see ``docs/architecture.md``
   again when it runs out of memory), else every candidate in order, skipping those that run out of
   memory or fail inside cuDNN, caching the first that succeeds; when all fail it raises
   [`NoAlgorithmError`][pycudnn.errors.NoAlgorithmError] listing each candidate and why.
-* A *search strategy* supplies the candidates and runs one. `V7Search` here is the legacy
-  Get/Find search; the graph engine supplies another strategy with the same contract, so the key,
-  caches, iterator, guards and batch splitting are shared, never forked.
+* An *engine* ([`Engine`][pycudnn.engine.Engine]) supplies the candidates and runs one.
+  `V7Search` here is the legacy Get/Find engine; the graph engine implements the same contract,
+  so the key, caches, iterator, tuning database and guards are shared.
+
+The key and the arguments live in [`pycudnn.problem`][pycudnn.problem] (re-exported here); the
+registry of engines and the functions that act on every engine and cache (``clear_caches``,
+``set_cache_limit``, ``benchmark_cache``, ``strategy_for``) in [`pycudnn.engines`][pycudnn.engines].
 """
 
 from __future__ import annotations
@@ -22,76 +26,31 @@ import ctypes
 import logging
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable
 
-from . import _lib
+from . import _lib, tuning_db
 from ._types import (BwdDataAlgo, BwdFilterAlgo, ConvolutionBwdDataAlgoPerf,
                      ConvolutionBwdFilterAlgoPerf, ConvolutionFwdAlgoPerf, Determinism, FwdAlgo,
                      MathType, Status)
+from .descriptors import ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
+from .engine import Engine, release, workspace
 from .errors import (CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError,
                      StreamCaptureError)
+from .memory import allocate, mem_get_info, stream_is_capturing
+from .problem import (DIRECTION, DIRECTIONS, ConvolutionArgs, ConvolutionParams, EpilogueKind,
+                      written_bytes)
 
 __all__ = [
     "DIRECTIONS", "ConvolutionParams", "ConvolutionArgs", "AlgoRecord", "BenchmarkCache",
-    "SearchStrategy", "V7Search", "try_all", "caches", "benchmark_cache", "clear_caches",
-    "strategy_for", "register_strategy", "check_precision", "error_if_capturing", "set_cache_limit",
+    "SearchStrategy", "V7Search", "try_all", "caches", "check_precision", "precision_problem",
+    "error_if_capturing", "describe", "relu_descriptor", "scalar_pointers", "scalar",
 ]
 
-DIRECTIONS = ("forward", "backward_data", "backward_filter")
+#: the engine contract under its earlier name
+SearchStrategy = Engine
 
 log = logging.getLogger("pycudnn")
-
-
-# ---- the key ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ConvolutionParams:
-    """Everything that changes which algorithm is right (the cache key; immutable and hashable).
-
-    Shapes are those cuDNN sees: 1-D convolutions arrive here already as 2-D with a unit height.
-    ``input``/``weight``/``output`` are the forward convolution's roles in every direction (for
-    backward data, ``input`` is the gradient being computed), as in the reference.
-    """
-
-    direction: str
-    device: int
-    cudnn_version: int
-    dtype: str
-    input_shape: tuple[int, ...]
-    input_strides: tuple[int, ...]
-    weight_shape: tuple[int, ...]
-    weight_format: str                   # "NCHW" or "NHWC" (filters have a format, not strides)
-    output_shape: tuple[int, ...]
-    output_strides: tuple[int, ...]
-    padding: tuple[int, ...]
-    stride: tuple[int, ...]
-    dilation: tuple[int, ...]
-    groups: int
-    deterministic: bool
-    allow_tf32: bool
-    workspace_limit: int | None
-    engine: str
-    #: fused epilogue: "" (none), "bias", "bias_relu" or "add_relu" (conv + alpha*z + bias, relu)
-    epilogue: str = ""
-    #: strides of the residual z for "add_relu" (its shape is the output's)
-    z_strides: tuple[int, ...] | None = None
-    alpha: float = 1.0
-    #: byte alignment promised for each pointer (x, w, y[, z, b]); the graph engine bakes it into
-    #: its graphs, so it is part of the key there (empty for the v7 engine, which needs none)
-    alignments: tuple[int, ...] = ()
-    #: graph engine with benchmark: time at most this many candidates (None: all). A search cut
-    #: short is a different answer from a full one, so it is part of the key (None otherwise).
-    benchmark_limit: int | None = None
-
-    def short(self) -> str:
-        """One line for logs and the cache listing."""
-        ep = f" +{self.epilogue}" if self.epilogue else ""
-        return (f"{self.direction}{ep} {self.dtype} x{list(self.input_shape)} w{list(self.weight_shape)}"
-                f" y{list(self.output_shape)} pad{list(self.padding)} stride{list(self.stride)}"
-                f" dil{list(self.dilation)} groups={self.groups} fmt={self.weight_format}"
-                f" det={self.deterministic} tf32={self.allow_tf32} engine={self.engine}"
-                + (f" benchmark_limit={self.benchmark_limit}" if self.benchmark_limit is not None else ""))
 
 
 # ---- records and arguments ------------------------------------------------------------------------
@@ -120,43 +79,6 @@ class AlgoRecord:
         t = f", {self.time_ms:.4f} ms" if self.time_ms >= 0 else ""
         return (f"{self.algo_name} (math={MathType(self.math_type).name}, "
                 f"workspace={self.workspace} B{t}, {self.source})")
-
-
-@dataclass
-class ConvolutionArgs:
-    """One call's arguments: the key, where it runs, and the device pointers of each role.
-
-    ``x``/``w``/``y`` are the forward roles (pointers); ``z``/``bias`` the fused epilogue's.
-    ``out_may_hold_data``: the output buffer must not be scribbled on by a search (beta != 0 or
-    aliasing an input), so searches that write their output use a scratch buffer.
-    """
-
-    params: ConvolutionParams
-    handle: int
-    stream: int
-    x: int
-    w: int
-    y: int
-    benchmark: bool = False
-    z: int = 0
-    bias: int = 0
-    out_may_hold_data: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class SearchStrategy(Protocol):
-    """What an engine supplies; the caches and the iterator are shared."""
-
-    name: str
-
-    def candidates(self, args: ConvolutionArgs) -> Sequence[Any]:
-        """Heuristic (``args.benchmark`` False) or measured candidates, best first."""
-
-    def default_candidates(self, args: ConvolutionArgs) -> Sequence[Any]:
-        """The deterministic default when deterministic and not benchmarking."""
-
-    def run(self, args: ConvolutionArgs, record: Any) -> None:
-        """Run the convolution with one record (allocating its workspace); raise on failure."""
 
 
 # ---- the cache ------------------------------------------------------------------------------------
@@ -265,48 +187,6 @@ class BenchmarkCache:
 caches: dict[str, BenchmarkCache] = {d: BenchmarkCache(d) for d in DIRECTIONS}
 
 
-def benchmark_cache() -> list[dict[str, Any]]:
-    """The cached choices of every direction, one dict per entry (for display and debugging)."""
-    rows = []
-    for direction, cache in caches.items():
-        for params, record in cache.items():
-            rows.append({
-                "direction": direction,
-                "engine": params.engine,
-                "fused": bool(params.epilogue),
-                "epilogue": params.epilogue,
-                "params": params,
-                "choice": record.describe() if hasattr(record, "describe") else repr(record),
-                "workspace": getattr(record, "workspace", None),
-            })
-    return rows
-
-
-def set_cache_limit(entries: int | None) -> None:
-    """Bound every benchmark cache to ``entries`` records per direction (LRU; None: unbounded),
-    and the map of remembered call signatures to as many prepared convolutions."""
-    if entries is not None and (isinstance(entries, bool) or not isinstance(entries, int) or entries < 1):
-        raise ValueError(f"entries: expected None or a positive int, got {entries!r}")
-    for cache in caches.values():
-        cache.set_maxsize(entries)
-    from . import prepared
-
-    prepared.set_limit(entries)
-
-
-def clear_caches() -> None:
-    """Forget every cached choice (and every engine's prepared state)."""
-    for cache in caches.values():
-        cache.clear()
-    for strategy in _STRATEGIES.values():
-        clear = getattr(strategy, "clear", None)
-        if clear is not None:
-            clear()
-    from .prepared import clear_fast_calls
-
-    clear_fast_calls()
-
-
 # ---- guards ---------------------------------------------------------------------------------------
 
 def precision_problem(params: ConvolutionParams, math_type: int) -> str | None:
@@ -336,8 +216,6 @@ def check_precision(params: ConvolutionParams, math_type: int) -> None:
 
 def error_if_capturing(stream: int, what: str) -> None:
     """Measuring during CUDA stream capture is refused (the reference's errorIfCapturingCudnnBenchmark)."""
-    from .memory import stream_is_capturing
-
     if stream_is_capturing(stream):
         raise StreamCaptureError(
             f"{what}: cannot benchmark (search by measurement) while the stream is being captured "
@@ -347,7 +225,7 @@ def error_if_capturing(stream: int, what: str) -> None:
 
 # ---- the iterator -------------------------------------------------------------------------------
 
-def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCache | None = None) -> Any:
+def try_all(args: ConvolutionArgs, strategy: Engine, cache: BenchmarkCache | None = None) -> Any:
     """Run the convolution with the first record that works; return that record.
 
     Order: the cached record (on out-of-memory, search again); else the strategy's candidates
@@ -359,8 +237,7 @@ def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCac
     if cache is None:
         cache = caches[params.direction]
     # Conv_v7's rule: deterministic without benchmark runs only the default algorithm (uncached).
-    only_default = (params.deterministic and not args.benchmark
-                    and getattr(strategy, "deterministic_uses_default", True))
+    only_default = params.deterministic and not args.benchmark and strategy.deterministic_uses_default
     failed_cached = None
     if not only_default:
         record = cache.get(params)
@@ -381,7 +258,7 @@ def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCac
                     strategy.run(args, record)
                     return record
                 except OutOfMemoryError as exc:
-                    failures.append((_describe(record), f"OutOfMemoryError: {exc}"))
+                    failures.append((record.describe(), f"OutOfMemoryError: {exc}"))
             if args.benchmark and failed_cached is None:
                 record = _from_tuning_db(args, strategy)
                 if record is not None:
@@ -396,15 +273,15 @@ def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCac
             candidates = strategy.candidates(args)
         limit = params.workspace_limit
         for record in candidates:
-            if limit is not None and getattr(record, "workspace", 0) > limit:
-                failures.append((_describe(record),
+            if limit is not None and record.workspace > limit:
+                failures.append((record.describe(),
                                  f"needs a workspace of {record.workspace} B, above workspace_limit={limit}"))
                 continue
             try:
                 strategy.run(args, record)
             except (OutOfMemoryError, CudnnError) as exc:
-                failures.append((_describe(record), f"{type(exc).__name__}: {_first_line(exc)}"))
-                log.debug("candidate failed, trying the next: %s: %s", _describe(record),
+                failures.append((record.describe(), f"{type(exc).__name__}: {_first_line(exc)}"))
+                log.debug("candidate failed, trying the next: %s: %s", record.describe(),
                           failures[-1][1])
                 continue
             if not only_default:
@@ -412,7 +289,7 @@ def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCac
                 if args.benchmark:
                     _to_tuning_db(args, strategy, record)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("chose %s for %s%s", _describe(record), params.short(),
+                log.debug("chose %s for %s%s", record.describe(), params.short(),
                           f" after {len(failures)} failed candidate(s)" if failures else "")
             return record
     lines = [f"  - {what}: {why}" for what, why in failures] or ["  (no candidate was offered)"]
@@ -421,58 +298,49 @@ def try_all(args: ConvolutionArgs, strategy: SearchStrategy, cache: BenchmarkCac
         f"candidates tried:\n" + "\n".join(lines), failures)
 
 
-def _describe(record: Any) -> str:
-    return record.describe() if hasattr(record, "describe") else repr(record)
+def describe(record: Any) -> str:
+    """One line naming ``record`` (any engine's), for logs and errors."""
+    return str(record.describe())
 
 
 # ---- the persistent tuning database hooks ---------------------------------------------------------
-# pycudnn.tuning_db owns the file; the strategies own what a record is (serialize / restore).
+# pycudnn.tuning_db owns the file; the engines own what a record is (serialize / restore).
 
-def _tuning_db(args: ConvolutionArgs | None = None):
-    if args is not None and not args.extra.get("tuning_db", True):
-        return None  # turned off for this call (flag tuning_db=False)
-    try:
-        from . import tuning_db
-    except ImportError:  # pragma: no cover - the module ships with pycudnn
-        return None
-    return tuning_db if tuning_db.enabled() else None
+def _database_on(args: ConvolutionArgs) -> bool:
+    return args.tuning_db and tuning_db.enabled()
 
 
-def _from_tuning_db(args: ConvolutionArgs, strategy: Any) -> Any:
+def _from_tuning_db(args: ConvolutionArgs, strategy: Engine) -> Any:
     """A record measured by an earlier process for this key, rebuilt and run once; else None.
 
-    A record that no longer rebuilds or runs (driver or library changed) is dropped and logged,
-    and the search runs as if it had never been there.
+    A record that does not check out for this key, no longer rebuilds or fails to run (driver or
+    library changed, hand-edited, imported from elsewhere) is dropped and logged, and the search
+    runs as if it had never been there.
     """
-    db = _tuning_db(args)
-    restore = getattr(strategy, "restore", None)
-    if db is None or restore is None:
+    if not _database_on(args):
         return None
-    data = db.lookup(args.params)
+    data = tuning_db.lookup(args.params)
     if data is None:
         return None
     try:
-        record = restore(args, data)
+        record = strategy.restore(args, data)
         strategy.run(args, record)
     except OutOfMemoryError:
         return None  # memory is short now: search this time, keep the record for later
     except Exception as exc:  # a record from disk may be stale or hand-edited: never fatal
         log.warning("tuning database: dropping the record for %s (%s: %s); searching again",
                     args.params.short(), type(exc).__name__, _first_line(exc))
-        db.drop(args.params)
+        tuning_db.drop(args.params)
         return None
-    log.debug("tuning database: reused %s for %s", _describe(record), args.params.short())
+    log.debug("tuning database: reused %s for %s", record.describe(), args.params.short())
     return record
 
 
-def _to_tuning_db(args: ConvolutionArgs, strategy: Any, record: Any) -> None:
-    params = args.params
-    db = _tuning_db(args)
-    serialize = getattr(strategy, "serialize", None)
-    if db is None or serialize is None:
+def _to_tuning_db(args: ConvolutionArgs, strategy: Engine, record: Any) -> None:
+    if not _database_on(args):
         return
     try:
-        db.store(params, serialize(record))
+        tuning_db.store(args.params, strategy.serialize(record))
     except Exception as exc:  # noqa: BLE001 - a read-only disk or a bad file must not fail the call
         log.warning("tuning database: could not store a record (%s: %s)", type(exc).__name__,
                     _first_line(exc))
@@ -541,8 +409,6 @@ class V7Descriptors:
     """
 
     def __init__(self, params: ConvolutionParams) -> None:
-        from .descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
-
         self.params = params
         self.x = TensorDescriptor(params.input_shape, params.dtype, params.input_strides)
         self.w = FilterDescriptor(params.weight_shape, params.dtype, params.weight_format)
@@ -554,7 +420,7 @@ class V7Descriptors:
         self.z = (TensorDescriptor(params.output_shape, params.dtype, params.z_strides)
                   if params.z_strides is not None else None)
         self.bias = None
-        if params.epilogue in ("add_relu",):
+        if params.epilogue == EpilogueKind.ADD_RELU:
             k = params.output_shape[1]
             ones = (1,) * (len(params.output_shape) - 2)
             self.bias = TensorDescriptor((1, k) + ones, params.dtype, None)
@@ -574,19 +440,20 @@ class V7Descriptors:
                     self._conv[math_type] = desc  # type: ignore[index]
         return desc
 
-    def operands(self, direction: str, args: ConvolutionArgs):
+    def operands(self, direction: str, args: ConvolutionArgs) -> tuple[int, int, int, int, int, int]:
         """(a_desc, a_ptr, b_desc, b_ptr, out_desc, out_ptr) in the C argument order of ``direction``."""
-        if direction == "forward":
-            return self.x.handle, args.x, self.w.handle, args.w, self.y.handle, args.y
-        if direction == "backward_data":
-            return self.w.handle, args.w, self.y.handle, args.y, self.x.handle, args.x
-        return self.x.handle, args.x, self.y.handle, args.y, self.w.handle, args.w
+        descs = {"x": self.x.handle, "w": self.w.handle, "y": self.y.handle}
+        ptrs = {"x": args.x, "w": args.w, "y": args.y}
+        a, b, out = DIRECTION[direction].operands
+        return descs[a], ptrs[a], descs[b], ptrs[b], descs[out], ptrs[out]
 
 
-class V7Search:
+class V7Search(Engine):
     """Conv_v7.cpp's search: cudnnGet*_v7 (heuristics) or cudnnFind*Ex (measurement)."""
 
     name = "v7"
+    deterministic_uses_default = True
+    epilogues = frozenset({EpilogueKind.NONE, EpilogueKind.ADD_RELU})
 
     def __init__(self, max_prepared: int = 1024) -> None:
         self._prepared: OrderedDict[ConvolutionParams, V7Descriptors] = OrderedDict()
@@ -688,8 +555,6 @@ class V7Search:
     def max_workspace_size(self, args: ConvolutionArgs) -> int:
         """The reference's getMaxWorkspaceSize: the largest per-algorithm workspace that can be
         allocated now (free device memory), never above ``workspace_limit``."""
-        from .memory import mem_get_info
-
         p = args.params
         free, _total = mem_get_info(p.device)
         ceiling = free if p.workspace_limit is None else min(free, p.workspace_limit)
@@ -707,8 +572,6 @@ class V7Search:
     def candidates(self, args: ConvolutionArgs) -> list[AlgoRecord]:
         if not args.benchmark:
             return self._valid(args.params, *self._heuristics(args), "heuristics")
-        from .memory import allocate
-
         p = args.params
         table = _V7_TABLE[p.direction]
         error_if_capturing(args.stream, table.find_fn)
@@ -723,7 +586,7 @@ class V7Search:
         try:
             if args.out_may_hold_data:
                 # cudnnFind*Ex writes garbage into its output: never into data the caller needs.
-                scratch = allocate(_span_bytes(p, p.direction), p.device, args.stream)
+                scratch = allocate(written_bytes(p), p.device, args.stream)
                 out_ptr = scratch.ptr
             status = getattr(_lib.lib(), table.find_fn)(
                 args.handle, a, a_ptr, b, b_ptr, descs.search_conv.handle, out, out_ptr,
@@ -777,53 +640,52 @@ class V7Search:
 
     # -- running --
     def run(self, args: ConvolutionArgs, record: AlgoRecord) -> None:
-        from .memory import allocate_fast
+        check_precision(args.params, record.math_type)
+        self.launch(args.params, record, args.handle, args.pointers(), args.stream)
 
-        p = args.params
-        check_precision(p, record.math_type)
+    def launch(self, params: ConvolutionParams, record: AlgoRecord, handle: int,
+               pointers: tuple[int, ...], stream: int) -> None:
+        p = params
         descs = self.descriptors(p)
         conv = descs.conv(record.math_type)
-        workspace = allocate_fast(record.workspace, p.device, args.stream)
+        ws, owned = workspace(record.workspace, p.device, stream)
         try:
-            if p.epilogue == "add_relu":
-                self._run_bias_activation(args, descs, conv, record, workspace.ptr)
+            if p.epilogue == EpilogueKind.ADD_RELU:
+                x, w, y, z, bias = pointers
+                act = relu_descriptor()
+                one, _ = scalar_pointers(p.dtype)
+                alpha2 = scalar(p.dtype, p.alpha)
+                status = _lib.lib().cudnnConvolutionBiasActivationForward(
+                    handle, one, descs.x.handle, x, descs.w.handle, w, conv.handle, record.algo, ws,
+                    record.workspace, ctypes.addressof(alpha2), descs.z.handle, z,
+                    descs.bias.handle, bias, act.handle, descs.y.handle, y)
+                if status:
+                    _lib.raise_status(status, "cudnnConvolutionBiasActivationForward")
                 return
             table = _V7_TABLE[p.direction]
-            a, a_ptr, b, b_ptr, out, out_ptr = descs.operands(p.direction, args)
+            by_role = dict(zip("xwy", pointers))
+            desc_of = {"x": descs.x.handle, "w": descs.w.handle, "y": descs.y.handle}
+            a, b, out = DIRECTION[p.direction].operands
             one, zero = scalar_pointers(p.dtype)
-            beta = args.extra.get("beta_ptr", zero)
             status = getattr(_lib.lib(), table.run_fn)(
-                args.handle, one, a, a_ptr, b, b_ptr, conv.handle, record.algo,
-                workspace.ptr, record.workspace, beta, out, out_ptr)
+                handle, one, desc_of[a], by_role[a], desc_of[b], by_role[b], conv.handle,
+                record.algo, ws, record.workspace, zero, desc_of[out], by_role[out])
             if status:
                 _lib.raise_status(status, table.run_fn)
         finally:
-            workspace.close(args.stream)
-
-    def _run_bias_activation(self, args, descs, conv, record, ws_ptr) -> None:
-        from .descriptors import ActivationDescriptor
-
-        p = args.params
-        act = _relu_descriptor(ActivationDescriptor)
-        one, _ = scalar_pointers(p.dtype)
-        alpha2 = scalar(p.dtype, p.alpha)
-        status = _lib.lib().cudnnConvolutionBiasActivationForward(
-            args.handle, one, descs.x.handle, args.x, descs.w.handle, args.w, conv.handle,
-            record.algo, ws_ptr, record.workspace, ctypes.addressof(alpha2), descs.z.handle, args.z,
-            descs.bias.handle, args.bias, act.handle, descs.y.handle, args.y)
-        if status:
-            _lib.raise_status(status, "cudnnConvolutionBiasActivationForward")
+            release(owned, stream)
 
 
 _relu_lock = threading.Lock()
 _relu_desc: list[Any] = []
 
 
-def _relu_descriptor(cls):
+def relu_descriptor() -> ActivationDescriptor:
+    """One shared ReLU activation descriptor (never mutated, so threads share it)."""
     if not _relu_desc:
         with _relu_lock:
             if not _relu_desc:
-                _relu_desc.append(cls())
+                _relu_desc.append(ActivationDescriptor())
     return _relu_desc[0]
 
 
@@ -838,43 +700,16 @@ def _plain_int(value: Any, name: str) -> int:
     return value
 
 
-def _span_bytes(p: ConvolutionParams, direction: str) -> int:
-    """Bytes spanned by the tensor ``direction`` writes: the output (forward), the input
-    (backward data) or the weight (backward filter); for scratch buffers of the same size.
-
-    The item size comes from the same parser the descriptors use (``normalize_dtype``), so a
-    buffer sized here is never smaller than what a kernel given these parameters touches.
-    """
-    from ._types import normalize_dtype
-    from .tensor import span_elements
-
-    itemsize = normalize_dtype(p.dtype).itemsize
-    if direction == "forward":
-        return span_elements(p.output_shape, p.output_strides) * itemsize
-    if direction == "backward_data":
-        return span_elements(p.input_shape, p.input_strides) * itemsize
-    n = 1
-    for s in p.weight_shape:
-        n *= s
-    return n * itemsize
+# ---- earlier import paths ----------------------------------------------------------------------------
+# The registry and the functions acting on every engine live in pycudnn.engines (above both
+# engines); these names stay importable from here for code written against earlier releases.
+_MOVED_TO_ENGINES = ("strategy_for", "register_strategy", "clear_caches", "set_cache_limit",
+                     "benchmark_cache")
 
 
-# ---- strategy registry --------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_ENGINES:
+        import importlib
 
-_STRATEGIES: dict[str, Any] = {"v7": V7Search()}
-
-
-def register_strategy(strategy: Any) -> None:
-    """Make an engine's search strategy available under ``strategy.name``."""
-    _STRATEGIES[strategy.name] = strategy
-
-
-def strategy_for(engine: str) -> Any:
-    strategy = _STRATEGIES.get(engine)
-    if strategy is None and engine == "graph":
-        from . import graph_engine  # noqa: F401  (registers itself)
-
-        strategy = _STRATEGIES.get(engine)
-    if strategy is None:
-        raise ValueError(f"engine: expected one of {sorted(_STRATEGIES)} or 'graph', got {engine!r}")
-    return strategy
+        return getattr(importlib.import_module(".engines", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

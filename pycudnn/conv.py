@@ -21,8 +21,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _lib
-from .algos import (ConvolutionArgs, ConvolutionParams, _describe, scalar_pointers, strategy_for,
-                    try_all)
+from .algos import describe, relu_descriptor, scalar_pointers, try_all
+from .engines import strategy_for
+from .problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
 from .configuration import _override_token, config
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from . import prepared as _prepared
@@ -332,7 +333,7 @@ class _Call:
         transform(self.handle, src, dst)
 
     def run(self) -> None:
-        written = {"forward": "y", "backward_data": "x", "backward_filter": "w"}[self.direction]
+        written = DIRECTION[self.direction].written
         roles = {"x": self.x, "w": self.w, "y": self.y}
         user_out = roles[written]
         staged: list[Tensor] = []
@@ -410,7 +411,7 @@ class _Call:
             allow_tf32=f["allow_tf32"], workspace_limit=f["workspace_limit"], engine=f["engine"],
             epilogue=self.epilogue,
             z_strides=_unsqueeze(z).strides if z is not None else None,
-            alpha=self.alpha if self.epilogue == "add_relu" else 1.0,
+            alpha=self.alpha if self.epilogue == EpilogueKind.ADD_RELU else 1.0,
             alignments=self._alignments(x, w, y, z) if f["engine"] == "graph" else (),
             # only a graph-engine measurement can be cut short by it
             benchmark_limit=(f.get("benchmark_limit") if f["benchmark"] and f["engine"] == "graph"
@@ -444,22 +445,22 @@ class _Call:
 
     def _run_one(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None) -> None:
         params = self._params(x, w, y, z)
-        written = {"forward": y, "backward_data": x, "backward_filter": w}[self.direction]
-        reads = [x, w, y] if self.direction != "forward" else [x, w]
-        reads = [t for t in reads if t is not written] + ([z] if z is not None else [])
+        roles = {"x": x, "w": w, "y": y}
+        written = roles.pop(DIRECTION[self.direction].written)
+        reads = list(roles.values()) + ([z] if z is not None else [])
         args = ConvolutionArgs(
             params=params, handle=self.handle, stream=self.stream, x=x.ptr, w=w.ptr, y=y.ptr,
             benchmark=self.flags["benchmark"], z=z.ptr if z is not None else 0,
             bias=self.bias.ptr if self.bias is not None else 0,
-            out_may_hold_data=any(spans_overlap(written, t) for t in reads))
-        args.extra["tuning_db"] = self.flags.get("tuning_db", True)
+            out_may_hold_data=any(spans_overlap(written, t) for t in reads),
+            tuning_db=self.flags.get("tuning_db", True))
         try:
             record = try_all(args, self.strategy)
         except (CudnnError, NoAlgorithmError, OutOfMemoryError) as exc:
             raise exc.add_context(*self._context(params)) from None
         self.pieces.append((params, record))
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: %s -> %s", self.api, params.short(), _describe(record))
+            log.debug("%s: %s -> %s", self.api, params.short(), describe(record))
 
     def _context(self, params: ConvolutionParams) -> list[str]:
         from .repro import repro_lines
@@ -529,12 +530,9 @@ def add_bias(handle: int, y: Tensor, bias: Tensor) -> None:
 
 def relu_(handle: int, y: Tensor) -> None:
     """In-place ReLU through cudnnActivationForward."""
-    from .algos import _relu_descriptor
-    from .descriptors import ActivationDescriptor
-
     if y.size == 0:
         return
-    act = _relu_descriptor(ActivationDescriptor)
+    act = relu_descriptor()
     with _tensor_desc(y) as yd:
         one, zero = scalar_pointers(y.dtype.name)
         st = _lib.lib().cudnnActivationForward(handle, act.handle, one, yd.handle, y.ptr, zero,
@@ -664,7 +662,7 @@ def _prepare(call: "_Call", slow) -> "_prepared.PreparedConvolution | None":
         shapes["z"], strides["z"] = call.z.shape, call.z.strides
     if call.bias is not None:
         shapes["b"], strides["b"] = call.bias.shape, call.bias.strides
-    written = {"forward": call.y, "backward_data": call.x, "backward_filter": call.w}[call.direction]
+    written = {"x": call.x, "w": call.w, "y": call.y}[DIRECTION[call.direction].written]
     return _prepared.PreparedConvolution(
         params, record, call.strategy, call.x.dtype if call.x is not None else call.y.dtype,
         shapes, strides, slow, has_bias=call.bias is not None, has_z=call.z is not None,
@@ -725,7 +723,7 @@ def _forward_with_epilogue(call: _Call, y: Tensor, b: Tensor | None, relu: bool)
         if relu and y.size:
             relu_(call.handle, y)
         return y, False
-    if call.flags["engine"] == "graph" and (b is not None or relu):
+    if (b is not None or relu) and call.strategy.supports(EpilogueKind.BIAS_RELU if relu else EpilogueKind.BIAS):
         b_fused = _zero_bias(call, y.shape[1], y) if b is None else _contiguous_bias(b, call.stream, call)
         call.epilogue, call.bias = ("bias_relu" if relu else "bias"), b_fused
         if call.run_fused():

@@ -24,10 +24,13 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import algos
-from .algos import ConvolutionArgs, ConvolutionParams, check_precision, error_if_capturing
+from .algos import check_precision, error_if_capturing
+from .engine import Engine, release, workspace
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
-from .graph import (Epilogue, ExecutionPlan, OperationGraph, TensorSpec, bias_spec,
+from .memory import allocate, check_cuda, mem_get_info
+from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind, written_bytes
+from ._types import MathType
+from .graph import (EngineConfig, Epilogue, ExecutionPlan, OperationGraph, TensorSpec, bias_spec,
                     build_convolution_graph, engine_configs, filter_candidates, nchw_strides,
                     nhwc_strides)
 
@@ -45,8 +48,6 @@ _WARMUP, _TRIALS, _REPS = 1, 3, 3
 PRECOMPILED_PREFERENCE = 0.03
 
 _UID = {"x": 1, "w": 2, "y": 3, "z": 4, "b": 5}
-#: index in (x, w, y) of the tensor each direction writes
-_WRITTEN_ROLE = {"forward": 2, "backward_data": 0, "backward_filter": 1}
 
 
 @dataclass(eq=False)
@@ -100,19 +101,20 @@ class _Prepared:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.graphs: list[OperationGraph] | None = None
-        self.by_mode: dict[str, list[GraphRecord]] = {}
+        self.by_mode: dict[tuple[int, str], list[GraphRecord]] = {}
         self.seen: set = set()
         self.dropped: list[tuple[str, str]] = []
         self.problems: list[str] = []
 
 
-class GraphSearch:
+class GraphSearch(Engine):
     """The graph (backend API) search strategy."""
 
     name = "graph"
     #: deterministic without benchmark still searches (deterministic engines only) and caches;
     #: the v7 rule of one fixed default algorithm belongs to the legacy API.
     deterministic_uses_default = False
+    epilogues = frozenset(EpilogueKind)
 
     def __init__(self, max_prepared: int = 512) -> None:
         self._prepared: OrderedDict[ConvolutionParams, _Prepared] = OrderedDict()
@@ -131,18 +133,20 @@ class GraphSearch:
             "w": TensorSpec(_UID["w"], p.weight_shape, _weight_strides(p), p.dtype, alignment=al.get("w", 16)),
             "y": TensorSpec(_UID["y"], p.output_shape, p.output_strides, p.dtype, alignment=al.get("y", 16)),
         }
-        if p.epilogue == "add_relu":
+        kind = EpilogueKind(p.epilogue)
+        if kind.has_z:
             specs["z"] = TensorSpec(_UID["z"], p.output_shape, p.z_strides, p.dtype, alignment=al.get("z", 16))
-        if p.epilogue in ("add_relu", "bias", "bias_relu"):
+        if kind.has_bias:
             specs["b"] = bias_spec(_UID["b"], p.output_shape[1], len(p.output_shape), p.dtype,
                                    alignment=al.get("b", 16))
         return specs
 
     def _epilogues(self, p: ConvolutionParams, specs) -> list[Epilogue | None]:
-        if p.epilogue == "":
+        kind = EpilogueKind(p.epilogue)
+        if kind is EpilogueKind.NONE:
             return [None]
-        if p.epilogue in ("bias", "bias_relu"):
-            return [Epilogue(bias=specs["b"], relu=p.epilogue == "bias_relu")]
+        if kind in (EpilogueKind.BIAS, EpilogueKind.BIAS_RELU):
+            return [Epilogue(bias=specs["b"], relu=kind is EpilogueKind.BIAS_RELU)]
         first = Epilogue(z=specs["z"], alpha=p.alpha, bias=specs["b"], relu=True)
         if p.alpha == 1.0:
             return [first]
@@ -266,27 +270,12 @@ class GraphSearch:
     def default_candidates(self, args: ConvolutionArgs) -> list[GraphRecord]:
         return self.candidates(args)
 
-    def _pointers(self, args: ConvolutionArgs, written_ptr: int | None = None) -> tuple[int, ...]:
-        """The plan's pointers (x, w, y[, z][, b]); ``written_ptr`` replaces the tensor the
-        direction writes (y forward, x backward data, w backward filter), e.g. by a scratch buffer."""
-        p = args.params
-        ptrs = [args.x, args.w, args.y]
-        if written_ptr is not None:
-            ptrs[_WRITTEN_ROLE[p.direction]] = written_ptr
-        if p.epilogue == "add_relu":
-            ptrs.append(args.z)
-        if p.epilogue in ("add_relu", "bias", "bias_relu"):
-            ptrs.append(args.bias)
-        return tuple(ptrs)
-
     def _check(self, p: ConvolutionParams, record: GraphRecord) -> None:
         # The reference's precision rule, on engine notes: strict float32 never uses tensor cores.
         if record.plan.config.tensor_core:
-            check_precision(p, 1)
+            check_precision(p, MathType.TENSOR_OP_MATH)
 
     def run(self, args: ConvolutionArgs, record: GraphRecord) -> None:
-        from .memory import allocate_fast
-
         p = args.params
         plan = record.finalize(args.handle)
         self._check(p, record)
@@ -294,14 +283,15 @@ class GraphSearch:
         if p.workspace_limit is not None and ws_size > p.workspace_limit:
             raise OutOfMemoryError(f"plan {plan.tag} needs a workspace of {ws_size} B, above "
                                    f"workspace_limit={p.workspace_limit}")
-        if not ws_size:
-            plan.execute(args.handle, self._pointers(args), 0)
-            return
-        ws = allocate_fast(ws_size, p.device, args.stream)
+        self.launch(p, record, args.handle, args.pointers(), args.stream)
+
+    def launch(self, params: ConvolutionParams, record: GraphRecord, handle: int,
+               pointers: tuple[int, ...], stream: int) -> None:
+        ws, owned = workspace(record.plan.workspace_size or 0, params.device, stream)
         try:
-            plan.execute(args.handle, self._pointers(args), ws.ptr)
+            record.plan.execute(handle, pointers, ws)
         finally:
-            ws.close(args.stream)
+            release(owned, stream)
 
     # -- tuning database ----------------------------------------------------------------------
     def serialize(self, record: GraphRecord) -> dict[str, Any]:
@@ -330,8 +320,6 @@ class GraphSearch:
             ValueError: the record does not check out for this key (the caller drops it).
             CudnnError: cuDNN does not take the engine and knobs for this graph.
         """
-        from .graph import EngineConfig
-
         p = args.params
         prep = self.prepared(args)
         graphs = self._graphs(args, prep)
@@ -362,17 +350,15 @@ class GraphSearch:
 
     # -- measurement --------------------------------------------------------------------------
     def _measure(self, args: ConvolutionArgs, cands: list[GraphRecord]) -> list[GraphRecord]:
-        from .memory import allocate, mem_get_info
-
         p = args.params
         error_if_capturing(args.stream, "graph engine benchmark")
         limit = p.benchmark_limit
-        budget = args.extra.get("benchmark_budget_s", BENCHMARK_TIME_BUDGET_S)
+        budget = BENCHMARK_TIME_BUDGET_S
         scratch = None
         out_ptr = None
         if args.out_may_hold_data:
             # timing writes the output: never into data the caller still needs
-            scratch = allocate(algos._span_bytes(p, p.direction), p.device, args.stream)
+            scratch = allocate(written_bytes(p), p.device, args.stream)
             out_ptr = scratch.ptr
         timed: list[GraphRecord] = []
         untimed: list[GraphRecord] = []
@@ -422,12 +408,10 @@ class GraphSearch:
         """Median over trials of the mean time of back-to-back runs (ms), host launch included."""
         from cuda.bindings import runtime as rt
 
-        from .memory import allocate, check_cuda
-
         plan = rec.plan
         ws_size = plan.workspace_size or 0
         ws = allocate(ws_size, args.params.device, args.stream)
-        ptrs = self._pointers(args, out_ptr)
+        ptrs = args.pointers(out_ptr)
         err, ev0 = rt.cudaEventCreate()
         check_cuda(err, "cudaEventCreate")
         err, ev1 = rt.cudaEventCreate()
@@ -452,5 +436,3 @@ class GraphSearch:
             rt.cudaEventDestroy(ev1)
             ws.close(args.stream)
 
-
-algos.register_strategy(GraphSearch())

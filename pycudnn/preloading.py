@@ -18,8 +18,16 @@ import logging
 import time
 from typing import Any
 
-from .algos import ConvolutionArgs, ConvolutionParams, _span_bytes, caches, strategy_for
+from . import _lib, tuning_db
+from ._types import normalize_dtype
+from .algos import caches
+from .engines import strategy_for
 from .errors import OutOfMemoryError
+from .handle import get_handle
+from .memory import (allocate, callers_device, ensure_device, mem_get_info, normalize_device,
+                     restore_device, stream_synchronize)
+from .problem import ConvolutionArgs, ConvolutionParams, role_bytes
+from .tensor import span_elements
 
 __all__ = ["preload", "PreloadReport", "params_from_dict"]
 
@@ -70,18 +78,12 @@ def params_from_dict(data: dict[str, Any], device: int) -> ConvolutionParams:
     Raises:
         TypeError, ValueError: a field is missing, unknown, of the wrong kind or out of range.
     """
-    from . import tuning_db
-
     return tuning_db.params_from_dict(data, device)
 
 
 def _scratch_bytes(p: ConvolutionParams) -> list[int]:
     """Bytes of each pointer role the strategies read: x, w, y, z, bias (z and bias 0 if unused)."""
-    from ._types import normalize_dtype
-    from .tensor import span_elements
-
-    # _span_bytes gives the bytes a direction writes: input (dgrad), weight (wgrad), output (fwd)
-    x, w, y = (_span_bytes(p, d) for d in ("backward_data", "backward_filter", "forward"))
+    x, w, y = (role_bytes(p, role) for role in ("x", "w", "y"))
     z = 0
     if p.epilogue == "add_relu" and p.z_strides:
         z = span_elements(p.output_shape, p.z_strides) * normalize_dtype(p.dtype).itemsize
@@ -97,8 +99,6 @@ class _Scratch:
         self.buffers: list[Any] = [None] * 5
 
     def pointers(self, sizes: list[int]) -> list[int]:
-        from .memory import allocate
-
         ptrs = []
         for i, n in enumerate(sizes):
             buf = self.buffers[i]
@@ -145,11 +145,6 @@ def preload(device: Any = None, *, launch: bool = True, max_bytes: int | None = 
             ``max_bytes`` are not what is described above.
         NoDeviceError: no usable CUDA device.
     """
-    from . import _lib, tuning_db
-    from .handle import get_handle
-    from .memory import (callers_device, ensure_device, mem_get_info, normalize_device,
-                         restore_device, stream_synchronize)
-
     if type(launch) is not bool:
         raise TypeError(f"launch: expected a bool, got {type(launch).__name__}")
     if max_bytes is not None and (type(max_bytes) is not int or max_bytes < 0):
@@ -231,8 +226,6 @@ def _preload_one(entry: dict[str, Any], dev: int, handle: int, scratch: _Scratch
 
 def _drop(params: ConvolutionParams, exc: BaseException) -> tuple[str, ...]:
     """Forget a record that no longer rebuilds or runs here (logged, as a convolution would)."""
-    from . import tuning_db
-
     log.warning("tuning database: dropping the record for %s (%s: %s)", params.short(),
                 type(exc).__name__, str(exc).split("\n", 1)[0])
     tuning_db.drop(params)

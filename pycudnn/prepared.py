@@ -20,10 +20,10 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from .algos import ConvolutionArgs, ConvolutionParams
+from .engine import Engine
 from .handle import get_handle
-from .memory import (allocate_fast, callers_device, resolve_stream, restore_device,
-                     stream_is_capturing, thread_workspace)
+from .memory import allocate_fast, callers_device, resolve_stream, restore_device
+from .problem import DIRECTION, ConvolutionParams
 from .tensor import Tensor, as_tensor, check_writable, span_elements, views_overlap
 
 __all__ = ["PreparedConvolution", "prepare_convolution", "clear_fast_calls", "FAST_CALLS_MAX"]
@@ -34,9 +34,6 @@ FAST_CALLS_MAX = 1024
 _fast: dict[tuple, "PreparedConvolution"] = {}
 _fast_lock = threading.Lock()
 
-_WRITTEN = {"forward": "y", "backward_data": "x", "backward_filter": "w"}
-# the two inputs of each public function, as forward roles, in argument order
-_INPUTS = {"forward": ("x", "w"), "backward_data": ("y", "w"), "backward_filter": ("x", "y")}
 
 
 class PreparedConvolution:
@@ -48,7 +45,7 @@ class PreparedConvolution:
     prepared for (pass ``out=`` to reuse an output buffer). Safe to call from several threads.
     """
 
-    def __init__(self, params: ConvolutionParams, record: Any, strategy: Any, dtype: Any,
+    def __init__(self, params: ConvolutionParams, record: Any, strategy: Engine, dtype: Any,
                  shapes: dict[str, tuple], strides: dict[str, tuple], slow: Callable[..., Tensor],
                  has_bias: bool = False, has_z: bool = False, out_size_bytes: int = 0) -> None:
         self.params = params
@@ -61,9 +58,12 @@ class PreparedConvolution:
         self.strides = strides
         self.has_bias = has_bias
         self.has_z = has_z
-        self._slow = slow
-        self._written = _WRITTEN[self.direction]
-        a, b = _INPUTS[self.direction]
+        #: what a failed launch falls back to: the full path of the public function
+        self.fallback = slow
+        self._dir = DIRECTION[self.direction]
+        self._written = self._dir.written
+        self._positions = self._dir.call_positions
+        a, b = self._dir.inputs
         self._a_key = (shapes[a], strides[a])
         self._b_key = (shapes[b], strides[b])
         self._out_shape = shapes[self._written]
@@ -76,14 +76,10 @@ class PreparedConvolution:
         self._out_span = span_elements(self._out_shape, self._out_strides) * item
         #: the bias used when a call passes none (a fused epilogue whose first call made one up)
         self.default_bias: Tensor | None = None
-        self._graph = params.engine == "graph"
-        plan = getattr(record, "plan", None)
-        self._execute = plan.execute if self._graph else None
-        self._workspace = (plan.workspace_size or 0) if self._graph else int(getattr(record, "workspace", 0))
+        self._launch = strategy.launch
 
     def __repr__(self) -> str:
-        choice = self.record.describe() if hasattr(self.record, "describe") else repr(self.record)
-        return f"<PreparedConvolution {self.params.short()} -> {choice}>"
+        return f"<PreparedConvolution {self.params.short()} -> {self.record.describe()}>"
 
     def __call__(self, a: Any, b: Any, out: Any = None, *, z: Any = None, bias: Any = None,
                  stream: Any = None) -> Tensor:
@@ -182,47 +178,19 @@ class PreparedConvolution:
                                self.device, owner)
         if bt is None and self.has_bias:
             bt = self.default_bias
-        # the forward roles: (x, w, y) whatever the direction
-        d = self.direction
-        if d == "forward":
-            x, w, y = a, b, out
-        elif d == "backward_data":
-            x, w, y = out, b, a
-        else:
-            x, w, y = a, out, b
+        t = (a, b, out)
+        i, j, k = self._positions  # the forward roles (x, w, y), whatever the direction
+        ptrs: tuple[int, ...] = (t[i].ptr, t[j].ptr, t[k].ptr)
+        if zt is not None:
+            ptrs += (zt.ptr,)
+        if bt is not None:
+            ptrs += (bt.ptr,)
         try:
-            if self._graph:
-                ptrs: tuple = (x.ptr, w.ptr, y.ptr)
-                if zt is not None:
-                    ptrs += (zt.ptr,)
-                if bt is not None:
-                    ptrs += (bt.ptr,)
-                self._launch_graph(handle, ptrs, s)
-            else:
-                self._launch_v7(handle, x, w, y, zt, bt, s)
+            self._launch(self.params, self.record, handle, ptrs, s)
         except Exception:
             # out of memory, a cuDNN error, misaligned pointers...: the full path has the fallbacks
-            return self._slow(a, b, out, z=zt, bias=bt, stream=s)
+            return self.fallback(a, b, out, z=zt, bias=bt, stream=s)
         return out
-
-    def _launch_graph(self, handle: int, ptrs: tuple, s: int) -> None:
-        if not self._workspace:
-            self._execute(handle, ptrs, 0)
-        elif stream_is_capturing(s):  # a captured graph must own its workspace
-            ws = allocate_fast(self._workspace, self.device, s)
-            try:
-                self._execute(handle, ptrs, ws.ptr)
-            finally:
-                ws.close(s)
-        else:
-            self._execute(handle, ptrs, thread_workspace(self._workspace, self.device, s))
-
-    def _launch_v7(self, handle: int, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None,
-                   b: Tensor | None, s: int) -> None:
-        args = ConvolutionArgs(params=self.params, handle=handle, stream=s,
-                               x=x.ptr, w=w.ptr, y=y.ptr, z=z.ptr if z is not None else 0,
-                               bias=b.ptr if b is not None else 0)
-        self.strategy.run(args, self.record)
 
 
 _tls = threading.local()

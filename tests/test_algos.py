@@ -15,6 +15,7 @@ import pytest
 from pycudnn import algos
 from pycudnn.algos import (AlgoRecord, BenchmarkCache, ConvolutionArgs, ConvolutionParams,
                            check_precision, try_all)
+from scripted_engine import ScriptedEngine
 from pycudnn.errors import (CudnnBadParamError, CudnnNotSupportedError, NoAlgorithmError,
                             OutOfMemoryError, PycudnnError)
 
@@ -75,7 +76,7 @@ class Rec:
         return f"rec {self.name} ({self.workspace} B)"
 
 
-class Scripted:
+class Scripted(ScriptedEngine):
     """Candidates in a fixed order; ``fail`` maps a candidate name to the exception it raises."""
 
     name = "scripted"

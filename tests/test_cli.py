@@ -15,6 +15,7 @@ import pytest
 from conftest import has_gpu
 from pycudnn import cli, tuning_db
 from pycudnn.configuration import config
+from scripted_engine import ScriptedEngine
 from test_algos import make_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -426,7 +427,7 @@ class _FakeTimer:
         pass
 
 
-class _ScriptedV7:
+class _ScriptedV7(ScriptedEngine):
     """Find-like candidates made of real AlgoRecords; the first one fails to run."""
 
     name = "scripted"
@@ -465,11 +466,11 @@ class _ScriptedV7:
 @pytest.fixture
 def scripted(db, monkeypatch):
     """_run_layer against the real caches, iterator and database, with a scripted engine."""
-    from pycudnn import algos
+    from pycudnn import engines
     from pycudnn.algos import ConvolutionArgs, try_all
 
     strategy = _ScriptedV7()
-    monkeypatch.setitem(algos._STRATEGIES, "scripted", strategy)
+    monkeypatch.setitem(engines.ENGINES, "scripted", strategy)
     monkeypatch.setattr(cli, "_CudaTimer", _FakeTimer)
     params = make_params()  # v7 parameters (the database takes the engines it knows only)
 
@@ -479,7 +480,7 @@ def scripted(db, monkeypatch):
 
     monkeypatch.setattr(cli, "_pycudnn_fn", fake_fn)
     yield strategy, params
-    algos.clear_caches()
+    engines.clear_caches()
 
 
 def _opts(**over):

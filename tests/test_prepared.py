@@ -15,6 +15,7 @@ from pycudnn import conv as C
 from pycudnn import prepared as P
 from pycudnn.algos import ConvolutionParams
 from pycudnn.tensor import tensor_from_pointer
+from scripted_engine import ScriptedEngine
 
 F32 = np.dtype("float32")
 SHAPES = {"x": (1, 8, 32, 32), "w": (16, 8, 3, 3), "y": (1, 16, 30, 30), "b": (16,),
@@ -25,19 +26,23 @@ OUT_BYTES = 16 * 30 * 30 * 4
 NEW_OUT = 0x7F0000000000  # where the output is "allocated" when none is given
 
 
-class _Plan:
-    workspace_size = 0
+class _Record:
+    workspace = 0
+    time_ms = -1.0
+    source = "test"
+
+    def describe(self) -> str:
+        return "a recorded launch"
+
+
+class _Recorder(ScriptedEngine):
+    """An engine whose launches record the pointers cudnnBackendExecute would be given."""
 
     def __init__(self, launched: list) -> None:
         self.launched = launched
 
-    def execute(self, handle, ptrs, workspace):
-        self.launched.append(ptrs)
-
-
-class _Record:
-    def __init__(self, launched: list) -> None:
-        self.plan = _Plan(launched)
+    def launch(self, params, record, handle, pointers, stream):
+        self.launched.append(pointers)
 
 
 class _Buf:
@@ -75,7 +80,7 @@ def launched(monkeypatch):
 def _prepared(launched, epilogue: str = "bias"):
     has_z = epilogue == "add_relu"
     has_bias = epilogue in ("bias", "add_relu")
-    return P.PreparedConvolution(_params(epilogue), _Record(launched), None, F32, SHAPES, STRIDES,
+    return P.PreparedConvolution(_params(epilogue), _Record(), _Recorder(launched), F32, SHAPES, STRIDES,
                                  _slow, has_bias=has_bias, has_z=has_z, out_size_bytes=OUT_BYTES)
 
 

@@ -23,6 +23,7 @@ from pycudnn import algos, tuning_db
 from pycudnn.algos import ConvolutionArgs, ConvolutionParams, try_all
 from pycudnn.configuration import config, flags
 from pycudnn.errors import CudnnNotSupportedError, NoDeviceError
+from scripted_engine import ScriptedEngine
 from test_algos import make_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,9 +97,9 @@ def test_enabled_follows_config_and_flags(db):
         assert db.lookup(make_params()) is None
     assert not os.path.exists(db.path())
     config.tuning_db = False
-    assert not db.enabled() and algos._tuning_db() is None
+    assert not db.enabled()
     config.tuning_db = True
-    assert algos._tuning_db() is db
+    assert db.enabled()
 
 
 def test_env_zero_turns_it_off(tmp_path):
@@ -109,7 +110,7 @@ def test_env_zero_turns_it_off(tmp_path):
         "import sys; sys.path.insert(0, 'tests')\n"
         "from test_algos import make_params\n"
         "tuning_db.store(make_params(), {'algo': 1})\n"
-        "print(json.dumps([config.tuning_db, tuning_db.enabled(), algos._tuning_db() is None,\n"
+        "print(json.dumps([config.tuning_db, tuning_db.enabled(), tuning_db.enabled() is False,\n"
         "                  tuning_db.lookup(make_params()), os.path.exists(tuning_db.path())]))\n")
     env = dict(os.environ, PYCUDNN_TUNING_DB="0", PYCUDNN_CACHE_DIR=str(tmp_path),
                PYTHONPATH=str(REPO))
@@ -402,6 +403,7 @@ import sys, json
 sys.path.insert(0, "tests")
 from pycudnn import tuning_db
 tuning_db.device_identity = lambda d: {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
+from scripted_engine import ScriptedEngine
 from test_algos import make_params
 start, count, tag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 from test_tuning_db import wide
@@ -463,7 +465,7 @@ class Rec:
         return f"rec {self.name}"
 
 
-class Persisting:
+class Persisting(ScriptedEngine):
     """A scripted engine with the tuning-database contract (serialize / restore)."""
 
     name = "scripted"
@@ -687,7 +689,7 @@ def shipped_file(db, tmp_path, *params: ConvolutionParams) -> Path:
     return out
 
 
-class Serializing:
+class Serializing(ScriptedEngine):
     name = "v7"
 
     def serialize(self, record):

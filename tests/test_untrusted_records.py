@@ -20,6 +20,7 @@ from pycudnn._types import BwdFilterAlgo, Determinism, MathType, Status
 from pycudnn.algos import (AlgoRecord, BenchmarkCache, ConvolutionArgs, ConvolutionParams,
                            V7Search, try_all)
 from pycudnn.errors import NoAlgorithmError
+from scripted_engine import ScriptedEngine
 
 IDENTITY = {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
 
@@ -143,7 +144,7 @@ def test_precision_rule_refuses_down_conversion_of_wide_data():
 
 # ---- bookkeeping that must not grow with the number of distinct calls ----------------------------
 
-class FailingV7:
+class FailingV7(ScriptedEngine):
     """A strategy whose default runs and whose search finds nothing (every candidate fails)."""
 
     name = "v7"
@@ -224,16 +225,19 @@ def test_benchmark_limit_is_part_of_the_key():
 @pytest.mark.parametrize("dtype, itemsize", [("float64", 8), ("float32", 4), ("float16", 2),
                                              ("bfloat16", 2)])
 def test_scratch_sizes_follow_the_dtype_the_descriptors_use(dtype, itemsize):
+    from pycudnn.problem import role_bytes, written_bytes
+
     p = wgrad_params(dtype=dtype)
     span = 32 * 64 * 56 * 56
-    assert algos._span_bytes(p, "forward") == span * itemsize
-    assert algos._span_bytes(p, "backward_data") == span * itemsize
-    assert algos._span_bytes(p, "backward_filter") == int(np.prod((64, 64, 3, 3))) * itemsize
+    assert role_bytes(p, "y") == role_bytes(p, "x") == span * itemsize
+    assert role_bytes(p, "w") == written_bytes(p) == int(np.prod((64, 64, 3, 3))) * itemsize
 
 
 def test_scratch_size_refuses_an_unknown_dtype():
+    from pycudnn.problem import written_bytes
+
     with pytest.raises((TypeError, ValueError)):
-        algos._span_bytes(wgrad_params(dtype="complex-ish"), "forward")
+        written_bytes(wgrad_params(dtype="complex-ish"))
 
 
 # ---- graph-engine measurements write scratch only where a direction writes --------------------------
@@ -241,12 +245,9 @@ def test_scratch_size_refuses_an_unknown_dtype():
 @pytest.mark.parametrize("direction, slot", [("forward", 2), ("backward_data", 0),
                                              ("backward_filter", 1)])
 def test_graph_benchmark_scratch_replaces_the_written_tensor(direction, slot):
-    from pycudnn.graph_engine import GraphSearch
-
     p = wgrad_params(direction=direction, engine="graph")
     args = ConvolutionArgs(params=p, handle=0, stream=0, x=0x1000, w=0x2000, y=0x3000)
-    ptrs = GraphSearch()._pointers(args, 0xABC00)
     expected = [0x1000, 0x2000, 0x3000]
     expected[slot] = 0xABC00
-    assert ptrs == tuple(expected)
-    assert GraphSearch()._pointers(args) == (0x1000, 0x2000, 0x3000)
+    assert args.pointers(0xABC00) == tuple(expected)
+    assert args.pointers() == (0x1000, 0x2000, 0x3000)

@@ -1,0 +1,115 @@
+"""The engine contract: what the legacy (v7) and the graph engine each supply.
+
+The key, the caches, the iterator with its fallbacks (``pycudnn.algos.try_all``), the
+tuning database and the prepared (repeated) calls are shared; an engine supplies only:
+
+* candidates for a key (heuristics, or measured when ``benchmark``), and the default when
+  deterministic without benchmark;
+* ``run``: the first launch of a record for a call, with the checks a record must pass;
+* ``launch``: a repeated launch of a record already run for the key (the hot path);
+* ``serialize`` / ``restore``: a record as data for the tuning database, and back (checked
+  against the key: the database is untrusted);
+* what it fuses (``supports``), how it describes a key for error messages, and ``clear``.
+
+Workspace has one policy for both engines and every launch: [`workspace`][pycudnn.engine.workspace].
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Iterable, Protocol, Sequence
+
+from .memory import allocate_fast, stream_is_capturing, thread_workspace
+from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind
+
+__all__ = ["Engine", "Record", "workspace", "release"]
+
+
+class Record(Protocol):
+    """One candidate of an engine (a v7 algorithm record, a graph-engine plan)."""
+
+    @property
+    def workspace(self) -> int:
+        """Bytes of workspace it needs (0 where not known yet)."""
+
+    time_ms: float
+    source: str
+
+    def describe(self) -> str:
+        """One line naming the choice, for logs and errors."""
+
+
+def workspace(nbytes: int, device: int, stream: int) -> tuple[int, Any]:
+    """``(pointer, owned)``: a workspace of ``nbytes`` for one launch on ``stream`` (pointer 0
+    when none is needed). Pass ``owned`` to [`release`][pycudnn.engine.release] after the launch.
+
+    Outside CUDA-graph capture it is this thread's cached workspace for (device, stream), reused
+    across launches (they are ordered on the stream) and grown when a larger one is asked
+    (``owned`` is None); during capture a launch gets its own stream-ordered allocation, freed
+    after it, because a captured graph must never keep an address the cache may free later.
+    A plain function, not a context manager: it is on the hot path of every launch.
+    """
+    if not nbytes:
+        return 0, None
+    if stream_is_capturing(stream):
+        ws = allocate_fast(nbytes, device, stream)
+        return ws.ptr, ws
+    return thread_workspace(nbytes, device, stream), None
+
+
+def release(owned: Any, stream: int) -> None:
+    """Free what [`workspace`][pycudnn.engine.workspace] allocated for one launch (if anything)."""
+    if owned is not None:
+        owned.close(stream)
+
+
+class Engine(ABC):
+    """A search strategy and launcher behind the shared key, caches and iterator."""
+
+    #: the value of the ``engine`` flag that selects it
+    name: ClassVar[str]
+    #: deterministic without benchmark runs only `default_candidates()`, uncached (the v7
+    #: reference's rule); False: the search runs as usual on deterministic candidates
+    deterministic_uses_default: ClassVar[bool] = False
+    #: the epilogues it fuses into the convolution itself
+    epilogues: ClassVar[frozenset[EpilogueKind]] = frozenset({EpilogueKind.NONE})
+
+    def supports(self, epilogue: str) -> bool:
+        """Whether it fuses ``epilogue`` (an [`EpilogueKind`][pycudnn.problem.EpilogueKind] value)."""
+        return EpilogueKind(epilogue) in self.epilogues
+
+    @abstractmethod
+    def candidates(self, args: ConvolutionArgs) -> Iterable[Any]:
+        """Heuristic (``args.benchmark`` False) or measured candidates, best first."""
+
+    def default_candidates(self, args: ConvolutionArgs) -> Sequence[Any] | Iterable[Any]:
+        """The candidates when deterministic without benchmark (see ``deterministic_uses_default``)."""
+        return self.candidates(args)
+
+    @abstractmethod
+    def run(self, args: ConvolutionArgs, record: Any) -> None:
+        """Check ``record`` against ``args.params`` and launch it; raise on failure
+        (``OutOfMemoryError`` and ``CudnnError`` make the iterator try the next candidate)."""
+
+    @abstractmethod
+    def launch(self, params: ConvolutionParams, record: Any, handle: int,
+               pointers: tuple[int, ...], stream: int) -> None:
+        """Launch a record that already ran for ``params`` (no checks: the hot path).
+        ``pointers``: ``(x, w, y, [z,] [bias])``, as
+        [`ConvolutionArgs.pointers`][pycudnn.problem.ConvolutionArgs.pointers] gives them."""
+
+    @abstractmethod
+    def serialize(self, record: Any) -> dict[str, Any]:
+        """What the tuning database keeps of ``record`` (JSON data only)."""
+
+    @abstractmethod
+    def restore(self, args: ConvolutionArgs, data: dict[str, Any]) -> Any:
+        """A record rebuilt from the tuning database's ``data`` for ``args.params``, checked as a
+        search checks its candidates; ``ValueError`` (or a cuDNN error) when it does not check out."""
+
+    def describe_params(self, params: ConvolutionParams) -> list[str]:
+        """How the engine holds ``params`` (descriptors, graphs), for error messages."""
+        return []
+
+    def clear(self) -> None:
+        """Forget per-key state (descriptors, graphs, plans)."""
