@@ -455,7 +455,8 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
                         suid = next(next_uid)
                         sspec = TensorSpec(suid, (1,) * nd, (1,) * nd, inter_dt, by_value=True)
                         tsc = track(sspec.build())
-                        buf = (ctypes.c_double if inter_dt == _DT_DOUBLE else ctypes.c_float)(a)
+                        buf: ctypes.c_double | ctypes.c_float = (
+                            ctypes.c_double(a) if inter_dt == _DT_DOUBLE else ctypes.c_float(a))
                         by_value.append((suid, buf))
                         _, zs = virtual_like(epilogue.z)
                         pointwise(PointwiseMode.MUL, tz, zs, tsc)
@@ -626,7 +627,7 @@ def _describe(cfg: BackendDescriptor, knob_pool: list[BackendDescriptor]
 
 
 def engine_configs(handle: int, graph: OperationGraph,
-                   modes: Sequence[str] = ("A", "B", "FALLBACK")) -> CandidateList:
+                   modes: Sequence[str | HeurMode] = ("A", "B", "FALLBACK")) -> CandidateList:
     """Candidate engine configs from cuDNN's heuristics, in the order of ``modes`` and then of
     each mode's ranking, deduplicated by `EngineConfig.key`.
 
