@@ -25,14 +25,13 @@ import ctypes
 import weakref
 from ctypes import c_bool, c_char, c_double, c_float, c_int32, c_int64, c_void_p
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy.typing as npt
 
 from . import _lib
 from ._live import LiveCounter
 from .errors import PycudnnError
-
-if TYPE_CHECKING:
-    import numpy.typing as npt
 
 __all__ = [
     "DescriptorType", "Attr", "AttrType", "HeurMode", "BehaviorNote", "NumericalNote",

@@ -26,16 +26,15 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, NoReturn, Sequence
+from typing import Any, Iterable, Mapping, NoReturn, Sequence
+
+import numpy.typing as npt
 
 from . import _lib
 from .backend import (Attr, AttrType, BackendDescriptor, BehaviorNote, ClosedDescriptorError,
                       ConvMode, DescriptorType, HeurMode, KnobType, NumericalNote, PointwiseMode,
                       to_data_type)
 from .errors import CudnnError, NoAlgorithmError, PycudnnError
-
-if TYPE_CHECKING:
-    import numpy.typing as npt
 
 __all__ = [
     "TensorSpec", "Epilogue", "OperationGraph", "EngineConfig", "CandidateList", "ExecutionPlan",
