@@ -80,14 +80,14 @@ def configure(level: str | int | None = None, stream: TextIO | None = None) -> l
     return logger
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a record is emitted (as the standard library's
     last-resort handler does), so redirecting stderr later still works."""
 
     def __init__(self) -> None:
         logging.Handler.__init__(self)
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         return sys.stderr
 
