@@ -42,7 +42,7 @@ _EXPORTS: dict[str, str] = {
     # the tuning database's records made ready ahead of the first call
     "preload": "preloading", "PreloadReport": "preloading",
     # prepared convolutions
-    "prepare_convolution": "prepared", "PreparedConvolution": "prepared",
+    "prepare_convolution": "conv", "PreparedConvolution": "prepared",
     # convolutions
     "convolution": "conv", "conv_transpose": "conv", "convolution_backward_data": "conv",
     "convolution_backward_filter": "conv", "convolution_add_relu": "conv",
@@ -96,6 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .errors import *  # noqa: F403
     from .handle import device_count, get_handle
     from .preloading import PreloadReport, preload
-    from .prepared import PreparedConvolution, prepare_convolution
+    from .conv import prepare_convolution
+    from .prepared import PreparedConvolution
     from .interop import current_stream
     from .tensor import Tensor, as_tensor, empty, from_numpy, tensor_from_pointer, zeros

@@ -16,7 +16,7 @@ import ctypes
 import logging
 import math
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -27,13 +27,15 @@ from .problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
 from .configuration import _override_token, config
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from . import prepared as _prepared
-from .memory import callers_device, restore_device
+from .handle import get_handle
+from .memory import callers_device, resolve_stream, restore_device
+from .prepared import PreparedConvolution
 from .tensor import (Tensor, as_tensor, check_writable, empty, has_internal_overlap, spans_overlap,
                      views_overlap)
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
-           "convolution_backward_filter", "convolution_add_relu", "output_size",
-           "suggest_memory_format"]
+           "convolution_backward_filter", "convolution_add_relu", "prepare_convolution",
+           "output_size", "suggest_memory_format"]
 
 log = logging.getLogger("pycudnn")
 
@@ -564,6 +566,53 @@ def _fill_zero(t: Tensor, stream: int, handle: int | None = None) -> None:
             _lib.raise_status(st, "cudnnSetTensor", f"  t: {d!r}")
 
 
+# ---- the one call path ----------------------------------------------------------------------------
+# Every public function is: convert its tensors, build the call signature (its key), replay the
+# remembered prepared convolution when the signature matches (the hot path), else run its full
+# path (validation, search, launch) and remember what that prepared. The steps are shared here;
+# each function declares only its signature, its full path and how to call it again.
+
+Again = Callable[[Tensor, Tensor, Any, Any, Any, Any], Tensor]
+
+
+def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
+    """What a call signature holds of an optional tensor (layout, dtype, device)."""
+    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
+
+
+def _replay(key: tuple[Any, ...], a: Tensor, b: Tensor, out: Any, stream: Any,
+            z: Tensor | None = None, bias: Tensor | None = None) -> "tuple[Tensor, PreparedConvolution] | None":
+    """The remembered call for ``key`` launched on these tensors, or None (take the full path):
+    no convolution is remembered for the signature, or ``out`` needs the full path's checks."""
+    prepared = _prepared.lookup(key)
+    if prepared is None:
+        return None
+    out_t = _matching_out(prepared, out, stream, a, b, bias, z)
+    if out_t is False:
+        return None
+    # the key matched a, b, z and bias: launch without re-checking them
+    return prepared._run(a, b, out_t, z, bias, *_stream_pair(stream)), prepared
+
+
+def _remember(key: tuple[Any, ...], prepared: "PreparedConvolution | None", again: Again) -> None:
+    """Keep ``prepared`` for ``key``; a launch of it that fails forgets it and calls ``again``
+    (the public function with the same arguments: the full path, with its fallbacks)."""
+    if prepared is None:
+        return
+
+    def fallback(a: Tensor, b: Tensor, out: Any, z: Any = None, bias: Any = None,
+                 stream: Any = None) -> Tensor:
+        _prepared.forget(key)  # never this entry again: the full path re-prepares
+        return again(a, b, out, z, bias, stream)
+
+    prepared.fallback = fallback
+    _prepared.remember(key, prepared)
+
+
+def _tensor(t: Any, stream: Any) -> Tensor:
+    return t if type(t) is Tensor else as_tensor(t, stream=stream)
+
+
 # ---- public API -----------------------------------------------------------------------------------
 
 def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
@@ -592,38 +641,38 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
         The output ``(N, K, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] (``out``
         when given).
     """
+    return _forward(x, w, bias, stride, padding, dilation, groups, activation, out, stream, flags)[0]
+
+
+def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: Any,
+             activation: Any, out: Any, stream: Any,
+             flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+    """[`convolution()`][pycudnn.conv.convolution], returning what it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
-        if type(x) is not Tensor:
-            x = as_tensor(x, stream=stream)
-        if type(w) is not Tensor:
-            w = as_tensor(w, stream=stream)
-        if bias is not None and type(bias) is not Tensor:
-            bias = as_tensor(bias, stream=stream)
-        key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, w.device,
-               stride, padding, dilation, groups, activation,
-               None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
+        x, w = _tensor(x, stream), _tensor(w, stream)
+        if bias is not None:
+            bias = _tensor(bias, stream)
+        key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
+               w.device, _sig(bias), stride, padding, dilation, groups, activation,
                _flags_token(flags))
-        prepared = _prepared.lookup(key)
-        if prepared is not None:
-            out_t = _matching_out(prepared, out, stream, x, w, bias)
-            if out_t is not False:  # the key matched x, w and bias: launch without re-checking them
-                return prepared._run(x, w, out_t, None, bias, *_stream_pair(stream))
+        hit = _replay(key, x, w, out, stream, bias=bias)
+        if hit is not None:
+            return hit
         y, prepared = _convolution(x, w, bias, stride, padding, dilation, groups, activation, out,
-                                   stream, flags, key)
-        if prepared is not None:
-            _prepared.remember(key, prepared)
-        return y
+                                   stream, flags)
+        _remember(key, prepared, lambda a, b, o, z, bias_, s: convolution(
+            a, b, bias_, stride=stride, padding=padding, dilation=dilation, groups=groups,
+            activation=activation, out=o, stream=s, **flags))
+        return y, prepared
     finally:
         restore_device(prev)
 
 
 def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
-                 groups: Any, activation: Any, out: Any, stream: Any, flags: dict[str, Any],
-                 key: Any = None):
-    """The full path of [`convolution()`][pycudnn.conv.convolution]; returns (output,
-    PreparedConvolution or None). ``key``: the remembered-call key the prepared convolution will be
-    kept under (its fallback forgets it, as every public function's does)."""
+                 groups: Any, activation: Any, out: Any, stream: Any,
+                 flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+    """The full path of [`convolution()`][pycudnn.conv.convolution]: (output, what it prepared)."""
     fn = _CONV_NAMES.get(x.ndim, "convolution")
     nd = _check_rank(x, "input", fn)
     _check_pair(x, "input", w, "weight")
@@ -640,17 +689,10 @@ def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding
                 reads=(("input", x), ("weight", w), ("bias", b)))
     call.y = y
     y, fused_all = _forward_with_epilogue(call, y, b, relu)
-
-    def slow(a, b_, out_, z=None, bias=None, stream=None):
-        if key is not None:
-            _prepared.forget(key)  # the full path, which re-prepares; never this entry again
-        return convolution(a, b_, bias, stride=stride, padding=padding, dilation=dilation,
-                           groups=groups, activation=activation, out=out_, stream=stream, **flags)
-
-    return y, (_prepare(call, slow) if fused_all else None)
+    return y, (_prepare(call) if fused_all else None)
 
 
-def _prepare(call: "_Call", slow) -> "_prepared.PreparedConvolution | None":
+def _prepare(call: "_Call") -> "PreparedConvolution | None":
     """A PreparedConvolution for what ``call`` just ran, when it can be replayed as is: one piece
     (no batch split), nothing staged through copies, and no separate epilogue step."""
     if len(call.pieces) != 1 or call.staged:
@@ -665,7 +707,7 @@ def _prepare(call: "_Call", slow) -> "_prepared.PreparedConvolution | None":
     written = {"x": call.x, "w": call.w, "y": call.y}[DIRECTION[call.direction].written]
     return _prepared.PreparedConvolution(
         params, record, call.strategy, call.x.dtype if call.x is not None else call.y.dtype,
-        shapes, strides, slow, has_bias=call.bias is not None, has_z=call.z is not None,
+        shapes, strides, None, has_bias=call.bias is not None, has_z=call.z is not None,
         out_size_bytes=written.span_bytes)
 
 
@@ -748,54 +790,73 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
     ``w`` is ``(C, K/groups, *kernel)``; the output is ``(N, K, *o)`` with
     ``o = (i - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1``.
     """
+    return _transposed(x, w, bias, stride, padding, output_padding, dilation, groups, activation,
+                       out, stream, flags)[0]
+
+
+def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
+                dilation: Any, groups: Any, activation: Any, out: Any, stream: Any,
+                flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+    """[`conv_transpose()`][pycudnn.conv.conv_transpose], returning what it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
-        x, w = as_tensor(x), as_tensor(w)
+        x, w = _tensor(x, stream), _tensor(w, stream)
+        if bias is not None:
+            bias = _tensor(bias, stream)
+        key = ("conv_transpose", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
+               w.device, _sig(bias), stride, padding, output_padding, dilation, groups, activation,
+               _flags_token(flags))
+        hit = _replay(key, x, w, out, stream)
+        if hit is not None:
+            return hit
         fn = {3: "conv_transpose1d", 4: "conv_transpose2d", 5: "conv_transpose3d"}.get(x.ndim, "conv_transpose")
         nd = _check_rank(x, "input", fn)
         _check_pair(x, "input", w, "weight")
-        stride, padding, dilation = _geometry(stride, padding, dilation, nd)
-        output_padding = _spatial("output_padding", output_padding, nd, 0, "negative output_padding is not supported")
-        for op, s, d in zip(output_padding, stride, dilation):
+        stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
+        output_padding_t = _spatial("output_padding", output_padding, nd, 0, "negative output_padding is not supported")
+        for op, s, d in zip(output_padding_t, stride_t, dilation_t):
             if op >= s and op >= d:
                 raise ValueError(f"{fn}: output padding must be smaller than either stride or dilation, "
-                                 f"but got output_padding={list(output_padding)}, stride={list(stride)}, "
-                                 f"dilation={list(dilation)}")
+                                 f"but got output_padding={list(output_padding_t)}, stride={list(stride_t)}, "
+                                 f"dilation={list(dilation_t)}")
             if op >= s:
                 # PyTorch allows output_padding < dilation too, computing it without cuDNN; cuDNN's
                 # backward data has no such output size, so refuse before anything runs.
                 raise ValueError(f"{fn}: output_padding must be smaller than stride for cuDNN, but got "
-                                 f"output_padding={list(output_padding)}, stride={list(stride)}")
-        groups = _groups(groups)
+                                 f"output_padding={list(output_padding_t)}, stride={list(stride_t)}")
+        groups_i = _groups(groups)
         if any(k < 1 for k in w.shape):
             raise ValueError(f"{fn}: expected weight of size {list(w.shape)} to have positive sizes "
                              f"(input channels, output channels per group, kernel)")
         if w.shape[0] != x.shape[1]:
             raise ValueError(f"{fn}: given weight of size {list(w.shape)}, expected input{list(x.shape)} to "
                              f"have {w.shape[0]} channels, but got {x.shape[1]} channels instead")
-        if w.shape[0] % groups:
+        if w.shape[0] % groups_i:
             raise ValueError(f"{fn}: expected weight of size {list(w.shape)} to have a first dim "
-                             f"divisible by groups={groups}")
-        k_out = w.shape[1] * groups
+                             f"divisible by groups={groups_i}")
+        k_out = w.shape[1] * groups_i
         spatial = tuple((i - 1) * s - 2 * p + d * (k - 1) + op + 1
-                        for i, k, s, p, d, op in zip(x.shape[2:], w.shape[2:], stride, padding, dilation, output_padding))
+                        for i, k, s, p, d, op in zip(x.shape[2:], w.shape[2:], stride_t, padding_t, dilation_t,
+                                                       output_padding_t))
         if any(o < 1 for o in spatial):
             raise ValueError(f"{fn}: calculated output size {list(spatial)} is too small")
         b = _check_bias(bias, k_out, x) if bias is not None else None
         relu = _activation(activation)
-        y, _ = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride, padding, dilation,
-                              groups, out, stream, flags,
-                              reads=(("input", x), ("weight", w), ("bias", b)))
+        y, call = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride_t, padding_t,
+                                 dilation_t, groups_i, out, stream, flags,
+                                 reads=(("input", x), ("weight", w), ("bias", b)))
         if (b is not None or relu) and y.size:
-            from .handle import get_handle
-            from .memory import resolve_stream
-
             handle = get_handle(y.device, resolve_stream(stream))
             if b is not None:
                 add_bias(handle, y, b)
             if relu:
                 relu_(handle, y)
-        return y
+            return y, None  # separate epilogue steps: not replayable as one launch
+        prepared = _prepare(call) if call is not None else None
+        _remember(key, prepared, lambda a, b_, o, z, bias_, s: conv_transpose(
+            a, b_, bias_, stride=stride, padding=padding, output_padding=output_padding,
+            dilation=dilation, groups=groups, activation=activation, out=o, stream=s, **flags))
+        return y, prepared
     finally:
         restore_device(prev)
 
@@ -804,20 +865,24 @@ def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *
                               padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
                               stream: Any = None, **flags: Any) -> Tensor:
     """Gradient of a convolution with respect to its input, of shape ``input_shape``."""
+    return _backward_data_call(grad_y, w, input_shape, stride, padding, dilation, groups, out,
+                               stream, flags)[0]
+
+
+def _backward_data_call(grad_y: Any, w: Any, input_shape: Sequence[int], stride: Any, padding: Any,
+                        dilation: Any, groups: Any, out: Any, stream: Any,
+                        flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+    """[`convolution_backward_data()`][pycudnn.conv.convolution_backward_data], returning what
+    it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
-        if type(grad_y) is not Tensor:
-            grad_y = as_tensor(grad_y, stream=stream)
-        if type(w) is not Tensor:
-            w = as_tensor(w, stream=stream)
+        grad_y, w = _tensor(grad_y, stream), _tensor(w, stream)
         key = ("backward_data", grad_y.shape, grad_y.strides, grad_y.dtype, grad_y.device, w.shape,
                w.strides, w.dtype, w.device, _hashable(input_shape), stride, padding, dilation, groups,
                _flags_token(flags))
-        prepared = _prepared.lookup(key)
-        if prepared is not None:
-            out_t = _matching_out(prepared, out, stream, grad_y, w)
-            if out_t is not False:
-                return prepared._run(grad_y, w, out_t, None, None, *_stream_pair(stream))
+        hit = _replay(key, grad_y, w, out, stream)
+        if hit is not None:
+            return hit
         fn = "convolution_backward_data"
         nd = _check_rank(grad_y, "grad_y", fn)
         _check_pair(grad_y, "grad_y", w, "weight")
@@ -827,20 +892,13 @@ def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *
         _check_channels(input_shape_t, w.shape, groups_i, fn)
         _check_grad_y(fn, grad_y, input_shape_t, w.shape, stride_t, padding_t, dilation_t,
                       "input_shape", "weight")
-
-        def slow(a, b_, out_, z=None, bias=None, stream=None):
-            _prepared.forget(key)  # the full path, which re-prepares; never this entry again
-            return convolution_backward_data(a, b_, input_shape, stride=stride, padding=padding,
-                                             dilation=dilation, groups=groups, out=out_, stream=stream,
-                                             **flags)
-
-        dx, call = _backward_data(fn, grad_y, w, input_shape_t, stride_t, padding_t, dilation_t, groups_i,
-                                  out, stream, flags)
-        if call is not None:
-            prepared = _prepare(call, slow)
-            if prepared is not None:
-                _prepared.remember(key, prepared)
-        return dx
+        dx, call = _backward_data(fn, grad_y, w, input_shape_t, stride_t, padding_t, dilation_t,
+                                  groups_i, out, stream, flags)
+        prepared = _prepare(call) if call is not None else None
+        _remember(key, prepared, lambda a, b, o, z, bias, s: convolution_backward_data(
+            a, b, input_shape, stride=stride, padding=padding, dilation=dilation, groups=groups,
+            out=o, stream=s, **flags))
+        return dx, prepared
     finally:
         restore_device(prev)
 
@@ -870,20 +928,24 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
                                 padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
                                 stream: Any = None, **flags: Any) -> Tensor:
     """Gradient of a convolution with respect to its weight, of shape ``weight_shape``."""
+    return _backward_filter_call(x, grad_y, weight_shape, stride, padding, dilation, groups, out,
+                                 stream, flags)[0]
+
+
+def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stride: Any,
+                          padding: Any, dilation: Any, groups: Any, out: Any, stream: Any,
+                          flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+    """[`convolution_backward_filter()`][pycudnn.conv.convolution_backward_filter], returning
+    what it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
-        if type(x) is not Tensor:
-            x = as_tensor(x, stream=stream)
-        if type(grad_y) is not Tensor:
-            grad_y = as_tensor(grad_y, stream=stream)
+        x, grad_y = _tensor(x, stream), _tensor(grad_y, stream)
         key = ("backward_filter", x.shape, x.strides, x.dtype, x.device, grad_y.shape, grad_y.strides,
                grad_y.dtype, grad_y.device, _hashable(weight_shape), stride, padding, dilation, groups,
                _flags_token(flags))
-        prepared = _prepared.lookup(key)
-        if prepared is not None:
-            out_t = _matching_out(prepared, out, stream, x, grad_y)
-            if out_t is not False:
-                return prepared._run(x, grad_y, out_t, None, None, *_stream_pair(stream))
+        hit = _replay(key, x, grad_y, out, stream)
+        if hit is not None:
+            return hit
         fn = "convolution_backward_filter"
         nd = _check_rank(x, "input", fn)
         _check_pair(x, "input", grad_y, "grad_y")
@@ -901,19 +963,13 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
         call.w = dw
         if x.size == 0 or grad_y.size == 0:
             _fill_zero(dw, call.stream)  # an empty batch contributes nothing to the gradient
-            return dw
+            return dw, None
         call.run()
-
-        def slow(a, b_, out_, z=None, bias=None, stream=None):
-            _prepared.forget(key)  # the full path, which re-prepares; never this entry again
-            return convolution_backward_filter(a, b_, weight_shape, stride=stride, padding=padding,
-                                               dilation=dilation, groups=groups, out=out_,
-                                               stream=stream, **flags)
-
-        prepared = _prepare(call, slow)
-        if prepared is not None:
-            _prepared.remember(key, prepared)
-        return dw
+        prepared = _prepare(call)
+        _remember(key, prepared, lambda a, b, o, z, bias, s: convolution_backward_filter(
+            a, b, weight_shape, stride=stride, padding=padding, dilation=dilation, groups=groups,
+            out=o, stream=s, **flags))
+        return dw, prepared
     finally:
         restore_device(prev)
 
@@ -925,66 +981,61 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
 
     ``z`` has the output's shape; ``out`` may be ``z`` itself (an in-place residual).
     """
+    return _add_relu(x, w, z, alpha, bias, stride, padding, dilation, groups, out, stream, flags)[0]
+
+
+def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, padding: Any,
+              dilation: Any, groups: Any, out: Any, stream: Any,
+              flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+    """[`convolution_add_relu()`][pycudnn.conv.convolution_add_relu], returning what it
+    prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
-        if type(x) is not Tensor:
-            x = as_tensor(x, stream=stream)
-        if type(w) is not Tensor:
-            w = as_tensor(w, stream=stream)
-        if type(z) is not Tensor:
-            z = as_tensor(z, stream=stream)
-        if bias is not None and type(bias) is not Tensor:
-            bias = as_tensor(bias, stream=stream)
-        key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype, w.device,
-               z.shape, z.strides, z.dtype, z.device, alpha, stride, padding, dilation, groups,
-               None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
+        x, w, z = _tensor(x, stream), _tensor(w, stream), _tensor(z, stream)
+        if bias is not None:
+            bias = _tensor(bias, stream)
+        key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
+               w.device, _sig(z), _sig(bias), alpha, stride, padding, dilation, groups,
                _flags_token(flags))
-        prepared = _prepared.lookup(key)
-        if prepared is not None:
-            out_t = _matching_out(prepared, out, stream, x, w, bias, z)
-            if out_t is not False:
-                return prepared._run(x, w, out_t, z, bias, *_stream_pair(stream))
-        geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+        hit = _replay(key, x, w, out, stream, z=z, bias=bias)
+        if hit is not None:
+            return hit
         fn = "convolution_add_relu"
         nd = _check_rank(x, "input", fn)
         _check_pair(x, "input", w, "weight")
         _check_pair(x, "input", z, "z")
-        stride, padding, dilation = _geometry(stride, padding, dilation, nd)
-        groups = _groups(groups)
+        stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
+        groups_i = _groups(groups)
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
             raise TypeError(f"alpha: expected a real number, got {alpha!r}")
-        _check_channels(x.shape, w.shape, groups, fn)
-        spatial = _check_output_positive(x.shape, w.shape[2:], stride, padding, dilation, fn)
+        _check_channels(x.shape, w.shape, groups_i, fn)
+        spatial = _check_output_positive(x.shape, w.shape[2:], stride_t, padding_t, dilation_t, fn)
         shape = (x.shape[0], w.shape[0]) + spatial
         z = _check_z(z, shape, x, fn)
         b = _check_bias(bias, w.shape[0], x) if bias is not None else None
         f = _flags(flags)
         _check_sample_size(fn, x.shape, shape)
-        call = _Call(fn, "forward", x, w, None, stride, padding, dilation, groups, f, stream,  # type: ignore[arg-type]
+        call = _Call(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups_i, f, stream,  # type: ignore[arg-type]
                      epilogue="add_relu", z=z, alpha=float(alpha))
         y = _output(out, shape, x, call.fmt, call.stream,
                     reads=(("input", x), ("weight", w), ("bias", b)), in_place=z)
         if y.size == 0:
-            return y
+            return y, None
         if x.size == 0:
             _fill_zero(y, call.stream)
             _epilogue_steps(call.handle, y, z, float(alpha), b)
-            return y
+            return y, None
         b_full = _zero_bias(call, w.shape[0], x) if b is None else _contiguous_bias(b, call.stream, call)
         call.y, call.bias = y, b_full
         if call.run_fused():
-            def slow(a, b_, out_, z=None, bias=None, stream=None):
-                _prepared.forget(key)  # the full path, which re-prepares; never this entry again
-                return convolution_add_relu(a, b_, z, alpha=alpha, bias=bias, out=out_, stream=stream,
-                                            **geometry, **flags)
-
-            prepared = _prepare(call, slow)
-            if prepared is not None:
-                if b is None:
-                    # the shared zeros (complete, never freed): replays on any stream may read them
-                    prepared.default_bias = b_full
-                _prepared.remember(key, prepared)
-            return y
+            prepared = _prepare(call)
+            if prepared is not None and b is None:
+                # the shared zeros (complete, never freed): replays on any stream may read them
+                prepared.default_bias = b_full
+            _remember(key, prepared, lambda a, b_, o, z_, bias_, s: convolution_add_relu(
+                a, b_, z_, alpha=alpha, bias=bias_, stride=stride, padding=padding,
+                dilation=dilation, groups=groups, out=o, stream=s, **flags))
+            return y, prepared
         # Fallback (the reference's raw_cudnn_convolution_add_relu_fallback_out): conv, then add, relu.
         target = y if not spans_overlap(y, z) else empty(shape, x.dtype, memory_format=call.fmt,
                                                      device=x.device, stream=call.stream)
@@ -993,9 +1044,52 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
         _epilogue_steps(call.handle, target, z, float(alpha), b)
         if target is not y:
             transform(call.handle, target, y)
-        return y
+        return y, None
     finally:
         restore_device(prev)
+
+
+def prepare_convolution(x: Any, w: Any, bias: Any = None, *, direction: str = "forward",
+                        **kwargs: Any) -> PreparedConvolution:
+    """Run a convolution once (searching and caching its algorithm) and return it prepared.
+
+    ``direction="forward"`` takes ``(x, w)`` like
+    [`pycudnn.convolution()`][pycudnn.conv.convolution] (``bias`` and ``activation`` allowed);
+    ``"backward_data"`` takes ``(grad_y, w)`` and ``input_shape=``; ``"backward_filter"`` takes
+    ``(x, grad_y)`` and ``weight_shape=``. Other keyword arguments (stride, padding, dilation,
+    groups, out, stream, flags) are those of the matching function.
+
+    Example::
+
+        conv = pycudnn.prepare_convolution(x, w, stride=1, padding=1)
+        for batch in batches:
+            conv(batch, w, out=y)
+    """
+    k = dict(kwargs)
+    stride, padding = k.pop("stride", 1), k.pop("padding", 0)
+    dilation, groups = k.pop("dilation", 1), k.pop("groups", 1)
+    if direction == "forward":
+        activation, out, stream = k.pop("activation", None), k.pop("out", None), k.pop("stream", None)
+        _, prepared = _forward(x, w, bias, stride, padding, dilation, groups, activation, out,
+                               stream, k)
+    elif direction in ("backward_data", "backward_filter"):
+        if bias is not None:
+            raise ValueError("prepare_convolution: bias applies to direction='forward' only")
+        shape_name = "input_shape" if direction == "backward_data" else "weight_shape"
+        if shape_name not in k:
+            raise TypeError(f"prepare_convolution: direction={direction!r} needs {shape_name}=")
+        shape = k.pop(shape_name)
+        out, stream = k.pop("out", None), k.pop("stream", None)
+        core = _backward_data_call if direction == "backward_data" else _backward_filter_call
+        _, prepared = core(x, w, shape, stride, padding, dilation, groups, out, stream, k)
+    else:
+        raise ValueError(f"direction: expected 'forward', 'backward_data' or 'backward_filter', "
+                         f"got {direction!r}")
+    if prepared is None:
+        raise ValueError("prepare_convolution: this call cannot be prepared (it needs staging "
+                         "copies, batch splitting or separate epilogue steps); call the function "
+                         "directly instead")
+    return prepared
 
 
 def _epilogue_steps(handle: int, y: Tensor, z: Tensor, alpha: float, bias: Tensor | None) -> None:

@@ -9,7 +9,7 @@ launch with buffers seen before is one dict lookup plus one ``cudnnBackendExecut
 The public convolution functions keep a bounded map from a cheap call signature to a prepared
 convolution, so repeated calls with the same shapes take the same short path; users who call one
 convolution many times can hold the object themselves through
-[`pycudnn.prepare_convolution()`][pycudnn.prepared.prepare_convolution].
+[`pycudnn.prepare_convolution()`][pycudnn.conv.prepare_convolution].
 
 If a launch fails (out of memory, a cuDNN error), the call goes back through the full search
 iterator, which has the fallbacks.
@@ -21,6 +21,7 @@ import threading
 from typing import Any, Callable
 
 from .engine import Engine
+from .errors import PycudnnError
 from .handle import get_handle
 from .memory import allocate_fast, callers_device, resolve_stream, restore_device
 from .problem import DIRECTION, ConvolutionParams
@@ -46,7 +47,8 @@ class PreparedConvolution:
     """
 
     def __init__(self, params: ConvolutionParams, record: Any, strategy: Engine, dtype: Any,
-                 shapes: dict[str, tuple], strides: dict[str, tuple], slow: Callable[..., Tensor],
+                 shapes: dict[str, tuple], strides: dict[str, tuple],
+                 slow: Callable[..., Tensor] | None,
                  has_bias: bool = False, has_z: bool = False, out_size_bytes: int = 0) -> None:
         self.params = params
         self.record = record
@@ -58,8 +60,9 @@ class PreparedConvolution:
         self.strides = strides
         self.has_bias = has_bias
         self.has_z = has_z
-        #: what a failed launch falls back to: the full path of the public function
-        self.fallback = slow
+        #: what a failed launch falls back to: the full path of the public function (the
+        #: convolution functions set it when they prepare this)
+        self.fallback: Callable[..., Tensor] = slow if slow is not None else _no_fallback
         self._dir = DIRECTION[self.direction]
         self._written = self._dir.written
         self._positions = self._dir.call_positions
@@ -193,7 +196,10 @@ class PreparedConvolution:
         return out
 
 
-_tls = threading.local()
+def _no_fallback(*args: Any, **kwargs: Any) -> Tensor:
+    raise PycudnnError("internal error: a prepared convolution without a fallback failed to launch")
+
+
 
 
 def remember(key: tuple, prepared: PreparedConvolution) -> None:
@@ -202,7 +208,6 @@ def remember(key: tuple, prepared: PreparedConvolution) -> None:
         hash(key)
     except TypeError:  # an unhashable argument (a list for stride, ...): nothing to remember
         return
-    _tls.last = prepared
     with _fast_lock:
         _fast[key] = prepared
         while len(_fast) > FAST_CALLS_MAX:
@@ -214,8 +219,6 @@ def lookup(key: tuple) -> PreparedConvolution | None:
         prepared = _fast.get(key)
     except TypeError:  # an unhashable argument (a list for stride, ...): take the full path
         return None
-    if prepared is not None:
-        _tls.last = prepared
     return prepared
 
 
@@ -239,40 +242,11 @@ def clear_fast_calls() -> None:
         _fast.clear()
 
 
-def prepare_convolution(x: Any, w: Any, bias: Any = None, *, direction: str = "forward",
-                        **kwargs: Any) -> PreparedConvolution:
-    """Run a convolution once (searching and caching its algorithm) and return it prepared.
+def __getattr__(name: str) -> Any:
+    # prepare_convolution runs the public functions, so it lives with them in pycudnn.conv; this
+    # keeps the earlier import path working without an import cycle
+    if name == "prepare_convolution":
+        import importlib
 
-    ``direction="forward"`` takes ``(x, w)`` like
-    [`pycudnn.convolution()`][pycudnn.conv.convolution] (``bias`` and ``activation`` allowed);
-    ``"backward_data"`` takes ``(grad_y, w)`` and ``input_shape=``; ``"backward_filter"`` takes
-    ``(x, grad_y)`` and ``weight_shape=``. Other keyword arguments (stride, padding, dilation,
-    groups, stream, flags) are those of the matching function.
-
-    Example::
-
-        conv = pycudnn.prepare_convolution(x, w, stride=1, padding=1)
-        for batch in batches:
-            conv(batch, w, out=y)
-    """
-    from . import conv as _conv
-
-    _tls.last = None
-    if direction == "forward":
-        _conv.convolution(x, w, bias, **kwargs)
-    elif direction in ("backward_data", "backward_filter"):
-        if bias is not None:
-            raise ValueError("prepare_convolution: bias applies to direction='forward' only")
-        if direction == "backward_data":
-            _conv.convolution_backward_data(x, w, kwargs.pop("input_shape"), **kwargs)
-        else:
-            _conv.convolution_backward_filter(x, w, kwargs.pop("weight_shape"), **kwargs)
-    else:
-        raise ValueError(f"direction: expected 'forward', 'backward_data' or 'backward_filter', "
-                         f"got {direction!r}")
-    prepared = getattr(_tls, "last", None)
-    if prepared is None:
-        raise ValueError("prepare_convolution: this call cannot be prepared (it needs staging "
-                         "copies, batch splitting or separate epilogue steps); call the function "
-                         "directly instead")
-    return prepared
+        return importlib.import_module(".conv", __package__).prepare_convolution
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
