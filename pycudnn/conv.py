@@ -650,11 +650,15 @@ def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
     """[`convolution()`][pycudnn.conv.convolution], returning what it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
-        x, w = _tensor(x, stream), _tensor(w, stream)
-        if bias is not None:
-            bias = _tensor(bias, stream)
+        if type(x) is not Tensor:
+            x = as_tensor(x, stream=stream)
+        if type(w) is not Tensor:
+            w = as_tensor(w, stream=stream)
+        if bias is not None and type(bias) is not Tensor:
+            bias = as_tensor(bias, stream=stream)
         key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
-               w.device, _sig(bias), stride, padding, dilation, groups, activation,
+               w.device, None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
+               stride, padding, dilation, groups, activation,
                _flags_token(flags))
         hit = _replay(key, x, w, out, stream, bias=bias)
         if hit is not None:
@@ -876,7 +880,10 @@ def _backward_data_call(grad_y: Any, w: Any, input_shape: Sequence[int], stride:
     it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
-        grad_y, w = _tensor(grad_y, stream), _tensor(w, stream)
+        if type(grad_y) is not Tensor:
+            grad_y = as_tensor(grad_y, stream=stream)
+        if type(w) is not Tensor:
+            w = as_tensor(w, stream=stream)
         key = ("backward_data", grad_y.shape, grad_y.strides, grad_y.dtype, grad_y.device, w.shape,
                w.strides, w.dtype, w.device, _hashable(input_shape), stride, padding, dilation, groups,
                _flags_token(flags))
@@ -939,7 +946,10 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stri
     what it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
-        x, grad_y = _tensor(x, stream), _tensor(grad_y, stream)
+        if type(x) is not Tensor:
+            x = as_tensor(x, stream=stream)
+        if type(grad_y) is not Tensor:
+            grad_y = as_tensor(grad_y, stream=stream)
         key = ("backward_filter", x.shape, x.strides, x.dtype, x.device, grad_y.shape, grad_y.strides,
                grad_y.dtype, grad_y.device, _hashable(weight_shape), stride, padding, dilation, groups,
                _flags_token(flags))
@@ -991,9 +1001,14 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
     prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
-        x, w, z = _tensor(x, stream), _tensor(w, stream), _tensor(z, stream)
-        if bias is not None:
-            bias = _tensor(bias, stream)
+        if type(x) is not Tensor:
+            x = as_tensor(x, stream=stream)
+        if type(w) is not Tensor:
+            w = as_tensor(w, stream=stream)
+        if type(z) is not Tensor:
+            z = as_tensor(z, stream=stream)
+        if bias is not None and type(bias) is not Tensor:
+            bias = as_tensor(bias, stream=stream)
         key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
                w.device, _sig(z), _sig(bias), alpha, stride, padding, dilation, groups,
                _flags_token(flags))

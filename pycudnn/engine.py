@@ -16,8 +16,9 @@ Workspace has one policy for both engines and every launch: [`workspace`][pycudn
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Iterable, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
 from .memory import allocate_fast, stream_is_capturing, thread_workspace
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind
@@ -106,6 +107,11 @@ class Engine(ABC):
     def restore(self, args: ConvolutionArgs, data: dict[str, Any]) -> Any:
         """A record rebuilt from the tuning database's ``data`` for ``args.params``, checked as a
         search checks its candidates; ``ValueError`` (or a cuDNN error) when it does not check out."""
+
+    def launcher(self, params: ConvolutionParams, record: Any) -> Callable[[int, tuple[int, ...], int], None]:
+        """``launch`` with ``params`` and ``record`` bound: ``launcher(handle, pointers, stream)``.
+        Prepared calls take it once; an engine may return something cheaper for its records."""
+        return functools.partial(self.launch, params, record)
 
     def describe_params(self, params: ConvolutionParams) -> list[str]:
         """How the engine holds ``params`` (descriptors, graphs), for error messages."""

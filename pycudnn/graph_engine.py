@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .algos import check_precision, error_if_capturing
 from .engine import Engine, release, workspace
@@ -284,6 +284,17 @@ class GraphSearch(Engine):
             raise OutOfMemoryError(f"plan {plan.tag} needs a workspace of {ws_size} B, above "
                                    f"workspace_limit={p.workspace_limit}")
         self.launch(p, record, args.handle, args.pointers(), args.stream)
+
+    def launcher(self, params: ConvolutionParams,
+                 record: GraphRecord) -> Callable[[int, tuple[int, ...], int], None]:
+        plan = record.plan
+        if plan.workspace_size:
+            return super().launcher(params, record)
+        execute = plan.execute
+
+        def launch_without_workspace(handle: int, pointers: tuple[int, ...], stream: int) -> None:
+            execute(handle, pointers, 0)  # the hot path: one call into the plan
+        return launch_without_workspace
 
     def launch(self, params: ConvolutionParams, record: GraphRecord, handle: int,
                pointers: tuple[int, ...], stream: int) -> None:

@@ -79,7 +79,7 @@ class PreparedConvolution:
         self._out_span = span_elements(self._out_shape, self._out_strides) * item
         #: the bias used when a call passes none (a fused epilogue whose first call made one up)
         self.default_bias: Tensor | None = None
-        self._launch = strategy.launch
+        self._launch = strategy.launcher(params, record)
 
     def __repr__(self) -> str:
         return f"<PreparedConvolution {self.params.short()} -> {self.record.describe()}>"
@@ -189,7 +189,7 @@ class PreparedConvolution:
         if bt is not None:
             ptrs += (bt.ptr,)
         try:
-            self._launch(self.params, self.record, handle, ptrs, s)
+            self._launch(handle, ptrs, s)
         except Exception:
             # out of memory, a cuDNN error, misaligned pointers...: the full path has the fallbacks
             return self.fallback(a, b, out, z=zt, bias=bt, stream=s)

@@ -26,6 +26,7 @@ import math
 import os
 import signal
 import tempfile
+import threading
 import warnings
 from typing import Any, Iterator
 
@@ -555,10 +556,11 @@ class _Redzone:
     changed."""
 
     def __init__(self, monkeypatch: Any) -> None:
-        from pycudnn import memory, prepared
+        from pycudnn import engine, memory, prepared
 
         self.checked = 0
         self.changed = 0
+        self.live: list[Any] = []
         self._memory = memory
         real_allocate, real_fast = memory.allocate, memory.allocate_fast
 
@@ -571,6 +573,7 @@ class _Redzone:
         monkeypatch.setattr(memory, "allocate", allocate)
         monkeypatch.setattr(memory, "allocate_fast", allocate_fast)
         monkeypatch.setattr(prepared, "allocate_fast", allocate_fast)
+        monkeypatch.setattr(engine, "allocate_fast", allocate_fast)
 
     def _guard(self, buf: Any, nbytes: int, stream: Any) -> Any:
         memory = self._memory
@@ -580,19 +583,42 @@ class _Redzone:
 
         class Guarded:
             ptr = buf.ptr
+            size = nbytes  # what pycudnn asked for: it must never reuse the guard as its own
+
+            @property
+            def nbytes(self) -> int:
+                return self.size
 
             def __getattr__(self, name: str) -> Any:
                 return getattr(buf, name)
 
-            def close(self, stream: Any = None) -> None:
+            def check(self) -> None:
                 memory.synchronize()
                 tail = np.empty(GUARD, np.uint8)
                 memory.copy_device_to_host(tail, buf.ptr + nbytes, 0)
                 zone.checked += 1
                 zone.changed += int(np.count_nonzero(tail != PATTERN))
+
+            def close(self, stream: Any = None) -> None:
+                if self in zone.live:
+                    zone.live.remove(self)
+                    self.check()
                 buf.close(stream) if stream is not None else buf.close()
 
-        return Guarded()
+            def free_synchronously(self) -> None:  # a per-thread workspace evicted from its cache
+                if self in zone.live:
+                    zone.live.remove(self)
+                    self.check()
+                buf.free_synchronously()
+
+        guarded = Guarded()
+        self.live.append(guarded)
+        return guarded
+
+    def check_live(self) -> None:
+        """Check the buffers pycudnn still holds (per-thread workspaces it keeps for reuse)."""
+        for g in list(self.live):
+            g.check()
 
 
 @st.composite
@@ -674,7 +700,20 @@ def test_fuzzed_records_never_touch_memory_outside_the_output(engine, monkeypatc
             with time_limit(120):
                 assert err(run()) < 2e-5
 
-        check()
+        # in a thread of its own: its per-thread workspaces are made (guarded) by these calls
+        errors: list[BaseException] = []
+
+        def body() -> None:
+            try:
+                check()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+        t = threading.Thread(target=body)
+        t.start()
+        t.join()
+        if errors:
+            raise errors[0]
+        zone.check_live()
     assert stats["cases"] >= 10, stats
     assert zone.checked > 0 and zone.changed == 0, (zone.checked, zone.changed)
     print(f"\ntuning-db GPU fuzz ({engine}): {stats['cases']} fuzzed files, {stats['calls']} calls, "
