@@ -27,6 +27,7 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Iterable
 
 from . import _lib, tuning_db
@@ -355,8 +356,8 @@ def _first_line(exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class _V7Direction:
-    perf_struct: type
-    algo_enum: type
+    perf_struct: type[ctypes.Structure]
+    algo_enum: type[IntEnum]
     algos: tuple[int, ...]           # every algorithm Find and the workspace sizing consider
     default_algo: int
     get_fn: str
@@ -396,7 +397,7 @@ def scalar_pointers(dtype: str) -> tuple[int, int]:
     return (_ONE_D, _ZERO_D) if dtype == "float64" else (_ONE_F, _ZERO_F)
 
 
-def scalar(dtype: str, value: float):
+def scalar(dtype: str, value: float) -> ctypes.c_double | ctypes.c_float:
     """A ctypes scalar in cuDNN's scaling type for ``dtype`` (keep it alive across the call)."""
     return ctypes.c_double(value) if dtype == "float64" else ctypes.c_float(value)
 
@@ -413,7 +414,7 @@ class V7Descriptors:
         self.x = TensorDescriptor(params.input_shape, params.dtype, params.input_strides)
         self.w = FilterDescriptor(params.weight_shape, params.dtype, params.weight_format)
         self.y = TensorDescriptor(params.output_shape, params.dtype, params.output_strides)
-        self._conv: dict[int, Any] = {}
+        self._conv: dict[int | None, ConvolutionDescriptor] = {}
         self._lock = threading.Lock()
         self._conv_cls = ConvolutionDescriptor
         self.search_conv = self.conv(None)  # flags-derived math type, used by Get/Find
@@ -425,19 +426,19 @@ class V7Descriptors:
             ones = (1,) * (len(params.output_shape) - 2)
             self.bias = TensorDescriptor((1, k) + ones, params.dtype, None)
 
-    def conv(self, math_type: int | None):
+    def conv(self, math_type: int | None) -> ConvolutionDescriptor:
         """The convolution descriptor with ``math_type`` applied (None: the flags' default)."""
-        desc = self._conv.get(math_type)  # type: ignore[arg-type]
+        desc = self._conv.get(math_type)
         if desc is None:
             with self._lock:
-                desc = self._conv.get(math_type)  # type: ignore[arg-type]
+                desc = self._conv.get(math_type)
                 if desc is None:
                     p = self.params
                     desc = self._conv_cls(p.padding, p.stride, p.dilation, groups=p.groups,
                                           dtype=p.dtype, allow_tf32=p.allow_tf32)
                     if math_type is not None:
                         desc.math_type = math_type
-                    self._conv[math_type] = desc  # type: ignore[index]
+                    self._conv[math_type] = desc
         return desc
 
     def operands(self, direction: str, args: ConvolutionArgs) -> tuple[int, int, int, int, int, int]:
@@ -600,7 +601,7 @@ class V7Search(Engine):
         return self._valid(p, perf, count.value, "find")
 
     @staticmethod
-    def _valid(p: ConvolutionParams, perf, count: int, source: str) -> list[AlgoRecord]:
+    def _valid(p: ConvolutionParams, perf: ctypes.Array[Any], count: int, source: str) -> list[AlgoRecord]:
         """The reference's getValidAlgorithms: success, deterministic when asked, right precision.
 
         The reference also blocklists FFT algorithms for strided backward data on cuDNN < 7.5;
@@ -655,6 +656,8 @@ class V7Search(Engine):
                 act = relu_descriptor()
                 one, _ = scalar_pointers(p.dtype)
                 alpha2 = scalar(p.dtype, p.alpha)
+                # ADD_RELU params always carry z_strides, and V7Descriptors gives them a bias
+                assert descs.z is not None and descs.bias is not None
                 status = _lib.lib().cudnnConvolutionBiasActivationForward(
                     handle, one, descs.x.handle, x, descs.w.handle, w, conv.handle, record.algo, ws,
                     record.workspace, ctypes.addressof(alpha2), descs.z.handle, z,

@@ -16,7 +16,7 @@ import ctypes
 import logging
 import math
 import threading
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from .memory import callers_device, resolve_stream, restore_device
 from .prepared import PreparedConvolution
 from .tensor import (Tensor, as_tensor, check_writable, empty, has_internal_overlap, spans_overlap,
                      views_overlap)
+
+if TYPE_CHECKING:
+    from .descriptors import TensorDescriptor
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
            "convolution_backward_filter", "convolution_add_relu", "prepare_convolution",
@@ -65,7 +68,8 @@ def _spatial(name: str, value: Any, nd: int, minimum: int, what: str) -> tuple[i
     return values
 
 
-def _geometry(stride, padding, dilation, nd):
+def _geometry(stride: Any, padding: Any, dilation: Any,
+              nd: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     return (_spatial("stride", stride, nd, 1, "non-positive stride is not supported"),
             _spatial("padding", padding, nd, 0, "negative padding is not supported"),
             _spatial("dilation", dilation, nd, 1, "dilation should be greater than zero"))
@@ -125,13 +129,15 @@ def _check_pair(a: Tensor, a_name: str, b: Tensor, b_name: str) -> None:
     _check_no_broadcast(b, b_name, "convolution")
 
 
-def output_size(input_size: Sequence[int], kernel: Sequence[int], stride, padding, dilation) -> tuple[int, ...]:
+def output_size(input_size: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                padding: Sequence[int], dilation: Sequence[int]) -> tuple[int, ...]:
     """Spatial output sizes of a convolution: ``(i + 2p - d*(k-1) - 1) // s + 1``."""
     return tuple((i + 2 * p - d * (k - 1) - 1) // s + 1
                  for i, k, s, p, d in zip(input_size, kernel, stride, padding, dilation))
 
 
-def _check_output_positive(x_shape, kernel, stride, padding, dilation, fn: str) -> tuple[int, ...]:
+def _check_output_positive(x_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                           padding: Sequence[int], dilation: Sequence[int], fn: str) -> tuple[int, ...]:
     spatial = output_size(x_shape[2:], kernel, stride, padding, dilation)
     if any(o < 1 for o in spatial):
         padded = " x ".join(str(i + 2 * p) for i, p in zip(x_shape[2:], padding))
@@ -142,7 +148,8 @@ def _check_output_positive(x_shape, kernel, stride, padding, dilation, fn: str) 
     return spatial
 
 
-def _check_grad_y(fn: str, grad_y: Tensor, x_shape, w_shape, stride, padding, dilation,
+def _check_grad_y(fn: str, grad_y: Tensor, x_shape: Sequence[int], w_shape: Sequence[int],
+                  stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
                   x_name: str, w_name: str) -> None:
     """A backward pass's grad_y must have the forward output's shape."""
     expected = (x_shape[0], w_shape[0]) + _check_output_positive(x_shape, w_shape[2:], stride,
@@ -152,7 +159,8 @@ def _check_grad_y(fn: str, grad_y: Tensor, x_shape, w_shape, stride, padding, di
                          f"{list(x_shape)} and {w_name} {list(w_shape)}, but got {list(grad_y.shape)}")
 
 
-def _check_channels(x_shape, w_shape, groups: int, fn: str, x_name="input", w_name="weight") -> None:
+def _check_channels(x_shape: Sequence[int], w_shape: Sequence[int], groups: int, fn: str,
+                    x_name: str = "input", w_name: str = "weight") -> None:
     if w_shape[0] % groups != 0:
         raise ValueError(f"{fn}: expected {w_name} of size {list(w_shape)} to have a first dim "
                          f"(output channels) divisible by groups={groups}, but got {w_shape[0]}")
@@ -293,8 +301,9 @@ def _stream_pair(stream: Any) -> tuple[int, Any]:
 class _Call:
     """One convolution call after validation: tensors in forward roles and the geometry."""
 
-    def __init__(self, api: str, direction: str, x: Tensor, w: Tensor, y: Tensor,
-                 stride, padding, dilation, groups: int, flags: dict[str, Any], stream: Any,
+    def __init__(self, api: str, direction: str, x: Tensor | None, w: Tensor | None,
+                 y: Tensor | None, stride: tuple[int, ...], padding: tuple[int, ...],
+                 dilation: tuple[int, ...], groups: int, flags: dict[str, Any], stream: Any,
                  epilogue: str = "", z: Tensor | None = None, bias: Tensor | None = None,
                  alpha: float = 1.0) -> None:
         from .memory import resolve_stream
@@ -335,6 +344,7 @@ class _Call:
         transform(self.handle, src, dst)
 
     def run(self) -> None:
+        assert self.x is not None and self.w is not None and self.y is not None  # written one attached by now
         written = DIRECTION[self.direction].written
         roles = {"x": self.x, "w": self.w, "y": self.y}
         user_out = roles[written]
@@ -352,6 +362,7 @@ class _Call:
         if z is not None and not self._dense(z):
             z = empty(z.shape, z.dtype, memory_format=self.fmt, device=z.device, stream=self.stream)
             staged.append(z)
+            assert self.z is not None  # z was self.z until the line above
             self._copy(self.z, z)
         self.staged = self.staged or bool(staged)
         self._run_split(roles["x"], roles["w"], roles["y"], z)
@@ -419,7 +430,7 @@ class _Call:
             benchmark_limit=(f.get("benchmark_limit") if f["benchmark"] and f["engine"] == "graph"
                              else None))
 
-    def _alignments(self, x, w, y, z) -> tuple[int, ...]:
+    def _alignments(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None) -> tuple[int, ...]:
         ptrs = [x.ptr, w.ptr, y.ptr]
         if z is not None:
             ptrs.append(z.ptr)
@@ -429,6 +440,7 @@ class _Call:
 
     def run_fused(self) -> bool:
         """Run with the fused epilogue; False (and remembered) when no engine takes it."""
+        assert self.x is not None and self.w is not None and self.y is not None  # written one attached by now
         key = (self._params(self.x, self.w, self.y, self.z), self.api)
         if key in _UNFUSABLE:
             return False
@@ -484,7 +496,7 @@ def _unsqueeze(t: Tensor) -> Tensor:
 
 # ---- cuDNN tensor operations used around the convolution ---------------------------------------
 
-def _tensor_desc(t: Tensor):
+def _tensor_desc(t: Tensor) -> TensorDescriptor:
     from .descriptors import TensorDescriptor
 
     t4 = _unsqueeze(t) if t.ndim == 3 else t
@@ -688,7 +700,7 @@ def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding
     relu = _activation(activation)
     f = _flags(flags)
     _check_sample_size(fn, x.shape, (x.shape[0], w.shape[0]) + spatial)
-    call = _Call(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups, f, stream)  # type: ignore[arg-type]
+    call = _Call(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups, f, stream)
     y = _output(out, (x.shape[0], w.shape[0]) + spatial, x, call.fmt, call.stream,
                 reads=(("input", x), ("weight", w), ("bias", b)))
     call.y = y
@@ -702,6 +714,7 @@ def _prepare(call: "_Call") -> "PreparedConvolution | None":
     if len(call.pieces) != 1 or call.staged:
         return None
     params, record = call.pieces[0]
+    assert call.x is not None and call.w is not None and call.y is not None  # all attached once it ran
     shapes = {"x": call.x.shape, "w": call.w.shape, "y": call.y.shape}
     strides = {"x": call.x.strides, "w": call.w.strides, "y": call.y.strides}
     if call.z is not None:
@@ -762,6 +775,7 @@ def _forward_with_epilogue(call: _Call, y: Tensor, b: Tensor | None, relu: bool)
     """conv (+ bias) (+ relu) into y: one fused graph where the engine takes it, else steps.
 
     Returns y and whether everything ran in the convolution itself (no separate step)."""
+    assert call.x is not None  # forward: the input is given
     if call.x.size == 0 or y.size == 0:
         _fill_zero(y, call.stream)
         if b is not None and y.size:
@@ -914,11 +928,13 @@ def _hashable(shape: Any) -> Any:
     return tuple(shape) if isinstance(shape, list) else shape
 
 
-def _backward_data(fn, dy: Tensor, w: Tensor, input_shape, stride, padding, dilation, groups, out,
-                   stream, flags, reads=None) -> tuple[Tensor, "_Call | None"]:
+def _backward_data(fn: str, dy: Tensor, w: Tensor, input_shape: Sequence[int],
+                   stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...],
+                   groups: int, out: Any, stream: Any, flags: dict[str, Any],
+                   reads: Sequence[tuple[str, Tensor | None]] | None = None) -> tuple[Tensor, "_Call | None"]:
     f = _flags(flags)
     _check_sample_size(fn, dy.shape, tuple(input_shape))
-    call = _Call(fn, "backward_data", None, w, dy, stride, padding, dilation, groups, f, stream)  # type: ignore[arg-type]
+    call = _Call(fn, "backward_data", None, w, dy, stride, padding, dilation, groups, f, stream)
     dx = _output(out, tuple(input_shape), dy, call.fmt, call.stream,
                  reads=reads if reads is not None else (("grad_y", dy), ("weight", w)))
     call.x = dx
@@ -967,7 +983,7 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stri
                       "input", "weight_shape")
         f = _flags(flags)
         _check_sample_size(fn, x.shape, grad_y.shape)
-        call = _Call(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)  # type: ignore[arg-type]
+        call = _Call(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)
         dw = _output(out, weight_shape_t, x, call.fmt, call.stream,
                      reads=(("input", x), ("grad_y", grad_y)))
         call.w = dw
@@ -1030,7 +1046,7 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
         b = _check_bias(bias, w.shape[0], x) if bias is not None else None
         f = _flags(flags)
         _check_sample_size(fn, x.shape, shape)
-        call = _Call(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups_i, f, stream,  # type: ignore[arg-type]
+        call = _Call(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups_i, f, stream,
                      epilogue="add_relu", z=z, alpha=float(alpha))
         y = _output(out, shape, x, call.fmt, call.stream,
                     reads=(("input", x), ("weight", w), ("bias", b)), in_place=z)
@@ -1048,7 +1064,7 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
                 # the shared zeros (complete, never freed): replays on any stream may read them
                 prepared.default_bias = b_full
             _remember(key, prepared, lambda a, b_, o, z_, bias_, s: convolution_add_relu(
-                a, b_, z_, alpha=alpha, bias=bias_, stride=stride, padding=padding,
+                a, b_, z_, alpha=float(alpha), bias=bias_, stride=stride, padding=padding,
                 dilation=dilation, groups=groups, out=o, stream=s, **flags))
             return y, prepared
         # Fallback (the reference's raw_cudnn_convolution_add_relu_fallback_out): conv, then add, relu.

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from .algos import check_precision, error_if_capturing
 from .engine import Engine, release, workspace
@@ -135,13 +135,14 @@ class GraphSearch(Engine):
         }
         kind = EpilogueKind(p.epilogue)
         if kind.has_z:
+            assert p.z_strides is not None  # ConvolutionParams with a z epilogue always carry its strides
             specs["z"] = TensorSpec(_UID["z"], p.output_shape, p.z_strides, p.dtype, alignment=al.get("z", 16))
         if kind.has_bias:
             specs["b"] = bias_spec(_UID["b"], p.output_shape[1], len(p.output_shape), p.dtype,
                                    alignment=al.get("b", 16))
         return specs
 
-    def _epilogues(self, p: ConvolutionParams, specs) -> list[Epilogue | None]:
+    def _epilogues(self, p: ConvolutionParams, specs: dict[str, TensorSpec]) -> list[Epilogue | None]:
         kind = EpilogueKind(p.epilogue)
         if kind is EpilogueKind.NONE:
             return [None]
@@ -211,7 +212,7 @@ class GraphSearch(Engine):
                           mode, len(records))
         return records
 
-    def _iter_candidates(self, args: ConvolutionArgs, prep: _Prepared, gi: int):
+    def _iter_candidates(self, args: ConvolutionArgs, prep: _Prepared, gi: int) -> Iterator[GraphRecord]:
         for mode in HEURISTIC_MODES:
             yield from self._mode(args, prep, gi, mode)
 
@@ -226,7 +227,7 @@ class GraphSearch(Engine):
         return lines
 
     # -- the strategy contract ------------------------------------------------------------------
-    def candidates(self, args: ConvolutionArgs):
+    def candidates(self, args: ConvolutionArgs) -> Iterable[GraphRecord]:
         """Heuristic candidates lazily, mode by mode (without benchmark), or timed (with).
 
         Where there are several equivalent graphs (alpha on ALPHA2, then alpha as a multiply by
@@ -249,7 +250,7 @@ class GraphSearch(Engine):
         self._none_left(args, prep, [])
         return []
 
-    def _lazy(self, args: ConvolutionArgs, prep: _Prepared):
+    def _lazy(self, args: ConvolutionArgs, prep: _Prepared) -> Iterator[GraphRecord]:
         offered = 0
         for gi in range(len(self._graphs(args, prep))):
             for rec in self._iter_candidates(args, prep, gi):
@@ -267,7 +268,7 @@ class GraphSearch(Engine):
             + (f"; dropped by notes: {prep.dropped}" if prep.dropped else ""),
             [(t, why) for t, why in prep.dropped])
 
-    def default_candidates(self, args: ConvolutionArgs) -> list[GraphRecord]:
+    def default_candidates(self, args: ConvolutionArgs) -> Iterable[GraphRecord]:  # lazy without benchmark
         return self.candidates(args)
 
     def _check(self, p: ConvolutionParams, record: GraphRecord) -> None:
