@@ -39,6 +39,7 @@ from .engine import Engine, release, workspace
 from .errors import (CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError,
                      StreamCaptureError)
 from .memory import allocate, mem_get_info, stream_is_capturing
+from .tensor_ops import relu_descriptor, scalar, scalar_pointers
 from .problem import (DIRECTION, DIRECTIONS, ConvolutionArgs, ConvolutionParams, EpilogueKind,
                       written_bytes)
 
@@ -383,25 +384,6 @@ _V7_TABLE: dict[str, _V7Direction] = {
         "cudnnGetConvolutionBackwardFilterWorkspaceSize", "cudnnConvolutionBackwardFilter"),
 }
 
-# alpha/beta scalars: float for half, bfloat16 and float data; double for double (kept alive here)
-_SCALARS = {
-    "float": (ctypes.c_float(1.0), ctypes.c_float(0.0)),
-    "double": (ctypes.c_double(1.0), ctypes.c_double(0.0)),
-}
-_ONE_F, _ZERO_F = (ctypes.addressof(s) for s in _SCALARS["float"])
-_ONE_D, _ZERO_D = (ctypes.addressof(s) for s in _SCALARS["double"])
-
-
-def scalar_pointers(dtype: str) -> tuple[int, int]:
-    """Addresses of the constants 1 and 0 in the scaling type cuDNN expects for ``dtype``."""
-    return (_ONE_D, _ZERO_D) if dtype == "float64" else (_ONE_F, _ZERO_F)
-
-
-def scalar(dtype: str, value: float) -> ctypes.c_double | ctypes.c_float:
-    """A ctypes scalar in cuDNN's scaling type for ``dtype`` (keep it alive across the call)."""
-    return ctypes.c_double(value) if dtype == "float64" else ctypes.c_float(value)
-
-
 class V7Descriptors:
     """Legacy descriptors for one ConvolutionParams; the convolution descriptor per math type.
 
@@ -677,19 +659,6 @@ class V7Search(Engine):
                 _lib.raise_status(status, table.run_fn)
         finally:
             release(owned, stream)
-
-
-_relu_lock = threading.Lock()
-_relu_desc: list[Any] = []
-
-
-def relu_descriptor() -> ActivationDescriptor:
-    """One shared ReLU activation descriptor (never mutated, so threads share it)."""
-    if not _relu_desc:
-        with _relu_lock:
-            if not _relu_desc:
-                _relu_desc.append(ActivationDescriptor())
-    return _relu_desc[0]
 
 
 #: the reference's guard: cuDNN sometimes reports workspaces near 2^64 (treated as unusable)

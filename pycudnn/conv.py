@@ -21,7 +21,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from . import _lib
-from .algos import describe, relu_descriptor, scalar_pointers, try_all
+from .algos import describe, try_all
+from .arguments import check_bias as _check_bias
+from .arguments import check_out_reads as _check_out_reads
+from .arguments import check_pair as _check_pair
+from .arguments import check_z as _check_z
 from .engines import strategy_for
 from .problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
 from .configuration import _override_token, config
@@ -30,6 +34,12 @@ from . import prepared as _prepared
 from .handle import get_handle
 from .memory import callers_device, resolve_stream, restore_device
 from .prepared import PreparedConvolution
+from .tensor_ops import (add_bias, add_tensor, contiguous_bias, is_contiguous_bias, relu_,
+                         scalar_pointers, transform)
+from .tensor_ops import bias_view as _bias_view
+from .tensor_ops import fill_zero as _fill_zero
+from .tensor_ops import tensor_descriptor as _tensor_desc
+from .tensor_ops import unsqueeze_1d as _unsqueeze
 from .tensor import (Tensor, as_tensor, check_writable, empty, has_internal_overlap, spans_overlap,
                      views_overlap)
 
@@ -105,30 +115,6 @@ def _check_rank(t: Tensor, name: str, fn: str) -> int:
     return t.ndim - 2
 
 
-def _check_no_broadcast(t: Tensor, name: str, fn: str) -> None:
-    """cuDNN cannot read a dim of several elements with stride 0 (an expanded/broadcast view)."""
-    if t.size == 0:
-        return  # nothing is read
-    for i, (size, stride) in enumerate(zip(t.shape, t.strides)):
-        if stride == 0 and size > 1:
-            raise ValueError(f"{fn}: expected {name} without broadcast dims, but dim {i} of "
-                             f"{name} (size {size}) has stride 0 (strides {list(t.strides)}); make "
-                             f"a contiguous copy first")
-
-
-def _check_pair(a: Tensor, a_name: str, b: Tensor, b_name: str) -> None:
-    if a.dtype != b.dtype:
-        raise TypeError(f"{a_name} type ({a.dtype.name}) and {b_name} type ({b.dtype.name}) should be the same")
-    if a.device != b.device:
-        raise ValueError(f"expected {a_name} and {b_name} to be on the same device, but got "
-                         f"{a_name} on cuda:{a.device} and {b_name} on cuda:{b.device}")
-    if a.ndim != b.ndim:
-        raise ValueError(f"expected {b_name} to have {a.ndim} dims like {a_name} "
-                         f"(size {list(a.shape)}), but got {b_name} of size {list(b.shape)}")
-    _check_no_broadcast(a, a_name, "convolution")
-    _check_no_broadcast(b, b_name, "convolution")
-
-
 def output_size(input_size: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int]) -> tuple[int, ...]:
     """Spatial output sizes of a convolution: ``(i + 2p - d*(k-1) - 1) // s + 1``."""
@@ -172,34 +158,6 @@ def _check_channels(x_shape: Sequence[int], w_shape: Sequence[int], groups: int,
         raise ValueError(f"{fn}: expected {w_name} to have positive sizes, got {list(w_shape)}")
 
 
-def _check_bias(bias: Any, k: int, ref: Tensor, stream: Any = None) -> Tensor:
-    """``bias`` as a Tensor after the checks every path applies to it (the full path and
-    [`PreparedConvolution`][pycudnn.prepared.PreparedConvolution] alike): K elements in one dim, the
-    input's dtype and device. Any stride is fine: fused epilogues read a copy
-    (`_contiguous_bias()`)."""
-    bias = as_tensor(bias, stream=stream)
-    if bias.ndim != 1 or bias.shape[0] != k:
-        raise ValueError(f"expected bias to be 1-dimensional with {k} elements, but got bias of size {list(bias.shape)}")
-    if bias.dtype != ref.dtype:
-        raise TypeError(f"bias type ({bias.dtype.name}) and input type ({ref.dtype.name}) should be the same")
-    if bias.device != ref.device:
-        raise ValueError(f"expected bias to be on the input's device (cuda:{ref.device}), but got "
-                         f"bias on cuda:{bias.device}")
-    return bias
-
-
-def _check_z(z: Any, shape: Sequence[int], ref: Tensor, fn: str, stream: Any = None) -> Tensor:
-    """``z`` (the residual of convolution_add_relu) as a Tensor after the checks every path applies
-    to it: the input's dtype, device and rank, no broadcast dims, and the output's ``shape``."""
-    if z is None:
-        raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got None")
-    z = as_tensor(z, stream=stream)
-    _check_pair(ref, "input", z, "z")
-    if tuple(z.shape) != tuple(shape):
-        raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got {list(z.shape)}")
-    return z
-
-
 def suggest_memory_format(*tensors: Tensor) -> str:
     """``cudnn_conv_suggest_memory_format``: channels_last when input or weight is channels_last,
     except for float64, which cuDNN runs only in NCHW (PyTorch disables NHWC for double too)."""
@@ -233,21 +191,6 @@ def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: in
                              f"memory location; pass an output without overlapping elements")
         _check_out_reads(out, reads, name, in_place)
     return out
-
-
-def _check_out_reads(out: Tensor, reads: Sequence[tuple[str, Tensor | None]], name: str = "out",
-                     in_place: Tensor | None = None) -> None:
-    """Refuse an ``out`` that shares memory with a tensor the call reads; ``in_place`` (z) may be
-    ``out`` exactly (same address and strides), but not partly. Used by the full path and by
-    prepared convolutions."""
-    if (in_place is not None and not (in_place.ptr == out.ptr and in_place.strides == out.strides)
-            and views_overlap(out, in_place)):
-        reads = (*reads, ("z", in_place))
-    for read_name, t in reads:
-        if t is not None and views_overlap(out, t):
-            raise ValueError(f"{name}: it overlaps {read_name}, which the call reads: cuDNN does "
-                             f"not compute in place, the result would be wrong; pass an output "
-                             f"that shares no memory with the inputs")
 
 
 def _flags(given: dict[str, Any]) -> dict[str, Any]:
@@ -487,97 +430,6 @@ _UNFUSABLE: set = set()
 _UNFUSABLE_LOCK = threading.Lock()
 
 
-def _unsqueeze(t: Tensor) -> Tensor:
-    """A 3-D (N, C, L) tensor as 4-D (N, C, 1, L); others unchanged (a view, no copy)."""
-    if t.ndim != 3:
-        return t
-    return t.unsqueeze(2)
-
-
-# ---- cuDNN tensor operations used around the convolution ---------------------------------------
-
-def _tensor_desc(t: Tensor) -> TensorDescriptor:
-    from .descriptors import TensorDescriptor
-
-    t4 = _unsqueeze(t) if t.ndim == 3 else t
-    return TensorDescriptor(t4.shape, t4.dtype, t4.strides)
-
-
-def transform(handle: int, src: Tensor, dst: Tensor) -> None:
-    """``dst = src`` for tensors of one shape with any strides (and dtypes cuDNN converts)."""
-    if src.size == 0:
-        return
-    with _tensor_desc(src) as sd, _tensor_desc(dst) as dd:
-        one, zero = scalar_pointers(dst.dtype.name if dst.dtype.name == "float64" else "float32")
-        st = _lib.lib().cudnnTransformTensor(handle, one, sd.handle, src.ptr, zero, dd.handle, dst.ptr)
-        if st:
-            _lib.raise_status(st, "cudnnTransformTensor", f"  src: {sd!r}", f"  dst: {dd!r}")
-
-
-def add_tensor(handle: int, a: Tensor, c: Tensor, alpha: float = 1.0, beta: float = 1.0) -> None:
-    """``c = alpha * a + beta * c`` (a broadcast over c where a has unit dims) via cudnnAddTensor."""
-    if c.size == 0:
-        return
-    with _tensor_desc(a) as ad, _tensor_desc(c) as cd:
-        kind = "float64" if c.dtype.name == "float64" else "float32"
-        al = ctypes.c_double(alpha) if kind == "float64" else ctypes.c_float(alpha)
-        be = ctypes.c_double(beta) if kind == "float64" else ctypes.c_float(beta)
-        st = _lib.lib().cudnnAddTensor(handle, ctypes.addressof(al), ad.handle, a.ptr,
-                                       ctypes.addressof(be), cd.handle, c.ptr)
-        if st:
-            _lib.raise_status(st, "cudnnAddTensor", f"  A: {ad!r}", f"  C: {cd!r}")
-
-
-def _bias_view(bias: Tensor, ndim: int) -> Tensor:
-    """The 1-D bias as (1, K, 1, ...) for broadcasting over an ``ndim``-dim output."""
-    from .tensor import tensor_from_pointer
-
-    k = bias.shape[0]
-    s = bias.strides[0] if bias.strides else 1
-    return tensor_from_pointer(bias.ptr, (1, k) + (1,) * (ndim - 2), bias.dtype,
-                               strides=(k * s, s) + (s,) * (ndim - 2), device=bias.device, owner=bias)
-
-
-def add_bias(handle: int, y: Tensor, bias: Tensor) -> None:
-    add_tensor(handle, _bias_view(bias, y.ndim), y, 1.0, 1.0)
-
-
-def relu_(handle: int, y: Tensor) -> None:
-    """In-place ReLU through cudnnActivationForward."""
-    if y.size == 0:
-        return
-    act = relu_descriptor()
-    with _tensor_desc(y) as yd:
-        one, zero = scalar_pointers(y.dtype.name)
-        st = _lib.lib().cudnnActivationForward(handle, act.handle, one, yd.handle, y.ptr, zero,
-                                               yd.handle, y.ptr)
-        if st:
-            _lib.raise_status(st, "cudnnActivationForward", f"  y: {yd!r}")
-
-
-_ZERO_BYTES = ctypes.c_double(0.0)  # zero in every floating dtype's bit pattern
-
-
-def _fill_zero(t: Tensor, stream: int, handle: int | None = None) -> None:
-    """Zero the elements of ``t`` (a dense view with memset; a strided one through cudnnSetTensor,
-    so the memory between its elements is left alone)."""
-    from .memory import memset
-
-    if not t.size:
-        return
-    if t.span_bytes == t.nbytes:
-        memset(t.ptr, t.nbytes, stream)
-        return
-    if handle is None:
-        from .handle import get_handle
-
-        handle = get_handle(t.device, stream)
-    with _tensor_desc(t) as d:
-        st = _lib.lib().cudnnSetTensor(handle, d.handle, t.ptr, ctypes.addressof(_ZERO_BYTES))
-        if st:
-            _lib.raise_status(st, "cudnnSetTensor", f"  t: {d!r}")
-
-
 # ---- the one call path ----------------------------------------------------------------------------
 # Every public function is: convert its tensors, build the call signature (its key), replay the
 # remembered prepared convolution when the signature matches (the hot path), else run its full
@@ -728,22 +580,13 @@ def _prepare(call: "_Call") -> "PreparedConvolution | None":
         out_size_bytes=written.span_bytes)
 
 
-def _contiguous_bias(b: Tensor, stream: int, call: "_Call | None" = None) -> Tensor:
-    """The bias as fused epilogues read it (K contiguous elements): ``b`` itself when it is, else
-    a dense copy made on ``stream`` (stream-ordered: allocated, copied and, once dropped, freed on
-    it). Prepared convolutions stage a strided bias through this too, as the full path does."""
-    if b.shape[0] <= 1 or b.strides[0] == 1:
+def _contiguous_bias(b: Tensor, stream: int, call: "_Call") -> Tensor:
+    """[`contiguous_bias()`][pycudnn.tensor_ops.contiguous_bias] for a call: a copy it makes
+    marks the call as staged (not replayable by a prepared convolution)."""
+    if is_contiguous_bias(b):
         return b
-    if call is not None:
-        handle = call.handle
-        call.staged = True  # a copy made for this call: not replayable by a prepared convolution
-    else:
-        from .handle import get_handle
-
-        handle = get_handle(b.device, stream)
-    tmp = empty(b.shape, b.dtype, device=b.device, stream=stream)
-    transform(handle, _bias_view(b, 4), _bias_view(tmp, 4))
-    return tmp
+    call.staged = True
+    return contiguous_bias(b, stream, call.handle)
 
 
 def _zero_bias(call: "_Call", k: int, like: Tensor) -> Tensor:

@@ -20,12 +20,14 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+from .arguments import check_bias, check_out_reads, check_z
 from .engine import Engine
 from .errors import PycudnnError
 from .handle import get_handle
 from .memory import allocate_fast, callers_device, resolve_stream, restore_device
 from .problem import DIRECTION, ConvolutionParams
 from .tensor import Tensor, as_tensor, check_writable, span_elements, views_overlap
+from .tensor_ops import contiguous_bias
 
 __all__ = ["PreparedConvolution", "prepare_convolution", "clear_fast_calls", "FAST_CALLS_MAX"]
 
@@ -119,16 +121,12 @@ class PreparedConvolution:
                                      "cuDNN does not compute in place; pass an output that "
                                      "shares no memory with the inputs")
                 if zt is not None or bt is not None:
-                    from .conv import _check_out_reads
-
                     # the full path's rule: out may be z exactly (an in-place residual), not partly
-                    _check_out_reads(out, (("bias", bt),), "prepared convolution: out", in_place=zt)
+                    check_out_reads(out, (("bias", bt),), "prepared convolution: out", in_place=zt)
             if bt is not None and bt.strides != self.strides["b"]:
-                from .conv import _contiguous_bias
-
                 # the fused plan reads K contiguous elements: a strided bias is copied first, on
                 # this call's stream, as the full path does (after every check: nothing has run)
-                bt = _contiguous_bias(bt, s)
+                bt = contiguous_bias(bt, s)
             s_ref = None if stream is None or type(stream) is int else stream
             return self._run(a, b, out, zt, bt, s, s_ref)
         finally:
@@ -138,11 +136,9 @@ class PreparedConvolution:
         """``(z, bias)`` as Tensors, checked with the full path's own checks (``a`` is the input x:
         only a forward convolution has an epilogue); None for those this convolution does not
         take. A bias or z it was not prepared for is refused, never dropped."""
-        from . import conv as _conv
-
         zt = bt = None
         if self.has_z:
-            zt = _conv._check_z(z, self.shapes["z"], a, "prepared convolution", stream)
+            zt = check_z(z, self.shapes["z"], a, "prepared convolution", stream)
             if zt.strides != self.strides["z"]:
                 raise ValueError(f"prepared convolution: expected z with strides "
                                  f"{list(self.strides['z'])} (those it was prepared with), but got "
@@ -156,7 +152,7 @@ class PreparedConvolution:
                 if bias is None:
                     raise ValueError(f"prepared convolution: this convolution was prepared with a "
                                      f"bias; pass bias= (a tensor of size {list(self.shapes['b'])})")
-            bt = _conv._check_bias(bias, self.shapes["b"][0], a, stream)
+            bt = check_bias(bias, self.shapes["b"][0], a, stream)
         elif bias is not None:
             raise ValueError("prepared convolution: bias was given, but this convolution was "
                              "prepared without a bias; prepare it with one "

@@ -274,7 +274,7 @@ def params_from_dict(data: Any, device: int) -> Any:
     Raises:
         TypeError, ValueError: a field is missing, unknown, of the wrong kind or out of range.
     """
-    from .algos import ConvolutionParams
+    from .problem import ConvolutionParams
 
     fields = {f.name: f for f in dataclasses.fields(ConvolutionParams)}
     if not isinstance(data, dict):

@@ -13,6 +13,7 @@ import pytest
 
 from pycudnn import conv as C
 from pycudnn import prepared as P
+from pycudnn import tensor_ops
 from pycudnn.algos import ConvolutionParams
 from pycudnn.tensor import tensor_from_pointer
 from scripted_engine import ScriptedEngine
@@ -99,9 +100,9 @@ def test_strided_bias_is_copied_dense_first_as_the_full_path_does(launched, monk
     stream and launches with the copy."""
     copies = []
     staged = tensor_from_pointer(0x31000000, (16,), F32, device=0)
-    monkeypatch.setattr("pycudnn.handle.get_handle", lambda device, stream: 0x1234)
-    monkeypatch.setattr(C, "empty", lambda shape, dtype, device=None, stream=None: staged)
-    monkeypatch.setattr(C, "transform", lambda handle, src, dst: copies.append((src, dst)))
+    monkeypatch.setattr(tensor_ops, "get_handle", lambda device, stream: 0x1234)
+    monkeypatch.setattr(tensor_ops, "empty", lambda shape, dtype, device=None, stream=None: staged)
+    monkeypatch.setattr(tensor_ops, "transform", lambda handle, src, dst: copies.append((src, dst)))
     conv = _prepared(launched)
     strided = tensor_from_pointer(0x30000000, (16,), F32, strides=(2,), device=0)
     conv(X, W, bias=strided, stream=7)

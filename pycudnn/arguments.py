@@ -1,0 +1,80 @@
+"""Argument checks shared by the public functions' full path and by prepared calls.
+
+Each check names the parameter and the expected value (PyTorch's wording where it has one) and
+runs before anything is launched, so a refused call leaves every buffer as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .tensor import Tensor, as_tensor, views_overlap
+
+__all__ = ["check_no_broadcast", "check_pair", "check_bias", "check_z", "check_out_reads"]
+
+
+def check_no_broadcast(t: Tensor, name: str, fn: str) -> None:
+    """cuDNN cannot read a dim of several elements with stride 0 (an expanded/broadcast view)."""
+    if t.size == 0:
+        return  # nothing is read
+    for i, (size, stride) in enumerate(zip(t.shape, t.strides)):
+        if stride == 0 and size > 1:
+            raise ValueError(f"{fn}: expected {name} without broadcast dims, but dim {i} of "
+                             f"{name} (size {size}) has stride 0 (strides {list(t.strides)}); make "
+                             f"a contiguous copy first")
+
+
+def check_pair(a: Tensor, a_name: str, b: Tensor, b_name: str) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"{a_name} type ({a.dtype.name}) and {b_name} type ({b.dtype.name}) should be the same")
+    if a.device != b.device:
+        raise ValueError(f"expected {a_name} and {b_name} to be on the same device, but got "
+                         f"{a_name} on cuda:{a.device} and {b_name} on cuda:{b.device}")
+    if a.ndim != b.ndim:
+        raise ValueError(f"expected {b_name} to have {a.ndim} dims like {a_name} "
+                         f"(size {list(a.shape)}), but got {b_name} of size {list(b.shape)}")
+    check_no_broadcast(a, a_name, "convolution")
+    check_no_broadcast(b, b_name, "convolution")
+
+
+def check_bias(bias: Any, k: int, ref: Tensor, stream: Any = None) -> Tensor:
+    """``bias`` as a Tensor after the checks every path applies to it (the full path and
+    [`PreparedConvolution`][pycudnn.prepared.PreparedConvolution] alike): K elements in one dim, the
+    input's dtype and device. Any stride is fine: fused epilogues read a copy
+    (`pycudnn.tensor_ops.contiguous_bias()`)."""
+    bias = as_tensor(bias, stream=stream)
+    if bias.ndim != 1 or bias.shape[0] != k:
+        raise ValueError(f"expected bias to be 1-dimensional with {k} elements, but got bias of size {list(bias.shape)}")
+    if bias.dtype != ref.dtype:
+        raise TypeError(f"bias type ({bias.dtype.name}) and input type ({ref.dtype.name}) should be the same")
+    if bias.device != ref.device:
+        raise ValueError(f"expected bias to be on the input's device (cuda:{ref.device}), but got "
+                         f"bias on cuda:{bias.device}")
+    return bias
+
+
+def check_z(z: Any, shape: Sequence[int], ref: Tensor, fn: str, stream: Any = None) -> Tensor:
+    """``z`` (the residual of convolution_add_relu) as a Tensor after the checks every path applies
+    to it: the input's dtype, device and rank, no broadcast dims, and the output's ``shape``."""
+    if z is None:
+        raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got None")
+    z = as_tensor(z, stream=stream)
+    check_pair(ref, "input", z, "z")
+    if tuple(z.shape) != tuple(shape):
+        raise ValueError(f"{fn}: expected z of size {list(shape)} (the output's), but got {list(z.shape)}")
+    return z
+
+
+def check_out_reads(out: Tensor, reads: Sequence[tuple[str, Tensor | None]], name: str = "out",
+                     in_place: Tensor | None = None) -> None:
+    """Refuse an ``out`` that shares memory with a tensor the call reads; ``in_place`` (z) may be
+    ``out`` exactly (same address and strides), but not partly. Used by the full path and by
+    prepared convolutions."""
+    if (in_place is not None and not (in_place.ptr == out.ptr and in_place.strides == out.strides)
+            and views_overlap(out, in_place)):
+        reads = (*reads, ("z", in_place))
+    for read_name, t in reads:
+        if t is not None and views_overlap(out, t):
+            raise ValueError(f"{name}: it overlaps {read_name}, which the call reads: cuDNN does "
+                             f"not compute in place, the result would be wrong; pass an output "
+                             f"that shares no memory with the inputs")
