@@ -437,6 +437,9 @@ class V7Search(Engine):
     name = "v7"
     deterministic_uses_default = True
     epilogues = frozenset({EpilogueKind.NONE, EpilogueKind.ADD_RELU})
+    # a stream-ordered allocation per launch: a per-thread cache grown and evicted across many
+    # streams needs device-wide synchronization, which fails while any stream captures
+    cached_workspace = False
 
     def __init__(self, max_prepared: int = 1024) -> None:
         self._prepared: OrderedDict[ConvolutionParams, V7Descriptors] = OrderedDict()
@@ -631,7 +634,7 @@ class V7Search(Engine):
         p = params
         descs = self.descriptors(p)
         conv = descs.conv(record.math_type)
-        ws, owned = workspace(record.workspace, p.device, stream)
+        ws, owned = workspace(record.workspace, p.device, stream, self.cached_workspace)
         try:
             if p.epilogue == EpilogueKind.ADD_RELU:
                 x, w, y, z, bias = pointers

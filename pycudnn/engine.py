@@ -40,19 +40,19 @@ class Record(Protocol):
         """One line naming the choice, for logs and errors."""
 
 
-def workspace(nbytes: int, device: int, stream: int) -> tuple[int, Any]:
+def workspace(nbytes: int, device: int, stream: int, cached: bool) -> tuple[int, Any]:
     """``(pointer, owned)``: a workspace of ``nbytes`` for one launch on ``stream`` (pointer 0
     when none is needed). Pass ``owned`` to [`release`][pycudnn.engine.release] after the launch.
 
-    Outside CUDA-graph capture it is this thread's cached workspace for (device, stream), reused
-    across launches (they are ordered on the stream) and grown when a larger one is asked
-    (``owned`` is None); during capture a launch gets its own stream-ordered allocation, freed
-    after it, because a captured graph must never keep an address the cache may free later.
-    A plain function, not a context manager: it is on the hot path of every launch.
+    ``cached`` (an engine's ``cached_workspace``): this thread's cached workspace for (device,
+    stream), reused across launches (they are ordered on the stream) and grown when a larger one
+    is asked (``owned`` is None). Otherwise, and always during CUDA-graph capture (a captured
+    graph must never keep an address the cache may free later), a stream-ordered allocation for
+    this launch, freed after it. A plain function, not a context manager: it is on the hot path.
     """
     if not nbytes:
         return 0, None
-    if stream_is_capturing(stream):
+    if not cached or stream_is_capturing(stream):
         ws = allocate_fast(nbytes, device, stream)
         return ws.ptr, ws
     return thread_workspace(nbytes, device, stream), None
@@ -74,6 +74,10 @@ class Engine(ABC):
     deterministic_uses_default: ClassVar[bool] = False
     #: the epilogues it fuses into the convolution itself
     epilogues: ClassVar[frozenset[EpilogueKind]] = frozenset({EpilogueKind.NONE})
+    #: whether replays (``launcher``) use this thread's cached workspace (see
+    #: [`workspace`][pycudnn.engine.workspace]); False: a stream-ordered allocation per launch.
+    #: First launches (``run``, searches) always get an allocation of their own.
+    cached_workspace: ClassVar[bool] = False
 
     def supports(self, epilogue: str) -> bool:
         """Whether it fuses ``epilogue`` (an [`EpilogueKind`][pycudnn.problem.EpilogueKind] value)."""

@@ -115,6 +115,7 @@ class GraphSearch(Engine):
     #: the v7 rule of one fixed default algorithm belongs to the legacy API.
     deterministic_uses_default = False
     epilogues = frozenset(EpilogueKind)
+    cached_workspace = True  # replays (launcher) reuse this thread's workspace
 
     def __init__(self, max_prepared: int = 512) -> None:
         self._prepared: OrderedDict[ConvolutionParams, _Prepared] = OrderedDict()
@@ -289,17 +290,26 @@ class GraphSearch(Engine):
     def launcher(self, params: ConvolutionParams,
                  record: GraphRecord) -> Callable[[int, tuple[int, ...], int], None]:
         plan = record.plan
-        if plan.workspace_size:
-            return super().launcher(params, record)
         execute = plan.execute
+        nbytes = plan.workspace_size or 0
+        if not nbytes:
+            def launch_without_workspace(handle: int, pointers: tuple[int, ...], stream: int) -> None:
+                execute(handle, pointers, 0)  # the hot path: one call into the plan
+            return launch_without_workspace
+        device = params.device
 
-        def launch_without_workspace(handle: int, pointers: tuple[int, ...], stream: int) -> None:
-            execute(handle, pointers, 0)  # the hot path: one call into the plan
-        return launch_without_workspace
+        def launch_with_workspace(handle: int, pointers: tuple[int, ...], stream: int) -> None:
+            ws, owned = workspace(nbytes, device, stream, self.cached_workspace)
+            try:
+                execute(handle, pointers, ws)
+            finally:
+                release(owned, stream)
+        return launch_with_workspace
 
     def launch(self, params: ConvolutionParams, record: GraphRecord, handle: int,
                pointers: tuple[int, ...], stream: int) -> None:
-        ws, owned = workspace(record.plan.workspace_size or 0, params.device, stream)
+        # the first launch of a record (a search, a cold call): a workspace of its own
+        ws, owned = workspace(record.plan.workspace_size or 0, params.device, stream, False)
         try:
             record.plan.execute(handle, pointers, ws)
         finally:

@@ -900,7 +900,11 @@ class StreamAllocation:
         self.stream_ref = None
         rt = _rt or _runtime()
         with device_guard(self.device):
-            check_cuda(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+            if rt.cudaDeviceSynchronize()[0]:
+                # e.g. another thread is capturing a CUDA graph: freeing now could hand memory
+                # still in use to the next allocation, so it is kept (lost at worst), never raised
+                # into the call that happened to evict it
+                return
             rt.cudaFree(ptr)
 
     def __del__(self) -> None:

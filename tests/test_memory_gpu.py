@@ -177,6 +177,25 @@ def test_evicted_thread_workspace_is_freed_after_a_device_synchronize(fake_cuda)
     assert rt.calls[:2] == [("cudaDeviceSynchronize",), ("cudaFree", ptrs[0])]
 
 
+def test_a_synchronous_free_that_cannot_synchronize_keeps_the_memory_and_does_not_raise(fake_cuda):
+    """While another thread captures a CUDA graph, cudaDeviceSynchronize fails: the evicting call
+    must neither free memory that may still be in use nor fail because of it."""
+    from pycudnn import memory
+
+    drv, rt, _ = fake_cuda
+    capturing = 906  # cudaErrorStreamCaptureUnsupported
+    rt.cudaDeviceSynchronize = lambda: (rt.calls.append(("cudaDeviceSynchronize",)), (capturing,))[1]
+    ptrs = []
+
+    def work():
+        for stream in range(0x5000, 0x5000 + memory.THREAD_WORKSPACES_MAX + 1):
+            ptrs.append(memory.thread_workspace(1 << 20, 0, stream))
+
+    _in_thread(work)  # the eviction of the first workspace neither raised ...
+    assert len(ptrs) == memory.THREAD_WORKSPACES_MAX + 1
+    assert ("cudaFree", ptrs[0]) not in rt.calls  # ... nor freed it
+
+
 def test_nothing_is_freed_once_interpreter_shutdown_began(fake_cuda, monkeypatch):
     from pycudnn import memory
 

@@ -580,10 +580,11 @@ class _Redzone:
         s = 0 if stream is None else stream
         memory.copy_host_to_device(buf.ptr + nbytes, PATTERN, s)
         zone = self
+        requested = nbytes
 
         class Guarded:
             ptr = buf.ptr
-            size = nbytes  # what pycudnn asked for: it must never reuse the guard as its own
+            size = requested  # what pycudnn asked for: it must never reuse the guard as its own
 
             @property
             def nbytes(self) -> int:
