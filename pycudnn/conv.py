@@ -502,8 +502,8 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
             defaults from [`pycudnn.config`][pycudnn.configuration.config].
 
     Returns:
-        The output ``(N, K, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] (``out``
-        when given).
+        The output ``(N, K, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor],
+            ``out`` itself when it is given.
     """
     return _forward(x, w, bias, stride, padding, dilation, groups, activation, out, stream, flags)[0]
 
