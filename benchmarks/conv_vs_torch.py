@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+import host_per_call  # this script's folder is on sys.path
+
 # (name, C, H, K, R, stride, pad) at batch N: input N x C x H x H, K filters of R x R
 RESNET50_LAYERS = [
     ("conv1", 3, 224, 64, 7, 2, 3),
@@ -153,17 +155,7 @@ def host_overhead(torch, F, pycudnn, calls: int):
     out = {}
 
     def per_call(fn):
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        best = math.inf
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) / calls)
-        return best * 1e6
+        return host_per_call.per_call(torch, fn, calls)
 
     out["torch_F.conv2d_us"] = per_call(lambda: F.conv2d(x, w, padding=1))
     out["pycudnn.convolution_us"] = per_call(lambda: pycudnn.convolution(X, W, padding=1))
