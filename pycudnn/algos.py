@@ -2,8 +2,8 @@
 
 This is the behaviour of PyTorch's ``Conv_v7.cpp`` (see ``docs/architecture.md``):
 
-* [`ConvolutionParams`][pycudnn.algos.ConvolutionParams] is the immutable cache key: everything that
-  changes the answer.
+* [`ConvolutionParams`][pycudnn.problem.ConvolutionParams] is the immutable cache key: everything
+  that changes the answer.
 * `BenchmarkCache` holds one record per key, one cache per direction, thread-safe, with a
   per-key search lock so two threads asking for the same new key run one search, and a reader
   never waits on a search for another key.
@@ -34,14 +34,14 @@ from . import _lib, tuning_db
 from ._types import (BwdDataAlgo, BwdFilterAlgo, ConvolutionBwdDataAlgoPerf,
                      ConvolutionBwdFilterAlgoPerf, ConvolutionFwdAlgoPerf, Determinism, FwdAlgo,
                      MathType, Status)
-from .descriptors import ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
+from .descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
 from .engine import Engine, release, workspace
 from .errors import (CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError,
                      StreamCaptureError)
 from .memory import allocate, mem_get_info, stream_is_capturing
-from .tensor_ops import relu_descriptor, scalar, scalar_pointers
 from .problem import (DIRECTION, DIRECTIONS, ConvolutionArgs, ConvolutionParams, EpilogueKind,
                       written_bytes)
+from .tensor_ops import relu_descriptor, scalar, scalar_pointers
 
 __all__ = [
     "DIRECTIONS", "ConvolutionParams", "ConvolutionArgs", "AlgoRecord", "BenchmarkCache",

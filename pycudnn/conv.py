@@ -12,39 +12,31 @@ buffers untouched.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import _lib
+from . import prepared as _prepared
 from .algos import describe, try_all
 from .arguments import check_bias as _check_bias
 from .arguments import check_out_reads as _check_out_reads
 from .arguments import check_pair as _check_pair
 from .arguments import check_z as _check_z
-from .engines import strategy_for
-from .problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
 from .configuration import _override_token, config
+from .engines import strategy_for
 from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
-from . import prepared as _prepared
 from .handle import get_handle
 from .memory import callers_device, resolve_stream, restore_device
 from .prepared import PreparedConvolution
-from .tensor_ops import (add_bias, add_tensor, contiguous_bias, is_contiguous_bias, relu_,
-                         scalar_pointers, transform)
-from .tensor_ops import bias_view as _bias_view
+from .problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
+from .tensor import Tensor, as_tensor, check_writable, empty, has_internal_overlap, spans_overlap
+from .tensor_ops import add_bias, add_tensor, contiguous_bias, is_contiguous_bias, relu_, transform
 from .tensor_ops import fill_zero as _fill_zero
-from .tensor_ops import tensor_descriptor as _tensor_desc
 from .tensor_ops import unsqueeze_1d as _unsqueeze
-from .tensor import (Tensor, as_tensor, check_writable, empty, has_internal_overlap, spans_overlap,
-                     views_overlap)
-
-if TYPE_CHECKING:
-    from .descriptors import TensorDescriptor
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
            "convolution_backward_filter", "convolution_add_relu", "prepare_convolution",

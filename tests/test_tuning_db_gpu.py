@@ -107,7 +107,7 @@ def test_plan_json_of_another_convolution_is_never_run(db):
     under a small convolution's key: the plan is not deserialized, nothing is written past the
     output, and the result is the small convolution's."""
     import pycudnn
-    from pycudnn import algos, get_handle
+    from pycudnn import get_handle
 
     rng = np.random.default_rng(5)
     w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
