@@ -674,7 +674,9 @@ def test_cache_import_of_a_file_without_records_changes_nothing(db, capsys, tmp_
     odd_doc = json.loads(odd.read_text())
     odd_doc["entries"] = odd_doc["entries"][1:]  # only the entry that does not validate
     odd.write_text(json.dumps(odd_doc))
+    assert Path(db.path()).read_bytes() == before
     db.store(make_params(), V7)
+    before = Path(db.path()).read_bytes()  # the store stamps the entry with the current time
     rc, out, _ = call(capsys, "cache", "import", str(odd))
     assert rc == 0 and out.strip() == (f"{odd} holds no records; {db.path()} is unchanged; "
                                        f"refused 1 entry that did not validate")
