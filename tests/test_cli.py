@@ -670,11 +670,11 @@ def test_cache_import_of_a_file_without_records_changes_nothing(db, capsys, tmp_
     empty.write_text('{"format": "pycudnn-tuning-db", "version": 1, "entries": []}')
     rc, out, _ = call(capsys, "cache", "import", str(empty))
     assert rc == 0 and out.strip() == f"{empty} holds no records; {db.path()} is unchanged"
+    assert Path(db.path()).read_bytes() == before
     odd = _import_file(db, tmp_path, [{"schema": 1}])
     odd_doc = json.loads(odd.read_text())
     odd_doc["entries"] = odd_doc["entries"][1:]  # only the entry that does not validate
     odd.write_text(json.dumps(odd_doc))
-    assert Path(db.path()).read_bytes() == before
     db.store(make_params(), V7)
     before = Path(db.path()).read_bytes()  # the store stamps the entry with the current time
     rc, out, _ = call(capsys, "cache", "import", str(odd))
