@@ -46,7 +46,7 @@ from .tensor_ops import relu_descriptor, scalar, scalar_pointers
 __all__ = [
     "DIRECTIONS", "ConvolutionParams", "ConvolutionArgs", "AlgoRecord", "BenchmarkCache",
     "SearchStrategy", "V7Search", "try_all", "caches", "check_precision", "precision_problem",
-    "error_if_capturing", "describe", "relu_descriptor", "scalar_pointers", "scalar",
+    "error_if_capturing", "relu_descriptor", "scalar_pointers", "scalar",
 ]
 
 #: the engine contract under its earlier name
@@ -298,11 +298,6 @@ def try_all(args: ConvolutionArgs, strategy: Engine, cache: BenchmarkCache | Non
     raise NoAlgorithmError(
         f"unable to find a valid cuDNN algorithm to run the convolution ({params.short()}); "
         f"candidates tried:\n" + "\n".join(lines), failures)
-
-
-def describe(record: Any) -> str:
-    """One line naming ``record`` (any engine's), for logs and errors."""
-    return str(record.describe())
 
 
 # ---- the persistent tuning database hooks ---------------------------------------------------------

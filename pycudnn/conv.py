@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _lib
 from . import prepared as _prepared
-from .algos import describe, try_all
+from .algos import try_all
 from .arguments import check_bias as _check_bias
 from .arguments import check_out_reads as _check_out_reads
 from .arguments import check_pair as _check_pair
@@ -409,7 +409,7 @@ class _Call:
             raise exc.add_context(*self._context(params)) from None
         self.pieces.append((params, record))
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: %s -> %s", self.api, params.short(), describe(record))
+            log.debug("%s: %s -> %s", self.api, params.short(), record.describe())
 
     def _context(self, params: ConvolutionParams) -> list[str]:
         from .repro import repro_lines
@@ -463,10 +463,6 @@ def _remember(key: tuple[Any, ...], prepared: "PreparedConvolution | None", agai
 
     prepared.fallback = fallback
     _prepared.remember(key, prepared)
-
-
-def _tensor(t: Any, stream: Any) -> Tensor:
-    return t if type(t) is Tensor else as_tensor(t, stream=stream)
 
 
 # ---- public API -----------------------------------------------------------------------------------
@@ -653,9 +649,12 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
     """[`conv_transpose()`][pycudnn.conv.conv_transpose], returning what it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
-        x, w = _tensor(x, stream), _tensor(w, stream)
-        if bias is not None:
-            bias = _tensor(bias, stream)
+        if type(x) is not Tensor:
+            x = as_tensor(x, stream=stream)
+        if type(w) is not Tensor:
+            w = as_tensor(w, stream=stream)
+        if bias is not None and type(bias) is not Tensor:
+            bias = as_tensor(bias, stream=stream)
         key = ("conv_transpose", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
                w.device, _sig(bias), stride, padding, output_padding, dilation, groups, activation,
                _flags_token(flags))

@@ -299,17 +299,18 @@ class GraphSearch(Engine):
         device = params.device
 
         def launch_with_workspace(handle: int, pointers: tuple[int, ...], stream: int) -> None:
-            ws, owned = workspace(nbytes, device, stream, self.cached_workspace)
-            try:
-                execute(handle, pointers, ws)
-            finally:
-                release(owned, stream)
+            self._execute(record, device, handle, pointers, stream, self.cached_workspace)
         return launch_with_workspace
 
     def launch(self, params: ConvolutionParams, record: GraphRecord, handle: int,
                pointers: tuple[int, ...], stream: int) -> None:
         # the first launch of a record (a search, a cold call): a workspace of its own
-        ws, owned = workspace(record.plan.workspace_size or 0, params.device, stream, False)
+        self._execute(record, params.device, handle, pointers, stream, False)
+
+    @staticmethod
+    def _execute(record: GraphRecord, device: int, handle: int, pointers: tuple[int, ...],
+                 stream: int, cached: bool) -> None:
+        ws, owned = workspace(record.plan.workspace_size or 0, device, stream, cached)
         try:
             record.plan.execute(handle, pointers, ws)
         finally:

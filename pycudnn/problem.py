@@ -17,14 +17,11 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import TypeVar
 
 from ._types import normalize_dtype
 
 __all__ = ["Direction", "DIRECTION", "DIRECTIONS", "ROLES", "EpilogueKind", "ConvolutionParams",
            "ConvolutionArgs", "role_bytes", "written_bytes"]
-
-T = TypeVar("T")
 
 #: the forward roles, in the order the graph engine's plans and the prepared calls pass pointers
 ROLES = ("x", "w", "y")
@@ -53,12 +50,6 @@ class Direction:
         the forward roles are ``t[i] for i in call_positions``."""
         order = (*self.inputs, self.written)
         return order.index("x"), order.index("w"), order.index("y")
-
-    def roles(self, a: T, b: T, out: T) -> tuple[T, T, T]:
-        """(x, w, y) from the public function's two inputs and its output."""
-        t = (a, b, out)
-        i, j, k = self.call_positions
-        return t[i], t[j], t[k]
 
 
 #: the direction table: every place that needs to know what a direction reads and writes asks here
