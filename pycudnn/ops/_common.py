@@ -1,0 +1,228 @@
+"""What the operations' public functions share: argument checks, outputs, streams, the scaling
+scalars, staging through dense copies, and the bounded cache of call plans.
+
+Every check names the function and the parameter (PyTorch's wording where it has one) and runs
+before anything is launched, so a refused call leaves every buffer as it was. The pieces are the
+convolutions' own where they fit: `pycudnn.tensor.as_tensor`, `pycudnn.tensor.check_writable`,
+`pycudnn.tensor.views_overlap`, `pycudnn.arguments.check_no_broadcast`,
+`pycudnn.memory.resolve_stream`, `pycudnn.memory.allocate_fast` and
+`pycudnn.tensor_ops.scalar_pointers` / `pycudnn.tensor_ops.transform`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from pycudnn import _lib
+from pycudnn.arguments import check_no_broadcast
+from pycudnn.memory import allocate_fast, callers_device, resolve_stream, restore_device
+from pycudnn.tensor import (Tensor, as_tensor, channels_last_strides, check_writable,
+                            contiguous_strides, empty, has_internal_overlap, views_overlap)
+from pycudnn.tensor_ops import scalar_pointers, transform
+
+__all__ = ["tensor_arg", "stream_pair", "scalars", "check_match", "check_shape", "check_input",
+           "check_choice", "check_coef", "layout_strides", "checked_out", "check_out_reads",
+           "new_output", "same_layout", "staged", "PlanCache", "callers_device", "restore_device", "raise_launch",
+           "INT32_MAX"]
+
+#: cuDNN's legacy descriptors take sizes and strides as C ``int``
+INT32_MAX = 2**31 - 1
+
+
+def tensor_arg(obj: Any, stream: Any) -> Tensor:
+    """``obj`` as a [`Tensor`][pycudnn.tensor.Tensor] (zero-copy; a Tensor is returned as is)."""
+    return obj if type(obj) is Tensor else as_tensor(obj, stream=stream)
+
+
+def stream_pair(stream: Any) -> tuple[int, Any]:
+    """(the ``cudaStream_t`` handle, the stream object to keep alive until memory allocated on
+    it is freed, or None), as the convolutions resolve ``stream=``."""
+    if stream is None:
+        return 0, None
+    if type(stream) is int:
+        return resolve_stream(stream), None
+    return resolve_stream(stream), stream
+
+
+def scalars(t: Tensor) -> tuple[int, int]:
+    """Addresses of alpha = 1 and beta = 0 in the scaling type cuDNN expects for ``t``'s dtype."""
+    return scalar_pointers(t.dtype.name)
+
+
+# ---- checks -------------------------------------------------------------------------------------
+
+def check_input(t: Tensor, name: str, fn: str, ranks: Sequence[int], what: str) -> None:
+    """``t``'s rank is one of ``ranks`` (``what`` says what the dims are), it has no broadcast
+    dims (cuDNN cannot read those) and its sizes fit cuDNN's C ints."""
+    if t.ndim not in ranks:
+        raise ValueError(f"{fn}: expected {name} to have {what}, but got {name} of size "
+                         f"{list(t.shape)}")
+    check_no_broadcast(t, name, fn)
+    if t.shape and max(t.shape) > INT32_MAX:
+        raise ValueError(f"{fn}: expected every size of {name} to be at most {INT32_MAX} (cuDNN "
+                         f"takes C ints), but got {name} of size {list(t.shape)}")
+
+
+def check_match(a: Tensor, a_name: str, b: Tensor, b_name: str, fn: str) -> None:
+    """``b`` has ``a``'s dtype and device (PyTorch's wording)."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"{fn}: {a_name} type ({a.dtype.name}) and {b_name} type "
+                        f"({b.dtype.name}) should be the same")
+    if a.device != b.device:
+        raise ValueError(f"{fn}: expected {a_name} and {b_name} to be on the same device, but got "
+                         f"{a_name} on cuda:{a.device} and {b_name} on cuda:{b.device}")
+
+
+def check_shape(t: Tensor, name: str, shape: Sequence[int], fn: str, because: str) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{fn}: expected {name} of size {list(shape)} ({because}), but got "
+                         f"{name} of size {list(t.shape)}")
+
+
+def check_choice(value: Any, name: str, choices: Sequence[str], fn: str) -> str:
+    """``value`` as one of ``choices`` (exact strings: no aliases, no case folding)."""
+    if type(value) is not str or value not in choices:
+        raise ValueError(f"{fn}: {name} must be one of {', '.join(map(repr, choices))}, but got "
+                         f"{name}={value!r}")
+    return value
+
+
+def check_coef(coef: Any, fn: str) -> float:
+    """``coef`` as a float: a real number (an int, a float or a NumPy real scalar; not a bool),
+    not NaN."""
+    if isinstance(coef, (bool, np.bool_)) or not isinstance(
+            coef, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{fn}: coef must be a real number, but got {type(coef).__name__} {coef!r}")
+    value = float(coef)
+    if math.isnan(value):
+        raise ValueError(f"{fn}: coef must be a number, but got coef=nan")
+    return value
+
+
+# ---- outputs ------------------------------------------------------------------------------------
+
+def layout_strides(shape: tuple[int, ...], like: Tensor) -> tuple[int, ...]:
+    """Dense strides of ``shape`` in ``like``'s memory format (channels_last for a 4-D or 5-D
+    tensor whose strides are ordered like NHWC / NDHWC, else contiguous)."""
+    if like.ndim in (4, 5) and len(shape) == like.ndim and like.memory_format == "channels_last":
+        return channels_last_strides(shape)
+    return contiguous_strides(shape)
+
+
+def checked_out(out: Any, shape: tuple[int, ...], like: Tensor, fn: str, stream: Any) -> Tensor:
+    """``out`` as a Tensor after the checks that depend only on its layout (shape, dtype, device,
+    writable, no overlapping elements); `check_out_reads` checks its address on every call."""
+    t = tensor_arg(out, stream)
+    check_writable(t, f"{fn}: out")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{fn}: expected out of size {list(shape)}, but got out of size "
+                         f"{list(t.shape)}")
+    if t.dtype != like.dtype:
+        raise TypeError(f"{fn}: expected out to have dtype {like.dtype.name}, but got "
+                        f"{t.dtype.name}")
+    if t.device != like.device:
+        raise ValueError(f"{fn}: expected out on cuda:{like.device} (the inputs' device), but got "
+                         f"out on cuda:{t.device}")
+    if t.size and has_internal_overlap(t.shape, t.strides):
+        raise ValueError(f"{fn}: out has elements that overlap each other (strides "
+                         f"{list(t.strides)}): more than one element of the written-to tensor "
+                         f"refers to a single memory location; pass an output without "
+                         f"overlapping elements")
+    return t
+
+
+def check_out_reads(out: Tensor, reads: Sequence[tuple[str, Tensor]], fn: str,
+                    in_place: Tensor | None = None) -> None:
+    """Refuse an ``out`` that shares memory with a tensor the call reads. ``in_place`` (an input
+    cuDNN may overwrite) may be ``out`` exactly, same address and strides, but not partly."""
+    if out.readonly:
+        check_writable(out, f"{fn}: out")
+    if in_place is not None and views_overlap(out, in_place) and not (
+            out.ptr == in_place.ptr and out.strides == in_place.strides):
+        raise ValueError(f"{fn}: out partially overlaps the input it may replace in place: pass "
+                         f"the input itself (same address and strides) or an output that shares "
+                         f"no memory with it")
+    for name, t in reads:
+        if views_overlap(out, t):
+            raise ValueError(f"{fn}: out overlaps {name}, which the call reads: cuDNN does not "
+                             f"compute this in place, the result would be wrong; pass an output "
+                             f"that shares no memory with the inputs")
+
+
+def new_output(shape: tuple[int, ...], strides: tuple[int, ...], like: Tensor, stream: int,
+               stream_ref: Any) -> Tensor:
+    """A new output (dense in the given strides) on ``like``'s device, allocated stream-ordered on
+    ``stream``; the device must be current (`pycudnn.handle.get_handle` made it so)."""
+    n = 1
+    for d in shape:
+        n *= d
+    if n == 0:
+        return Tensor._make(0, shape, strides, like.dtype, like.device, None)
+    owner = allocate_fast(n * like.dtype.itemsize, like.device, stream, stream_ref)
+    return Tensor._make(owner.ptr, shape, strides, like.dtype, like.device, owner)
+
+
+def same_layout(shape: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether strides ``a`` and ``b`` address the elements of ``shape`` alike (the stride of a
+    size-1 dim is never used)."""
+    return all(sa == sb for n, sa, sb in zip(shape, a, b) if n != 1)
+
+
+def staged(handle: int, t: Tensor, strides: tuple[int, ...], stream: int,
+           copy: bool = True) -> Tensor:
+    """``t`` itself when it has ``strides``, else a dense temporary with them (holding ``t``'s
+    values when ``copy``), made on ``stream``."""
+    if t.size == 0 or same_layout(t.shape, t.strides, strides):
+        return t
+    tmp = empty(t.shape, t.dtype, device=t.device, stream=stream)
+    tmp = Tensor._make(tmp.ptr, t.shape, strides, t.dtype, t.device, tmp.owner)
+    if copy:
+        transform(handle, t, tmp)
+    return tmp
+
+
+def raise_launch(status: int, function: str, fn: str, **descriptors: Any) -> None:
+    """Raise the error for a failed launch, with the call's descriptors as context."""
+    _lib.raise_status(status, function, f"while running {fn}",
+                      *(f"  {name}: {d!r}" for name, d in descriptors.items()))
+
+
+# ---- the plan cache -----------------------------------------------------------------------------
+
+class PlanCache:
+    """A small bounded map from call signatures to what a call needs besides its pointers
+    (descriptors, output layout). A repeated call finds its plan with one dict lookup and creates
+    no descriptor; the oldest entries go first. Plans are never mutated once stored, so threads
+    share them."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._plans: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        try:
+            return self._plans.get(key)
+        except TypeError:  # an unhashable argument: the full path checks (and refuses) it
+            return None
+
+    def put(self, key: Any, plan: Any) -> None:
+        try:
+            hash(key)
+        except TypeError:
+            return
+        with self._lock:
+            self._plans[key] = plan
+            while len(self._plans) > self.limit:
+                del self._plans[next(iter(self._plans))]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)

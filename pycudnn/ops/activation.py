@@ -1,0 +1,269 @@
+"""Activation functions through cuDNN's ``cudnnActivationForward`` / ``cudnnActivationBackward``.
+
+Modes: ``"relu"``, ``"sigmoid"``, ``"tanh"``, ``"clipped_relu"`` (``min(max(x, 0), coef)``),
+``"elu"`` (``x`` for ``x > 0``, else ``coef * (exp(x) - 1)``) and ``"swish"``
+(``x * sigmoid(coef * x)``, the beta set with ``cudnnSetActivationDescriptorSwishBeta``).
+cuDNN's ``CUDNN_ACTIVATION_IDENTITY`` works only fused into
+``cudnnConvolutionBiasActivationForward``, so ``"identity"`` is refused here.
+
+Tensors of 0 to 5 dims are taken with any strides (fewer than 4 dims are viewed as 4-D with
+trailing unit dims); NaN propagates (``CUDNN_PROPAGATE_NAN``, as PyTorch's activations do).
+A repeated call with the same layouts, dtype and mode reuses its descriptors (one dict lookup).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from pycudnn import _lib
+from pycudnn._types import ActivationMode, NanPropagation
+from pycudnn.descriptors import ActivationDescriptor, TensorDescriptor
+from pycudnn.handle import get_handle
+from pycudnn.ops import _prototypes  # noqa: F401  (the C functions' rows)
+from pycudnn.ops._common import (PlanCache, callers_device, check_choice, check_coef,
+                                 check_input, check_match, check_out_reads, check_shape,
+                                 checked_out, layout_strides, new_output, raise_launch,
+                                 restore_device, same_layout, scalars, staged, stream_pair,
+                                 tensor_arg)
+from pycudnn.tensor import Tensor
+from pycudnn.tensor_ops import transform
+
+__all__ = ["activation_forward", "activation_backward", "MODES"]
+
+#: the modes the functions take, and cuDNN's ``cudnnActivationMode_t`` for each
+MODES: dict[str, ActivationMode] = {
+    "relu": ActivationMode.RELU, "sigmoid": ActivationMode.SIGMOID, "tanh": ActivationMode.TANH,
+    "clipped_relu": ActivationMode.CLIPPED_RELU, "elu": ActivationMode.ELU,
+    "swish": ActivationMode.SWISH,
+}
+_NAMES = tuple(MODES)
+_RANKS = (0, 1, 2, 3, 4, 5)
+_WHAT = "0 to 5 dims"
+
+_FORWARD = PlanCache()
+_BACKWARD = PlanCache()
+
+
+def _sig(t: Tensor) -> tuple[Any, ...]:
+    return (t.shape, t.strides, t.dtype, t.device)
+
+
+def _as4d(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple[int, ...],
+                                                                     tuple[int, ...]]:
+    """A tensor of fewer than 4 dims as 4-D, with trailing unit dims (a view)."""
+    if len(shape) >= 4:
+        return shape, strides
+    pad = 4 - len(shape)
+    return shape + (1,) * pad, strides + (1,) * pad
+
+
+def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> TensorDescriptor:
+    shape4, strides4 = _as4d(shape, strides)
+    return TensorDescriptor(shape4, dtype, strides4)
+
+
+def activation_descriptor(mode: str, coef: float, nan: NanPropagation) -> ActivationDescriptor:
+    """A new activation descriptor for ``mode``; ``coef`` is the ceiling (clipped_relu), alpha
+    (elu) or beta (swish, set through ``cudnnSetActivationDescriptorSwishBeta``)."""
+    desc = ActivationDescriptor(MODES[mode], nan, coef)
+    if mode == "swish":
+        status = _lib.lib().cudnnSetActivationDescriptorSwishBeta(desc.handle, ctypes.c_double(coef))
+        if status:
+            desc.close()
+            _lib.raise_status(status, "cudnnSetActivationDescriptorSwishBeta", f"  beta: {coef!r}")
+    return desc
+
+
+def _check_mode(mode: Any, fn: str) -> str:
+    if mode == "identity":
+        raise ValueError(f"{fn}: mode 'identity' is not supported: cuDNN runs its identity "
+                         f"activation only fused into a convolution "
+                         f"(cudnnConvolutionBiasActivationForward), not on its own; the result "
+                         f"would be the input itself")
+    return check_choice(mode, "mode", _NAMES, fn)
+
+
+class _Plan:
+    """What a call needs besides its pointers: descriptors and the output's layout."""
+
+    __slots__ = ("act", "x", "y", "dy", "dx", "shape", "strides", "dense", "stage", "keep")
+
+    def __init__(self) -> None:
+        self.act = self.x = self.y = self.dy = self.dx = 0
+        self.shape: tuple[int, ...] = ()
+        self.strides: tuple[int, ...] = ()  # the output's
+        self.dense: tuple[int, ...] = ()  # the layout cuDNN is given, when operands are staged
+        self.stage = False
+        self.keep: tuple[Any, ...] = ()
+
+
+# ---- forward --------------------------------------------------------------------------------------
+
+def activation_forward(x: Any, mode: str = "relu", *, coef: float = 0.0, out: Any = None,
+                       stream: Any = None) -> Tensor:
+    """``y = activation(x)`` element by element (cuDNN's ``cudnnActivationForward``).
+
+    Args:
+        x: the input, anything [`pycudnn.as_tensor()`][pycudnn.tensor.as_tensor] accepts: 0 to 5
+            dims, any strides (no broadcast dims); float32, float16, bfloat16 or float64.
+        mode: ``"relu"``, ``"sigmoid"``, ``"tanh"``, ``"clipped_relu"``, ``"elu"`` or
+            ``"swish"``. (``"identity"`` is refused: cuDNN runs it only fused into a convolution.)
+        coef: the ceiling of ``"clipped_relu"``, the alpha of ``"elu"``, the beta of ``"swish"``;
+            ignored by the other modes. The default 0.0 is cuDNN's: pass ``coef=1.0`` for
+            PyTorch's ``F.elu`` and ``F.silu``, ``coef=6.0`` for ``F.relu6``.
+        out: optional output of ``x``'s shape, dtype and device, any strides; ``x`` itself (the
+            same view) computes in place, an output that overlaps ``x`` partly is refused.
+        stream: the CUDA stream to run on (int handle, cuda.core Stream, or an object with
+            ``__cuda_stream__``); default the legacy default stream.
+
+    Returns:
+        The result as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``x``'s memory format
+            (channels-last when ``x`` is), or ``out`` when it is given.
+    """
+    return _forward(x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
+                    "activation_forward")
+
+
+def _forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPropagation,
+             fn: str) -> Tensor:
+    s, s_ref = stream_pair(stream)
+    x = tensor_arg(x, stream)
+    o = None if out is None else tensor_arg(out, stream)
+    key = (mode, coef, type(coef), nan, _sig(x), None if o is None else _sig(o))
+    plan = _FORWARD.get(key)
+    if plan is None:
+        plan = _forward_plan(x, mode, coef, o, nan, fn)
+        _FORWARD.put(key, plan)
+    if o is not None:
+        check_out_reads(o, (), fn, in_place=x)
+    if not plan.x:  # no element
+        return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+    prev = callers_device()
+    try:
+        handle = get_handle(x.device, s)
+        y = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        one, zero = scalars(x)
+        status = _lib.lib().cudnnActivationForward(handle, plan.act, one, plan.x, x.ptr, zero,
+                                                   plan.y, y.ptr)
+        if status:
+            raise_launch(status, "cudnnActivationForward", fn, activation=plan.keep[0],
+                         x=plan.keep[1], y=plan.keep[2])
+        return y
+    finally:
+        restore_device(prev)
+
+
+def _forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPropagation,
+                  fn: str) -> _Plan:
+    """The full checks of a forward call, then its descriptors."""
+    check_input(x, "x", fn, _RANKS, _WHAT)
+    mode = _check_mode(mode, fn)
+    c = check_coef(coef, fn)
+    if o is not None:
+        o = checked_out(o, x.shape, x, fn, None)
+    plan = _Plan()
+    plan.shape = x.shape
+    plan.strides = layout_strides(x.shape, x) if o is None else o.strides
+    if x.size == 0:
+        return plan
+    act = activation_descriptor(mode, c, nan)
+    xd = _descriptor(x.shape, x.strides, x.dtype)
+    # in place (or the same layout): one descriptor for both, as cuDNN asks of in-place calls
+    yd = xd if same_layout(x.shape, plan.strides, x.strides) else _descriptor(x.shape, plan.strides, x.dtype)
+    plan.act, plan.x, plan.y = act.handle, xd.handle, yd.handle
+    plan.keep = (act, xd, yd)
+    return plan
+
+
+# ---- backward -------------------------------------------------------------------------------------
+
+def activation_backward(y: Any, dy: Any, x: Any, mode: str = "relu", *, coef: float = 0.0,
+                        out: Any = None, stream: Any = None) -> Tensor:
+    """The gradient ``dx`` of an activation, from its output ``y``, the gradient ``dy`` of ``y``
+    and its input ``x`` (cuDNN's ``cudnnActivationBackward``).
+
+    Args:
+        y: the forward output (``activation_forward(x, mode, coef=coef)``).
+        dy: the gradient with respect to ``y``.
+        x: the forward input. ``y``, ``dy`` and ``x`` have one shape, dtype and device; any
+            strides (cuDNN needs ``y``/``dy`` and ``x``/``dx`` laid out alike: operands that are
+            not dense in ``x``'s memory format are staged through dense copies).
+        mode: as for [`activation_forward()`][pycudnn.ops.activation.activation_forward].
+        coef: as for [`activation_forward()`][pycudnn.ops.activation.activation_forward].
+        out: optional output of ``x``'s shape, dtype and device, any strides, sharing no memory
+            with ``y``, ``dy`` or ``x``.
+        stream: the CUDA stream to run on; default the legacy default stream.
+
+    Returns:
+        ``dx`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``x``'s memory format, or ``out``.
+    """
+    return _backward(y, dy, x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
+                     "activation_backward")
+
+
+def _backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream: Any,
+              nan: NanPropagation, fn: str) -> Tensor:
+    s, s_ref = stream_pair(stream)
+    y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
+    o = None if out is None else tensor_arg(out, stream)
+    key = (mode, coef, type(coef), nan, _sig(y), _sig(dy), _sig(x),
+           None if o is None else _sig(o))
+    plan = _BACKWARD.get(key)
+    if plan is None:
+        plan = _backward_plan(y, dy, x, mode, coef, o, nan, fn)
+        _BACKWARD.put(key, plan)
+    if o is not None:
+        check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
+    if not plan.x:
+        return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+    prev = callers_device()
+    try:
+        handle = get_handle(x.device, s)
+        dx = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        target = dx
+        if plan.stage:  # operands not in the one dense layout cuDNN is given
+            st = plan.dense
+            y, dy, x = staged(handle, y, st, s), staged(handle, dy, st, s), staged(handle, x, st, s)
+            target = staged(handle, dx, st, s, copy=False)
+        one, zero = scalars(x)
+        status = _lib.lib().cudnnActivationBackward(handle, plan.act, one, plan.y, y.ptr, plan.dy,
+                                                    dy.ptr, plan.x, x.ptr, zero, plan.dx,
+                                                    target.ptr)
+        if status:
+            raise_launch(status, "cudnnActivationBackward", fn, activation=plan.keep[0],
+                         tensors=plan.keep[1])
+        if target is not dx:
+            transform(handle, target, dx)
+        return dx
+    finally:
+        restore_device(prev)
+
+
+def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Tensor | None,
+                   nan: NanPropagation, fn: str) -> _Plan:
+    check_input(x, "x", fn, _RANKS, _WHAT)
+    for t, name in ((y, "y"), (dy, "dy")):
+        check_input(t, name, fn, _RANKS, _WHAT)
+        check_match(x, "x", t, name, fn)
+        check_shape(t, name, x.shape, fn, "the shape of x")
+    mode = _check_mode(mode, fn)
+    c = check_coef(coef, fn)
+    if o is not None:
+        o = checked_out(o, x.shape, x, fn, None)
+    plan = _Plan()
+    plan.shape = x.shape
+    plan.dense = dense = layout_strides(x.shape, x)
+    plan.strides = dense if o is None else o.strides
+    if x.size == 0:
+        return plan
+    # cuDNN wants y and dy, x and dx laid out alike: one dense layout for all four, and operands
+    # in another staged through copies
+    plan.stage = not all(same_layout(x.shape, t, dense)
+                         for t in (y.strides, dy.strides, x.strides, plan.strides))
+    act = activation_descriptor(mode, c, nan)
+    d = _descriptor(x.shape, dense, x.dtype)
+    plan.act = act.handle
+    plan.x = plan.y = plan.dy = plan.dx = d.handle
+    plan.keep = (act, d)
+    return plan
