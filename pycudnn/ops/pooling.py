@@ -1,0 +1,463 @@
+"""Max and average pooling through cuDNN's ``cudnnPoolingForward`` / ``cudnnPoolingBackward``,
+and the RAII `PoolingDescriptor`.
+
+2-D pooling takes 4-D tensors ``(N, C, H, W)``, 3-D pooling 5-D ones ``(N, C, D, H, W)``, with
+any strides (NCHW, channels-last or strided views). Modes: ``"max"``, ``"max_deterministic"``
+(the same forward result; a backward pass that gives the same bits on every run),
+``"average_include_padding"`` (divides by the window's size, as PyTorch's ``avg_pool2d`` with its
+default ``count_include_pad=True``) and ``"average_exclude_padding"`` (divides by the number of
+input elements in the window). The output size is ``floor((i + 2 * padding - kernel) / stride) + 1``
+per spatial dim (PyTorch's ``ceil_mode=False``).
+
+What cuDNN 9 refuses or accepts, measured: ``cudnnSetPoolingNdDescriptor`` refuses a window or a
+stride below 1 (BAD_PARAM, with the reason) and more than 6 spatial dims (NOT_SUPPORTED), but
+accepts negative padding and padding as large as the window, for which
+``cudnnGetPoolingNdForwardOutputDim`` then counts windows that lie entirely in the padding. pycudnn
+refuses those: the public functions take PyTorch's rule (padding at most half the kernel), the
+CuPy 13 drop-in the looser one that still leaves an input element in every window (padding
+smaller than the kernel).
+"""
+
+from __future__ import annotations
+
+from ctypes import byref, c_int
+from enum import IntEnum
+from typing import Any, Sequence
+
+from pycudnn import _lib
+from pycudnn._types import NanPropagation
+from pycudnn.descriptors import (INT32_MAX, MAX_SPATIAL_DIMS, TensorDescriptor, _c_name,
+                                 _check_int32, _Descriptor, _enum, _fail, _ints)
+from pycudnn.handle import get_handle
+from pycudnn.ops import _prototypes  # noqa: F401  (the C functions' rows)
+from pycudnn.ops._common import (PlanCache, callers_device, check_choice, check_input,
+                                 check_match, check_out_reads, check_shape, checked_out,
+                                 layout_strides, new_output, raise_launch, restore_device,
+                                 same_layout, scalars, staged, stream_pair, tensor_arg)
+from pycudnn.tensor import Tensor
+from pycudnn.tensor_ops import transform
+
+__all__ = ["pooling_forward", "pooling_backward", "PoolingDescriptor", "PoolingMode", "MODES",
+           "output_size"]
+
+
+class PoolingMode(IntEnum):
+    """``cudnnPoolingMode_t``"""
+    MAX = 0
+    AVERAGE_COUNT_INCLUDE_PADDING = 1
+    AVERAGE_COUNT_EXCLUDE_PADDING = 2
+    MAX_DETERMINISTIC = 3
+
+
+#: the ``mode`` names the functions take
+MODES: dict[str, PoolingMode] = {
+    "max": PoolingMode.MAX, "max_deterministic": PoolingMode.MAX_DETERMINISTIC,
+    "average_include_padding": PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING,
+    "average_exclude_padding": PoolingMode.AVERAGE_COUNT_EXCLUDE_PADDING,
+}
+
+
+# ---- the descriptor -------------------------------------------------------------------------------
+
+class PoolingDescriptor(_Descriptor):
+    """A pooling window: size, padding and stride per spatial dim (1 to 6), and the mode.
+
+    Args:
+        window: the window's size per spatial dim, each >= 1.
+        padding: per spatial dim, each >= 0 (cuDNN itself accepts negative padding).
+        stride: per spatial dim, each >= 1.
+        mode: a `PoolingMode` (or its name, any case, or value).
+        nan_propagation: whether max pooling propagates NaN (`NanPropagation`).
+        validate: when False, skip the Python sign checks so that cuDNN's own apply.
+
+    Raises:
+        TypeError / ValueError: naming the parameter.
+        CudnnError: cuDNN refused the descriptor; its reason is in the message.
+    """
+
+    __slots__ = ("_window", "_padding", "_stride", "_mode", "_nan")
+    _create_name = "cudnnCreatePoolingDescriptor"
+    _destroy_name = "cudnnDestroyPoolingDescriptor"
+
+    def __init__(self, window: Sequence[int], padding: Sequence[int], stride: Sequence[int],
+                 mode: PoolingMode | int | str = PoolingMode.MAX,
+                 nan_propagation: NanPropagation | int | str = NanPropagation.NOT_PROPAGATE_NAN,
+                 *, validate: bool = True) -> None:
+        win_t = _ints(window, "window")
+        pad_t = _ints(padding, "padding")
+        stride_t = _ints(stride, "stride")
+        n = len(win_t)
+        if not 1 <= n <= MAX_SPATIAL_DIMS:
+            raise ValueError(f"window: expected 1 to {MAX_SPATIAL_DIMS} values (one per spatial "
+                             f"dim), got {n}: {win_t}")
+        for name, vals in (("padding", pad_t), ("stride", stride_t)):
+            if len(vals) != n:
+                raise ValueError(f"{name}: expected {n} values (one per spatial dim, as in "
+                                 f"window={win_t}), got {len(vals)}: {vals}")
+        _check_int32(win_t, "window")
+        _check_int32(pad_t, "padding")
+        _check_int32(stride_t, "stride")
+        if validate:
+            if min(win_t) < 1:
+                raise ValueError(f"window: expected every value to be >= 1, got {win_t}")
+            if min(pad_t) < 0:
+                raise ValueError(f"padding: expected every value to be >= 0, got {pad_t}")
+            if min(stride_t) < 1:
+                raise ValueError(f"stride: expected every value to be >= 1, got {stride_t}")
+        mode_e = _enum(PoolingMode, mode, "mode")
+        nan_e = _enum(NanPropagation, nan_propagation, "nan_propagation")
+        L, destroy, h = self._create()
+        status = L.cudnnSetPoolingNdDescriptor(h, int(mode_e), int(nan_e), n, (c_int * n)(*win_t),
+                                               (c_int * n)(*pad_t), (c_int * n)(*stride_t))
+        if status:
+            _fail(status, "cudnnSetPoolingNdDescriptor", destroy, h,
+                  f"while setting PoolingDescriptor(mode=CUDNN_POOLING_{mode_e.name}, "
+                  f"window={list(win_t)}, padding={list(pad_t)}, stride={list(stride_t)})")
+        self._window, self._padding, self._stride = win_t, pad_t, stride_t
+        self._mode, self._nan = mode_e, nan_e
+        self._adopt(destroy, h)
+
+    @property
+    def window(self) -> tuple[int, ...]:
+        return self._window
+
+    @property
+    def padding(self) -> tuple[int, ...]:
+        return self._padding
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        return self._stride
+
+    @property
+    def mode(self) -> PoolingMode:
+        return self._mode
+
+    @property
+    def nan_propagation(self) -> NanPropagation:
+        return self._nan
+
+    def output_shape(self, x_desc: TensorDescriptor) -> tuple[int, ...]:
+        """The forward output's shape for an input (``cudnnGetPoolingNdForwardOutputDim``).
+
+        Raises:
+            TypeError: ``x_desc`` is not a TensorDescriptor.
+            ValueError: its number of spatial dims is not the window's.
+            CudnnBadParamError: cuDNN refused (for instance a window larger than the padded
+                input, which cuDNN refuses without a reason).
+        """
+        if not isinstance(x_desc, TensorDescriptor):
+            raise TypeError(f"x_desc: expected a TensorDescriptor, got {type(x_desc).__name__}")
+        nd = x_desc.ndim
+        if nd != len(self._window) + 2:
+            raise ValueError(f"x_desc: expected {len(self._window) + 2} dims for a "
+                             f"{len(self._window)}-d pooling window, got {nd}: {x_desc.shape}")
+        out = (c_int * nd)()
+        status = _lib.lib().cudnnGetPoolingNdForwardOutputDim(self.handle, x_desc.handle, nd, out)
+        if status:
+            _lib.raise_status(status, "cudnnGetPoolingNdForwardOutputDim", f"input: {x_desc!r}",
+                              f"pooling: {self!r}")
+        return tuple(out)
+
+    def _query(self) -> tuple[int, int, list[int], list[int], list[int]]:
+        n = MAX_SPATIAL_DIMS
+        mode, nan, nb = c_int(), c_int(), c_int()
+        win, pad, stride = (c_int * n)(), (c_int * n)(), (c_int * n)()
+        status = _lib.lib().cudnnGetPoolingNdDescriptor(self.handle, n, byref(mode), byref(nan),
+                                                        byref(nb), win, pad, stride)
+        if status:
+            _lib.raise_status(status, "cudnnGetPoolingNdDescriptor")
+        k = nb.value
+        return mode.value, nan.value, list(win[:k]), list(pad[:k]), list(stride[:k])
+
+    def _describe(self) -> str:
+        mode, nan, win, pad, stride = self._query()
+        return (f"mode={_c_name(PoolingMode, 'CUDNN_POOLING_', mode)}, "
+                f"nan={_c_name(NanPropagation, 'CUDNN_', nan)}, window={win}, padding={pad}, "
+                f"stride={stride}")
+
+
+# ---- geometry -------------------------------------------------------------------------------------
+
+def output_size(input_size: Sequence[int], kernel_size: Sequence[int], stride: Sequence[int],
+                padding: Sequence[int]) -> tuple[int, ...]:
+    """Spatial output sizes of a pooling: ``(i + 2p - k) // s + 1`` per dim."""
+    return tuple((i + 2 * p - k) // s + 1
+                 for i, k, s, p in zip(input_size, kernel_size, stride, padding))
+
+
+def _spatial(name: str, value: Any, nd: int, fn: str) -> tuple[int, ...]:
+    if type(value) is int:
+        return (value,) * nd
+    if isinstance(value, (tuple, list)) and len(value) == nd and all(
+            type(v) is int or (not isinstance(v, bool) and hasattr(v, "__index__")
+                               and type(v).__module__ == "numpy") for v in value):
+        return tuple(int(v) for v in value)
+    if not isinstance(value, bool) and hasattr(value, "__index__") and \
+            type(value).__module__ == "numpy":
+        return (int(value),) * nd
+    raise (ValueError if isinstance(value, (tuple, list)) else TypeError)(
+        f"{fn}: {name} must be a single int or a tuple of {nd} ints (one per spatial dim), but "
+        f"got {name}={value!r}")
+
+
+def _geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
+              padding_rule: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                                          tuple[int, ...]]:
+    """(kernel, stride, padding, output shape) after PyTorch's checks."""
+    nd = x.ndim - 2
+    k = _spatial("kernel_size", kernel_size, nd, fn)
+    s = k if stride is None else _spatial("stride", stride, nd, fn)
+    p = _spatial("padding", padding, nd, fn)
+    if min(k) < 1:
+        raise ValueError(f"{fn}: kernel size should be greater than zero, but got "
+                         f"kernel_size={k}")
+    if min(s) < 1:
+        raise ValueError(f"{fn}: stride should be greater than zero, but got stride={s}")
+    if min(p) < 0:
+        raise ValueError(f"{fn}: pad must be non-negative, but got padding={p}")
+    if max(k + s + p) > INT32_MAX:
+        raise ValueError(f"{fn}: expected kernel_size, stride and padding to be at most "
+                         f"{INT32_MAX} (cuDNN takes C ints), but got kernel_size={k}, "
+                         f"stride={s}, padding={p}")
+    if padding_rule == "half" and any(2 * pi > ki for pi, ki in zip(p, k)):
+        raise ValueError(f"{fn}: pad should be at most half of kernel size, but got "
+                         f"padding={p} and kernel_size={k}")
+    if padding_rule == "window" and any(pi >= ki for pi, ki in zip(p, k)):
+        raise ValueError(f"{fn}: pad should be smaller than kernel size (every window must hold "
+                         f"an input element), but got padding={p} and kernel_size={k}")
+    out = output_size(x.shape[2:], k, s, p)
+    if min(out) < 1:
+        given = "x".join(map(str, x.shape[1:]))
+        calc = "x".join(map(str, (x.shape[1],) + out))
+        raise ValueError(f"{fn}: Given input size: ({given}). Calculated output size: ({calc}). "
+                         f"Output size is too small")
+    return k, s, p, (x.shape[0], x.shape[1]) + out
+
+
+def _geo_key(v: Any) -> Any:
+    """``v`` when it is a plain int, tuple of ints or None (a valid cache key as is); else a
+    marker that keeps the call off the cache (a bool would hash like an int)."""
+    if v is None or type(v) is int:
+        return v
+    if type(v) is tuple and all(type(e) is int for e in v):
+        return v
+    return _NO_KEY
+
+
+_NO_KEY = object()
+
+
+# ---- calls ----------------------------------------------------------------------------------------
+
+_FORWARD = PlanCache()
+_BACKWARD = PlanCache()
+_RANKS = (4, 5)
+_WHAT = "4 dims (N, C, H, W) for 2-D pooling or 5 dims (N, C, D, H, W) for 3-D pooling"
+
+
+def _sig(t: Tensor) -> tuple[Any, ...]:
+    return (t.shape, t.strides, t.dtype, t.device)
+
+
+class _Plan:
+    __slots__ = ("pool", "x", "y", "shape", "strides", "y_dense", "x_dense", "stage", "keep")
+
+    def __init__(self) -> None:
+        self.pool = self.x = self.y = 0
+        self.shape: tuple[int, ...] = ()  # the output's
+        self.strides: tuple[int, ...] = ()
+        self.y_dense: tuple[int, ...] = ()  # layouts cuDNN is given when operands are staged
+        self.x_dense: tuple[int, ...] = ()
+        self.stage = False
+        self.keep: tuple[Any, ...] = ()
+
+
+def _key(kernel_size: Any, stride: Any, padding: Any, mode: Any, nan: NanPropagation,
+         rule: str, *sigs: Any) -> Any:
+    k, s, p = _geo_key(kernel_size), _geo_key(stride), _geo_key(padding)
+    if k is _NO_KEY or s is _NO_KEY or p is _NO_KEY:
+        return None
+    return (k, s, p, mode, nan, rule) + sigs
+
+
+def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: Any = 0,
+                    mode: str = "max", out: Any = None, stream: Any = None) -> Tensor:
+    """Max or average pooling of ``x`` (cuDNN's ``cudnnPoolingForward``).
+
+    Args:
+        x: ``(N, C, H, W)`` for 2-D or ``(N, C, D, H, W)`` for 3-D pooling, anything
+            [`pycudnn.as_tensor()`][pycudnn.tensor.as_tensor] accepts, any strides; float32,
+            float16, bfloat16 or float64.
+        kernel_size: the window: an int or one int per spatial dim.
+        stride: the step between windows: an int or one int per spatial dim; default
+            ``kernel_size``.
+        padding: added on both sides of each spatial dim (never part of a maximum; counted by
+            ``"average_include_padding"``): an int or one per spatial dim, at most half the
+            kernel.
+        mode: ``"max"``, ``"max_deterministic"``, ``"average_include_padding"`` or
+            ``"average_exclude_padding"``.
+        out: optional output of the pooled shape, ``x``'s dtype and device, any strides, sharing
+            no memory with ``x``.
+        stream: the CUDA stream to run on; default the legacy default stream.
+
+    Returns:
+        ``(N, C, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``x``'s memory
+            format, or ``out``.
+    """
+    return _forward(x, kernel_size, stride, padding, mode, out, stream,
+                    NanPropagation.PROPAGATE_NAN, "half", "pooling_forward")
+
+
+def _forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out: Any,
+             stream: Any, nan: NanPropagation, rule: str, fn: str) -> Tensor:
+    s, s_ref = stream_pair(stream)
+    x = tensor_arg(x, stream)
+    o = None if out is None else tensor_arg(out, stream)
+    key = _key(kernel_size, stride, padding, mode, nan, rule, _sig(x),
+               None if o is None else _sig(o))
+    plan = None if key is None else _FORWARD.get(key)
+    if plan is None:
+        plan = _forward_plan(x, kernel_size, stride, padding, mode, o, nan, rule, fn)
+        if key is not None:
+            _FORWARD.put(key, plan)
+    if o is not None:
+        check_out_reads(o, (("x", x),), fn)
+    if not plan.x:
+        return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+    prev = callers_device()
+    try:
+        handle = get_handle(x.device, s)
+        y = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        one, zero = scalars(x)
+        status = _lib.lib().cudnnPoolingForward(handle, plan.pool, one, plan.x, x.ptr, zero,
+                                                plan.y, y.ptr)
+        if status:
+            raise_launch(status, "cudnnPoolingForward", fn, pooling=plan.keep[0],
+                         x=plan.keep[1], y=plan.keep[2])
+        return y
+    finally:
+        restore_device(prev)
+
+
+def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: Any,
+                  o: Tensor | None, nan: NanPropagation, rule: str, fn: str) -> _Plan:
+    check_input(x, "x", fn, _RANKS, _WHAT)
+    k, st, p, shape = _geometry(x, kernel_size, stride, padding, fn, rule)
+    m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
+    if o is not None:
+        o = checked_out(o, shape, x, fn, None)
+    plan = _Plan()
+    plan.shape = shape
+    plan.strides = layout_strides(shape, x) if o is None else o.strides
+    if x.size == 0:
+        return plan
+    pool = PoolingDescriptor(k, p, st, m, nan)
+    xd = TensorDescriptor(x.shape, x.dtype, x.strides)
+    yd = TensorDescriptor(shape, x.dtype, plan.strides)
+    if pool.output_shape(xd) != shape:  # pragma: no cover - cuDNN and PyTorch agree on 9.x
+        raise ValueError(f"{fn}: cuDNN computes the output size {list(pool.output_shape(xd))} "
+                         f"for x {list(x.shape)}, where the pooling gives {list(shape)}")
+    plan.pool, plan.x, plan.y = pool.handle, xd.handle, yd.handle
+    plan.keep = (pool, xd, yd)
+    return plan
+
+
+def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any = None,
+                     padding: Any = 0, mode: str = "max", out: Any = None,
+                     stream: Any = None) -> Tensor:
+    """The gradient ``dx`` of a pooling from its output ``y``, the gradient ``dy`` of ``y`` and
+    its input ``x`` (cuDNN's ``cudnnPoolingBackward``).
+
+    Max pooling sends each gradient to the window's maximum (several gradients add up where
+    windows overlap); ``"max"`` may add them in any order, ``"max_deterministic"`` always in the
+    same one. Average pooling spreads each gradient over its window.
+
+    Args:
+        y: the forward output (``pooling_forward(x, kernel_size, ...)`` with the same geometry).
+        dy: the gradient with respect to ``y``: ``y``'s shape.
+        x: the forward input. ``y``, ``dy`` and ``x`` have one dtype and device; any strides
+            (cuDNN needs ``y``/``dy`` and ``x``/``dx`` laid out alike: operands that are not dense
+            in ``x``'s memory format are staged through dense copies).
+        kernel_size: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
+        stride: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
+        padding: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
+        mode: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
+        out: optional output of ``x``'s shape, dtype and device, any strides, sharing no memory
+            with ``y``, ``dy`` or ``x``.
+        stream: the CUDA stream to run on; default the legacy default stream.
+
+    Returns:
+        ``dx`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``x``'s memory format, or ``out``.
+    """
+    return _backward(y, dy, x, kernel_size, stride, padding, mode, out, stream,
+                     NanPropagation.PROPAGATE_NAN, "half", "pooling_backward")
+
+
+def _backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any,
+              out: Any, stream: Any, nan: NanPropagation, rule: str, fn: str) -> Tensor:
+    s, s_ref = stream_pair(stream)
+    y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
+    o = None if out is None else tensor_arg(out, stream)
+    key = _key(kernel_size, stride, padding, mode, nan, rule, _sig(y), _sig(dy), _sig(x),
+               None if o is None else _sig(o))
+    plan = None if key is None else _BACKWARD.get(key)
+    if plan is None:
+        plan = _backward_plan(y, dy, x, kernel_size, stride, padding, mode, o, nan, rule, fn)
+        if key is not None:
+            _BACKWARD.put(key, plan)
+    if o is not None:
+        check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
+    if not plan.x:
+        return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+    prev = callers_device()
+    try:
+        handle = get_handle(x.device, s)
+        dx = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        target = dx
+        if plan.stage:  # cuDNN reads y and dy in one layout, x and dx in one layout
+            yl, xl = plan.y_dense, plan.x_dense
+            y, dy, x = staged(handle, y, yl, s), staged(handle, dy, yl, s), staged(handle, x, xl, s)
+            target = staged(handle, dx, xl, s, copy=False)
+        one, zero = scalars(x)
+        status = _lib.lib().cudnnPoolingBackward(handle, plan.pool, one, plan.y, y.ptr, plan.y,
+                                                 dy.ptr, plan.x, x.ptr, zero, plan.x, target.ptr)
+        if status:
+            raise_launch(status, "cudnnPoolingBackward", fn, pooling=plan.keep[0],
+                         y=plan.keep[1], x=plan.keep[2])
+        if target is not dx:
+            transform(handle, target, dx)
+        return dx
+    finally:
+        restore_device(prev)
+
+
+def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: Any, padding: Any,
+                   mode: Any, o: Tensor | None, nan: NanPropagation, rule: str,
+                   fn: str) -> _Plan:
+    check_input(x, "x", fn, _RANKS, _WHAT)
+    k, st, p, y_shape = _geometry(x, kernel_size, stride, padding, fn, rule)
+    for t, name in ((y, "y"), (dy, "dy")):
+        check_input(t, name, fn, _RANKS, _WHAT)
+        check_match(x, "x", t, name, fn)
+        check_shape(t, name, y_shape, fn, f"the pooled size of x {list(x.shape)}")
+    m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
+    if o is not None:
+        o = checked_out(o, x.shape, x, fn, None)
+    plan = _Plan()
+    plan.shape = x.shape
+    plan.x_dense = layout_strides(x.shape, x)
+    plan.y_dense = layout_strides(y_shape, x)
+    plan.strides = plan.x_dense if o is None else o.strides
+    if x.size == 0:
+        return plan
+    plan.stage = not (same_layout(y_shape, y.strides, plan.y_dense)
+                      and same_layout(y_shape, dy.strides, plan.y_dense)
+                      and same_layout(x.shape, x.strides, plan.x_dense)
+                      and same_layout(x.shape, plan.strides, plan.x_dense))
+    pool = PoolingDescriptor(k, p, st, m, nan)
+    yd = TensorDescriptor(y_shape, x.dtype, plan.y_dense)
+    xd = TensorDescriptor(x.shape, x.dtype, plan.x_dense)
+    plan.pool, plan.x, plan.y = pool.handle, xd.handle, yd.handle
+    plan.keep = (pool, yd, xd)
+    return plan

@@ -1,0 +1,233 @@
+"""Softmax through cuDNN's ``cudnnSoftmaxForward`` / ``cudnnSoftmaxBackward``.
+
+``mode="channel"`` normalizes over C (dim 1) for each sample and spatial position, as PyTorch's
+``F.softmax(x, dim=1)``; ``mode="instance"`` over all of C and the spatial dims for each sample.
+``algorithm="accurate"`` subtracts the maximum first (what PyTorch computes), ``"fast"`` does not
+(it overflows for large inputs), ``"log"`` gives the log-softmax (``F.log_softmax``).
+
+Tensors of 2 to 5 dims ``(N, C, *spatial)`` are taken with any strides; 2-D and 3-D ones are
+viewed as 4-D with trailing unit dims. A repeated call with the same layouts, dtype and options
+reuses its descriptors.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+from pycudnn import _lib
+from pycudnn.descriptors import TensorDescriptor
+from pycudnn.handle import get_handle
+from pycudnn.ops import _prototypes  # noqa: F401  (the C functions' rows)
+from pycudnn.ops._common import (PlanCache, callers_device, check_choice, check_input,
+                                 check_match, check_out_reads, check_shape, checked_out,
+                                 layout_strides, new_output, raise_launch, restore_device,
+                                 same_layout, scalars, staged, stream_pair, tensor_arg)
+from pycudnn.tensor import Tensor
+from pycudnn.tensor_ops import transform
+
+__all__ = ["softmax_forward", "softmax_backward", "SoftmaxAlgorithm", "SoftmaxMode", "ALGORITHMS",
+           "MODES"]
+
+
+class SoftmaxAlgorithm(IntEnum):
+    """``cudnnSoftmaxAlgorithm_t``"""
+    FAST = 0
+    ACCURATE = 1
+    LOG = 2
+
+
+class SoftmaxMode(IntEnum):
+    """``cudnnSoftmaxMode_t``"""
+    INSTANCE = 0
+    CHANNEL = 1
+
+
+#: the ``algorithm`` names the functions take
+ALGORITHMS: dict[str, SoftmaxAlgorithm] = {"fast": SoftmaxAlgorithm.FAST,
+                                           "accurate": SoftmaxAlgorithm.ACCURATE,
+                                           "log": SoftmaxAlgorithm.LOG}
+#: the ``mode`` names the functions take
+MODES: dict[str, SoftmaxMode] = {"channel": SoftmaxMode.CHANNEL,
+                                 "instance": SoftmaxMode.INSTANCE}
+_RANKS = (2, 3, 4, 5)
+_WHAT = "2 to 5 dims (N, C and up to 3 spatial dims)"
+
+_FORWARD = PlanCache()
+_BACKWARD = PlanCache()
+
+
+def _sig(t: Tensor) -> tuple[Any, ...]:
+    return (t.shape, t.strides, t.dtype, t.device)
+
+
+def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> TensorDescriptor:
+    pad = max(0, 4 - len(shape))
+    return TensorDescriptor(shape + (1,) * pad, dtype, strides + (1,) * pad)
+
+
+class _Plan:
+    __slots__ = ("algo", "mode", "x", "y", "shape", "strides", "dense", "stage", "keep")
+
+    def __init__(self) -> None:
+        self.algo = self.mode = 0
+        self.x = self.y = 0
+        self.shape: tuple[int, ...] = ()
+        self.strides: tuple[int, ...] = ()  # the output's
+        self.dense: tuple[int, ...] = ()  # the layout cuDNN is given, when operands are staged
+        self.stage = False
+        self.keep: tuple[Any, ...] = ()
+
+
+def _options(algorithm: Any, mode: Any, fn: str) -> tuple[int, int]:
+    a = check_choice(algorithm, "algorithm", tuple(ALGORITHMS), fn)
+    m = check_choice(mode, "mode", tuple(MODES), fn)
+    return int(ALGORITHMS[a]), int(MODES[m])
+
+
+# ---- forward --------------------------------------------------------------------------------------
+
+def softmax_forward(x: Any, *, algorithm: str = "accurate", mode: str = "channel", out: Any = None,
+                    stream: Any = None) -> Tensor:
+    """Softmax (or log-softmax) of ``x`` over its channels (cuDNN's ``cudnnSoftmaxForward``).
+
+    Args:
+        x: ``(N, C, *spatial)`` with 0 to 3 spatial dims, anything
+            [`pycudnn.as_tensor()`][pycudnn.tensor.as_tensor] accepts, any strides; float32,
+            float16, bfloat16 or float64.
+        algorithm: ``"accurate"`` (the maximum subtracted first), ``"fast"`` (not: may overflow)
+            or ``"log"`` (log-softmax).
+        mode: ``"channel"``: over C for each sample and position (``F.softmax(x, dim=1)``);
+            ``"instance"``: over C and all spatial dims for each sample.
+        out: optional output of ``x``'s shape, dtype and device, any strides, sharing no memory
+            with ``x``.
+        stream: the CUDA stream to run on; default the legacy default stream.
+
+    Returns:
+        The result as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``x``'s memory format, or
+            ``out``.
+    """
+    fn = "softmax_forward"
+    s, s_ref = stream_pair(stream)
+    x = tensor_arg(x, stream)
+    o = None if out is None else tensor_arg(out, stream)
+    key = (algorithm, mode, _sig(x), None if o is None else _sig(o))
+    plan = _FORWARD.get(key)
+    if plan is None:
+        plan = _forward_plan(x, algorithm, mode, o, fn)
+        _FORWARD.put(key, plan)
+    if o is not None:
+        check_out_reads(o, (("x", x),), fn)
+    if not plan.x:
+        return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+    prev = callers_device()
+    try:
+        handle = get_handle(x.device, s)
+        y = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        one, zero = scalars(x)
+        status = _lib.lib().cudnnSoftmaxForward(handle, plan.algo, plan.mode, one, plan.x, x.ptr,
+                                                zero, plan.y, y.ptr)
+        if status:
+            raise_launch(status, "cudnnSoftmaxForward", fn, x=plan.keep[0], y=plan.keep[1])
+        return y
+    finally:
+        restore_device(prev)
+
+
+def _forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: str) -> _Plan:
+    check_input(x, "x", fn, _RANKS, _WHAT)
+    plan = _Plan()
+    plan.algo, plan.mode = _options(algorithm, mode, fn)
+    if o is not None:
+        o = checked_out(o, x.shape, x, fn, None)
+    plan.shape = x.shape
+    plan.strides = layout_strides(x.shape, x) if o is None else o.strides
+    if x.size == 0:
+        return plan
+    xd = _descriptor(x.shape, x.strides, x.dtype)
+    yd = xd if same_layout(x.shape, plan.strides, x.strides) else _descriptor(
+        x.shape, plan.strides, x.dtype)
+    plan.x, plan.y = xd.handle, yd.handle
+    plan.keep = (xd, yd)
+    return plan
+
+
+# ---- backward -------------------------------------------------------------------------------------
+
+def softmax_backward(y: Any, dy: Any, *, algorithm: str = "accurate", mode: str = "channel",
+                     out: Any = None, stream: Any = None) -> Tensor:
+    """The gradient ``dx`` of a softmax from its output ``y`` and the gradient ``dy`` of ``y``
+    (cuDNN's ``cudnnSoftmaxBackward``).
+
+    Args:
+        y: the forward output (``softmax_forward(x, algorithm=..., mode=...)``; with
+            ``algorithm="log"`` the log-softmax).
+        dy: the gradient with respect to ``y``: ``y``'s shape, dtype and device. Any strides:
+            operands not dense in ``y``'s memory format are staged through dense copies.
+        algorithm: the forward call's (``"log"`` differentiates the log-softmax; ``"fast"`` and
+            ``"accurate"`` the softmax).
+        mode: the forward call's.
+        out: optional output of ``y``'s shape, dtype and device, any strides, sharing no memory
+            with ``y`` or ``dy``.
+        stream: the CUDA stream to run on; default the legacy default stream.
+
+    Returns:
+        ``dx`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``y``'s memory format, or ``out``.
+    """
+    fn = "softmax_backward"
+    s, s_ref = stream_pair(stream)
+    y, dy = tensor_arg(y, stream), tensor_arg(dy, stream)
+    o = None if out is None else tensor_arg(out, stream)
+    key = (algorithm, mode, _sig(y), _sig(dy), None if o is None else _sig(o))
+    plan = _BACKWARD.get(key)
+    if plan is None:
+        plan = _backward_plan(y, dy, algorithm, mode, o, fn)
+        _BACKWARD.put(key, plan)
+    if o is not None:
+        check_out_reads(o, (("y", y), ("dy", dy)), fn)
+    if not plan.x:
+        return o if o is not None else new_output(plan.shape, plan.strides, y, s, s_ref)
+    prev = callers_device()
+    try:
+        handle = get_handle(y.device, s)
+        dx = o if o is not None else new_output(plan.shape, plan.strides, y, s, s_ref)
+        target = dx
+        if plan.stage:
+            st = plan.dense
+            y, dy = staged(handle, y, st, s), staged(handle, dy, st, s)
+            target = staged(handle, dx, st, s, copy=False)
+        one, zero = scalars(y)
+        d = plan.x
+        status = _lib.lib().cudnnSoftmaxBackward(handle, plan.algo, plan.mode, one, d, y.ptr, d,
+                                                 dy.ptr, zero, d, target.ptr)
+        if status:
+            raise_launch(status, "cudnnSoftmaxBackward", fn, tensors=plan.keep[0])
+        if target is not dx:
+            transform(handle, target, dx)
+        return dx
+    finally:
+        restore_device(prev)
+
+
+def _backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor | None,
+                   fn: str) -> _Plan:
+    check_input(y, "y", fn, _RANKS, _WHAT)
+    check_input(dy, "dy", fn, _RANKS, _WHAT)
+    check_match(y, "y", dy, "dy", fn)
+    check_shape(dy, "dy", y.shape, fn, "the shape of y")
+    plan = _Plan()
+    plan.algo, plan.mode = _options(algorithm, mode, fn)
+    if o is not None:
+        o = checked_out(o, y.shape, y, fn, None)
+    plan.shape = y.shape
+    plan.dense = dense = layout_strides(y.shape, y)
+    plan.strides = dense if o is None else o.strides
+    if y.size == 0:
+        return plan
+    # one dense layout for y, dy and dx (operands in another are staged through copies)
+    plan.stage = not all(same_layout(y.shape, st, dense)
+                         for st in (y.strides, dy.strides, plan.strides))
+    d = _descriptor(y.shape, dense, y.dtype)
+    plan.x = plan.y = d.handle
+    plan.keep = (d,)
+    return plan
