@@ -5,18 +5,23 @@ Run on a GPU machine with PyTorch:   PYTHONPATH=. python benchmarks/fused_vs_tor
 The six ResNet-50 block layers of MEASURED.md section 2b, batch 32, bf16 and fp16 NHWC:
 ``relu(conv2d(x, w) + b + alpha * z)`` through ``pycudnn.convolution_add_relu`` (one fused graph
 where an engine takes it) against PyTorch eager (cudnn.benchmark on) and ``torch.compile`` of the
-same function (default mode); also conv + bias and conv + bias + relu. Same process, same tensors,
-CUDA events over back-to-back calls. Ratios are torch / pycudnn (above 1: pycudnn is faster).
+same function (default mode); also conv + bias and conv + bias + relu. Same process, same torch
+tensors in for every side, outputs allocated by each call (no ``out=``), torch's current stream.
+
+What is measured: GPU time per call with the host far ahead (``gpu_timing.compare_gated``: batches
+queued behind a gate the host opens after the last call, so no host launch gap is timed; the
+sides' batches interleaved, the order rotated each round). Host cost is not in these figures: at
+batch 32 torch.compile's per-call host cost exceeds these layers' GPU time, which back-to-back
+timing would have charged to it. Ratios are torch / pycudnn (above 1: pycudnn is faster).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
-from conv_vs_torch import time_calls as _time_calls  # this script's folder is on sys.path
+import gpu_timing  # this script's folder is on sys.path
 
 LAYERS = [  # (N, C, H, K, R, stride, pad)
     (32, 64, 56, 256, 1, 1, 0),
@@ -28,14 +33,19 @@ LAYERS = [  # (N, C, H, K, R, stride, pad)
 ]
 
 
-def time_calls(torch, fn):
-    """The shared timing (benchmarks/conv_vs_torch.py): 50 back-to-back calls after 3 warm-up calls."""
-    return _time_calls(torch, fn, reps=50, warmup=3)
+#: launches per call the gate must leave room for (eager: conv, three pointwise ops, relu)
+LAUNCHES = {"eager": 6, "compile": 4, "bias_eager": 2, "bias_relu_eager": 3}
 
 
-def geomean(v):
-    v = [x for x in v if x and x > 0]
-    return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
+def kernel_times_ms(torch, fns, reps=50, batches=4):
+    """Median gated GPU time per call (ms) of each function, batches interleaved."""
+    samples = gpu_timing.compare_gated(fns, torch.cuda.current_stream().cuda_stream, reps, batches,
+                                       launches_per_call={k: LAUNCHES.get(k, 2) for k in fns},
+                                       synchronize=torch.cuda.synchronize)
+    return {k: gpu_timing.median(v) / 1e3 for k, v in samples.items()}
+
+
+geomean = gpu_timing.geomean
 
 
 def main(argv=None) -> int:
@@ -85,32 +95,48 @@ def main(argv=None) -> int:
             b = torch.randn(k, device="cuda", dtype=dt)
             oh = (h + 2 * p - r) // s + 1
             z = torch.randn(n, k, oh, oh, device="cuda", dtype=dt).to(memory_format=cl)
-            X, W, B, Z = (pycudnn.as_tensor(t) for t in (x, w, b, z))
+            stream = torch.cuda.current_stream()
             row = {"dtype": dtype_name, "layer": [n, c, h, h, k, r, s, p]}
-            Y = pycudnn.convolution_add_relu(X, W, Z, alpha=alpha, bias=B, stride=s, padding=p, benchmark=True)
-            row["fused_ms"] = time_calls(torch, lambda: pycudnn.convolution_add_relu(
-                X, W, Z, alpha=alpha, bias=B, stride=s, padding=p, out=Y, benchmark=True))
-            choice = [e for e in pycudnn.benchmark_cache() if e["epilogue"] == "add_relu"
-                      and list(e["params"].input_shape) == [n, c, h, h]]
-            row["fused_choice"] = choice[-1]["choice"] if choice else "?"
-            row["eager_ms"] = time_calls(torch, lambda: eager_add_relu_p(x, w, b, z, s, p))
-            ref = eager_add_relu_p(x.double(), w.double(), b.double(), z.double(), s, p)
-            got = torch.from_dlpack(Y).double()
-            row["max_rel_err"] = float((got - ref).abs().max() / ref.abs().max())
+            kw = dict(stride=s, padding=p, benchmark=True, stream=stream)
+            fns = {
+                "fused": lambda: pycudnn.convolution_add_relu(x, w, z, alpha=alpha, bias=b, **kw),
+                "eager": lambda: eager_add_relu_p(x, w, b, z, s, p),
+                "bias": lambda: pycudnn.convolution(x, w, b, **kw),
+                "bias_eager": lambda: F.conv2d(x, w, b, stride=s, padding=p),
+                "bias_relu": lambda: pycudnn.convolution(x, w, b, activation="relu", **kw),
+                "bias_relu_eager": lambda: torch.relu(F.conv2d(x, w, b, stride=s, padding=p)),
+            }
             if compiled is not None:
-                try:
-                    row["compile_ms"] = time_calls(torch, lambda: compiled(x, w, b, z, s, p))
-                except Exception as exc:  # noqa: BLE001
-                    compile_note = f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-                    compiled = None
-            # conv + bias and conv + bias + relu
-            Yb = pycudnn.convolution(X, W, B, stride=s, padding=p, benchmark=True)
-            row["bias_ms"] = time_calls(torch, lambda: pycudnn.convolution(X, W, B, stride=s, padding=p, out=Yb, benchmark=True))
-            row["bias_eager_ms"] = time_calls(torch, lambda: F.conv2d(x, w, b, stride=s, padding=p))
-            Yr = pycudnn.convolution(X, W, B, stride=s, padding=p, activation="relu", benchmark=True)
-            row["bias_relu_ms"] = time_calls(torch, lambda: pycudnn.convolution(
-                X, W, B, stride=s, padding=p, activation="relu", out=Yr, benchmark=True))
-            row["bias_relu_eager_ms"] = time_calls(torch, lambda: torch.relu(F.conv2d(x, w, b, stride=s, padding=p)))
+                fns["compile"] = lambda: compiled(x, w, b, z, s, p)
+            try:
+                Y = fns["fused"]()  # searches (benchmark on), outside the timing
+                choice = [e for e in pycudnn.benchmark_cache() if e["epilogue"] == "add_relu"
+                          and list(e["params"].input_shape) == [n, c, h, h]]
+                row["fused_choice"] = choice[-1]["choice"] if choice else "?"
+                ref = eager_add_relu_p(x.double(), w.double(), b.double(), z.double(), s, p)
+                got = torch.from_dlpack(Y).double()
+                row["max_rel_err"] = float((got - ref).abs().max() / ref.abs().max())
+                del Y, got, ref
+                for name in list(fns):  # first calls (searches, compilation) outside the timing
+                    try:
+                        fns[name]()
+                    except Exception as exc:  # noqa: BLE001
+                        if name == "compile":
+                            compile_note = f"torch.compile failed: {gpu_timing.error_text(exc)}"
+                            compiled = None
+                            del fns[name]
+                        else:
+                            raise
+                torch.cuda.synchronize()
+                times = kernel_times_ms(torch, fns)
+            except Exception as exc:  # noqa: BLE001 - a failing row is reported, the run goes on
+                row["error"] = gpu_timing.error_text(exc)
+                print(f"{dtype_name:8} {str(row['layer']):32} error: {row['error']}", flush=True)
+                rows.append(row)
+                torch.cuda.synchronize()
+                continue
+            for name, ms in times.items():
+                row[f"{name}_ms"] = ms
             row["eager_over_fused"] = row["eager_ms"] / row["fused_ms"]
             if "compile_ms" in row:
                 row["compile_over_fused"] = row["compile_ms"] / row["fused_ms"]
@@ -121,12 +147,13 @@ def main(argv=None) -> int:
                   f"({row['eager_over_fused']:.2f}x)  compile {row.get('compile_ms', float('nan')):.4f} "
                   f"({row.get('compile_over_fused', float('nan')):.2f}x)  bias {row['bias_eager_over_pycudnn']:.2f}x  "
                   f"bias+relu {row['bias_relu_eager_over_pycudnn']:.2f}x  err {row['max_rel_err']:.1e}", flush=True)
-            del x, w, b, z, X, W, B, Z, Y, Yb, Yr
     summary = {
-        "eager_over_fused_geomean": geomean([r["eager_over_fused"] for r in rows]),
+        "eager_over_fused_geomean": geomean([r.get("eager_over_fused") for r in rows]),
         "compile_over_fused_geomean": geomean([r.get("compile_over_fused") for r in rows]),
-        "bias_relu_eager_over_pycudnn_geomean": geomean([r["bias_relu_eager_over_pycudnn"] for r in rows]),
-        "bias_eager_over_pycudnn_geomean": geomean([r["bias_eager_over_pycudnn"] for r in rows]),
+        "bias_relu_eager_over_pycudnn_geomean": geomean([r.get("bias_relu_eager_over_pycudnn") for r in rows]),
+        "bias_eager_over_pycudnn_geomean": geomean([r.get("bias_eager_over_pycudnn") for r in rows]),
+        "errors": [f"{r['dtype']} {r['layer']}: {r['error']}" for r in rows if "error" in r],
+        "what": "GPU time per call, host far ahead (gated); torch tensors in, outputs allocated",
         "compile_note": compile_note,
     }
     print(json.dumps(summary, indent=1))
