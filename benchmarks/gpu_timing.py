@@ -456,7 +456,7 @@ def compare_gated(fns: Mapping[str, Callable[[], Any]], stream: int, reps: int =
     check_positive_int("warmup", warmup, 0)
     if gate is None:
         gate = get_gate()
-    sync = synchronize or (lambda: _check(_rt().cudaDeviceSynchronize(), "cudaDeviceSynchronize"))
+    sync = synchronize or _device_synchronize
     lpc = dict(launches_per_call or {})
     calls = {name: calls_per_batch(reps, max(1, int(lpc.get(name, 1)))) for name in fns}
     for name, fn in fns.items():
@@ -474,12 +474,19 @@ def compare_gated(fns: Mapping[str, Callable[[], Any]], stream: int, reps: int =
 
 # ---- host cost per call ---------------------------------------------------------------------------
 
-def host_time_us(fn: Callable[[], Any], reps: int = 2000, *, synchronize: Callable[[], Any],
-                 chunk: int = 50, warmup: int = 100) -> dict[str, float]:
+def _device_synchronize() -> None:
+    _check(_rt().cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
+
+def host_time_us(fn: Callable[[], Any], reps: int = 2000, *,
+                 synchronize: Callable[[], Any] | None = None, chunk: int = 50,
+                 warmup: int = 100) -> dict[str, float]:
     """Host microseconds per call of ``fn``: chunks of ``chunk`` back-to-back calls timed with
     ``time.perf_counter``, ``synchronize()`` between chunks and outside the timed part (the launch
     queue never fills, so the host never waits for the GPU). Returns [`spread`][] of the
-    per-chunk figures (``median`` is the figure to report)."""
+    per-chunk figures (``median`` is the figure to report). ``synchronize`` defaults to
+    ``cudaDeviceSynchronize``."""
+    synchronize = synchronize or _device_synchronize
     check_positive_int("reps", reps)
     check_positive_int("chunk", chunk)
     check_positive_int("warmup", warmup, 0)
@@ -498,10 +505,11 @@ def host_time_us(fn: Callable[[], Any], reps: int = 2000, *, synchronize: Callab
 
 
 def compare_host(fns: Mapping[str, Callable[[], Any]], reps: int = 2000, *,
-                 synchronize: Callable[[], Any], chunk: int = 50, rounds: int = 5,
+                 synchronize: Callable[[], Any] | None = None, chunk: int = 50, rounds: int = 5,
                  warmup: int = 100) -> dict[str, dict[str, float]]:
     """[`host_time_us`][] of several functions in ``rounds`` interleaved rounds, the order
-    rotated each round; per function the spread of all its chunks."""
+    rotated each round; per function the spread of its per-round medians."""
+    synchronize = synchronize or _device_synchronize
     check_positive_int("rounds", rounds)
     for fn in fns.values():
         for _ in range(warmup):

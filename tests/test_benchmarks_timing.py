@@ -404,3 +404,52 @@ def test_kernel_names_of_each_call():
     assert len(names) == 2 and all(names)
     assert not any(gpu_timing.SEPARATOR in n for group in names for n in group)
     assert any("elementwise" in n or "relu" in n.lower() for n in names[1])
+
+
+@pytest.fixture
+def torch_flags_restored():
+    """The scripts set PyTorch's global cuDNN/TF32 flags; other tests must not see them."""
+    torch = pytest.importorskip("torch")
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,
+             torch.backends.cuda.matmul.allow_tf32)
+    yield torch
+    (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,
+     torch.backends.cuda.matmul.allow_tf32) = saved
+
+
+@pytest.mark.gpu
+def test_conv_vs_torch_runs_one_cell(tmp_path, torch_flags_restored):
+    out = tmp_path / "k.json"
+    assert conv_vs_torch.main(["--configs", "bf16-nhwc", "--layers", "layer4.1.conv2", "--directions",
+                               "wgrad", "--reps", "20", "--batches", "2", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    (cell,) = d["cells"]
+    assert "error" not in cell, cell.get("error")
+    assert cell["torch_us"] > 0 and cell["pycudnn_us"] > 0 and len(cell["pycudnn_samples_us"]) == 2
+    assert cell["ratio"] == pytest.approx(cell["torch_us"] / cell["pycudnn_us"])
+    assert cell["torch_kernels"] and cell["pycudnn_kernels"]
+    assert d["gate"]["mode"] in ("wait", "spin")
+
+
+@pytest.mark.gpu
+def test_host_per_call_runs(tmp_path, torch_flags_restored):
+    out = tmp_path / "h.json"
+    assert host_per_call.main(["--calls", "200", "--rounds", "2", "--engines", "graph", "--json", str(out)]) == 0
+    cols = json.loads(out.read_text())["columns"]
+    assert cols["F.conv2d"]["median"] > 0
+    assert cols["graph: torch in"]["vs"] == "F.conv2d" and cols["graph: torch in"]["ratio"] > 0
+    assert "error" not in cols["graph: backward filter, torch in"]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_first_call_runs_one_layer(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "f.json"
+    assert first_call.main(["--quick", "--layers", "layer4.1.conv2", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    (proc,) = d["processes"][:1]
+    assert "error" not in proc, proc.get("error")
+    (cell,) = proc["cells"]
+    assert cell["torch_first_ms"] > 0 and cell["pycudnn_first_ms"] > 0
+    assert d["rows"][0]["name"].startswith("PyTorch")
