@@ -10,15 +10,18 @@ metadata reads it), and [`cudnn_version()`][pycudnn.cudnn_version] is the loaded
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import os as _os
+import sys as _sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"  # the only place pycudnn's version is written (pyproject.toml reads it)
 
-# public name -> submodule that defines it
+# public name -> module (inside pycudnn) that defines it
 _EXPORTS: dict[str, str] = {
     # library
-    "version": "_lib", "version_tuple": "_lib", "library_path": "_lib", "cudart_version": "_lib",
+    "version": "ffi.library", "version_tuple": "ffi.library", "library_path": "ffi.library", "cudart_version": "ffi.library",
     # errors
     "PycudnnError": "errors", "CudnnError": "errors", "CudnnBadParamError": "errors",
     "CudnnNotSupportedError": "errors", "CudnnInternalError": "errors",
@@ -30,25 +33,77 @@ _EXPORTS: dict[str, str] = {
     "TensorDescriptor": "descriptors", "FilterDescriptor": "descriptors",
     "ConvolutionDescriptor": "descriptors", "ActivationDescriptor": "descriptors",
     # tensors
-    "Tensor": "tensor", "as_tensor": "tensor", "tensor_from_pointer": "tensor", "empty": "tensor",
-    "zeros": "tensor", "from_numpy": "tensor",
+    "Tensor": "tensor", "as_tensor": "runtime.tensor", "tensor_from_pointer": "runtime.tensor", "empty": "runtime.tensor",
+    "zeros": "runtime.tensor", "from_numpy": "runtime.tensor",
     # handles and streams
-    "get_handle": "handle", "device_count": "handle", "current_stream": "interop",
+    "get_handle": "runtime.handle", "device_count": "runtime.handle", "current_stream": "runtime.interop",
     # configuration
     "config": "configuration", "flags": "configuration",
     # algorithm search and caches
-    "benchmark_cache": "engines", "clear_caches": "engines", "set_cache_limit": "engines",
+    "benchmark_cache": "dispatch.engines", "clear_caches": "dispatch.engines", "set_cache_limit": "dispatch.engines",
     "ConvolutionParams": "problem",
     # the tuning database's records made ready ahead of the first call
-    "preload": "preloading", "PreloadReport": "preloading",
+    "preload": "dispatch.preloading", "PreloadReport": "preloading",
     # prepared convolutions
-    "prepare_convolution": "conv", "PreparedConvolution": "prepared",
+    "prepare_convolution": "api.conv", "PreparedConvolution": "prepared",
     # convolutions
-    "convolution": "conv", "conv_transpose": "conv", "convolution_backward_data": "conv",
-    "convolution_backward_filter": "conv", "convolution_add_relu": "conv",
+    "convolution": "api.conv", "conv_transpose": "api.conv", "convolution_backward_data": "api.conv",
+    "convolution_backward_filter": "api.conv", "convolution_add_relu": "api.conv",
 }
 
 __all__ = sorted([*_EXPORTS, "cudnn_version"]) + ["__version__"]
+
+#: modules that moved into the layer folders: their earlier import paths (``pycudnn.search.algos``,
+#: ``pycudnn.api.conv``, ...) still import, as the same module object (so monkeypatching either
+#: name patches both)
+_MOVED_MODULES: dict[str, str] = {
+    "_lib": "ffi.library",
+    "backend": "ffi.backend",
+    "memory": "runtime.memory",
+    "handle": "runtime.handle",
+    "tensor": "runtime.tensor",
+    "interop": "runtime.interop",
+    "descriptors": "cudnn.descriptors",
+    "graph": "cudnn.graph",
+    "tensor_ops": "cudnn.tensor_ops",
+    "problem": "search.problem",
+    "engine": "search.engine",
+    "tuning_db": "search.tuning_db",
+    "algos": "search.algos",
+    "graph_engine": "search.graph_engine",
+    "engines": "dispatch.engines",
+    "prepared": "dispatch.prepared",
+    "preloading": "dispatch.preloading",
+    "arguments": "dispatch.arguments",
+    "conv": "api.conv",
+    "repro": "api.repro",
+}
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Resolves ``pycudnn.<old name>`` to the module at its new path."""
+
+    real_specs: dict[str, Any] = {}  # old name -> the module's own spec (imports of one name are serialized)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        package, _, name = fullname.partition(".")
+        if package != __name__ or name not in _MOVED_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: Any) -> Any:
+        module = importlib.import_module(f"{__name__}.{_MOVED_MODULES[spec.name.partition('.')[2]]}")
+        self.real_specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        # already executed at its new path; the import system has just set its __spec__ to the
+        # old name's: give it back its own (relative imports inside it read it)
+        module.__spec__ = self.real_specs[module.__spec__.name]
+
+
+if not any(isinstance(f, _MovedModuleFinder) for f in _sys.meta_path):
+    _sys.meta_path.append(_MovedModuleFinder())
 
 if _os.environ.get("PYCUDNN_LOG"):  # a stderr handler on the "pycudnn" logger (see _logging)
     from ._logging import configure_from_env as _configure_logging
@@ -66,7 +121,7 @@ def cudnn_version() -> int:
     Raises:
         CudnnNotFoundError: no usable libcudnn was found.
     """
-    from ._lib import version
+    from .ffi.library import version
 
     return version()
 
@@ -85,18 +140,18 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from ._lib import cudart_version, library_path, version, version_tuple
-    from .engines import benchmark_cache, clear_caches, set_cache_limit
-    from .problem import ConvolutionParams
+    from .ffi.library import cudart_version, library_path, version, version_tuple
+    from .dispatch.engines import benchmark_cache, clear_caches, set_cache_limit
+    from .search.problem import ConvolutionParams
     from .configuration import config, flags
-    from .conv import (conv_transpose, convolution, convolution_add_relu,
+    from .api.conv import (conv_transpose, convolution, convolution_add_relu,
                        convolution_backward_data, convolution_backward_filter)
-    from .descriptors import (ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor,
+    from .cudnn.descriptors import (ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor,
                               TensorDescriptor)
     from .errors import *  # noqa: F403
-    from .handle import device_count, get_handle
-    from .preloading import PreloadReport, preload
-    from .conv import prepare_convolution
-    from .prepared import PreparedConvolution
-    from .interop import current_stream
-    from .tensor import Tensor, as_tensor, empty, from_numpy, tensor_from_pointer, zeros
+    from .runtime.handle import device_count, get_handle
+    from .dispatch.preloading import PreloadReport, preload
+    from .api.conv import prepare_convolution
+    from .dispatch.prepared import PreparedConvolution
+    from .runtime.interop import current_stream
+    from .runtime.tensor import Tensor, as_tensor, empty, from_numpy, tensor_from_pointer, zeros

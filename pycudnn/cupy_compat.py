@@ -10,8 +10,8 @@ defaults, and its semantics: the result is written into the preallocated array t
 (``y``, or ``gW``), an optional bias ``b`` (one value per channel) is added, and nothing is
 returned. They run on CuPy's current stream (more precisely: the current stream of the framework
 the data array comes from, see
-[`pycudnn.current_stream()`][pycudnn.interop.current_stream]), and accept any array pycudnn
-accepts (CuPy, PyTorch, Numba, [`pycudnn.Tensor`][pycudnn.tensor.Tensor]), without copies.
+[`pycudnn.current_stream()`][pycudnn.runtime.interop.current_stream]), and accept any array pycudnn
+accepts (CuPy, PyTorch, Numba, [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor]), without copies.
 
 How the parameters map onto pycudnn:
 
@@ -40,8 +40,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from . import conv as _conv
-from .tensor import Tensor, as_tensor, tensor_from_pointer
+from .api import conv as _conv
+from .runtime.tensor import Tensor, as_tensor, tensor_from_pointer
 
 __all__ = ["convolution_forward", "convolution_backward_data", "convolution_backward_filter",
            "get_max_workspace_size", "set_max_workspace_size", "CUDNN_TENSOR_NCHW",
@@ -157,7 +157,7 @@ def _bias_view(b: Any, stream: int) -> Tensor | None:
 
 
 def _stream_of(arr: Any) -> int:
-    from .interop import current_stream
+    from .runtime.interop import current_stream
 
     try:
         return current_stream(arr)

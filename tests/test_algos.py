@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from pycudnn import algos
-from pycudnn.algos import (AlgoRecord, BenchmarkCache, ConvolutionArgs, ConvolutionParams,
+from pycudnn.search import algos
+from pycudnn.search.algos import (AlgoRecord, BenchmarkCache, ConvolutionArgs, ConvolutionParams,
                            check_precision, try_all)
 from scripted_engine import ScriptedEngine
 from pycudnn.errors import (CudnnBadParamError, CudnnNotSupportedError, NoAlgorithmError,

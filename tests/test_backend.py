@@ -14,9 +14,9 @@ import threading
 
 import pytest
 
-from pycudnn import backend as B
-from pycudnn import graph as G
-from pycudnn import _lib
+from pycudnn.ffi import backend as B
+from pycudnn.cudnn import graph as G
+from pycudnn.ffi import library as _lib
 from pycudnn.errors import CudnnError
 
 

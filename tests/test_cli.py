@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import has_gpu
-from pycudnn import cli, tuning_db
+from pycudnn import cli
+from pycudnn.search import tuning_db
 from pycudnn.configuration import config
 from scripted_engine import ScriptedEngine
 from test_algos import make_params
@@ -356,7 +357,7 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
     """Everything of ``bench`` around the measurement: layers, progress, table, JSON, CSV."""
     import contextlib
 
-    import pycudnn.memory
+    import pycudnn.runtime.memory
 
     monkeypatch.setattr(cli, "_require_gpu", lambda command, device=0: None)
     monkeypatch.setattr(cli, "_torch_available", lambda args: (True, None))
@@ -366,7 +367,7 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
         "device": {"index": 0, "name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132},
         "settings": {"dtype": args.dtype, "layout": args.layout, "engine": opts["engine"],
                      "layers": len(layers), "directions": [cli.SHORT[d] for d in directions]}})
-    monkeypatch.setattr(pycudnn.memory, "device_guard", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(pycudnn.runtime.memory, "device_guard", lambda device: contextlib.nullcontext())
     seen = []
 
     def fake_run_layer(layer, direction, bufs, opts, torch_on, measure=True):
@@ -404,7 +405,7 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
 
 
 def test_candidate_row_of_a_v7_record():
-    from pycudnn.algos import AlgoRecord
+    from pycudnn.search.algos import AlgoRecord
 
     row = cli._candidate_row(AlgoRecord(1, 1, 4096, 0.25, True, "forward", "find"))
     assert row["choice"] == "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH"
@@ -433,7 +434,7 @@ class _ScriptedV7(ScriptedEngine):
     name = "scripted"
 
     def __init__(self):
-        from pycudnn.algos import AlgoRecord
+        from pycudnn.search.algos import AlgoRecord
 
         self.cands = [AlgoRecord(0, 1, 0, 0.10, True, "forward", "find"),
                       AlgoRecord(1, 1, 4096, 0.20, True, "forward", "find")]
@@ -457,7 +458,7 @@ class _ScriptedV7(ScriptedEngine):
                 "time_ms": record.time_ms}
 
     def restore(self, args, data):
-        from pycudnn.algos import AlgoRecord
+        from pycudnn.search.algos import AlgoRecord
 
         return AlgoRecord(data["algo"], data["math_type"], data["workspace"], data["time_ms"], True,
                           "forward", "tuning-db")
@@ -466,8 +467,8 @@ class _ScriptedV7(ScriptedEngine):
 @pytest.fixture
 def scripted(db, monkeypatch):
     """_run_layer against the real caches, iterator and database, with a scripted engine."""
-    from pycudnn import engines
-    from pycudnn.algos import ConvolutionArgs, try_all
+    from pycudnn.dispatch import engines
+    from pycudnn.search.algos import ConvolutionArgs, try_all
 
     strategy = _ScriptedV7()
     monkeypatch.setitem(engines.ENGINES, "scripted", strategy)

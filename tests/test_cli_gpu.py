@@ -36,7 +36,7 @@ def cli(*args: str, cache: Path, timeout: float = 300) -> subprocess.CompletedPr
 
 
 def db_entries(cache: Path) -> list[dict]:
-    from pycudnn import tuning_db
+    from pycudnn.search import tuning_db
 
     doc = json.loads((cache / tuning_db.FILE_NAME).read_text())
     return doc["entries"]
@@ -105,9 +105,9 @@ def test_bench_all_candidates(tmp_path, engine):
 CHILD = r"""
 import json, sys, time
 import pycudnn
-from pycudnn import algos
+from pycudnn.search import algos
 from pycudnn.cli import parse_shape
-from pycudnn.memory import synchronize
+from pycudnn.runtime.memory import synchronize
 
 t0 = time.perf_counter()
 pycudnn.version(); pycudnn.get_handle(0)

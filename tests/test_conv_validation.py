@@ -11,7 +11,7 @@ import pytest
 
 import pycudnn
 from conftest import has_gpu
-from pycudnn import conv
+from pycudnn.api import conv
 
 
 def t(*shape, dtype="float32", ptr=0x7F0000000000):
@@ -93,8 +93,8 @@ def test_suggest_memory_format():
 
 
 def test_repro_snippet_covers_bfloat16_and_channels_last():
-    from pycudnn.algos import ConvolutionParams
-    from pycudnn.repro import repro_lines
+    from pycudnn.search.algos import ConvolutionParams
+    from pycudnn.api.repro import repro_lines
 
     x = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8, 8), "bfloat16", strides=(256, 1, 32, 4))
     w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3, 3), "bfloat16", strides=(36, 1, 12, 4))
@@ -190,7 +190,7 @@ def test_remembered_call_hands_an_overlapping_out_to_the_full_path():
     goes to the full path (which refuses it), never straight to the kernel."""
     import numpy as np
 
-    from pycudnn.prepared import PreparedConvolution
+    from pycudnn.dispatch.prepared import PreparedConvolution
 
     x, w = t(2, 4, 8, 8, ptr=BASE), t(8, 4, 3, 3, ptr=BASE + (1 << 30))
     prepared = object.__new__(PreparedConvolution)  # just the layout a remembered call has

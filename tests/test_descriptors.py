@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pycudnn import _lib
-from pycudnn import descriptors as D
+from pycudnn.ffi import library as _lib
+from pycudnn.cudnn import descriptors as D
 from pycudnn._types import (ActivationMode, ConvolutionMode, DataType, MathType, NanPropagation,
                             OpTensorOp, TensorFormat)
-from pycudnn.descriptors import (ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor,
+from pycudnn.cudnn.descriptors import (ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor,
                                  OpTensorDescriptor, TensorDescriptor, live_descriptor_count)
 from pycudnn.errors import CudnnBadParamError, CudnnNotSupportedError
 

@@ -35,7 +35,7 @@ def _cupy_compat(**kw):
 
 
 def _descriptor(shape, **kw):
-    from pycudnn.descriptors import TensorDescriptor
+    from pycudnn.cudnn.descriptors import TensorDescriptor
 
     TensorDescriptor(shape, "float32", **kw)
 
@@ -81,7 +81,7 @@ def test_cudnn_reason_format():
 
 
 def test_library_not_found_hint():
-    from pycudnn import _lib
+    from pycudnn.ffi import library as _lib
 
     assert _lib._INSTALL_HINT in TROUBLE
     assert "could not load libcudnn; tried, in order:" in TROUBLE
@@ -140,12 +140,12 @@ def test_api_reference_docstrings_render_without_sphinx_roles():
         pytest.skip("griffe (from the test extra's mkdocstrings) is not installed")
     ext = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ext)
-    assert ext.convert(":func:`~pycudnn.algos.try_all` and :class:`pycudnn.Tensor`") == \
+    assert ext.convert(":func:`~pycudnn.search.algos.try_all` and :class:`pycudnn.Tensor`") == \
         "`try_all()` and `pycudnn.Tensor`"
     assert ext.convert("Args:\n    stride, padding: an int\n        or a tuple.\n") == \
         "Args:\n    stride: an int\n        or a tuple.\n    padding: an int\n        or a tuple.\n"
-    import pycudnn.conv
+    import pycudnn.api.conv
 
     for name in ("convolution", "conv_transpose", "convolution_backward_data"):
-        doc = ext.convert(inspect.getdoc(getattr(pycudnn.conv, name)) or "")
+        doc = ext.convert(inspect.getdoc(getattr(pycudnn.api.conv, name)) or "")
         assert ":func:`" not in doc and ":class:`" not in doc and "stride, padding" not in doc

@@ -41,7 +41,7 @@ def _check(y, ref, tol=2e-5):
 
 def _inject(monkeypatch, engine, failures):
     """Make the strategy's run() raise the given exceptions on its first calls, then behave."""
-    from pycudnn import algos
+    from pycudnn.search import algos
 
     strategy = algos.strategy_for(engine)
     real = strategy.run
@@ -68,7 +68,7 @@ def test_cached_choice_out_of_memory_searches_again(monkeypatch, engine):
     assert len(cached) == 1
     # the remembered-call path launches the cached plan directly; this test is about the
     # iterator behind it (which that path falls back to on any failure), so go through it
-    from pycudnn.prepared import clear_fast_calls
+    from pycudnn.dispatch.prepared import clear_fast_calls
 
     clear_fast_calls()
     calls = _inject(monkeypatch, engine, [OutOfMemoryError("injected: cached choice out of memory")])
@@ -171,7 +171,7 @@ def test_thread_hammer(engine):
     for t in threads:
         t.join()
     assert errors == []
-    from pycudnn.algos import caches
+    from pycudnn.search.algos import caches
 
     assert caches["forward"].searches <= len(shapes)  # one search per key, not per thread
 

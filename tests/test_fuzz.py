@@ -47,7 +47,7 @@ from hypothesis import strategies as st
 
 import pycudnn
 from pycudnn import errors as E
-from pycudnn import memory as M
+from pycudnn.runtime import memory as M
 
 # Valid cases here pass validation and would then run on the made-up addresses: on a machine with
 # a GPU that is an illegal memory access. There the whole module runs in a subprocess that sees
@@ -1555,7 +1555,7 @@ def _int32(values, name) -> list[Violation]:
 def _desc_outcome(suite: str, v: list[Violation], cudnn_reasons: list[str], fn: Callable, check_ok=None):
     """Run a descriptor constructor: Python violations -> ValueError/TypeError naming the
     parameter; else cuDNN's refusals -> CudnnError naming the C function; else it must succeed."""
-    from pycudnn import descriptors as D
+    from pycudnn.cudnn import descriptors as D
 
     before = D.live_descriptor_count()
     exc = obj = None
@@ -1596,7 +1596,7 @@ def _desc_outcome(suite: str, v: list[Violation], cudnn_reasons: list[str], fn: 
 @fuzz_settings(500)
 @given(data=st.data(), dtype=DESC_DTYPES, validate=_B)
 def test_tensor_descriptor_fuzz(data, dtype, validate):
-    from pycudnn.descriptors import TensorDescriptor
+    from pycudnn.cudnn.descriptors import TensorDescriptor
 
     base = data.draw(desc_shape())
     strides = data.draw(desc_strides(base))
@@ -1648,7 +1648,7 @@ def test_tensor_descriptor_fuzz(data, dtype, validate):
        fmt=_S(["NCHW", "NHWC", "nhwc", "NCHW", "NHWC", "NCHW_VECT_C", 0, 1, 2, 7, True, None, 1.0]),
        validate=_B)
 def test_filter_descriptor_fuzz(data, dtype, fmt, validate):
-    from pycudnn.descriptors import FilterDescriptor
+    from pycudnn.cudnn.descriptors import FilterDescriptor
 
     shape = data.draw(corrupted(data.draw(desc_shape())))
 
@@ -1670,7 +1670,7 @@ def test_filter_descriptor_fuzz(data, dtype, fmt, validate):
 @fuzz_settings(500)
 @given(data=st.data(), validate=_B)
 def test_convolution_descriptor_fuzz(data, validate):
-    from pycudnn.descriptors import ConvolutionDescriptor
+    from pycudnn.cudnn.descriptors import ConvolutionDescriptor
 
     n = data.draw(_S([1, 2, 2, 3, 3, 4, 5, 6, 0, 7]))
     pad = tuple(data.draw(_S([0, 0, 1, 2, 5])) for _ in range(n))
@@ -1741,7 +1741,7 @@ def test_convolution_descriptor_fuzz(data, validate):
 def test_output_shape_fuzz(data, validate):
     """ConvolutionDescriptor.output_shape against the formula, with mismatched ranks, channels and
     groups, kernels larger than the padded input, and sizes near int32."""
-    from pycudnn import descriptors as D
+    from pycudnn.cudnn import descriptors as D
 
     n = data.draw(_I(1, 3))
     pad = tuple(data.draw(_S([0, 0, 1, 2, 3, 0, 1, 2**20, 2**30, INT32_MAX])) for _ in range(n))
@@ -1845,7 +1845,7 @@ def test_output_shape_fuzz(data, validate):
                              "1", None, complex(1, 0), np.float32(2.0), np.int8(1), 1e308]))
 def test_activation_descriptor_fuzz(mode, nan, coef):
     from pycudnn._types import ActivationMode, NanPropagation
-    from pycudnn.descriptors import ActivationDescriptor
+    from pycudnn.cudnn.descriptors import ActivationDescriptor
 
     v: list[Violation] = []
 
@@ -1927,7 +1927,7 @@ def test_bug_conv_transpose_checks_weight_sizes():
 
 def test_bug_stream_handle_must_fit_64_bits():
     with pytest.raises(ValueError, match="stream"):
-        from pycudnn.memory import resolve_stream
+        from pycudnn.runtime.memory import resolve_stream
         resolve_stream(2**64)
 
 
@@ -1952,7 +1952,7 @@ def test_bug_cuda_array_interface_strides_length_is_checked():
 
 
 def test_bug_output_shape_never_returns_wrapped_sizes():
-    from pycudnn.descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
+    from pycudnn.cudnn.descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
 
     conv = ConvolutionDescriptor((0,), (1,), (2**30,))
     x, w = TensorDescriptor((1, 3, 1), "float32"), FilterDescriptor((3, 3, 3), "float32")

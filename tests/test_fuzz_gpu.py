@@ -1,7 +1,7 @@
 """The fuzz of test_fuzz.py with real device buffers (GPU; issue 7).
 
 The same case generators and oracle as the CPU fuzz, but every tensor view points into a real
-device buffer (allocated through pycudnn.memory, filled with random values of the view's dtype,
+device buffer (allocated through pycudnn.runtime.memory, filled with random values of the view's dtype,
 with slack bytes around every view). After each call the buffers are copied back and:
 
 * a refused call (ValueError / TypeError naming the parameter) must leave every byte of every
@@ -48,7 +48,7 @@ def _report(request):
 
 
 def _mem():
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     return memory
 
@@ -428,7 +428,7 @@ def test_prepared_path_refuses_like_the_full_path(engine):
     layout must still be accepted (the fast path's checks are the full path's, not stricter or
     looser; its key holds x's device but not w's or the bias's)."""
     import pycudnn
-    from pycudnn import prepared as P
+    from pycudnn.dispatch import prepared as P
 
     x, w, b, kw = _prepared_pair(engine)
     ref = _host(pycudnn.convolution(x, w, b, **kw))

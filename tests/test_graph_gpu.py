@@ -19,9 +19,9 @@ import zlib
 import numpy as np
 import pytest
 
-from pycudnn import _lib
-from pycudnn import backend as B
-from pycudnn import graph as G
+from pycudnn.ffi import library as _lib
+from pycudnn.ffi import backend as B
+from pycudnn.cudnn import graph as G
 from pycudnn.errors import CudnnError, NoAlgorithmError
 
 pytestmark = pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""GPU tests of pycudnn.handle: one handle per (thread, device), the pool, and the stream set."""
+"""GPU tests of pycudnn.runtime.handle: one handle per (thread, device), the pool, and the stream set."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from pycudnn import _lib
-from pycudnn import handle as H
-from pycudnn import memory as M
+from pycudnn.ffi import library as _lib
+from pycudnn.runtime import handle as H
+from pycudnn.runtime import memory as M
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ import types
 import pytest
 
 import pycudnn
-from pycudnn import interop
+from pycudnn.runtime import interop
 
 
 def _fake_class(module: str, name: str = "Thing", **attrs):
@@ -27,7 +27,7 @@ def test_exported():
     ("torch", "torch"), ("torch.cuda.streams", "torch"), ("cupy", "cupy"),
     ("cupy.cuda.stream", "cupy"), ("cupy_backends.cuda", "cupy"),
     ("numba.cuda.cudadrv.devicearray", "numba"), ("numba_cuda.numba.cuda.cudadrv.devicearray", "numba"),
-    ("jaxlib.xla_extension", "jax"), ("cuda.core._stream", "cuda.core"), ("pycudnn.tensor", "pycudnn"),
+    ("jaxlib.xla_extension", "jax"), ("cuda.core._stream", "cuda.core"), ("pycudnn.runtime.tensor", "pycudnn"),
     ("numpy", None), ("builtins", None),
 ])
 def test_framework_of(module, expected):

@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 import pycudnn
-from pycudnn import conv as real_conv
+from pycudnn.api import conv as real_conv
 from pycudnn import cupy_compat as cc
 
 P, KO = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
@@ -43,7 +43,7 @@ def test_constants():
 
 
 class Recorder:
-    """Stands in for pycudnn.conv: records each call."""
+    """Stands in for pycudnn.api.conv: records each call."""
 
     output_size = staticmethod(real_conv.output_size)
 
@@ -205,7 +205,7 @@ def test_argument_errors(rec):
 
 
 def test_real_validation_runs_before_any_gpu_work():
-    """With the real pycudnn.conv: a wrong output shape is refused in Python (no GPU needed)."""
+    """With the real pycudnn.api.conv: a wrong output shape is refused in Python (no GPU needed)."""
     x, w = T((2, 3, 8, 8)), T((4, 3, 3, 3))
     with pytest.raises(ValueError, match="out: expected shape"):
         cc.convolution_forward(x, w, None, T((2, 4, 5, 5)), (0, 0), (1, 1), (1, 1), 1,

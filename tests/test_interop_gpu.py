@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pycudnn
-from pycudnn import memory as M
+from pycudnn.runtime import memory as M
 
 pytestmark = pytest.mark.gpu
 

@@ -1,9 +1,11 @@
 """The package's layering, checked: every module imports only from its own layer or below, the
 imports have no cycle, and docs/architecture.md lists every module in the layer it is in here.
 
-Imports are read from the source (ast), top-level and inside functions alike; the only upward
-imports allowed are the compatibility shims that keep earlier import paths working (a module
-``__getattr__`` that imports the new home of a moved name on first use).
+A folder of the package is one layer; the modules at the top are the foundation (below every
+folder) or the entry points (above every folder). Imports are read from the source (ast),
+top-level and inside functions alike; the only upward imports allowed are the compatibility shims
+that keep earlier import paths working (a module ``__getattr__`` that imports the new home of a
+moved name on first use).
 """
 
 from __future__ import annotations
@@ -17,18 +19,64 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "pycudnn"
 
-#: bottom to top; a module may import from its own layer and the layers below
-LAYERS: list[tuple[str, list[str]]] = [
-    ("foundation", ["errors", "_logging", "_live", "_types", "configuration"]),
-    ("C boundary", ["_lib", "backend"]),
-    ("CUDA resources, views and cuDNN objects", ["memory", "handle", "tensor", "interop",
-                                                 "descriptors", "graph"]),
-    ("the problem", ["problem", "engine", "arguments", "tensor_ops"]),
-    ("search and engines", ["tuning_db", "algos", "graph_engine"]),
-    ("registry, replay and preloading", ["engines", "prepared", "preloading"]),
-    ("public API and tools", ["conv", "repro", "cupy_compat", "cli", "__main__", "__init__"]),
+#: bottom to top: (layer, top-level modules, folders); a module may import from its own layer
+#: and the layers below
+LAYERS: list[tuple[str, list[str], list[str]]] = [
+    ("foundation", ["errors", "_logging", "_live", "_types", "configuration"], []),
+    ("C boundary", [], ["ffi"]),
+    ("CUDA resources and views", [], ["runtime"]),
+    ("cuDNN objects", [], ["cudnn"]),
+    ("the problem, engines and search", [], ["search"]),
+    ("registry, replay and preloading", [], ["dispatch"]),
+    ("operations", [], ["api", "ops"]),
+    ("entry points", ["cupy_compat", "torch", "cli", "__main__", "__init__"], []),
 ]
-LAYER_OF = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
+
+
+def _module_name(path: Path) -> str:
+    """'search.algos' for pycudnn/search/algos.py, 'ffi' for pycudnn/ffi/__init__.py."""
+    parts = list(path.relative_to(PKG).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = sorted(_module_name(p) for p in PKG.rglob("*.py"))
+FOLDERS = sorted({m.split(".")[0] for m in MODULES if "." in m})
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[0]
+    for i, (_, mods, folders) in enumerate(LAYERS):
+        if (module in mods and "." not in module) or top in folders:
+            return i
+    raise KeyError(module)
+
+
+def _moved() -> dict[str, str]:
+    """Earlier flat module names -> their folder paths (pycudnn's import alias)."""
+    import pycudnn
+
+    return dict(pycudnn._MOVED_MODULES)
+
+
+def _resolve(base: list[str], names: list[str]) -> list[str]:
+    """Modules an import of ``names`` from package ``base`` (path parts inside pycudnn) reaches."""
+    moved = _moved()
+    out = []
+    for name in names:
+        parts = base + [name]
+        dotted = ".".join(parts)
+        if dotted in moved:
+            dotted = moved[dotted]
+        if (PKG / (dotted.replace(".", "/") + ".py")).exists() or dotted in FOLDERS:
+            out.append(dotted)
+        elif base:
+            b = ".".join(base)
+            out.append(moved.get(b, b) or "__init__")
+        else:
+            out.append("__init__")
+    return out
 
 
 def _imports(path: Path) -> list[tuple[str, int, bool]]:
@@ -38,41 +86,67 @@ def _imports(path: Path) -> list[tuple[str, int, bool]]:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
             shim_nodes.update(id(n) for n in ast.walk(node))
+    here = list(path.relative_to(PKG).parts[:-1])  # the package this module is in
     out = []
     for node in ast.walk(tree):
         shim = id(node) in shim_nodes
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
-            out += [(n, node.lineno, shim) for n in names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pycudnn."):
-            out.append((node.module.split(".")[1], node.lineno, shim))
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            base = here[:len(here) - (node.level - 1)] if node.level > 1 else here
+            mod = node.module.split(".") if node.module else []
+            names = [a.name for a in node.names if a.name != "__version__"]
+            targets = _resolve(base + mod[:-1], [mod[-1]]) if mod else _resolve(base, names)
+            if mod and names:  # 'from .pkg import module' reaches the module
+                sub = _resolve(base + mod, names)
+                targets = [t for t in sub if t != ".".join(base + mod)] or targets
+            out += [(t, node.lineno, shim) for t in targets]
+        elif isinstance(node, ast.ImportFrom) and node.module and (
+                node.module == "pycudnn" or node.module.startswith("pycudnn.")):
+            mod = node.module.split(".")[1:]
+            names = [a.name for a in node.names]
+            targets = _resolve(mod[:-1], [mod[-1]]) if mod else _resolve([], names)
+            out += [(t, node.lineno, shim) for t in targets]
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant)):
-            out.append((str(node.args[0].value).lstrip("."), node.lineno, shim))
-    return [(m, line, shim) for m, line, shim in out if m != "__version__"]
-
-
-MODULES = sorted(p.stem for p in PKG.glob("*.py"))
+            spec = str(node.args[0].value)
+            level = len(spec) - len(spec.lstrip("."))
+            mod = spec.lstrip(".").split(".")
+            base = here[:len(here) - (level - 1)] if level > 1 else here
+            if spec.startswith("pycudnn."):
+                base, mod = [], mod[1:]
+            if mod != [""]:
+                out += [(t, node.lineno, shim) for t in _resolve(base + mod[:-1], [mod[-1]])]
+    return [(m, line, shim) for m, line, shim in out if m != _module_name(path)]
 
 
 def test_every_module_has_a_layer():
-    assert sorted(LAYER_OF) == MODULES, "add new modules to LAYERS and to docs/architecture.md"
+    unplaced = []
+    for m in MODULES:
+        try:
+            _layer(m)
+        except KeyError:
+            unplaced.append(m)
+    assert not unplaced, "put new top-level modules and folders in LAYERS and docs/architecture.md"
 
 
 @pytest.mark.parametrize("module", MODULES)
 def test_imports_go_down_the_layers(module):
     upward = []
-    for target, line, shim in _imports(PKG / f"{module}.py"):
-        if target not in LAYER_OF or shim:
+    for target, line, shim in _imports(_path(module)):
+        if shim or target == "__init__":
             continue
-        if LAYER_OF[target] > LAYER_OF[module] and module != "__init__":
-            upward.append(f"{module}.py:{line} imports {target} "
-                          f"({LAYERS[LAYER_OF[target]][0]} is above {LAYERS[LAYER_OF[module]][0]})")
+        if _layer(target) > _layer(module) and module != "__init__":
+            upward.append(f"{module}:{line} imports {target} "
+                          f"({LAYERS[_layer(target)][0]} is above {LAYERS[_layer(module)][0]})")
     assert not upward, "\n".join(upward)
 
 
+def _path(module: str) -> Path:
+    p = PKG / (module.replace(".", "/") + ".py")
+    return p if p.exists() else PKG / module.replace(".", "/") / "__init__.py"
+
+
 def test_no_import_cycles():
-    graph = {m: {t for t, _, shim in _imports(PKG / f"{m}.py") if not shim and t in LAYER_OF}
+    graph = {m: {t for t, _, shim in _imports(_path(m)) if not shim}
              for m in MODULES if m != "__init__"}
     graph = {m: deps - {"__init__"} for m, deps in graph.items()}
     state: dict[str, int] = {}
@@ -98,8 +172,16 @@ def test_architecture_doc_lists_every_module_in_its_layer():
     rows = re.findall(r"^\| (\d) [^|]*\| ([^|]+) \|", text, flags=re.M)
     documented = {}
     for layer, cell in rows:
-        for m in re.findall(r"`([\w_]+)\.py`", cell):
-            documented[m] = int(layer)
-    assert documented == LAYER_OF, {m: (documented.get(m), LAYER_OF.get(m))
-                                    for m in set(documented) | set(LAYER_OF)
-                                    if documented.get(m) != LAYER_OF.get(m)}
+        for m in re.findall(r"`([\w/]+)\.py`", cell):
+            documented[m.replace("/", ".")] = int(layer)
+    modules = {m: _layer(m) for m in MODULES if m not in FOLDERS}
+    assert documented == modules, {m: (documented.get(m), modules.get(m))
+                                   for m in set(documented) | set(modules)
+                                   if documented.get(m) != modules.get(m)}
+
+
+def test_old_flat_import_paths_are_the_moved_modules():
+    import importlib
+
+    for old, new in _moved().items():
+        assert importlib.import_module(f"pycudnn.{old}") is importlib.import_module(f"pycudnn.{new}")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pycudnn import _lib, errors
+from pycudnn.ffi import library as _lib
+from pycudnn import errors
 from pycudnn._types import LibraryProperty, Status
 from pycudnn.errors import (CudnnAllocationError, CudnnBadParamError, CudnnError,
                             CudnnExecutionError, CudnnInternalError, CudnnNotFoundError,
@@ -42,8 +43,8 @@ t0 = time.perf_counter()
 import pycudnn
 import_s = time.perf_counter() - t0
 dir(pycudnn)
-import pycudnn._lib as L
-import pycudnn.descriptors, pycudnn.errors, pycudnn._types  # still no library
+import pycudnn.ffi.library as L
+import pycudnn.cudnn.descriptors, pycudnn.errors, pycudnn._types  # still no library
 def mapped():
     with open("/proc/self/maps") as f:
         return "libcudnn" in f.read()
@@ -103,7 +104,8 @@ NOT_FOUND_PROBE = r"""
 import sys
 # as on a machine without the NVIDIA wheel: the pathfinder step cannot even be imported
 sys.modules["cuda.pathfinder"] = None
-from pycudnn import _lib, errors
+from pycudnn.ffi import library as _lib
+from pycudnn import errors
 try:
     _lib.lib()
 except errors.CudnnNotFoundError as exc:
@@ -139,7 +141,7 @@ def test_missing_library_error_lists_every_place_tried():
 ENV_LIBRARY_PROBE = r"""
 import json
 import pycudnn
-import pycudnn._lib as L
+import pycudnn.ffi.library as L
 state = {"loaded_after_import": L.is_loaded()}
 for attempt in range(2):  # the second call must not pick up another cuDNN either
     try:

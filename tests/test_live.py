@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from pycudnn import backend as B
-from pycudnn import descriptors as D
-from pycudnn import handle as H
+from pycudnn.ffi import backend as B
+from pycudnn.cudnn import descriptors as D
+from pycudnn.runtime import handle as H
 from pycudnn._live import LiveCounter
 
 

@@ -61,7 +61,7 @@ def test_bad_value_warns_and_import_still_works():
 
 def test_import_stays_cheap_and_lazy_with_logging_on():
     code = ("import time; t = time.perf_counter(); import pycudnn; dt = time.perf_counter() - t; "
-            "import pycudnn._lib as L; print(L.is_loaded(), dt)")
+            "import pycudnn.ffi.library as L; print(L.is_loaded(), dt)")
     proc = run(code, "debug")
     assert proc.returncode == 0, proc.stderr
     loaded, seconds = proc.stdout.split()

@@ -64,7 +64,7 @@ class _Runtime:
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """(driver, runtime, current device) of a made-up 2-device machine, current device 1."""
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     current = [1]
 
@@ -101,7 +101,7 @@ def _in_thread(fn):
 
 
 def test_per_thread_stream_memory_dropped_by_another_thread_is_freed_on_the_legacy_stream(fake_cuda):
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     drv, _, _ = fake_cuda
     mine = memory.allocate_fast(4096, 0, 2)
@@ -115,7 +115,7 @@ def test_per_thread_stream_memory_dropped_by_another_thread_is_freed_on_the_lega
 
 
 def test_per_thread_stream_memory_closed_on_another_thread_is_freed_on_the_legacy_stream(fake_cuda):
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     drv, _, _ = fake_cuda
     a = memory.allocate_fast(4096, 0, 2)
@@ -128,7 +128,7 @@ def test_per_thread_stream_memory_closed_on_another_thread_is_freed_on_the_legac
 def test_free_on_a_default_stream_makes_the_allocations_device_current(fake_cuda, stream):
     """0, 1 and 2 name a stream of the current device: device 0's memory dropped while device 1
     is current must be freed on device 0's stream, and device 1 made current again."""
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     drv, _, current = fake_cuda
     a = memory.allocate_fast(4096, 0, stream)
@@ -140,7 +140,7 @@ def test_free_on_a_default_stream_makes_the_allocations_device_current(fake_cuda
 
 
 def test_free_on_a_created_stream_needs_no_device_switch(fake_cuda):
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     drv, _, _ = fake_cuda
     a = memory.allocate_fast(4096, 0, 0x5000, stream_ref=object())
@@ -151,7 +151,7 @@ def test_free_on_a_created_stream_needs_no_device_switch(fake_cuda):
 
 def test_synchronous_free_waits_for_the_device_first(fake_cuda):
     """cudaFree does not wait for stream-ordered work still using the memory."""
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     drv, rt, _ = fake_cuda
     a = memory.allocate_fast(4096, 0, 0x5000)  # a raw handle: the stream may be gone when freed
@@ -164,7 +164,7 @@ def test_synchronous_free_waits_for_the_device_first(fake_cuda):
 
 
 def test_evicted_thread_workspace_is_freed_after_a_device_synchronize(fake_cuda):
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     drv, rt, _ = fake_cuda
     ptrs = []
@@ -180,7 +180,7 @@ def test_evicted_thread_workspace_is_freed_after_a_device_synchronize(fake_cuda)
 def test_a_synchronous_free_that_cannot_synchronize_keeps_the_memory_and_does_not_raise(fake_cuda):
     """While another thread captures a CUDA graph, cudaDeviceSynchronize fails: the evicting call
     must neither free memory that may still be in use nor fail because of it."""
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     drv, rt, _ = fake_cuda
     capturing = 906  # cudaErrorStreamCaptureUnsupported
@@ -197,7 +197,7 @@ def test_a_synchronous_free_that_cannot_synchronize_keeps_the_memory_and_does_no
 
 
 def test_nothing_is_freed_once_interpreter_shutdown_began(fake_cuda, monkeypatch):
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     drv, rt, _ = fake_cuda
     a = memory.allocate_fast(4096, 0, 0)
@@ -217,7 +217,7 @@ class _CoreBuffer:
 
 
 def test_device_buffer_of_the_per_thread_stream_freed_by_another_thread(fake_cuda, monkeypatch):
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     legacy = object()
     monkeypatch.setattr(memory, "_core_stream", lambda handle: legacy if handle <= 1 else None)
@@ -261,7 +261,7 @@ def test_per_thread_stream_result_dropped_by_another_thread_does_not_overwrite_i
     per-thread stream let B's output take y's memory before A's kernel wrote y: A's late write
     replaced B's result."""
     import pycudnn
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     pycudnn.clear_caches()
     rng = np.random.default_rng(4)
@@ -325,7 +325,7 @@ def test_output_on_a_raw_stream_dropped_while_its_convolution_runs_is_not_reused
     the kernel writing it is still queued."""
     import pycudnn
     from cuda.bindings import runtime as rt
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     pycudnn.clear_caches()
     rng = np.random.default_rng(6)
@@ -362,7 +362,7 @@ def test_output_on_a_raw_stream_dropped_while_its_convolution_runs_is_not_reused
 
 def _device_count() -> int:
     try:
-        from pycudnn import memory
+        from pycudnn.runtime import memory
 
         return memory.device_count()
     except Exception:  # pragma: no cover - cuda.bindings missing
@@ -378,7 +378,7 @@ def test_device_0_result_dropped_while_device_1_is_current_is_freed_on_device_0(
     and the next device-0 allocation on another stream got y's memory."""
     import pycudnn
     from cuda.bindings import runtime as rt
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     pycudnn.clear_caches()
     rng = np.random.default_rng(5)

@@ -21,7 +21,7 @@ import reference as R
 
 def _device_count() -> int:
     try:
-        from pycudnn import memory
+        from pycudnn.runtime import memory
 
         return memory.device_count()
     except Exception:  # pragma: no cover - cuda.bindings missing
@@ -51,7 +51,7 @@ def _err(got, ref) -> float:
 
 
 def _pointer_device(ptr: int) -> int:
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     return memory.pointer_device(ptr)
 
@@ -60,7 +60,7 @@ def _pointer_device(ptr: int) -> int:
 def allocations(monkeypatch):
     """Every device allocation pycudnn makes while the test runs: (ptr, device it claims,
     device that owns the memory), the owner asked at once (the memory may be freed by the end)."""
-    from pycudnn import memory
+    from pycudnn.runtime import memory
 
     seen: list[tuple[int, int]] = []
     for name in ("allocate", "allocate_fast"):
@@ -75,7 +75,7 @@ def allocations(monkeypatch):
             return buf
         monkeypatch.setattr(memory, name, wrapper)
     try:
-        from pycudnn import prepared
+        from pycudnn.dispatch import prepared
 
         for name in ("allocate_fast",):
             if hasattr(prepared, name):
@@ -99,7 +99,7 @@ def allocations(monkeypatch):
 def test_tensors_on_device_1_run_on_device_1(engine, measure, allocations):
     import pycudnn
     from cuda.bindings import runtime as rt
-    from pycudnn import handle as H
+    from pycudnn.runtime import handle as H
 
     x, w, ref = _data(1)
     X, W = pycudnn.from_numpy(x, device=1), pycudnn.from_numpy(w, device=1)
@@ -131,7 +131,7 @@ def test_caches_are_per_device():
     """The same shapes on devices 0 and 1: two cache entries (the key holds the device), each
     record built on its own device (a plan from device 0 never runs on device 1)."""
     import pycudnn
-    from pycudnn import algos
+    from pycudnn.search import algos
 
     x, w, ref = _data(2)
     pycudnn.clear_caches()
@@ -151,7 +151,7 @@ def test_tuning_records_follow_the_device_model(tmp_path):
         import json, sys
         import numpy as np
         import pycudnn
-        from pycudnn import tuning_db
+        from pycudnn.search import tuning_db
         sys.path.insert(0, "tests")
         import reference as R
         dev = int(sys.argv[1])
@@ -162,7 +162,7 @@ def test_tuning_records_follow_the_device_model(tmp_path):
                                 padding=1, benchmark=True, allow_tf32=False, tuning_db=True)
         ref = R.conv_forward(x, w, (1, 1), (1, 1), (1, 1), 1)
         err = float(np.abs(y.numpy() - ref).max() / np.abs(ref).max())
-        from pycudnn import algos
+        from pycudnn.search import algos
         sources = [getattr(r, "source", "?") for p, r in algos.caches["forward"].items()]
         print(json.dumps({"err": err, "sources": sources, "identity": tuning_db.device_identity(dev),
                           "entries": len(tuning_db.entries())}))

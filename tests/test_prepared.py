@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycudnn import conv as C
-from pycudnn import prepared as P
-from pycudnn import tensor_ops
-from pycudnn.algos import ConvolutionParams
-from pycudnn.tensor import tensor_from_pointer
+from pycudnn.api import conv as C
+from pycudnn.dispatch import prepared as P
+from pycudnn.cudnn import tensor_ops
+from pycudnn.search.algos import ConvolutionParams
+from pycudnn.runtime.tensor import tensor_from_pointer
 from scripted_engine import ScriptedEngine
 
 F32 = np.dtype("float32")

@@ -36,7 +36,7 @@ def _err(got, ref):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_repeated_calls_take_the_remembered_path_and_stay_right(engine):
     import pycudnn
-    from pycudnn import prepared
+    from pycudnn.dispatch import prepared
 
     x, w = _data(0)
     X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)
@@ -59,7 +59,7 @@ def test_repeated_calls_take_the_remembered_path_and_stay_right(engine):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_geometry_given_as_lists_runs_and_is_not_remembered(engine):
     import pycudnn
-    from pycudnn import prepared
+    from pycudnn.dispatch import prepared
 
     x, w = _data(4)
     X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)
@@ -240,7 +240,7 @@ def test_prepared_strided_bias_is_read_as_strided():
     """A bias of stride 2 (every other element of a buffer): the prepared call copies it dense,
     as the full path does, instead of reading the first K elements of the buffer."""
     import pycudnn
-    from pycudnn.tensor import tensor_from_pointer
+    from pycudnn.runtime.tensor import tensor_from_pointer
 
     rng = np.random.default_rng(2)
     xh = rng.standard_normal((2, 8, 16, 16))
@@ -263,7 +263,7 @@ def test_prepared_strided_bias_is_read_as_strided():
 
 def test_prepared_refusals_launch_nothing_and_leave_out_untouched():
     import pycudnn
-    from pycudnn import prepared as P
+    from pycudnn.dispatch import prepared as P
 
     rng = np.random.default_rng(7)
     xh = rng.standard_normal((1, 16, 8, 8))
@@ -293,7 +293,7 @@ def test_prepared_refusals_launch_nothing_and_leave_out_untouched():
         conv(x, w, out=shifted, z=z, bias=b)
     with pytest.raises(ValueError, match="out: it overlaps z"):  # the same call, full path
         pycudnn.convolution_add_relu(x, w, z, bias=b, out=shifted, **f)
-    pycudnn.memory.synchronize()
+    pycudnn.runtime.memory.synchronize()
     assert np.array_equal(np.asarray(big.numpy(), np.float64), before)
     # out is z exactly: allowed (an in-place residual), as on the full path
     zref = np.asarray(z.numpy(), np.float64)

@@ -79,7 +79,10 @@ def figure(name: str, value) -> None:
 # ---- helpers ----------------------------------------------------------------------------------------------
 
 def _modules():
-    from pycudnn import algos, backend, descriptors, handle, memory
+    from pycudnn.search import algos
+    from pycudnn.ffi import backend
+    from pycudnn.cudnn import descriptors
+    from pycudnn.runtime import handle, memory
 
     return algos, backend, descriptors, handle, memory
 
@@ -228,7 +231,7 @@ def check(problem: Problem, y, stream=None) -> float:
 # ---- the cache's bound and order (no GPU needed) ----------------------------------------------------------
 
 def test_benchmark_cache_honours_its_bound():
-    from pycudnn.algos import BenchmarkCache
+    from pycudnn.search.algos import BenchmarkCache
 
     cache = BenchmarkCache("forward", maxsize=3)
     for k in range(10):
@@ -238,7 +241,7 @@ def test_benchmark_cache_honours_its_bound():
 
 
 def test_benchmark_cache_is_least_recently_used():
-    from pycudnn.algos import BenchmarkCache
+    from pycudnn.search.algos import BenchmarkCache
 
     cache = BenchmarkCache("forward", maxsize=3)
     for k in "abc":
@@ -253,7 +256,8 @@ def test_benchmark_cache_is_least_recently_used():
 
 def test_set_cache_limit_bounds_every_cache():
     import pycudnn
-    from pycudnn import algos, prepared
+    from pycudnn.search import algos
+    from pycudnn.dispatch import prepared
 
     try:
         pycudnn.set_cache_limit(2)
@@ -379,7 +383,7 @@ def test_short_lived_streams_leave_device_memory_flat():
 @gpu
 def test_benchmark_cache_bound_evicts_and_searches_again():
     import pycudnn
-    from pycudnn import algos
+    from pycudnn.search import algos
 
     cache = algos.caches["forward"]
     old = cache.maxsize
@@ -410,7 +414,7 @@ def test_benchmark_cache_bound_evicts_and_searches_again():
 @gpu
 def test_thread_that_ends_returns_its_handle():
     import pycudnn
-    from pycudnn import handle as H
+    from pycudnn.runtime import handle as H
 
     p = make_problems(seed=5, fused=False, engines=("graph",))[0]
     errors = []
@@ -662,7 +666,7 @@ def test_cold_cache_threads_search_each_key_once(measure):
     """The caches cold; 16 threads released at once on the same keys (plain convolutions in every
     direction, both engines): one search per key, and every result right."""
     import pycudnn
-    from pycudnn import algos
+    from pycudnn.search import algos
 
     problems = make_problems(seed=8, fused=False)
     extra = {"benchmark": measure, "benchmark_limit": 3}

@@ -35,7 +35,9 @@ COMMON = textwrap.dedent(f"""
 
 CPU_CHILD = COMMON + textwrap.dedent("""
     import pycudnn
-    from pycudnn import backend as B, descriptors as D, errors as E
+    from pycudnn.ffi import backend as B
+    from pycudnn.cudnn import descriptors as D
+    from pycudnn import errors as E
 
     x = pycudnn.tensor_from_pointer(0x7F0000000000, (2, 4, 8, 8), "float32")
     w = pycudnn.tensor_from_pointer(0x7F1000000000, (8, 4, 3, 3), "float32")

@@ -1,4 +1,4 @@
-"""CPU tests of pycudnn.tensor, pycudnn.memory and pycudnn.handle: views, layouts, interop
+"""CPU tests of pycudnn.runtime.tensor, pycudnn.runtime.memory and pycudnn.runtime.handle: views, layouts, interop
 protocols, validation messages, and the no-GPU behaviour. Nothing here needs a GPU."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import weakref
 import numpy as np
 import pytest
 
-from pycudnn import handle as H
-from pycudnn import memory as M
-from pycudnn import tensor as T
+from pycudnn.runtime import handle as H
+from pycudnn.runtime import memory as M
+from pycudnn.runtime import tensor as T
 from pycudnn.errors import NoDeviceError, OutOfMemoryError
 
 from conftest import has_gpu
@@ -700,13 +700,13 @@ def _brute_overlap(shape, strides) -> bool:
     ((5, 5), (4, 5)),             # 4i + 5j: 5+0 == 0+... 4*5=20=5*4: overlap
 ])
 def test_internal_overlap_is_exact(shape, strides):
-    from pycudnn.tensor import has_internal_overlap
+    from pycudnn.runtime.tensor import has_internal_overlap
 
     assert has_internal_overlap(shape, strides) == _brute_overlap(shape, strides)
 
 
 def test_views_overlap_is_exact_for_interleaved_views():
-    from pycudnn.tensor import tensor_from_pointer, views_overlap
+    from pycudnn.runtime.tensor import tensor_from_pointer, views_overlap
 
     base = 0x7F00_0000_0000
     buf = lambda off, shape, strides: tensor_from_pointer(base + 4 * off, shape, "float32", strides=strides)  # noqa: E731
@@ -728,7 +728,7 @@ def test_overlap_checks_match_brute_force_on_random_layouts():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from pycudnn.tensor import has_internal_overlap, tensor_from_pointer, views_overlap
+    from pycudnn.runtime.tensor import has_internal_overlap, tensor_from_pointer, views_overlap
 
     base = 0x7F00_0000_0000
     dims = st.lists(st.tuples(st.integers(1, 4), st.integers(0, 9)), min_size=1, max_size=4)

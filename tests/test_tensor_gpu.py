@@ -1,4 +1,4 @@
-"""GPU tests of pycudnn.tensor and pycudnn.memory: allocation, copies, out-of-memory, stream
+"""GPU tests of pycudnn.runtime.tensor and pycudnn.runtime.memory: allocation, copies, out-of-memory, stream
 capture, and zero-copy interop with CuPy, PyTorch and Numba (each skipped when absent)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import gc
 import numpy as np
 import pytest
 
-from pycudnn import memory as M
-from pycudnn import tensor as T
+from pycudnn.runtime import memory as M
+from pycudnn.runtime import tensor as T
 from pycudnn.errors import OutOfMemoryError
 
 pytestmark = pytest.mark.gpu

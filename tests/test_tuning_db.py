@@ -1,7 +1,7 @@
 """The persistent tuning database (CPU): keys, round trips, corruption, export/merge, processes.
 
 The GPU identity is monkeypatched (``tuning_db.device_identity``), so nothing here needs a GPU;
-records are stored against real :class:`~pycudnn.algos.ConvolutionParams` objects.
+records are stored against real :class:`~pycudnn.search.algos.ConvolutionParams` objects.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pycudnn import algos, tuning_db
-from pycudnn.algos import ConvolutionArgs, ConvolutionParams, try_all
+from pycudnn.search import algos, tuning_db
+from pycudnn.search.algos import ConvolutionArgs, ConvolutionParams, try_all
 from pycudnn.configuration import config, flags
 from pycudnn.errors import CudnnNotSupportedError, NoDeviceError
 from scripted_engine import ScriptedEngine
@@ -401,7 +401,7 @@ def test_merge_refuses_what_is_not_a_database(db, tmp_path):
 WRITER = r"""
 import sys, json
 sys.path.insert(0, "tests")
-from pycudnn import tuning_db
+from pycudnn.search import tuning_db
 tuning_db.device_identity = lambda d: {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
 from scripted_engine import ScriptedEngine
 from test_algos import make_params
@@ -579,7 +579,7 @@ def test_round_trip_covers_every_field():
 
 @pytest.mark.parametrize("field", [None] + sorted(ROUND_TRIP))
 def test_params_from_dict_inverts_params_to_dict(field):
-    from pycudnn.preloading import params_from_dict
+    from pycudnn.dispatch.preloading import params_from_dict
 
     p = make_params(**ROUND_TRIP[field]) if field else make_params()
     data = json.loads(json.dumps(tuning_db.params_to_dict(p)))  # as read back from the file
@@ -622,7 +622,7 @@ REFUSED_PARAMS = [
 
 @pytest.mark.parametrize("case", REFUSED_PARAMS, ids=lambda c: f"{c[0]}={c[1]!r}"[:50])
 def test_params_from_dict_refuses_what_no_call_writes(case):
-    from pycudnn.preloading import params_from_dict
+    from pycudnn.dispatch.preloading import params_from_dict
 
     field, *rest = case
     graph = field.startswith("graph:")

@@ -1,6 +1,6 @@
 """Fuzzing the tuning database's files: the file is untrusted input (another machine's export, a
 shared directory, another user), so whatever it holds, the public functions of
-:mod:`pycudnn.tuning_db` and ``pycudnn cache`` must
+:mod:`pycudnn.search.tuning_db` and ``pycudnn cache`` must
 
 * never raise (``merge`` may refuse a file that is not a database with its documented
   ValueError) and never hang;
@@ -35,7 +35,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pycudnn import cli, tuning_db
+from pycudnn import cli
+from pycudnn.search import tuning_db
 from pycudnn.configuration import config
 from test_algos import make_params
 
@@ -118,7 +119,7 @@ def record_problem(record: Any, params: Any) -> str | None:
 
 def entry_problem(entry: Any) -> str | None:
     """Why an entry that entries() gave back is not well formed (None when it is)."""
-    from pycudnn.algos import ConvolutionParams
+    from pycudnn.search.algos import ConvolutionParams
 
     if not isinstance(entry, dict):
         return f"entry is a {type(entry).__name__}"
@@ -556,7 +557,9 @@ class _Redzone:
     changed."""
 
     def __init__(self, monkeypatch: Any) -> None:
-        from pycudnn import engine, memory, prepared
+        import sys
+
+        from pycudnn.runtime import memory
 
         self.checked = 0
         self.changed = 0
@@ -570,10 +573,17 @@ class _Redzone:
         def allocate_fast(nbytes, device, stream, *a, **kw):
             return self._guard(real_fast(nbytes + GUARD, device, stream, *a, **kw), nbytes, stream)
 
-        monkeypatch.setattr(memory, "allocate", allocate)
-        monkeypatch.setattr(memory, "allocate_fast", allocate_fast)
-        monkeypatch.setattr(prepared, "allocate_fast", allocate_fast)
-        monkeypatch.setattr(engine, "allocate_fast", allocate_fast)
+        # every module that bound the allocators by name (engines, search, replay, preloading)
+        patched = 0
+        for module in list(sys.modules.values()):
+            if not getattr(module, "__name__", "").startswith("pycudnn."):
+                continue
+            for name, stand_in, real in (("allocate", allocate, real_allocate),
+                                         ("allocate_fast", allocate_fast, real_fast)):
+                if module.__dict__.get(name) is real:
+                    monkeypatch.setattr(module, name, stand_in)
+                    patched += 1
+        assert patched >= 4, patched  # memory's own two, and the engines' (a renamed import escapes)
 
     def _guard(self, buf: Any, nbytes: int, stream: Any) -> Any:
         memory = self._memory

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture
 def db(tmp_path, monkeypatch):
     import pycudnn
-    from pycudnn import tuning_db
+    from pycudnn.search import tuning_db
     from pycudnn.configuration import config
 
     monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(tmp_path / "cache"))
@@ -58,7 +58,7 @@ def _err(got, ref):
 
 
 def _only_entry():
-    from pycudnn import algos
+    from pycudnn.search import algos
 
     items = algos.caches["forward"].items()
     assert len(items) == 1
@@ -66,7 +66,7 @@ def _only_entry():
 
 
 def test_later_process_reuses_the_measured_plan(db):
-    from pycudnn import algos
+    from pycudnn.search import algos
 
     x, w, ref = _case()
     assert _err(_run(x, w), ref) < 2e-5
@@ -89,8 +89,8 @@ def _guarded_run(x, w):
     """The convolution of ``_run`` with ``out=`` at the front of a buffer whose tail holds a
     canary (a redzone, as TensorFlow's autotuner keeps): returns (output, canary values changed)."""
     import pycudnn
-    from pycudnn import memory
-    from pycudnn.tensor import tensor_from_pointer
+    from pycudnn.runtime import memory
+    from pycudnn.runtime.tensor import tensor_from_pointer
 
     n_out = x.shape[0] * w.shape[0] * x.shape[2] * x.shape[3]
     guard = pycudnn.from_numpy(np.full(n_out * 5, CANARY, np.float32))
@@ -143,7 +143,7 @@ def test_plan_json_of_another_convolution_is_never_run(db):
     ("knobs", [[1]]), ("knobs", "x"), ("knobs", [[10**30, 1]]),
 ])
 def test_records_that_do_not_check_out_are_dropped_and_searched_again(db, field, value):
-    from pycudnn import algos
+    from pycudnn.search import algos
 
     import json
 
@@ -170,7 +170,7 @@ def test_records_that_do_not_check_out_are_dropped_and_searched_again(db, field,
 def test_a_nondeterministic_record_is_not_used_for_a_deterministic_key(db):
     """Whatever a v7 record claims, determinism is what cuDNN's heuristics say of the algorithm."""
     import pycudnn
-    from pycudnn import algos
+    from pycudnn.search import algos
     from pycudnn._types import BwdFilterAlgo
 
     rng = np.random.default_rng(8)
@@ -200,7 +200,8 @@ def test_plans_run_from_several_threads_at_once(db):
     import threading
 
     import pycudnn
-    from pycudnn import algos, memory
+    from pycudnn.search import algos
+    from pycudnn.runtime import memory
 
     rng = np.random.default_rng(9)
     w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
@@ -286,7 +287,7 @@ def _calls():
 
 
 def _searches():
-    from pycudnn import algos
+    from pycudnn.search import algos
 
     return sum(c.searches for c in algos.caches.values())
 

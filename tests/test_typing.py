@@ -20,7 +20,8 @@ _DUNDERS = ("__init__", "__call__", "__enter__", "__exit__")
 def _public_callables():
     """(name, function) for everything ``pycudnn`` exports, their public methods and properties,
     and the public functions of the modules that are used by name (cupy_compat, interop)."""
-    from pycudnn import _logging, cupy_compat, interop
+    from pycudnn import _logging, cupy_compat
+    from pycudnn.runtime import interop
 
     seen = []
     for name in pycudnn.__all__:
@@ -68,7 +69,7 @@ def test_every_public_callable_is_annotated():
     assert not missing, "public callables without type hints: " + ", ".join(missing)
 
 
-@pytest.mark.parametrize("module", ["pycudnn.cupy_compat", "pycudnn.interop", "pycudnn._logging",
+@pytest.mark.parametrize("module", ["pycudnn.cupy_compat", "pycudnn.runtime.interop", "pycudnn._logging",
                                     "pycudnn.errors", "pycudnn.configuration"])
 def test_annotations_resolve(module):
     mod = importlib.import_module(module)

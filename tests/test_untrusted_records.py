@@ -15,9 +15,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from pycudnn import algos
+from pycudnn.search import algos
 from pycudnn._types import BwdFilterAlgo, Determinism, MathType, Status
-from pycudnn.algos import (AlgoRecord, BenchmarkCache, ConvolutionArgs, ConvolutionParams,
+from pycudnn.search.algos import (AlgoRecord, BenchmarkCache, ConvolutionArgs, ConvolutionParams,
                            V7Search, try_all)
 from pycudnn.errors import NoAlgorithmError
 from scripted_engine import ScriptedEngine
@@ -38,7 +38,7 @@ def wgrad_params(**over) -> ConvolutionParams:
 
 @pytest.fixture
 def db(tmp_path, monkeypatch):
-    from pycudnn import tuning_db
+    from pycudnn.search import tuning_db
     from pycudnn.configuration import config
 
     monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(tmp_path / "cache"))
@@ -225,7 +225,7 @@ def test_benchmark_limit_is_part_of_the_key():
 @pytest.mark.parametrize("dtype, itemsize", [("float64", 8), ("float32", 4), ("float16", 2),
                                              ("bfloat16", 2)])
 def test_scratch_sizes_follow_the_dtype_the_descriptors_use(dtype, itemsize):
-    from pycudnn.problem import role_bytes, written_bytes
+    from pycudnn.search.problem import role_bytes, written_bytes
 
     p = wgrad_params(dtype=dtype)
     span = 32 * 64 * 56 * 56
@@ -234,7 +234,7 @@ def test_scratch_sizes_follow_the_dtype_the_descriptors_use(dtype, itemsize):
 
 
 def test_scratch_size_refuses_an_unknown_dtype():
-    from pycudnn.problem import written_bytes
+    from pycudnn.search.problem import written_bytes
 
     with pytest.raises((TypeError, ValueError)):
         written_bytes(wgrad_params(dtype="complex-ish"))

@@ -19,24 +19,26 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import _lib
-from . import prepared as _prepared
-from .algos import try_all
-from .arguments import check_bias as _check_bias
-from .arguments import check_out_reads as _check_out_reads
-from .arguments import check_pair as _check_pair
-from .arguments import check_z as _check_z
-from .configuration import _override_token, config
-from .engines import strategy_for
-from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
-from .handle import get_handle
-from .memory import callers_device, resolve_stream, restore_device
-from .prepared import PreparedConvolution
-from .problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
-from .tensor import Tensor, as_tensor, check_writable, empty, has_internal_overlap, spans_overlap
-from .tensor_ops import add_bias, add_tensor, contiguous_bias, is_contiguous_bias, relu_, transform
-from .tensor_ops import fill_zero as _fill_zero
-from .tensor_ops import unsqueeze_1d as _unsqueeze
+from ..configuration import _override_token, config
+from ..cudnn.tensor_ops import (add_bias, add_tensor, contiguous_bias, is_contiguous_bias, relu_,
+                                transform)
+from ..cudnn.tensor_ops import fill_zero as _fill_zero
+from ..cudnn.tensor_ops import unsqueeze_1d as _unsqueeze
+from ..dispatch import prepared as _prepared
+from ..dispatch.arguments import check_bias as _check_bias
+from ..dispatch.arguments import check_out_reads as _check_out_reads
+from ..dispatch.arguments import check_pair as _check_pair
+from ..dispatch.arguments import check_z as _check_z
+from ..dispatch.engines import strategy_for
+from ..dispatch.prepared import PreparedConvolution
+from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
+from ..ffi import library as _lib
+from ..runtime.handle import get_handle
+from ..runtime.memory import callers_device, resolve_stream, restore_device
+from ..runtime.tensor import (Tensor, as_tensor, check_writable, empty, has_internal_overlap,
+                              spans_overlap)
+from ..search.algos import try_all
+from ..search.problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
            "convolution_backward_filter", "convolution_add_relu", "prepare_convolution",
@@ -226,7 +228,7 @@ def _stream_pair(stream: Any) -> tuple[int, Any]:
         return 0, None
     if type(stream) is int:
         return stream, None
-    from .memory import resolve_stream
+    from ..runtime.memory import resolve_stream
 
     return resolve_stream(stream), stream
 
@@ -241,7 +243,7 @@ class _Call:
                  dilation: tuple[int, ...], groups: int, flags: dict[str, Any], stream: Any,
                  epilogue: str = "", z: Tensor | None = None, bias: Tensor | None = None,
                  alpha: float = 1.0) -> None:
-        from .memory import resolve_stream
+        from ..runtime.memory import resolve_stream
 
         self.api, self.direction = api, direction
         self.x, self.w, self.y = x, w, y
@@ -265,7 +267,7 @@ class _Call:
         """This thread's cuDNN handle for the device, with the call's stream set (on first use,
         so that validation never needs a GPU)."""
         if self._handle is None:
-            from .handle import get_handle
+            from ..runtime.handle import get_handle
 
             self._handle = get_handle(self.device, self.stream)
         return self._handle
@@ -328,7 +330,7 @@ class _Call:
 
     def _run_filter_split(self, x: Tensor, w: Tensor, dy: Tensor, split: int) -> None:
         """Backward filter over batch pieces, summed in float32 for half and bfloat16, cast once."""
-        from .tensor import zeros
+        from ..runtime.tensor import zeros
 
         n = x.shape[0]
         acc_dtype = np.dtype("float32") if w.dtype.name in ("float16", "bfloat16") else w.dtype
@@ -473,7 +475,7 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
     """Convolution (cross-correlation, as PyTorch's ``conv1d/2d/3d``) on device memory.
 
     Args:
-        x: input ``(N, C, *spatial)``, anything [`pycudnn.as_tensor()`][pycudnn.tensor.as_tensor]
+        x: input ``(N, C, *spatial)``, anything [`pycudnn.as_tensor()`][pycudnn.runtime.tensor.as_tensor]
             accepts (1 to 3 spatial dims).
         w: weight ``(K, C/groups, *kernel)``.
         bias: optional ``(K,)``, added to the output.
@@ -490,7 +492,7 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
             defaults from [`pycudnn.config`][pycudnn.configuration.config].
 
     Returns:
-        The output ``(N, K, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor],
+        The output ``(N, K, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor],
             ``out`` itself when it is given.
     """
     return _forward(x, w, bias, stride, padding, dilation, groups, activation, out, stream, flags)[0]
@@ -499,7 +501,7 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
 def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: Any,
              activation: Any, out: Any, stream: Any,
              flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """[`convolution()`][pycudnn.conv.convolution], returning what it prepared too."""
+    """[`convolution()`][pycudnn.api.conv.convolution], returning what it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
         if type(x) is not Tensor:
@@ -528,7 +530,7 @@ def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
 def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
                  groups: Any, activation: Any, out: Any, stream: Any,
                  flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """The full path of [`convolution()`][pycudnn.conv.convolution]: (output, what it prepared)."""
+    """The full path of [`convolution()`][pycudnn.api.conv.convolution]: (output, what it prepared)."""
     fn = _CONV_NAMES.get(x.ndim, "convolution")
     nd = _check_rank(x, "input", fn)
     _check_pair(x, "input", w, "weight")
@@ -569,7 +571,7 @@ def _prepare(call: "_Call") -> "PreparedConvolution | None":
 
 
 def _contiguous_bias(b: Tensor, stream: int, call: "_Call") -> Tensor:
-    """[`contiguous_bias()`][pycudnn.tensor_ops.contiguous_bias] for a call: a copy it makes
+    """[`contiguous_bias()`][pycudnn.cudnn.tensor_ops.contiguous_bias] for a call: a copy it makes
     marks the call as staged (not replayable by a prepared convolution)."""
     if is_contiguous_bias(b):
         return b
@@ -580,12 +582,12 @@ def _contiguous_bias(b: Tensor, stream: int, call: "_Call") -> Tensor:
 def _zero_bias(call: "_Call", k: int, like: Tensor) -> Tensor:
     """A zero bias of ``k`` elements for a fused epilogue called without one.
 
-    A view of the device's shared zeros (`pycudnn.memory.shared_zeros()`): complete before
+    A view of the device's shared zeros (`pycudnn.runtime.memory.shared_zeros()`): complete before
     any launch reads it and never freed, so a remembered call may replay it on any stream. While
     the stream is being captured and those are not made yet: zeros made for this call on its
     stream, and the call is not replayable."""
-    from .memory import shared_zeros
-    from .tensor import tensor_from_pointer, zeros
+    from ..runtime.memory import shared_zeros
+    from ..runtime.tensor import tensor_from_pointer, zeros
 
     ptr = shared_zeros(k * like.dtype.itemsize, like.device, call.stream)
     if ptr is None:
@@ -646,7 +648,7 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
 def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
                 dilation: Any, groups: Any, activation: Any, out: Any, stream: Any,
                 flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """[`conv_transpose()`][pycudnn.conv.conv_transpose], returning what it prepared too."""
+    """[`conv_transpose()`][pycudnn.api.conv.conv_transpose], returning what it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
         if type(x) is not Tensor:
@@ -724,7 +726,7 @@ def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *
 def _backward_data_call(grad_y: Any, w: Any, input_shape: Sequence[int], stride: Any, padding: Any,
                         dilation: Any, groups: Any, out: Any, stream: Any,
                         flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """[`convolution_backward_data()`][pycudnn.conv.convolution_backward_data], returning what
+    """[`convolution_backward_data()`][pycudnn.api.conv.convolution_backward_data], returning what
     it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
@@ -792,7 +794,7 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
 def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stride: Any,
                           padding: Any, dilation: Any, groups: Any, out: Any, stream: Any,
                           flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """[`convolution_backward_filter()`][pycudnn.conv.convolution_backward_filter], returning
+    """[`convolution_backward_filter()`][pycudnn.api.conv.convolution_backward_filter], returning
     what it prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
@@ -847,7 +849,7 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
 def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, padding: Any,
               dilation: Any, groups: Any, out: Any, stream: Any,
               flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """[`convolution_add_relu()`][pycudnn.conv.convolution_add_relu], returning what it
+    """[`convolution_add_relu()`][pycudnn.api.conv.convolution_add_relu], returning what it
     prepared too."""
     prev = callers_device()  # the caller's current device, given back at the end
     try:
@@ -919,7 +921,7 @@ def prepare_convolution(x: Any, w: Any, bias: Any = None, *, direction: str = "f
     """Run a convolution once (searching and caching its algorithm) and return it prepared.
 
     ``direction="forward"`` takes ``(x, w)`` like
-    [`pycudnn.convolution()`][pycudnn.conv.convolution] (``bias`` and ``activation`` allowed);
+    [`pycudnn.convolution()`][pycudnn.api.conv.convolution] (``bias`` and ``activation`` allowed);
     ``"backward_data"`` takes ``(grad_y, w)`` and ``input_shape=``; ``"backward_filter"`` takes
     ``(x, grad_y)`` and ``weight_shape=``. Other keyword arguments (stride, padding, dilation,
     groups, out, stream, flags) are those of the matching function.

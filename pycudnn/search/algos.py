@@ -2,7 +2,7 @@
 
 This is the behaviour of PyTorch's ``Conv_v7.cpp`` (see ``docs/architecture.md``):
 
-* [`ConvolutionParams`][pycudnn.problem.ConvolutionParams] is the immutable cache key: everything
+* [`ConvolutionParams`][pycudnn.search.problem.ConvolutionParams] is the immutable cache key: everything
   that changes the answer.
 * `BenchmarkCache` holds one record per key, one cache per direction, thread-safe, with a
   per-key search lock so two threads asking for the same new key run one search, and a reader
@@ -11,13 +11,13 @@ This is the behaviour of PyTorch's ``Conv_v7.cpp`` (see ``docs/architecture.md``
   again when it runs out of memory), else every candidate in order, skipping those that run out of
   memory or fail inside cuDNN, caching the first that succeeds; when all fail it raises
   [`NoAlgorithmError`][pycudnn.errors.NoAlgorithmError] listing each candidate and why.
-* An *engine* ([`Engine`][pycudnn.engine.Engine]) supplies the candidates and runs one.
+* An *engine* ([`Engine`][pycudnn.search.engine.Engine]) supplies the candidates and runs one.
   `V7Search` here is the legacy Get/Find engine; the graph engine implements the same contract,
   so the key, caches, iterator, tuning database and guards are shared.
 
-The key and the arguments live in [`pycudnn.problem`][pycudnn.problem] (re-exported here); the
+The key and the arguments live in [`pycudnn.search.problem`][pycudnn.search.problem] (re-exported here); the
 registry of engines and the functions that act on every engine and cache (``clear_caches``,
-``set_cache_limit``, ``benchmark_cache``, ``strategy_for``) in [`pycudnn.engines`][pycudnn.engines].
+``set_cache_limit``, ``benchmark_cache``, ``strategy_for``) in [`pycudnn.dispatch.engines`][pycudnn.dispatch.engines].
 """
 
 from __future__ import annotations
@@ -30,18 +30,19 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Iterable
 
-from . import _lib, tuning_db
-from ._types import (BwdDataAlgo, BwdFilterAlgo, ConvolutionBwdDataAlgoPerf,
-                     ConvolutionBwdFilterAlgoPerf, ConvolutionFwdAlgoPerf, Determinism, FwdAlgo,
-                     MathType, Status)
-from .descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
+from .._types import (BwdDataAlgo, BwdFilterAlgo, ConvolutionBwdDataAlgoPerf,
+                       ConvolutionBwdFilterAlgoPerf, ConvolutionFwdAlgoPerf, Determinism, FwdAlgo,
+                       MathType, Status)
+from ..cudnn.descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
+from ..cudnn.tensor_ops import relu_descriptor, scalar, scalar_pointers
+from ..errors import (CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError,
+                      StreamCaptureError)
+from ..ffi import library as _lib
+from ..runtime.memory import allocate, mem_get_info, stream_is_capturing
+from . import tuning_db
 from .engine import Engine, release, workspace
-from .errors import (CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError,
-                     StreamCaptureError)
-from .memory import allocate, mem_get_info, stream_is_capturing
 from .problem import (DIRECTION, DIRECTIONS, ConvolutionArgs, ConvolutionParams, EpilogueKind,
                       written_bytes)
-from .tensor_ops import relu_descriptor, scalar, scalar_pointers
 
 __all__ = [
     "DIRECTIONS", "ConvolutionParams", "ConvolutionArgs", "AlgoRecord", "BenchmarkCache",
@@ -301,7 +302,7 @@ def try_all(args: ConvolutionArgs, strategy: Engine, cache: BenchmarkCache | Non
 
 
 # ---- the persistent tuning database hooks ---------------------------------------------------------
-# pycudnn.tuning_db owns the file; the engines own what a record is (serialize / restore).
+# pycudnn.search.tuning_db owns the file; the engines own what a record is (serialize / restore).
 
 def _database_on(args: ConvolutionArgs) -> bool:
     return args.tuning_db and tuning_db.enabled()
@@ -671,7 +672,7 @@ def _plain_int(value: Any, name: str) -> int:
 
 
 # ---- earlier import paths ----------------------------------------------------------------------------
-# The registry and the functions acting on every engine live in pycudnn.engines (above both
+# The registry and the functions acting on every engine live in pycudnn.dispatch.engines (above both
 # engines); these names stay importable from here for code written against earlier releases.
 _MOVED_TO_ENGINES = ("strategy_for", "register_strategy", "clear_caches", "set_cache_limit",
                      "benchmark_cache")
@@ -681,5 +682,5 @@ def __getattr__(name: str) -> Any:
     if name in _MOVED_TO_ENGINES:
         import importlib
 
-        return getattr(importlib.import_module(".engines", __package__), name)
+        return getattr(importlib.import_module("..dispatch.engines", __package__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .tensor import Tensor, as_tensor, views_overlap
+from ..runtime.tensor import Tensor, as_tensor, views_overlap
 
 __all__ = ["check_no_broadcast", "check_pair", "check_bias", "check_z", "check_out_reads"]
 
@@ -39,9 +39,9 @@ def check_pair(a: Tensor, a_name: str, b: Tensor, b_name: str) -> None:
 
 def check_bias(bias: Any, k: int, ref: Tensor, stream: Any = None) -> Tensor:
     """``bias`` as a Tensor after the checks every path applies to it (the full path and
-    [`PreparedConvolution`][pycudnn.prepared.PreparedConvolution] alike): K elements in one dim, the
+    [`PreparedConvolution`][pycudnn.dispatch.prepared.PreparedConvolution] alike): K elements in one dim, the
     input's dtype and device. Any stride is fine: fused epilogues read a copy
-    (`pycudnn.tensor_ops.contiguous_bias()`)."""
+    (`pycudnn.cudnn.tensor_ops.contiguous_bias()`)."""
     bias = as_tensor(bias, stream=stream)
     if bias.ndim != 1 or bias.shape[0] != k:
         raise ValueError(f"expected bias to be 1-dimensional with {k} elements, but got bias of size {list(bias.shape)}")

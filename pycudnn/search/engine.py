@@ -1,6 +1,6 @@
 """The engine contract: what the legacy (v7) and the graph engine each supply.
 
-The key, the caches, the iterator with its fallbacks (``pycudnn.algos.try_all``), the
+The key, the caches, the iterator with its fallbacks (``pycudnn.search.algos.try_all``), the
 tuning database and the prepared (repeated) calls are shared; an engine supplies only:
 
 * candidates for a key (heuristics, or measured when ``benchmark``), and the default when
@@ -11,7 +11,7 @@ tuning database and the prepared (repeated) calls are shared; an engine supplies
   against the key: the database is untrusted);
 * what it fuses (``supports``), how it describes a key for error messages, and ``clear``.
 
-Workspace has one policy for both engines and every launch: [`workspace`][pycudnn.engine.workspace].
+Workspace has one policy for both engines and every launch: [`workspace`][pycudnn.search.engine.workspace].
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import functools
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
-from .memory import allocate_fast, stream_is_capturing, thread_workspace
+from ..runtime.memory import allocate_fast, stream_is_capturing, thread_workspace
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind
 
 __all__ = ["Engine", "Record", "workspace", "release"]
@@ -42,7 +42,7 @@ class Record(Protocol):
 
 def workspace(nbytes: int, device: int, stream: int, cached: bool) -> tuple[int, Any]:
     """``(pointer, owned)``: a workspace of ``nbytes`` for one launch on ``stream`` (pointer 0
-    when none is needed). Pass ``owned`` to [`release`][pycudnn.engine.release] after the launch.
+    when none is needed). Pass ``owned`` to [`release`][pycudnn.search.engine.release] after the launch.
 
     ``cached`` (an engine's ``cached_workspace``): this thread's cached workspace for (device,
     stream), reused across launches (they are ordered on the stream) and grown when a larger one
@@ -59,7 +59,7 @@ def workspace(nbytes: int, device: int, stream: int, cached: bool) -> tuple[int,
 
 
 def release(owned: Any, stream: int) -> None:
-    """Free what [`workspace`][pycudnn.engine.workspace] allocated for one launch (if anything)."""
+    """Free what [`workspace`][pycudnn.search.engine.workspace] allocated for one launch (if anything)."""
     if owned is not None:
         owned.close(stream)
 
@@ -75,12 +75,12 @@ class Engine(ABC):
     #: the epilogues it fuses into the convolution itself
     epilogues: ClassVar[frozenset[EpilogueKind]] = frozenset({EpilogueKind.NONE})
     #: whether replays (``launcher``) use this thread's cached workspace (see
-    #: [`workspace`][pycudnn.engine.workspace]); False: a stream-ordered allocation per launch.
+    #: [`workspace`][pycudnn.search.engine.workspace]); False: a stream-ordered allocation per launch.
     #: First launches (``run``, searches) always get an allocation of their own.
     cached_workspace: ClassVar[bool] = False
 
     def supports(self, epilogue: str) -> bool:
-        """Whether it fuses ``epilogue`` (an [`EpilogueKind`][pycudnn.problem.EpilogueKind] value)."""
+        """Whether it fuses ``epilogue`` (an [`EpilogueKind`][pycudnn.search.problem.EpilogueKind] value)."""
         return EpilogueKind(epilogue) in self.epilogues
 
     @abstractmethod
@@ -101,7 +101,7 @@ class Engine(ABC):
                pointers: tuple[int, ...], stream: int) -> None:
         """Launch a record that already ran for ``params`` (no checks: the hot path).
         ``pointers``: ``(x, w, y, [z,] [bias])``, as
-        [`ConvolutionArgs.pointers`][pycudnn.problem.ConvolutionArgs.pointers] gives them."""
+        [`ConvolutionArgs.pointers`][pycudnn.search.problem.ConvolutionArgs.pointers] gives them."""
 
     @abstractmethod
     def serialize(self, record: Any) -> dict[str, Any]:

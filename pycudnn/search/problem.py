@@ -1,12 +1,12 @@
 """What one convolution problem is: its direction, the key that identifies it, its arguments.
 
-* [`Direction`][pycudnn.problem.Direction] and [`DIRECTION`][pycudnn.problem.DIRECTION]: the one
+* [`Direction`][pycudnn.search.problem.Direction] and [`DIRECTION`][pycudnn.search.problem.DIRECTION]: the one
   table that says, for each direction, which tensor is written, which two the public function
   takes as inputs, and in what order the legacy C functions take their operands. Tensors are
   named by their *forward* roles everywhere: ``x`` (input), ``w`` (weight), ``y`` (output).
-* [`EpilogueKind`][pycudnn.problem.EpilogueKind]: the fused epilogues.
-* [`ConvolutionParams`][pycudnn.problem.ConvolutionParams]: the immutable cache key.
-* [`ConvolutionArgs`][pycudnn.problem.ConvolutionArgs]: one call's arguments (key, handle, stream
+* [`EpilogueKind`][pycudnn.search.problem.EpilogueKind]: the fused epilogues.
+* [`ConvolutionParams`][pycudnn.search.problem.ConvolutionParams]: the immutable cache key.
+* [`ConvolutionArgs`][pycudnn.search.problem.ConvolutionArgs]: one call's arguments (key, handle, stream
   and the device pointer of each role).
 
 This module knows nothing of engines, caches or the public functions; they all read it.
@@ -18,7 +18,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from ._types import normalize_dtype
+from .._types import normalize_dtype
 
 __all__ = ["Direction", "DIRECTION", "DIRECTIONS", "ROLES", "EpilogueKind", "ConvolutionParams",
            "ConvolutionArgs", "role_bytes", "written_bytes"]
@@ -106,7 +106,7 @@ class ConvolutionParams:
     allow_tf32: bool
     workspace_limit: int | None
     engine: str
-    #: fused epilogue: an [`EpilogueKind`][pycudnn.problem.EpilogueKind] value ("" for none)
+    #: fused epilogue: an [`EpilogueKind`][pycudnn.search.problem.EpilogueKind] value ("" for none)
     epilogue: str = ""
     #: strides of the residual z for "add_relu" (its shape is the output's)
     z_strides: tuple[int, ...] | None = None
@@ -170,7 +170,7 @@ def role_bytes(p: ConvolutionParams, role: str) -> int:
     The item size comes from the same parser the descriptors use (``normalize_dtype``), so a
     buffer sized here is never smaller than what a kernel given these parameters touches.
     """
-    from .tensor import span_elements
+    from ..runtime.tensor import span_elements
 
     itemsize = normalize_dtype(p.dtype).itemsize
     if role == "x":

@@ -1,10 +1,10 @@
 """The engines by name, and what acts on every engine and cache at once.
 
-[`strategy_for`][pycudnn.engines.strategy_for] gives the engine a call's ``engine`` flag names
-(``"v7"``: ``pycudnn.algos.V7Search``, ``"graph"``:
-``pycudnn.graph_engine.GraphSearch``); [`clear_caches`][pycudnn.engines.clear_caches],
-[`set_cache_limit`][pycudnn.engines.set_cache_limit] and
-[`benchmark_cache`][pycudnn.engines.benchmark_cache] act on every engine's state, the benchmark
+[`strategy_for`][pycudnn.dispatch.engines.strategy_for] gives the engine a call's ``engine`` flag names
+(``"v7"``: ``pycudnn.search.algos.V7Search``, ``"graph"``:
+``pycudnn.search.graph_engine.GraphSearch``); [`clear_caches`][pycudnn.dispatch.engines.clear_caches],
+[`set_cache_limit`][pycudnn.dispatch.engines.set_cache_limit] and
+[`benchmark_cache`][pycudnn.dispatch.engines.benchmark_cache] act on every engine's state, the benchmark
 caches and the remembered calls. This module sits above both engines, so neither imports the other.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..search.algos import V7Search, caches
+from ..search.engine import Engine
+from ..search.graph_engine import GraphSearch
 from . import prepared
-from .algos import V7Search, caches
-from .engine import Engine
-from .graph_engine import GraphSearch
 
 __all__ = ["strategy_for", "register_strategy", "clear_caches", "set_cache_limit",
            "benchmark_cache", "ENGINES"]

@@ -2,7 +2,7 @@
 
 `GraphSearch` supplies candidates and runs one; the cache key, the per-direction caches,
 the iterator with its fallbacks, the guards and the batch splitting are those of
-[`pycudnn.algos`][pycudnn.algos] and [`pycudnn.conv`][pycudnn.conv]. Only the search differs:
+[`pycudnn.search.algos`][pycudnn.search.algos] and [`pycudnn.api.conv`][pycudnn.api.conv]. Only the search differs:
 
 * candidates are cuDNN's heuristics (modes A, B and FALLBACK, in that order), every engine config
   with its knob choices, filtered by their notes as PyTorch does (no down-converting engines; no
@@ -24,15 +24,15 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
+from .._types import MathType
+from ..cudnn.graph import (EngineConfig, Epilogue, ExecutionPlan, OperationGraph, TensorSpec,
+                           bias_spec, build_convolution_graph, engine_configs, filter_candidates,
+                           nchw_strides, nhwc_strides)
+from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
+from ..runtime.memory import allocate, check_cuda, mem_get_info
 from .algos import check_precision, error_if_capturing
 from .engine import Engine, release, workspace
-from .errors import CudnnError, NoAlgorithmError, OutOfMemoryError
-from .memory import allocate, check_cuda, mem_get_info
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind, written_bytes
-from ._types import MathType
-from .graph import (EngineConfig, Epilogue, ExecutionPlan, OperationGraph, TensorSpec, bias_spec,
-                    build_convolution_graph, engine_configs, filter_candidates, nchw_strides,
-                    nhwc_strides)
 
 __all__ = ["GraphSearch", "GraphRecord", "BENCHMARK_TIME_BUDGET_S", "HEURISTIC_MODES"]
 

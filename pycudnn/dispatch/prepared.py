@@ -1,6 +1,6 @@
 """Prepared convolutions: everything decided once, then launched with the least host work.
 
-A [`PreparedConvolution`][pycudnn.prepared.PreparedConvolution] holds the cached choice (a
+A [`PreparedConvolution`][pycudnn.dispatch.prepared.PreparedConvolution] holds the cached choice (a
 graph-engine plan or a v7 algorithm record) for one set of shapes, strides, dtype, geometry and
 flags. Calling it checks that the new tensors match, allocates the output if none is given, and
 launches: no validation of geometry, no descriptors, no plan, no search. On the graph engine a
@@ -9,7 +9,7 @@ launch with buffers seen before is one dict lookup plus one ``cudnnBackendExecut
 The public convolution functions keep a bounded map from a cheap call signature to a prepared
 convolution, so repeated calls with the same shapes take the same short path; users who call one
 convolution many times can hold the object themselves through
-[`pycudnn.prepare_convolution()`][pycudnn.conv.prepare_convolution].
+[`pycudnn.prepare_convolution()`][pycudnn.api.conv.prepare_convolution].
 
 If a launch fails (out of memory, a cuDNN error), the call goes back through the full search
 iterator, which has the fallbacks.
@@ -20,14 +20,14 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+from ..cudnn.tensor_ops import contiguous_bias
+from ..errors import PycudnnError
+from ..runtime.handle import get_handle
+from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
+from ..runtime.tensor import Tensor, as_tensor, check_writable, span_elements, views_overlap
+from ..search.engine import Engine
+from ..search.problem import DIRECTION, ConvolutionParams
 from .arguments import check_bias, check_out_reads, check_z
-from .engine import Engine
-from .errors import PycudnnError
-from .handle import get_handle
-from .memory import allocate_fast, callers_device, resolve_stream, restore_device
-from .problem import DIRECTION, ConvolutionParams
-from .tensor import Tensor, as_tensor, check_writable, span_elements, views_overlap
-from .tensor_ops import contiguous_bias
 
 __all__ = ["PreparedConvolution", "prepare_convolution", "clear_fast_calls", "FAST_CALLS_MAX"]
 
@@ -239,10 +239,10 @@ def clear_fast_calls() -> None:
 
 
 def __getattr__(name: str) -> Any:
-    # prepare_convolution runs the public functions, so it lives with them in pycudnn.conv; this
+    # prepare_convolution runs the public functions, so it lives with them in pycudnn.api.conv; this
     # keeps the earlier import path working without an import cycle
     if name == "prepare_convolution":
         import importlib
 
-        return importlib.import_module(".conv", __package__).prepare_convolution
+        return importlib.import_module("..api.conv", __package__).prepare_convolution
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,10 +28,10 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Any, Callable, NoReturn
 from ctypes import POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_void_p
+from typing import Any, Callable, NoReturn
 
-from .errors import CudnnNotFoundError, error_class_for_status
+from ..errors import CudnnNotFoundError, error_class_for_status
 
 __all__ = ["PROTOTYPES", "Library", "lib", "check", "raise_status", "version", "version_tuple",
            "library_path", "cudart_version", "is_loaded", "status_name", "MIN_VERSION"]
@@ -415,7 +415,7 @@ def _reset_for_tests() -> None:
 
 def status_name(status: int) -> str:
     """Symbolic cuDNN 9 name of a status, e.g. ``CUDNN_STATUS_BAD_PARAM``."""
-    from ._types import Status
+    from .._types import Status
 
     try:
         return Status(status).symbol

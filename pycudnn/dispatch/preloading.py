@@ -1,10 +1,10 @@
 """Preloading: the tuning database's choices for one GPU, made ready before the first call.
 
 A later process finds each layer's stored choice on its first call and skips the search
-([`pycudnn.tuning_db`][pycudnn.tuning_db]), but that first call still pays for rebuilding the choice
+([`pycudnn.search.tuning_db`][pycudnn.search.tuning_db]), but that first call still pays for rebuilding the choice
 (graph and plan, about 1 ms) and for CUDA loading the chosen kernels on their first launch (CUDA
 loads modules lazily: 40-100 ms for the first kernel of an engine family, a few ms for each further
-one; PyTorch pays the same). [`preload()`][pycudnn.preloading.preload] pays both at a moment the
+one; PyTorch pays the same). [`preload()`][pycudnn.dispatch.preloading.preload] pays both at a moment the
 program chooses: at start-up, in a thread while data loads, or before capturing a CUDA graph (where
 a search is not allowed). Every record of the database that applies to the device (same GPU model
 and cuDNN version) is rebuilt, run once on scratch buffers (which loads its kernels), and put in the
@@ -18,16 +18,17 @@ import logging
 import time
 from typing import Any
 
-from . import _lib, tuning_db
-from ._types import normalize_dtype
-from .algos import caches
+from .._types import normalize_dtype
+from ..errors import OutOfMemoryError
+from ..ffi import library as _lib
+from ..runtime.handle import get_handle
+from ..runtime.memory import (allocate, callers_device, ensure_device, mem_get_info,
+                              normalize_device, restore_device, stream_synchronize)
+from ..runtime.tensor import span_elements
+from ..search import tuning_db
+from ..search.algos import caches
+from ..search.problem import ConvolutionArgs, ConvolutionParams, role_bytes
 from .engines import strategy_for
-from .errors import OutOfMemoryError
-from .handle import get_handle
-from .memory import (allocate, callers_device, ensure_device, mem_get_info, normalize_device,
-                     restore_device, stream_synchronize)
-from .problem import ConvolutionArgs, ConvolutionParams, role_bytes
-from .tensor import span_elements
 
 __all__ = ["preload", "PreloadReport", "params_from_dict"]
 
@@ -42,7 +43,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(ConvolutionParams)}
 
 @dataclasses.dataclass(frozen=True)
 class PreloadReport:
-    """What [`preload()`][pycudnn.preloading.preload] did (counts of tuning database records)."""
+    """What [`preload()`][pycudnn.dispatch.preloading.preload] did (counts of tuning database records)."""
 
     device: int
     #: records stored for this GPU model and cuDNN version (the others are left alone)
@@ -66,12 +67,12 @@ class PreloadReport:
 
 
 def params_from_dict(data: dict[str, Any], device: int) -> ConvolutionParams:
-    """The [`ConvolutionParams`][pycudnn.algos.ConvolutionParams] of a database entry's ``params``
-    (the inverse of `pycudnn.tuning_db.params_to_dict()`), on device ``device``.
+    """The [`ConvolutionParams`][pycudnn.search.algos.ConvolutionParams] of a database entry's ``params``
+    (the inverse of `pycudnn.search.tuning_db.params_to_dict()`), on device ``device``.
 
     The entry is untrusted input: every field is parsed as strictly as a call's arguments are,
     and only values a call can produce are accepted (see
-    `pycudnn.tuning_db.params_from_dict()`), so scratch sizes and launches never rest on a
+    `pycudnn.search.tuning_db.params_from_dict()`), so scratch sizes and launches never rest on a
     value no call would give (``"double"`` for ``"float64"``, a negative size, an output shape
     the geometry does not give, ...).
 
@@ -137,7 +138,7 @@ def preload(device: Any = None, *, launch: bool = True, max_bytes: int | None = 
             the free memory); records that need more are rebuilt but not launched.
 
     Returns:
-        A [`PreloadReport`][pycudnn.preloading.PreloadReport] (counts and seconds; ``str()`` gives
+        A [`PreloadReport`][pycudnn.dispatch.preloading.PreloadReport] (counts and seconds; ``str()`` gives
         one line).
 
     Raises:

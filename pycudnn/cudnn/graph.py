@@ -30,11 +30,11 @@ from typing import Any, Iterable, Mapping, NoReturn, Sequence
 
 import numpy.typing as npt
 
-from . import _lib
-from .backend import (Attr, AttrType, BackendDescriptor, BehaviorNote, ClosedDescriptorError,
-                      ConvMode, DescriptorType, HeurMode, KnobType, NumericalNote, PointwiseMode,
-                      to_data_type)
-from .errors import CudnnError, NoAlgorithmError, PycudnnError
+from ..errors import CudnnError, NoAlgorithmError, PycudnnError
+from ..ffi import library as _lib
+from ..ffi.backend import (Attr, AttrType, BackendDescriptor, BehaviorNote, ClosedDescriptorError,
+                           ConvMode, DescriptorType, HeurMode, KnobType, NumericalNote,
+                           PointwiseMode, to_data_type)
 
 __all__ = [
     "TensorSpec", "Epilogue", "OperationGraph", "EngineConfig", "CandidateList", "ExecutionPlan",

@@ -1,10 +1,10 @@
 """The persistent tuning database: measured choices that survive the process.
 
-Every choice measured with ``benchmark=True`` is written here (by `pycudnn.algos`,
+Every choice measured with ``benchmark=True`` is written here (by `pycudnn.search.algos`,
 through `store()`) and read back on the first use of the same key in a later process (`lookup()`),
 so that process skips the search. A record is applied only where it is valid: the key holds the
 GPU's identity (name, compute capability, SM count), the cuDNN version, pycudnn's record schema
-version, the engine, and every field of the [`ConvolutionParams`][pycudnn.algos.ConvolutionParams]
+version, the engine, and every field of the [`ConvolutionParams`][pycudnn.search.algos.ConvolutionParams]
 except the device *ordinal*, which is replaced by the device's identity (an ordinal depends on
 ``CUDA_VISIBLE_DEVICES``; two GPUs of one model share their records). A record that no longer
 rebuilds is dropped by the caller (`drop()`).
@@ -20,7 +20,7 @@ rebuilds is dropped by the caller (`drop()`).
 ```
 
 one entry a line, so files diff and merge well and a team can ship one with its program
-([`export()`][pycudnn.tuning_db.export], [`merge()`][pycudnn.tuning_db.merge]). ``record`` is what
+([`export()`][pycudnn.search.tuning_db.export], [`merge()`][pycudnn.search.tuning_db.merge]). ``record`` is what
 the engine's ``serialize()`` returned.
 
 **Untrusted input.** A database file may come from another machine, a shared directory or
@@ -39,14 +39,14 @@ module raises because of what a file contains.
 **The directory.** It is created with mode 0700 and files with mode 0600. A directory or database
 file that belongs to another user, or that group or others may write, is refused: the database
 is off for the rest of the process, with one
-[`TuningDatabaseWarning`][pycudnn.tuning_db.TuningDatabaseWarning]. Files are opened without
+[`TuningDatabaseWarning`][pycudnn.search.tuning_db.TuningDatabaseWarning]. Files are opened without
 following symbolic links and without blocking (a FIFO at the path cannot hang a call), through a
 descriptor of the checked directory.
 
 **Safety between writers.** Readers take no lock: writers replace the file atomically (a
 temporary file in the same directory, ``fsync``, ``os.replace``), so a reader sees the old or the
-new document, whole. Writers (`store()`, `drop()`, [`clear()`][pycudnn.tuning_db.clear],
-[`merge()`][pycudnn.tuning_db.merge]) hold an exclusive ``flock`` on ``<file>.lock`` (and a lock per
+new document, whole. Writers (`store()`, `drop()`, [`clear()`][pycudnn.search.tuning_db.clear],
+[`merge()`][pycudnn.search.tuning_db.merge]) hold an exclusive ``flock`` on ``<file>.lock`` (and a lock per
 process for threads) while they read the current file, change it and replace it, so several
 processes and threads writing at once lose nothing.
 
@@ -111,7 +111,7 @@ class TuningDatabaseWarning(UserWarning):
 def enabled() -> bool:
     """Whether measured choices are read from and written to disk (``pycudnn.config.tuning_db``,
     which ``PYCUDNN_TUNING_DB=0`` turns off and ``pycudnn.flags(tuning_db=...)`` overrides)."""
-    from .configuration import config
+    from ..configuration import config
 
     return bool(config.tuning_db)
 
@@ -144,14 +144,14 @@ def device_identity(device: int) -> dict[str, Any]:
     device through ``cudaGetDeviceProperties`` (only called once a GPU has run a convolution).
 
     Raises:
-        pycudnn.NoDeviceError, pycudnn.memory.CudaError: the runtime could not answer.
+        pycudnn.NoDeviceError, pycudnn.runtime.memory.CudaError: the runtime could not answer.
     """
     ident = _identities.get(device)
     if ident is not None:
         return ident
     from cuda.bindings import runtime as rt
 
-    from .memory import check_cuda
+    from ..runtime.memory import check_cuda
 
     err, prop = rt.cudaGetDeviceProperties(device)
     check_cuda(err, f"cudaGetDeviceProperties({device})")
@@ -183,7 +183,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def params_to_dict(params: Any) -> dict[str, Any]:
-    """Every field of a [`ConvolutionParams`][pycudnn.algos.ConvolutionParams] as JSON data (tuples
+    """Every field of a [`ConvolutionParams`][pycudnn.search.algos.ConvolutionParams] as JSON data (tuples
     as lists)."""
     return {f.name: _jsonable(getattr(params, f.name)) for f in dataclasses.fields(params)}
 
@@ -265,7 +265,7 @@ def _text(name: str, v: Any, limit: int, printable: bool = True) -> str:
 
 
 def params_from_dict(data: Any, device: int) -> Any:
-    """The [`ConvolutionParams`][pycudnn.algos.ConvolutionParams] of a database entry's ``params``
+    """The [`ConvolutionParams`][pycudnn.search.algos.ConvolutionParams] of a database entry's ``params``
     (the inverse of `params_to_dict()`), on device ``device``, parsed as strictly as a call's
     arguments: every value must be one that a call can produce (canonical dtype names, known
     directions, engines and epilogues, ranks, sizes and a geometry that gives the stored output
@@ -352,7 +352,7 @@ def params_from_dict(data: Any, device: int) -> Any:
 #: the fields of each engine's ``serialize()`` (algos.V7Search, graph_engine.GraphSearch):
 #: name -> (required, check); a field not listed refuses the record
 def _v7_algo(direction: str, v: Any) -> int:
-    from ._types import BwdDataAlgo, BwdFilterAlgo, FwdAlgo
+    from .._types import BwdDataAlgo, BwdFilterAlgo, FwdAlgo
 
     enum = {"forward": FwdAlgo, "backward_data": BwdDataAlgo, "backward_filter": BwdFilterAlgo}[direction]
     algo = _int("record.algo", v, 0, _INT_MAX)
@@ -362,7 +362,7 @@ def _v7_algo(direction: str, v: Any) -> int:
 
 
 def _math_type(v: Any) -> int:
-    from ._types import MathType
+    from .._types import MathType
 
     m = _int("record.math_type", v, 0, _INT_MAX)
     if m not in set(e.value for e in MathType):
@@ -438,7 +438,7 @@ def _validate_entry(entry: Any) -> tuple[str, dict[str, Any]]:
 
     Entries of another schema version (written by another pycudnn) are kept, checked only for
     their outline: they never match a key of this version, and
-    [`pycudnn.preload()`][pycudnn.preloading.preload] skips them.
+    [`pycudnn.preload()`][pycudnn.dispatch.preloading.preload] skips them.
     """
     if not isinstance(entry, dict):
         raise TypeError(f"expected an object, got {type(entry).__name__}")
@@ -491,7 +491,7 @@ def entry_key(entry: dict[str, Any]) -> str:
 
 
 def _new_entry(params: Any, record: dict[str, Any]) -> dict[str, Any]:
-    from . import __version__
+    from .. import __version__
 
     rec = _jsonable(dict(record))
     t = rec.get("time_ms", 0.0)
@@ -1095,7 +1095,7 @@ def clear() -> int:
 def export(file: str | os.PathLike) -> int:
     """Write the database to ``file`` (same JSON format, atomically); returns the entry count.
 
-    Ship the file with a program and [`merge()`][pycudnn.tuning_db.merge] it on the target machines.
+    Ship the file with a program and [`merge()`][pycudnn.search.tuning_db.merge] it on the target machines.
 
     Raises:
         PermissionError: the database was refused.
@@ -1115,7 +1115,7 @@ def export(file: str | os.PathLike) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class MergeReport:
-    """What [`import_file()`][pycudnn.tuning_db.import_file] did with the entries of a file."""
+    """What [`import_file()`][pycudnn.search.tuning_db.import_file] did with the entries of a file."""
 
     #: keys this database did not have
     added: int = 0
@@ -1161,10 +1161,10 @@ def read_file(file: str | os.PathLike) -> list[dict[str, Any]]:
     """The valid entries of a database file such as an export (copies; nothing is changed, here
     or in this database).
 
-    ``file`` is read as [`import_file()`][pycudnn.tuning_db.import_file] reads it (a FIFO or device
+    ``file`` is read as [`import_file()`][pycudnn.search.tuning_db.import_file] reads it (a FIFO or device
     is never opened for blocking reads, the size is capped at `MAX_FILE_BYTES`) and every entry is
     validated as when the database is read: entries that do not validate are left out, logged one by
-    one and counted in one [`TuningDatabaseWarning`][pycudnn.tuning_db.TuningDatabaseWarning]. No
+    one and counted in one [`TuningDatabaseWarning`][pycudnn.search.tuning_db.TuningDatabaseWarning]. No
     entry, however odd, makes this raise.
 
     Raises:
@@ -1235,6 +1235,6 @@ def import_file(file: str | os.PathLike, *, prefer: str = "local") -> MergeRepor
 
 def merge(file: str | os.PathLike, *, prefer: str = "local") -> int:
     """Add the records of an exported ``file`` to this database; returns how many were added or
-    replaced. See [`import_file()`][pycudnn.tuning_db.import_file] (local records win unless
+    replaced. See [`import_file()`][pycudnn.search.tuning_db.import_file] (local records win unless
     ``prefer="imported"``)."""
     return import_file(file, prefer=prefer).merged

@@ -1,13 +1,13 @@
 """The device tensor view, allocation through cuda.core, and interop in and out.
 
-A [`Tensor`][pycudnn.tensor.Tensor] is a view of device memory: pointer, shape, strides (in
+A [`Tensor`][pycudnn.runtime.tensor.Tensor] is a view of device memory: pointer, shape, strides (in
 elements), dtype, device, and an optional ``owner`` that keeps the memory alive. Building one needs
-no GPU. pycudnn's functions take anything [`as_tensor()`][pycudnn.tensor.as_tensor] accepts and
+no GPU. pycudnn's functions take anything [`as_tensor()`][pycudnn.runtime.tensor.as_tensor] accepts and
 never copy it.
 
-**In** ([`as_tensor()`][pycudnn.tensor.as_tensor], zero-copy, checked in this order):
+**In** ([`as_tensor()`][pycudnn.runtime.tensor.as_tensor], zero-copy, checked in this order):
 
-1. a [`Tensor`][pycudnn.tensor.Tensor]: returned as is;
+1. a [`Tensor`][pycudnn.runtime.tensor.Tensor]: returned as is;
 2. a PyTorch tensor (recognised only when ``torch`` is already imported): its attributes are read
    directly (``data_ptr()``, ``shape``, ``stride()``, ``dtype``, ``get_device()``), which is the
    fastest path and also covers bfloat16 and tensors that require grad (pycudnn does no autograd;
@@ -15,7 +15,7 @@ never copy it.
    exports: pass PyTorch's current stream to the operation;
 3. ``__cuda_array_interface__`` (CuPy, Numba, ...), read once. Version 3's ``stream`` is honoured:
    when it differs from the consumer's stream (``stream=`` of
-   [`as_tensor()`][pycudnn.tensor.as_tensor], default the legacy default stream) the consumer waits
+   [`as_tensor()`][pycudnn.runtime.tensor.as_tensor], default the legacy default stream) the consumer waits
    on it through an event. CAI has no bfloat16 type
    string: ``'<V2'`` is read as bfloat16 (and pycudnn exports bfloat16 as ``'<V2'``);
 4. ``__dlpack__`` / ``__dlpack_device__`` (JAX, PyTorch, CuPy, ...): called with the consumer's
@@ -24,9 +24,9 @@ never copy it.
    Tensor (its owner) is garbage-collected.
 
 Host arrays (numpy, CPU torch tensors, lists) are refused with a TypeError pointing at
-[`from_numpy()`][pycudnn.tensor.from_numpy]. Negative strides are refused (cuDNN cannot use them),
+[`from_numpy()`][pycudnn.runtime.tensor.from_numpy]. Negative strides are refused (cuDNN cannot use them),
 and so is a device address that is not an int in ``[0, 2**64)`` (a bool, a float, a negative or too
-large number), with the same check as [`tensor_from_pointer()`][pycudnn.tensor.tensor_from_pointer].
+large number), with the same check as [`tensor_from_pointer()`][pycudnn.runtime.tensor.tensor_from_pointer].
 
 **Read-only** memory stays read-only: the flag of CAI (``data[1]``) and of versioned DLPack
 (``DLPACK_FLAG_BITMASK_READ_ONLY``) becomes `Tensor.readonly`, views of the tensor inherit
@@ -59,20 +59,21 @@ import math
 import operator
 import sys
 import weakref
-from ctypes import c_char_p, c_int, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
+from ctypes import (c_char_p, c_int, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_uint64,
+                    c_void_p)
 from typing import Any, Sequence
 
 import numpy as np
 
+from .._types import SUPPORTED_DTYPES, normalize_dtype
 from . import memory as _mem
-from ._types import SUPPORTED_DTYPES, normalize_dtype
 
 __all__ = ["Tensor", "as_tensor", "tensor_from_pointer", "empty", "zeros", "from_numpy",
            "span_elements", "contiguous_strides", "channels_last_strides", "MEMORY_FORMATS",
            "has_internal_overlap", "spans_overlap", "views_overlap", "check_writable"]
 
-#: memory_format spellings accepted by [`empty()`][pycudnn.tensor.empty],
-#: [`from_numpy()`][pycudnn.tensor.from_numpy] and ``is_contiguous``
+#: memory_format spellings accepted by [`empty()`][pycudnn.runtime.tensor.empty],
+#: [`from_numpy()`][pycudnn.runtime.tensor.from_numpy] and ``is_contiguous``
 MEMORY_FORMATS = ("contiguous", "channels_last", "channels_last_3d")
 
 _F32: np.dtype = np.dtype("float32")
@@ -312,8 +313,8 @@ class Tensor:
         owner: object kept alive for as long as the view (an allocation, the source array, ...).
         readonly: the memory must not be written (its producer said so through CAI or DLPack, or
             ``readonly=True`` was given); pycudnn refuses such a tensor as an output, and views
-            of it ([`narrow()`][pycudnn.tensor.Tensor.narrow],
-            [`unsqueeze()`][pycudnn.tensor.Tensor.unsqueeze]) are read-only too.
+            of it ([`narrow()`][pycudnn.runtime.tensor.Tensor.narrow],
+            [`unsqueeze()`][pycudnn.runtime.tensor.Tensor.unsqueeze]) are read-only too.
     """
 
     __slots__ = ("ptr", "shape", "strides", "dtype", "device", "owner", "readonly", "_fmt",
@@ -584,7 +585,7 @@ def _validate_view(ptr: Any, shape: Any, dtype: Any, strides: Any, device: Any,
 
 def tensor_from_pointer(ptr: int, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None = None,
                         device: int = 0, owner: Any = None, *, readonly: bool = False) -> Tensor:
-    """A [`Tensor`][pycudnn.tensor.Tensor] viewing raw device memory (e.g. a cuda-python
+    """A [`Tensor`][pycudnn.runtime.tensor.Tensor] viewing raw device memory (e.g. a cuda-python
     ``cuMemAlloc`` result).
 
     Args:
@@ -857,14 +858,14 @@ def _from_dlpack(obj: Any, consumer: int) -> Tensor:
 
 
 def as_tensor(obj: Any, *, stream: Any = None) -> Tensor:
-    """A zero-copy [`Tensor`][pycudnn.tensor.Tensor] view of a CUDA device array.
+    """A zero-copy [`Tensor`][pycudnn.runtime.tensor.Tensor] view of a CUDA device array.
 
     Args:
-        obj: a [`Tensor`][pycudnn.tensor.Tensor] (returned as is), a PyTorch CUDA tensor, anything
+        obj: a [`Tensor`][pycudnn.runtime.tensor.Tensor] (returned as is), a PyTorch CUDA tensor, anything
             with ``__cuda_array_interface__`` (CuPy, Numba, ...) or ``__dlpack__`` on a CUDA device
             (JAX, PyTorch, ...). See the module docstring for the order and the stream rules.
         stream: the stream the caller will use the data on (anything
-            `pycudnn.memory.resolve_stream()` accepts; default: the legacy default stream).
+            `pycudnn.runtime.memory.resolve_stream()` accepts; default: the legacy default stream).
             Producers that report a stream (CAI v3, DLPack) are ordered before it.
 
     Raises:
@@ -985,7 +986,7 @@ def empty(shape: Sequence[int], dtype: Any = "float32", memory_format: str = "co
 
 def zeros(shape: Sequence[int], dtype: Any = "float32", memory_format: str = "contiguous",
           device: Any = None, stream: Any = None) -> Tensor:
-    """Like [`empty()`][pycudnn.tensor.empty], then filled with zeros on ``stream``
+    """Like [`empty()`][pycudnn.runtime.tensor.empty], then filled with zeros on ``stream``
     (asynchronously)."""
     t = _alloc_view(shape, dtype, memory_format, device, stream, "zeros")
     n = t.nbytes

@@ -4,7 +4,7 @@
   no driver / no device -> [`NoDeviceError`][pycudnn.errors.NoDeviceError] naming the driver's
   reason, ``cudaErrorMemoryAllocation`` -> [`OutOfMemoryError`][pycudnn.errors.OutOfMemoryError],
   anything else -> `CudaError`.
-* **Devices.** [`device_count()`][pycudnn.handle.device_count] (0 where there is no driver; never
+* **Devices.** [`device_count()`][pycudnn.runtime.handle.device_count] (0 where there is no driver; never
   raises), `current_device()`, `ensure_device()` and the `device_guard` context manager. Both use
   the runtime's notion of the current device (``cudaGetDevice`` / ``cudaSetDevice``, as PyTorch
   does), so they agree with PyTorch, CuPy and cuDNN itself, and they skip ``cudaSetDevice`` when the
@@ -25,7 +25,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from .errors import NoDeviceError, OutOfMemoryError, PycudnnError
+from ..errors import NoDeviceError, OutOfMemoryError, PycudnnError
 
 __all__ = [
     "CudaError", "check_cuda", "device_count", "no_device_reason", "normalize_device",
@@ -314,7 +314,7 @@ class device_guard:
 
 def callers_device() -> int | None:
     """The calling thread's current device, to give back after a call that may switch it
-    ([`pycudnn.get_handle()`][pycudnn.handle.get_handle] makes the tensors' device current): the
+    ([`pycudnn.get_handle()`][pycudnn.runtime.handle.get_handle] makes the tensors' device current): the
     public convolution functions leave the caller's device as they found it, like PyTorch's device
     guard. None where only one device is visible, so that the common case costs no CUDA call."""
     n = _count if _count is not None else device_count()
@@ -466,7 +466,7 @@ def stream_wait(waiting: Any, producer: Any) -> None:
         rt.cudaEventDestroy(event)
 
 
-# ---- copies and fills (used by pycudnn.tensor) ----------------------------------------------------
+# ---- copies and fills (used by pycudnn.runtime.tensor) ----------------------------------------------------
 
 def copy_host_to_device(dst_ptr: int, array: Any, stream: Any = None) -> None:
     """Copy a host numpy array's bytes (made C-contiguous first) to ``dst_ptr``, then wait for the

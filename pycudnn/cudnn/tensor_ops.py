@@ -10,11 +10,11 @@ import ctypes
 import threading
 from typing import Any
 
-from . import _lib
+from ..ffi import library as _lib
+from ..runtime.handle import get_handle
+from ..runtime.memory import memset
+from ..runtime.tensor import Tensor, empty, tensor_from_pointer
 from .descriptors import ActivationDescriptor, TensorDescriptor
-from .handle import get_handle
-from .memory import memset
-from .tensor import Tensor, empty, tensor_from_pointer
 
 __all__ = ["scalar_pointers", "scalar", "relu_descriptor", "unsqueeze_1d", "tensor_descriptor",
            "transform", "add_tensor", "bias_view", "add_bias", "relu_", "fill_zero",

@@ -14,7 +14,7 @@ exit. PyTorch leaks them on purpose too, because ``cudnnDestroy`` from an exit h
 after the CUDA driver has started shutting down and crash the process. The driver reclaims
 everything when the process ends.
 
-[`get_handle()`][pycudnn.handle.get_handle] also makes the device current and sets the caller's
+[`get_handle()`][pycudnn.runtime.handle.get_handle] also makes the device current and sets the caller's
 stream on the handle with ``cudnnSetStream`` (as PyTorch's ``getCudnnHandle()`` does), skipping
 the call when the stream is the one last set on that handle by this thread.
 """
@@ -27,8 +27,8 @@ import threading
 import weakref
 from typing import Any
 
+from ..errors import CudnnError, NoDeviceError
 from . import memory as _mem
-from .errors import CudnnError, NoDeviceError
 from .memory import device_count
 
 __all__ = ["get_handle", "device_count", "live_handle_count", "pooled_handle_count"]
@@ -85,7 +85,7 @@ def _thread_handles() -> _ThreadHandles:
 def _create(device: int) -> int:
     """``cudnnCreate`` on ``device`` (already current). Raises NoDeviceError when cuDNN cannot
     initialise there, with cuDNN's reason."""
-    from . import _lib
+    from ..ffi import library as _lib
 
     out = ctypes.c_void_p()
     status = _lib.lib().cudnnCreate(ctypes.byref(out))
@@ -108,12 +108,12 @@ def _set_stream(handle: int, stream: int) -> None:
     global _set_stream_fn
     fn = _set_stream_fn
     if fn is None:
-        from . import _lib
+        from ..ffi import library as _lib
 
         fn = _set_stream_fn = _lib.lib().cudnnSetStream
     status = fn(handle, stream)
     if status:
-        from . import _lib
+        from ..ffi import library as _lib
 
         _lib.raise_status(status, "cudnnSetStream", f"  stream: {stream:#x}")
 
@@ -142,7 +142,7 @@ def get_handle(device: Any = None, stream: Any = None) -> int:
 
     Args:
         device: device ordinal (default: the current device); the device is made current.
-        stream: anything `pycudnn.memory.resolve_stream()` accepts (default: the legacy
+        stream: anything `pycudnn.runtime.memory.resolve_stream()` accepts (default: the legacy
             default stream).
 
     Returns:

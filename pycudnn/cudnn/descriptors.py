@@ -42,10 +42,10 @@ from typing import Any, Callable, NoReturn, Sequence, TypeVar
 
 import numpy as np
 
-from ._lib import lib, raise_status
-from ._live import LiveCounter
-from ._types import (ActivationMode, ConvolutionMode, DataType, MathType, NanPropagation,
-                     OpTensorOp, TensorFormat, dtype_to_cudnn, normalize_dtype)
+from .._live import LiveCounter
+from .._types import (ActivationMode, ConvolutionMode, DataType, MathType, NanPropagation,
+                      OpTensorOp, TensorFormat, dtype_to_cudnn, normalize_dtype)
+from ..ffi.library import lib, raise_status
 
 __all__ = [
     "TensorDescriptor", "FilterDescriptor", "ConvolutionDescriptor", "ActivationDescriptor",

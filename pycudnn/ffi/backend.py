@@ -29,9 +29,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy.typing as npt
 
-from . import _lib
-from ._live import LiveCounter
-from .errors import PycudnnError
+from .._live import LiveCounter
+from ..errors import PycudnnError
+from . import library as _lib
 
 __all__ = [
     "DescriptorType", "Attr", "AttrType", "HeurMode", "BehaviorNote", "NumericalNote",
@@ -405,7 +405,7 @@ def _dtype_label(dtype: int) -> str:
 
 def to_data_type(value: int | npt.DTypeLike) -> int:
     """cudnnDataType_t of a `pycudnn._types.DataType`, a numpy dtype or a dtype name."""
-    from ._types import DataType, dtype_to_cudnn
+    from .._types import DataType, dtype_to_cudnn
 
     if isinstance(value, DataType):
         return int(value)
