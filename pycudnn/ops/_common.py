@@ -113,22 +113,23 @@ def layout_strides(shape: tuple[int, ...], like: Tensor) -> tuple[int, ...]:
     return contiguous_strides(shape)
 
 
-def checked_out(out: Any, shape: tuple[int, ...], like: Tensor, fn: str, stream: Any) -> Tensor:
+def checked_out(out: Any, shape: tuple[int, ...], like: Tensor, fn: str, stream: Any,
+                name: str = "out") -> Tensor:
     """``out`` as a Tensor after the checks that depend only on its layout (shape, dtype, device,
     writable, no overlapping elements); `check_out_reads` checks its address on every call."""
     t = tensor_arg(out, stream)
-    check_writable(t, f"{fn}: out")
+    check_writable(t, f"{fn}: {name}")
     if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{fn}: expected out of size {list(shape)}, but got out of size "
+        raise ValueError(f"{fn}: expected {name} of size {list(shape)}, but got {name} of size "
                          f"{list(t.shape)}")
     if t.dtype != like.dtype:
-        raise TypeError(f"{fn}: expected out to have dtype {like.dtype.name}, but got "
+        raise TypeError(f"{fn}: expected {name} to have dtype {like.dtype.name}, but got "
                         f"{t.dtype.name}")
     if t.device != like.device:
-        raise ValueError(f"{fn}: expected out on cuda:{like.device} (the inputs' device), but got "
-                         f"out on cuda:{t.device}")
+        raise ValueError(f"{fn}: expected {name} on cuda:{like.device} (the inputs' device), but got "
+                         f"{name} on cuda:{t.device}")
     if t.size and has_internal_overlap(t.shape, t.strides):
-        raise ValueError(f"{fn}: out has elements that overlap each other (strides "
+        raise ValueError(f"{fn}: {name} has elements that overlap each other (strides "
                          f"{list(t.strides)}): more than one element of the written-to tensor "
                          f"refers to a single memory location; pass an output without "
                          f"overlapping elements")
@@ -136,19 +137,19 @@ def checked_out(out: Any, shape: tuple[int, ...], like: Tensor, fn: str, stream:
 
 
 def check_out_reads(out: Tensor, reads: Sequence[tuple[str, Tensor]], fn: str,
-                    in_place: Tensor | None = None) -> None:
+                    in_place: Tensor | None = None, name: str = "out") -> None:
     """Refuse an ``out`` that shares memory with a tensor the call reads. ``in_place`` (an input
     cuDNN may overwrite) may be ``out`` exactly, same address and strides, but not partly."""
     if out.readonly:
-        check_writable(out, f"{fn}: out")
+        check_writable(out, f"{fn}: {name}")
     if in_place is not None and views_overlap(out, in_place) and not (
             out.ptr == in_place.ptr and out.strides == in_place.strides):
-        raise ValueError(f"{fn}: out partially overlaps the input it may replace in place: pass "
+        raise ValueError(f"{fn}: {name} partially overlaps the input it may replace in place: pass "
                          f"the input itself (same address and strides) or an output that shares "
                          f"no memory with it")
-    for name, t in reads:
+    for read, t in reads:
         if views_overlap(out, t):
-            raise ValueError(f"{fn}: out overlaps {name}, which the call reads: cuDNN does not "
+            raise ValueError(f"{fn}: {name} overlaps {read}, which the call reads: cuDNN does not "
                              f"compute this in place, the result would be wrong; pass an output "
                              f"that shares no memory with the inputs")
 

@@ -206,6 +206,9 @@ def _geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
                                           tuple[int, ...]]:
     """(kernel, stride, padding, output shape) after PyTorch's checks."""
     nd = x.ndim - 2
+    if min(x.shape[2:]) < 1:
+        raise ValueError(f"{fn}: expected x to have non-zero spatial sizes (only the batch and "
+                         f"channel dims may be 0), but got x of size {list(x.shape)}")
     k = _spatial("kernel_size", kernel_size, nd, fn)
     s = k if stride is None else _spatial("stride", stride, nd, fn)
     p = _spatial("padding", padding, nd, fn)
@@ -310,7 +313,8 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
 
 
 def _forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out: Any,
-             stream: Any, nan: NanPropagation, rule: str, fn: str) -> Tensor:
+             stream: Any, nan: NanPropagation, rule: str, fn: str,
+             out_name: str = "out") -> Tensor:
     s, s_ref = stream_pair(stream)
     x = tensor_arg(x, stream)
     o = None if out is None else tensor_arg(out, stream)
@@ -318,11 +322,11 @@ def _forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out
                None if o is None else _sig(o))
     plan = None if key is None else _FORWARD.get(key)
     if plan is None:
-        plan = _forward_plan(x, kernel_size, stride, padding, mode, o, nan, rule, fn)
+        plan = _forward_plan(x, kernel_size, stride, padding, mode, o, nan, rule, fn, out_name)
         if key is not None:
             _FORWARD.put(key, plan)
     if o is not None:
-        check_out_reads(o, (("x", x),), fn)
+        check_out_reads(o, (("x", x),), fn, name=out_name)
     if not plan.x:
         return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
     prev = callers_device()
@@ -341,12 +345,13 @@ def _forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out
 
 
 def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: Any,
-                  o: Tensor | None, nan: NanPropagation, rule: str, fn: str) -> _Plan:
+                  o: Tensor | None, nan: NanPropagation, rule: str, fn: str,
+                  out_name: str = "out") -> _Plan:
     check_input(x, "x", fn, _RANKS, _WHAT)
     k, st, p, shape = _geometry(x, kernel_size, stride, padding, fn, rule)
     m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
     if o is not None:
-        o = checked_out(o, shape, x, fn, None)
+        o = checked_out(o, shape, x, fn, None, out_name)
     plan = _Plan()
     plan.shape = shape
     plan.strides = layout_strides(shape, x) if o is None else o.strides

@@ -1,0 +1,637 @@
+"""Activation, softmax and pooling without a GPU: every argument check (the parameter named, the
+check done before any GPU work), the pooling descriptor against the real libcudnn, the C rows,
+the signatures and constants of the CuPy 13 drop-ins, and a small property-based fuzz of the
+arguments with an oracle written from PyTorch's rules.
+
+Inputs are views of made-up device addresses: a refused call must never touch them. Calls that
+pass validation end in ``NoDeviceError`` here; those tests are skipped where a GPU is visible
+(made-up addresses must never reach it) and run there through ``test_ops_gpu.py`` in a
+subprocess that sees no GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pycudnn
+from pycudnn import _lib
+from pycudnn import cupy_compat as cc
+from pycudnn.descriptors import TensorDescriptor, live_descriptor_count
+from pycudnn.ops import _prototypes
+from pycudnn.ops.activation import activation_backward, activation_forward
+from pycudnn.ops.pooling import PoolingDescriptor, PoolingMode, pooling_backward, pooling_forward
+from pycudnn.ops.softmax import softmax_backward, softmax_forward
+
+NO_GPU = pytest.mark.skipif(
+    pycudnn.device_count() > 0,
+    reason="a GPU is visible: calls that pass validation would launch on made-up addresses; "
+           "test_ops_gpu.py runs this module with CUDA_VISIBLE_DEVICES=''")
+
+BASE = 0x7F00_0000_0000
+ROLES = {"x": 0, "y": 1, "dy": 2, "out": 3}
+
+
+def t(*shape, dtype="float32", role="x", strides=None, offset=0, readonly=False):
+    """A view of a made-up device address; each role in its own 1 TiB region (no overlap)."""
+    return pycudnn.tensor_from_pointer(BASE + (ROLES[role] << 40) + offset, shape, dtype,
+                                       strides=strides, readonly=readonly)
+
+
+X = t(2, 3, 8, 8)
+Y = t(2, 3, 8, 8, role="y")
+DY = t(2, 3, 8, 8, role="dy")
+PY = t(2, 3, 4, 4, role="y")      # 2x2/2 pooling of X
+PDY = t(2, 3, 4, 4, role="dy")
+
+CASES = [
+    # activation_forward
+    (activation_forward, (X, "gelu"), {}, ValueError, r"activation_forward: mode must be one of 'relu'"),
+    (activation_forward, (X, "identity"), {}, ValueError, r"mode 'identity' is not supported"),
+    (activation_forward, (X, 1), {}, ValueError, r"mode must be one of"),
+    (activation_forward, (X, "RELU"), {}, ValueError, r"mode must be one of"),
+    (activation_forward, (X, "elu"), {"coef": "1"}, TypeError, r"coef must be a real number"),
+    (activation_forward, (X, "elu"), {"coef": True}, TypeError, r"coef must be a real number"),
+    (activation_forward, (X, "elu"), {"coef": float("nan")}, ValueError, r"coef must be a number"),
+    (activation_forward, (t(1, 2, 3, 4, 5, 6),), {}, ValueError, r"expected x to have 0 to 5 dims"),
+    (activation_forward, (t(2, 3, 8, 8, strides=(0, 64, 8, 1)),), {}, ValueError, r"without broadcast dims.*dim 0 of x"),
+    (activation_forward, (X,), {"out": t(2, 3, 8, 7, role="out")}, ValueError, r"expected out of size \[2, 3, 8, 8\]"),
+    (activation_forward, (X,), {"out": t(2, 3, 8, 8, role="out", dtype="float16")}, TypeError, r"expected out to have dtype float32"),
+    (activation_forward, (X,), {"out": t(2, 3, 8, 8, role="out", readonly=True)}, ValueError, r"out: is read-only"),
+    (activation_forward, (X,), {"out": t(2, 3, 8, 8, role="out", strides=(0, 64, 8, 1))}, ValueError, r"out has elements that overlap each other"),
+    (activation_forward, (X,), {"out": t(2, 3, 8, 8, offset=4)}, ValueError, r"out partially overlaps the input"),
+    (activation_forward, (X,), {"stream": "default"}, TypeError, r"stream"),
+    (activation_forward, (np.zeros((2, 3), np.float32),), {}, TypeError, r"from_numpy"),
+    # activation_backward
+    (activation_backward, (Y, DY, t(2, 3, 8, 7)), {}, ValueError, r"expected y of size \[2, 3, 8, 7\] \(the shape of x\)"),
+    (activation_backward, (Y, t(2, 3, 8, 8, role="dy", dtype="float64"), X), {}, TypeError, r"x type \(float32\) and dy type \(float64\) should be the same"),
+    (activation_backward, (Y, DY, X, "swish"), {"coef": [1.0]}, TypeError, r"coef must be a real number"),
+    (activation_backward, (Y, DY, X, "softplus"), {}, ValueError, r"mode must be one of"),
+    (activation_backward, (Y, DY, X), {"out": t(2, 3, 8, 8, role="dy")}, ValueError, r"out overlaps dy, which the call reads"),
+    (activation_backward, (Y, DY, X), {"out": X}, ValueError, r"out overlaps x, which the call reads"),
+    # softmax
+    (softmax_forward, (t(5),), {}, ValueError, r"softmax_forward: expected x to have 2 to 5 dims"),
+    (softmax_forward, (X,), {"algorithm": "stable"}, ValueError, r"algorithm must be one of 'fast', 'accurate', 'log'"),
+    (softmax_forward, (X,), {"mode": "spatial"}, ValueError, r"mode must be one of 'channel', 'instance'"),
+    (softmax_forward, (X,), {"out": X}, ValueError, r"out overlaps x, which the call reads"),
+    (softmax_forward, (X,), {"out": t(2, 3, 8, 8, role="out", readonly=True)}, ValueError, r"out: is read-only"),
+    (softmax_backward, (Y, t(2, 3, 8, 9, role="dy")), {}, ValueError, r"expected dy of size \[2, 3, 8, 8\] \(the shape of y\)"),
+    (softmax_backward, (Y, t(2, 3, 8, 8, role="dy", dtype="bfloat16")), {}, TypeError, r"y type \(float32\) and dy type \(bfloat16\)"),
+    (softmax_backward, (Y, DY), {"algorithm": 2}, ValueError, r"algorithm must be one of"),
+    (softmax_backward, (Y, DY), {"out": t(2, 3, 8, 8, role="y", offset=64)}, ValueError, r"out overlaps y"),
+    # pooling_forward
+    (pooling_forward, (t(2, 3, 8), 2), {}, ValueError, r"expected x to have 4 dims \(N, C, H, W\) for 2-D pooling or 5 dims"),
+    (pooling_forward, (t(1, 2, 3, 4, 5, 6), 2), {}, ValueError, r"expected x to have 4 dims"),
+    (pooling_forward, (X, 0), {}, ValueError, r"kernel size should be greater than zero, but got kernel_size=\(0, 0\)"),
+    (pooling_forward, (X, (3, 3, 3)), {}, ValueError, r"kernel_size must be a single int or a tuple of 2 ints"),
+    (pooling_forward, (X, True), {}, TypeError, r"kernel_size must be a single int"),
+    (pooling_forward, (X, 2.0), {}, TypeError, r"kernel_size must be a single int"),
+    (pooling_forward, (X, 3), {"stride": 0}, ValueError, r"stride should be greater than zero"),
+    (pooling_forward, (X, 3), {"stride": (1,)}, ValueError, r"stride must be a single int or a tuple of 2"),
+    (pooling_forward, (X, 3), {"padding": -1}, ValueError, r"pad must be non-negative"),
+    (pooling_forward, (X, 3), {"padding": 2}, ValueError, r"pad should be at most half of kernel size, but got padding=\(2, 2\) and kernel_size=\(3, 3\)"),
+    (pooling_forward, (X, 3), {"padding": (1, 2)}, ValueError, r"pad should be at most half"),
+    (pooling_forward, (t(2, 3, 2, 2), 3), {}, ValueError, r"Given input size: \(3x2x2\). Calculated output size: \(3x0x0\). Output size is too small"),
+    (pooling_forward, (t(2, 3, 0, 4), 1), {}, ValueError, r"expected x to have non-zero spatial sizes"),
+    (pooling_forward, (X, 2), {"mode": "avg"}, ValueError, r"mode must be one of 'max', 'max_deterministic', 'average_include_padding', 'average_exclude_padding'"),
+    (pooling_forward, (X, 2), {"mode": "average"}, ValueError, r"mode must be one of"),
+    (pooling_forward, (X, 2**31), {}, ValueError, r"at most 2147483647"),
+    (pooling_forward, (X, 2), {"out": t(2, 3, 8, 8, role="out")}, ValueError, r"expected out of size \[2, 3, 4, 4\]"),
+    (pooling_forward, (X, 2), {"out": t(2, 3, 4, 4, offset=128)}, ValueError, r"out overlaps x"),
+    (pooling_forward, (X, 2), {"out": t(2, 3, 4, 4, role="out", readonly=True)}, ValueError, r"out: is read-only"),
+    # pooling_backward
+    (pooling_backward, (t(2, 3, 3, 3, role="y"), PDY, X, 2), {}, ValueError, r"expected y of size \[2, 3, 4, 4\] \(the pooled size of x \[2, 3, 8, 8\]\)"),
+    (pooling_backward, (PY, t(2, 3, 4, 4, role="dy", dtype="float16"), X, 2), {}, TypeError, r"x type \(float32\) and dy type \(float16\)"),
+    (pooling_backward, (PY, PDY, X, 2), {"stride": 1}, ValueError, r"expected y of size \[2, 3, 7, 7\]"),
+    (pooling_backward, (PY, PDY, X, 2), {"mode": "min"}, ValueError, r"mode must be one of"),
+    (pooling_backward, (PY, PDY, X, 2), {"out": t(2, 3, 8, 8, role="dy")}, ValueError, r"out overlaps dy"),
+    (pooling_backward, (PY, PDY, t(2, 3, 8), 2), {}, ValueError, r"expected x to have 4 dims"),
+    # CuPy 13 drop-ins: checks before anything is allocated
+    (cc.activation_forward, (X, 9), {}, ValueError, r"mode must be a cudnnActivationMode_t value"),
+    (cc.activation_forward, (X, cc.CUDNN_ACTIVATION_IDENTITY), {}, ValueError, r"mode 'identity' is not supported"),
+    (cc.activation_forward, (X, True), {}, ValueError, r"mode must be a cudnnActivationMode_t"),
+    (cc.activation_forward, (X, 4, "1.0"), {}, TypeError, r"coef must be a real number"),
+    (cc.activation_backward, (X, Y, t(2, 3, 8, 7, role="dy"), 1), {}, ValueError, r"expected gy of size \[2, 3, 8, 8\]"),
+    (cc.softmax_forward, (X, 4, cc.CUDNN_SOFTMAX_ACCURATE), {}, IndexError, r"Dimension out of range \(expected to be in range of \[-4, 3\], but got 4\)"),
+    (cc.softmax_forward, (X, 1.0, cc.CUDNN_SOFTMAX_ACCURATE), {}, TypeError, r"axis must be an int"),
+    (cc.softmax_forward, (X, 1, 3), {}, ValueError, r"algorithm must be a cudnnSoftmaxAlgorithm_t value"),
+    (cc.softmax_backward, (Y, t(2, 3, 8, 1, role="dy"), 1, 1), {}, ValueError, r"expected gy of size"),
+    (cc.pooling_forward, (X, PY, (2, 2), (2,), (0, 0), 0), {}, ValueError, r"ksize, stride, and pad must be of same length"),
+    (cc.pooling_forward, (X, PY, 2, (2, 2), (0, 0), 0), {}, TypeError, r"ksize must be a tuple"),
+    (cc.pooling_forward, (X, PY, (2, 2, 2), (2, 2, 2), (0, 0, 0), 0), {}, ValueError, r"expected ksize, stride and pad with 2 values"),
+    (cc.pooling_forward, (X, PY, (2, 2), (2, 2), (0, 0), 7), {}, ValueError, r"mode must be a cudnnPoolingMode_t value"),
+    (cc.pooling_forward, (X, t(2, 3, 4, 4, role="y", strides=(48, 1, 12, 3)), (2, 2), (2, 2), (0, 0), 0), {}, ValueError, r"pooling_forward supports c-contiguous y only"),
+    (cc.pooling_forward, (X, t(2, 3, 5, 4, role="y"), (2, 2), (2, 2), (0, 0), 0), {}, ValueError, r"expected y of size \[2, 3, 4, 4\]"),
+    (cc.pooling_forward, (X, t(2, 3, 4, 4, offset=64), (2, 2), (2, 2), (0, 0), 0), {}, ValueError, r"pooling_forward: y overlaps x"),
+    (cc.pooling_forward, (X, t(2, 3, 4, 4, role="y", readonly=True), (2, 2), (2, 2), (0, 0), 0), {}, ValueError, r"pooling_forward: y: is read-only"),
+    (cc.pooling_forward, (X, t(2, 3, 12, 12, role="y"), (3, 3), (1, 1), (3, 3), 0), {}, ValueError, r"pad should be smaller than kernel size"),
+    (cc.pooling_backward, (X, PY, t(2, 3, 4, 5, role="dy"), (2, 2), (2, 2), (0, 0), 0), {}, ValueError, r"expected gy of size \[2, 3, 4, 4\]"),
+]
+
+
+@pytest.mark.parametrize("fn,args,kwargs,exc,words", CASES,
+                         ids=[f"{c[0].__module__.split('.')[-1]}.{c[0].__name__}-{i}"
+                              for i, c in enumerate(CASES)])
+def test_bad_input_is_refused_before_any_gpu_work(fn, args, kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        fn(*args, **kwargs)
+
+
+# ---- what passes validation (ends in NoDeviceError here) -------------------------------------------
+
+VALID = [
+    (activation_forward, (X,), {}),
+    (activation_forward, (X, "clipped_relu"), {"coef": 6.0}),
+    (activation_forward, (X, "swish"), {"coef": np.float32(1.5)}),
+    (activation_forward, (X,), {"out": X}),  # in place: the same view
+    (activation_forward, (t(10),), {}),
+    (activation_forward, (t(2, 3, 4, 5, 6),), {"out": t(2, 3, 4, 5, 6, role="out", strides=(720, 1, 180, 36, 6))}),
+    (activation_backward, (Y, DY, X, "elu"), {"coef": 1}),
+    (activation_backward, (Y, DY, t(2, 3, 8, 8, strides=(192, 1, 24, 3))), {}),  # staged
+    (softmax_forward, (t(32, 1000),), {"algorithm": "log"}),
+    (softmax_forward, (t(2, 3, 4, 5, 6),), {"mode": "instance", "algorithm": "fast"}),
+    (softmax_backward, (Y, DY), {"out": t(2, 3, 8, 8, role="out")}),
+    (pooling_forward, (X, 3), {"stride": 2, "padding": 1}),
+    (pooling_forward, (t(2, 3, 6, 7, 8), (2, 3, 4)), {"mode": "average_exclude_padding", "padding": (1, 1, 2)}),
+    (pooling_forward, (X, 8), {"mode": "average_include_padding"}),   # global pooling
+    (pooling_forward, (X, [2, np.int64(2)]), {"mode": "max_deterministic"}),
+    (pooling_backward, (PY, PDY, X, 2), {}),
+    (pooling_backward, (PY, PDY, X, (2, 2)), {"stride": (2, 2), "out": t(2, 3, 8, 8, role="out")}),
+    (cc.pooling_forward, (X, t(2, 3, 10, 10, role="y"), (3, 3), (1, 1), (2, 2), 0), {}),  # CuPy's looser padding rule
+]
+
+
+@NO_GPU
+@pytest.mark.parametrize("fn,args,kwargs", VALID, ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(VALID)])
+def test_valid_input_passes_validation(fn, args, kwargs):
+    with pytest.raises(pycudnn.NoDeviceError):
+        fn(*args, **kwargs)
+
+
+@NO_GPU
+def test_a_repeated_call_creates_no_descriptor():
+    x = t(3, 5, 7, 9)
+    for fn, args, kwargs in [(activation_forward, (x, "tanh"), {}),
+                             (softmax_forward, (x,), {"mode": "instance"}),
+                             (pooling_forward, (x, 3), {"stride": 2, "padding": 1}),
+                             (pooling_backward, (t(3, 5, 4, 5, role="y"), t(3, 5, 4, 5, role="dy"), x, 3),
+                              {"stride": 2, "padding": 1})]:
+        before = live_descriptor_count()
+        with pytest.raises(pycudnn.NoDeviceError):
+            fn(*args, **kwargs)
+        made = live_descriptor_count() - before
+        assert made >= 1, fn  # the first call made its descriptors (kept for the next calls)
+        for _ in range(3):
+            with pytest.raises(pycudnn.NoDeviceError):
+                fn(*args, **kwargs)
+        assert live_descriptor_count() - before == made, fn
+
+
+def test_empty_tensors_give_empty_results_without_a_gpu():
+    y = activation_forward(t(0, 3, 4, 4), "sigmoid")
+    assert (y.shape, y.size, y.ptr) == ((0, 3, 4, 4), 0, 0)
+    y = softmax_forward(t(0, 10))
+    assert y.shape == (0, 10)
+    y = pooling_forward(t(0, 3, 8, 8), 3, stride=2, padding=1)
+    assert y.shape == (0, 3, 4, 4)
+    y = pooling_forward(t(2, 0, 8, 8, strides=(64, 64, 8, 1)), 2)
+    assert y.shape == (2, 0, 4, 4)
+    dx = pooling_backward(t(0, 3, 4, 4, role="y"), t(0, 3, 4, 4, role="dy"), t(0, 3, 8, 8), 2)
+    assert dx.shape == (0, 3, 8, 8)
+    out = t(0, 3, 4, 4, role="out")
+    assert activation_forward(t(0, 3, 4, 4), out=out) is out
+
+
+def test_output_follows_the_inputs_memory_format():
+    # a channels-last input gets a channels-last output: checked on the plan, without a GPU
+    from pycudnn.ops import _common
+
+    nhwc = t(2, 3, 8, 8, strides=(192, 1, 24, 3))
+    assert _common.layout_strides((2, 3, 4, 4), nhwc) == (48, 1, 12, 3)
+    assert _common.layout_strides((2, 3, 4, 4), X) == (48, 16, 4, 1)
+    ndhwc = t(2, 3, 4, 4, 4, strides=(192, 1, 48, 12, 3))
+    assert _common.layout_strides((2, 3, 2, 2, 2), ndhwc) == (24, 1, 12, 6, 3)
+    sliced = t(2, 3, 8, 8, strides=(400, 100, 10, 1))  # a strided NCHW view: dense NCHW output
+    assert _common.layout_strides((2, 3, 8, 8), sliced) == (192, 64, 8, 1)
+
+
+def test_same_layout_ignores_size_one_dims():
+    from pycudnn.ops._common import same_layout
+
+    assert same_layout((2, 1, 4), (4, 99, 1), (4, 4, 1))
+    assert not same_layout((2, 3, 4), (12, 4, 1), (12, 1, 3))
+
+
+# ---- the pooling descriptor against the real libcudnn ------------------------------------------------
+
+def test_pooling_descriptor_holds_what_it_was_given():
+    with PoolingDescriptor((3, 3), (1, 1), (2, 2), "max") as d:
+        assert (d.window, d.padding, d.stride, d.mode) == ((3, 3), (1, 1), (2, 2), PoolingMode.MAX)
+        assert repr(d) == ("PoolingDescriptor(mode=CUDNN_POOLING_MAX, nan=CUDNN_NOT_PROPAGATE_NAN, "
+                           "window=[3, 3], padding=[1, 1], stride=[2, 2])")
+    assert d.closed and repr(d) == "PoolingDescriptor(<closed>)"
+    with pytest.raises(ValueError, match="is closed"):
+        d.handle
+    d3 = PoolingDescriptor((2, 3, 4), (0, 1, 2), (1, 2, 3), PoolingMode.AVERAGE_COUNT_EXCLUDE_PADDING,
+                           "PROPAGATE_NAN")
+    assert "CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING" in repr(d3) and "CUDNN_PROPAGATE_NAN" in repr(d3)
+    assert "window=[2, 3, 4], padding=[0, 1, 2], stride=[1, 2, 3]" in repr(d3)
+
+
+@pytest.mark.parametrize("shape,window,padding,stride", [
+    ((2, 3, 9, 9), (3, 3), (1, 1), (2, 2)),
+    ((1, 1, 7, 10), (2, 3), (0, 1), (2, 3)),
+    ((2, 3, 5, 6, 7), (3, 3, 3), (1, 0, 1), (1, 2, 3)),
+    ((32, 2048, 7, 7), (7, 7), (0, 0), (7, 7)),
+])
+def test_cudnn_output_shape_is_pytorchs_formula(shape, window, padding, stride):
+    from pycudnn.ops.pooling import output_size
+
+    with PoolingDescriptor(window, padding, stride) as d, TensorDescriptor(shape, "float32") as xd:
+        expected = tuple((i + 2 * p - k) // s + 1 for i, k, p, s in zip(shape[2:], window, padding, stride))
+        assert d.output_shape(xd) == shape[:2] + expected
+        assert output_size(shape[2:], window, stride, padding) == expected
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(window=(0, 3), padding=(0, 0), stride=(1, 1)), "window: expected every value to be >= 1"),
+    (dict(window=(3, 3), padding=(-1, 0), stride=(1, 1)), "padding: expected every value to be >= 0"),
+    (dict(window=(3, 3), padding=(0, 0), stride=(1, 0)), "stride: expected every value to be >= 1"),
+    (dict(window=(3, 3), padding=(0,), stride=(1, 1)), "padding: expected 2 values"),
+    (dict(window=(1,) * 7, padding=(0,) * 7, stride=(1,) * 7), "window: expected 1 to 6 values"),
+    (dict(window=(3, True), padding=(0, 0), stride=(1, 1)), "window: expected ints, got bool"),
+    (dict(window=(3, 3), padding=(0, 0), stride=(1, 1), mode="median"), "mode: expected one of PoolingMode"),
+    (dict(window=(2**31, 3), padding=(0, 0), stride=(1, 1)), "window: expected every value to fit in int32"),
+])
+def test_pooling_descriptor_checks_name_the_parameter(kwargs, words):
+    before = live_descriptor_count()
+    with pytest.raises((ValueError, TypeError), match=re.escape(words)):
+        PoolingDescriptor(**kwargs)
+    assert live_descriptor_count() == before
+
+
+def test_cudnn_refuses_what_python_would_and_says_why():
+    """validate=False hands the values to cuDNN: its own checks and reasons (the facts the module
+    docstring states), and nothing leaks."""
+    before = live_descriptor_count()
+    with pytest.raises(pycudnn.CudnnBadParamError, match=r"windowDimA\[i\] <= 0"):
+        PoolingDescriptor((0, 3), (0, 0), (1, 1), validate=False)
+    with pytest.raises(pycudnn.CudnnBadParamError, match=r"strideA\[i\] <= 0"):
+        PoolingDescriptor((3, 3), (0, 0), (0, 1), validate=False)
+    assert live_descriptor_count() == before
+    # cuDNN itself accepts negative padding and padding as large as the window
+    with PoolingDescriptor((3, 3), (-1, 3), (1, 1), validate=False) as d:
+        with TensorDescriptor((1, 1, 8, 8), "float32") as xd:
+            assert d.output_shape(xd) == (1, 1, 4, 12)  # windows wholly in the padding counted
+    with PoolingDescriptor((3, 3), (0, 0), (1, 1)) as d, TensorDescriptor((1, 1, 2, 2), "float32") as xd:
+        with pytest.raises(pycudnn.CudnnBadParamError):
+            d.output_shape(xd)  # a window larger than the padded input
+        with TensorDescriptor((1, 1, 8, 8, 8), "float32") as x5:
+            with pytest.raises(ValueError, match="expected 4 dims for a 2-d pooling window"):
+                d.output_shape(x5)
+
+
+def test_swish_beta_is_set_on_the_descriptor():
+    from pycudnn._types import NanPropagation
+    from pycudnn.ops.activation import activation_descriptor
+
+    d = activation_descriptor("swish", 1.75, NanPropagation.PROPAGATE_NAN)
+    beta = ctypes.c_double()
+    assert _lib.lib().cudnnGetActivationDescriptorSwishBeta(d.handle, ctypes.byref(beta)) == 0
+    assert beta.value == 1.75
+    assert "CUDNN_ACTIVATION_SWISH" in repr(d) and "CUDNN_PROPAGATE_NAN" in repr(d)
+
+
+# ---- the C rows ---------------------------------------------------------------------------------------
+
+def _row_signatures() -> dict[str, str]:
+    src = inspect.getsource(_prototypes)
+    body = src[src.index("PROTOTYPES: dict"):]
+    body = body[:body.index("\n}\n")]
+    comment: list[str] = []
+    out: dict[str, str] = {}
+    for line in body.splitlines()[1:]:
+        s = line.strip()
+        if s.startswith("#"):
+            if not s[1:].strip().startswith("---"):
+                comment.append(s[1:].strip())
+            continue
+        m = re.match(r'"(\w+)":', s)
+        if m:
+            out[m.group(1)] = " ".join(comment)
+            comment = []
+    return out
+
+
+def test_rows_are_registered_and_commented():
+    assert set(_row_signatures()) == set(_prototypes.PROTOTYPES)
+    for name, row in _prototypes.PROTOTYPES.items():
+        assert _lib.PROTOTYPES[name] == row
+
+
+@pytest.mark.parametrize("name", sorted(_prototypes.PROTOTYPES))
+def test_row_resolves_and_matches_its_c_signature(name):
+    from test_lib import _expected_ctype, _matches, _split_params
+
+    restype, argtypes = _prototypes.PROTOTYPES[name]
+    fn = getattr(_lib.lib(), name)
+    assert fn.restype is restype and list(fn.argtypes) == list(argtypes)
+    m = re.fullmatch(r"(.+?)\b(\w+)\s*\((.*)\)", _row_signatures()[name])
+    assert m and m.group(2) == name
+    params = _split_params(m.group(3))
+    assert _matches(restype, _expected_ctype(m.group(1), is_return=True))
+    assert len(params) == len(argtypes)
+    for c_type, declared in zip(params, argtypes):
+        assert _matches(declared, _expected_ctype(c_type, is_return=False)), (name, c_type)
+
+
+def test_row_comments_are_the_headers_signatures():
+    """Each comment is the declaration in the installed cuDNN headers (whitespace aside)."""
+    include = Path(_lib.library_path()).resolve().parent.parent / "include"
+    headers = sorted(include.glob("cudnn_*_v9.h"))
+    if not headers:
+        pytest.skip(f"no cuDNN headers beside the library ({include})")
+    text = re.sub(r"/\*.*?\*/", " ", "\n".join(h.read_text() for h in headers), flags=re.S)
+    for name, sig in _row_signatures().items():
+        m = re.search(r"cudnnStatus_t\s+CUDNNWINAPI\s+" + name + r"\s*\((.*?)\)\s*;", text, re.S)
+        assert m, name
+        assert " ".join(m.group(1).split()) == " ".join(sig.split("(", 1)[1].rsplit(")", 1)[0].split())
+
+
+# ---- signatures and constants --------------------------------------------------------------------------
+
+P, KO = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+REQ = inspect.Parameter.empty
+
+NATIVE = {
+    activation_forward: [("x", P, REQ), ("mode", P, "relu"), ("coef", KO, 0.0), ("out", KO, None),
+                         ("stream", KO, None)],
+    activation_backward: [("y", P, REQ), ("dy", P, REQ), ("x", P, REQ), ("mode", P, "relu"),
+                          ("coef", KO, 0.0), ("out", KO, None), ("stream", KO, None)],
+    softmax_forward: [("x", P, REQ), ("algorithm", KO, "accurate"), ("mode", KO, "channel"),
+                      ("out", KO, None), ("stream", KO, None)],
+    softmax_backward: [("y", P, REQ), ("dy", P, REQ), ("algorithm", KO, "accurate"),
+                       ("mode", KO, "channel"), ("out", KO, None), ("stream", KO, None)],
+    pooling_forward: [("x", P, REQ), ("kernel_size", P, REQ), ("stride", KO, None),
+                      ("padding", KO, 0), ("mode", KO, "max"), ("out", KO, None), ("stream", KO, None)],
+    pooling_backward: [("y", P, REQ), ("dy", P, REQ), ("x", P, REQ), ("kernel_size", P, REQ),
+                       ("stride", KO, None), ("padding", KO, 0), ("mode", KO, "max"),
+                       ("out", KO, None), ("stream", KO, None)],
+}
+
+# CuPy 13, cupyx/cudnn.pyx
+CUPY13 = {
+    "activation_forward": [("x", P, REQ), ("mode", P, REQ), ("coef", P, 0.0)],
+    "activation_backward": [("x", P, REQ), ("y", P, REQ), ("gy", P, REQ), ("mode", P, REQ),
+                            ("coef", P, 0.0)],
+    "softmax_forward": [("x", P, REQ), ("axis", P, REQ), ("algorithm", P, REQ)],
+    "softmax_backward": [("y", P, REQ), ("gy", P, REQ), ("axis", P, REQ), ("algorithm", P, REQ)],
+    "pooling_forward": [("x", P, REQ), ("y", P, REQ), ("ksize", P, REQ), ("stride", P, REQ),
+                        ("pad", P, REQ), ("mode", P, REQ)],
+    "pooling_backward": [("x", P, REQ), ("y", P, REQ), ("gy", P, REQ), ("ksize", P, REQ),
+                         ("stride", P, REQ), ("pad", P, REQ), ("mode", P, REQ)],
+}
+
+
+@pytest.mark.parametrize("fn", list(NATIVE), ids=lambda f: f.__name__)
+def test_native_signatures(fn):
+    params = inspect.signature(fn).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in params] == NATIVE[fn]
+
+
+@pytest.mark.parametrize("name", sorted(CUPY13))
+def test_cupy13_signatures(name):
+    params = inspect.signature(getattr(cc, name)).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in params] == CUPY13[name]
+    assert name in cc.__all__
+
+
+def test_cupy13_constants_are_the_headers_values():
+    include = Path(_lib.library_path()).resolve().parent.parent / "include"
+    headers = [include / "cudnn_ops_v9.h", include / "cudnn_graph_v9.h"]
+    if not all(h.is_file() for h in headers):
+        pytest.skip(f"no cuDNN headers in {include}")
+    text = "\n".join(h.read_text() for h in headers)
+    header = dict((m.group(1), int(m.group(2))) for m in re.finditer(
+        r"\b(CUDNN_(?:ACTIVATION|SOFTMAX|POOLING)_\w+)\s*=\s*(\d+)", text))
+    ours = {n: getattr(cc, n) for n in cc.__all__ if re.match(r"CUDNN_(ACTIVATION|SOFTMAX|POOLING)_", n)}
+    assert len(ours) == 16
+    assert ours == {n: header[n] for n in ours}
+    # and every value of those enums in the header is here
+    assert set(header) == set(ours)
+
+
+def test_importing_cupy_compat_opens_no_operation_module():
+    """The drop-ins import pycudnn.ops.* on their first call, not with pycudnn.cupy_compat."""
+    from test_lib import run_python
+
+    proc = run_python("import sys, pycudnn.cupy_compat; "
+                      "print(sorted(m for m in sys.modules if m.startswith('pycudnn.ops.')))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+# ---- fuzz: random arguments against an oracle from PyTorch's rules -------------------------------------
+
+SCALE = float(os.environ.get("PYCUDNN_FUZZ_SCALE", "1") or 1)
+POOL_MODES = ["max", "max_deterministic", "average_include_padding", "average_exclude_padding"]
+ACT_MODES = ["relu", "sigmoid", "tanh", "clipped_relu", "elu", "swish"]
+
+
+def _geo_value(draw, nd):
+    kind = draw(st.sampled_from(["int", "tuple", "tuple", "wrong-len", "bool", "float", "list"]))
+    if kind == "int":
+        return draw(st.integers(-1, 5))
+    if kind == "tuple":
+        return tuple(draw(st.integers(-1, 5)) for _ in range(nd))
+    if kind == "list":
+        return [draw(st.integers(0, 5)) for _ in range(nd)]
+    if kind == "wrong-len":
+        return tuple(draw(st.integers(1, 3)) for _ in range(draw(st.sampled_from([1, 3, 4])) if nd != 3 else 2))
+    if kind == "bool":
+        return True
+    return 2.0
+
+
+@st.composite
+def pooling_cases(draw):
+    rank = draw(st.sampled_from([3, 4, 4, 4, 5, 5, 6]))
+    shape = tuple(draw(st.integers(0, 2)) for _ in range(2)) + tuple(
+        draw(st.integers(0, 7)) for _ in range(rank - 2))
+    nd = max(rank - 2, 1)
+    kernel = _geo_value(draw, nd)
+    stride = None if draw(st.booleans()) else _geo_value(draw, nd)
+    padding = _geo_value(draw, nd)
+    mode = draw(st.sampled_from(POOL_MODES + ["avg", "MAX", 0]))
+    return shape, kernel, stride, padding, mode
+
+
+def _as_tuple(v, nd):
+    """The oracle's reading of a geometry argument: a tuple, or the parameter's violation."""
+    if type(v) is int:
+        return (v,) * nd
+    if isinstance(v, (tuple, list)) and len(v) == nd and all(type(e) is int for e in v):
+        return tuple(v)
+    return None
+
+
+def pooling_violations(shape, kernel, stride, padding, mode):
+    """Every rule the case breaks, as words the error message must contain (PyTorch's rules)."""
+    if len(shape) not in (4, 5):
+        return ["expected x to have 4 dims"]
+    nd = len(shape) - 2
+    if min(shape[2:]) == 0:
+        return ["non-zero spatial sizes"]
+    out = []
+    k = _as_tuple(kernel, nd)
+    s = k if stride is None else _as_tuple(stride, nd)
+    p = _as_tuple(padding, nd)
+    if k is None:
+        out.append("kernel_size must be")
+    if stride is not None and s is None:
+        out.append("stride must be")
+    if p is None:
+        out.append("padding must be")
+    if mode not in POOL_MODES:
+        out.append("mode must be one of")
+    if k is None or s is None or p is None:
+        return out
+    if min(k) < 1:
+        out.append("kernel size should be greater than zero")
+    if min(s) < 1:
+        out.append("stride should be greater than zero")
+    if min(p) < 0:
+        out.append("pad must be non-negative")
+    if min(k) >= 1 and min(s) >= 1 and min(p) >= 0:
+        if any(2 * pi > ki for pi, ki in zip(p, k)):
+            out.append("pad should be at most half of kernel size")
+        elif any((i + 2 * pi - ki) // si + 1 < 1 for i, ki, si, pi in zip(shape[2:], k, s, p)):
+            out.append("Output size is too small")
+    return out
+
+
+def _expected_shape(shape, kernel, stride, padding):
+    nd = len(shape) - 2
+    k = _as_tuple(kernel, nd)
+    s = k if stride is None else _as_tuple(stride, nd)
+    p = _as_tuple(padding, nd)
+    return shape[:2] + tuple((i + 2 * pi - ki) // si + 1 for i, ki, si, pi in zip(shape[2:], k, s, p))
+
+
+@NO_GPU
+@settings(max_examples=max(1, int(300 * SCALE)), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(pooling_cases())
+def test_fuzz_pooling_forward_and_backward(case):
+    shape, kernel, stride, padding, mode = case
+    x = t(*shape)
+    violations = pooling_violations(*case)
+    try:
+        y = pooling_forward(x, kernel, stride=stride, padding=padding, mode=mode)
+    except (ValueError, TypeError) as exc:
+        assert violations, f"valid case refused: {exc}"
+        assert any(v in str(exc) for v in violations), (str(exc), violations)
+        assert str(exc).startswith("pooling_forward: ")
+        return
+    except pycudnn.NoDeviceError:
+        assert not violations, f"accepted a case breaking {violations}"
+        y = None
+    else:
+        assert not violations, f"accepted a case breaking {violations}"
+        assert x.size == 0 and y.size == 0  # nothing to compute: no GPU needed
+    expected = _expected_shape(shape, kernel, stride, padding)
+    if y is not None:
+        assert y.shape == expected
+    yv, dyv = t(*expected, role="y"), t(*expected, role="dy")
+    try:
+        pooling_backward(yv, dyv, x, kernel, stride=stride, padding=padding, mode=mode)
+    except pycudnn.NoDeviceError:
+        assert x.size
+    # and a dy of another shape is refused, naming dy
+    bad = t(*(expected[:-1] + (expected[-1] + 1,)), role="dy")
+    with pytest.raises(ValueError, match=r"pooling_backward: expected dy of size"):
+        pooling_backward(yv, bad, x, kernel, stride=stride, padding=padding, mode=mode)
+
+
+@st.composite
+def elementwise_cases(draw):
+    rank = draw(st.integers(0, 7))
+    shape = tuple(draw(st.integers(0, 4)) for _ in range(rank))
+    layout = draw(st.sampled_from(["contiguous", "permuted", "sliced", "broadcast"]))
+    fn = draw(st.sampled_from(["activation", "softmax"]))
+    mode = draw(st.sampled_from(ACT_MODES + ["identity", "gelu"]) if fn == "activation"
+                else st.sampled_from(["channel", "instance", "spatial"]))
+    extra = draw(st.sampled_from(["accurate", "fast", "log", "precise"]) if fn == "softmax"
+                 else st.sampled_from([0.0, 1.5, -2, float("nan"), "1", True, np.float64(0.5)]))
+    return shape, layout, fn, mode, extra
+
+
+def _layout_strides(shape, layout):
+    strides = list(pycudnn.tensor.contiguous_strides(shape))
+    if layout == "permuted" and len(shape) >= 2:
+        order = list(range(len(shape)))[::-1]
+        acc = 1
+        for d in reversed(order):
+            strides[d] = acc
+            acc *= max(shape[d], 1)
+    elif layout == "sliced":
+        strides = [s * 2 for s in strides]
+    elif layout == "broadcast" and shape and shape[0] > 1:
+        strides[0] = 0
+    return tuple(strides)
+
+
+@NO_GPU
+@settings(max_examples=max(1, int(300 * SCALE)), deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(elementwise_cases())
+def test_fuzz_activation_and_softmax(case):
+    shape, layout, fn, mode, extra = case
+    x = t(*shape, strides=_layout_strides(shape, layout))
+    violations = []
+    broadcast = any(s == 0 and n > 1 for n, s in zip(x.shape, x.strides)) and x.size
+    if fn == "activation":
+        if len(shape) > 5:
+            violations.append("expected x to have 0 to 5 dims")
+        elif broadcast:
+            violations.append("without broadcast dims")
+        if mode == "identity":
+            violations.append("mode 'identity' is not supported")
+        elif mode not in ACT_MODES:
+            violations.append("mode must be one of")
+        if isinstance(extra, (str, bool)):
+            violations.append("coef must be a real number")
+        elif isinstance(extra, float) and np.isnan(extra):
+            violations.append("coef must be a number")
+        call = lambda: activation_forward(x, mode, coef=extra)  # noqa: E731
+        prefix = "activation_forward: "
+    else:
+        if not 2 <= len(shape) <= 5:
+            violations.append("expected x to have 2 to 5 dims")
+        elif broadcast:
+            violations.append("without broadcast dims")
+        if mode not in ("channel", "instance"):
+            violations.append("mode must be one of")
+        if extra not in ("accurate", "fast", "log"):
+            violations.append("algorithm must be one of")
+        call = lambda: softmax_forward(x, algorithm=extra, mode=mode)  # noqa: E731
+        prefix = "softmax_forward: "
+    try:
+        y = call()
+    except (ValueError, TypeError) as exc:
+        assert violations, f"valid case refused: {exc}"
+        assert any(v in str(exc) for v in violations), (str(exc), violations)
+        assert str(exc).startswith(prefix)
+        return
+    except pycudnn.NoDeviceError:
+        assert not violations and x.size, violations
+        return
+    assert not violations and x.size == 0 and y.shape == x.shape
