@@ -1,0 +1,472 @@
+"""Dropout through cuDNN: a seeded random state that lives on the device, a forward pass that
+zeroes each element with probability ``p`` and scales the others by ``1 / (1 - p)``, and a backward
+pass that applies the forward pass's mask (kept in its reserve) to the gradient.
+
+[`DropoutState`][pycudnn.ops.dropout.DropoutState] owns cuDNN's dropout descriptor and its RNG
+state buffer (``cudnnDropoutGetStatesSize`` bytes, initialised by ``cudnnSetDropoutDescriptor``
+from the seed: a kernel, run once). Each forward pass draws new random numbers from that state, so
+two states with one seed give the same sequence of masks. Changing ``p`` keeps the state
+(``cudnnRestoreDropoutDescriptor``, no new initialisation); [`DropoutState.reset`][pycudnn.ops.dropout.DropoutState.reset]
+re-initialises it from a seed.
+
+A state is one RNG stream: calls that use it must be ordered, on one CUDA stream or with the
+caller's synchronisation between streams. Its host side is guarded by a lock, so threads may
+share it; their masks then depend on the order of their calls.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+from ctypes import byref, c_size_t
+from typing import Any
+
+import numpy as np
+
+from pycudnn import _lib
+from pycudnn.arguments import check_no_broadcast
+from pycudnn._types import normalize_dtype
+from pycudnn.descriptors import TensorDescriptor, _Descriptor
+from pycudnn.handle import get_handle
+from pycudnn.memory import (allocate, allocate_fast, callers_device, current_device,
+                            resolve_stream, restore_device, stream_synchronize)
+from pycudnn.ops import _bn_prototypes  # noqa: F401  (adds the C functions to the table)
+from pycudnn.tensor import (Tensor, as_tensor, check_writable, contiguous_strides,
+                            has_internal_overlap, views_overlap)
+from pycudnn.tensor_ops import transform
+
+__all__ = ["DropoutDescriptor", "DropoutState", "DropoutReserve", "dropout_forward",
+           "dropout_backward", "dropout_reserve_size"]
+
+INT32_MAX = 2**31 - 1
+
+
+# ---- the descriptor -------------------------------------------------------------------------------
+
+class DropoutDescriptor(_Descriptor):
+    """A cuDNN dropout descriptor (``cudnnDropoutDescriptor_t``), freed like the other
+    descriptors (see `pycudnn.descriptors`). Created unset: `set` (which initialises an RNG
+    state, on a handle's stream) or `restore` gives it a probability and a state."""
+
+    __slots__ = ()
+    _create_name = "cudnnCreateDropoutDescriptor"
+    _destroy_name = "cudnnDestroyDropoutDescriptor"
+
+    def __init__(self) -> None:
+        _, destroy, h = self._create()
+        self._adopt(destroy, h)
+
+    def set(self, handle: int, p: float, states: int, states_size: int, seed: int) -> None:
+        """``cudnnSetDropoutDescriptor``: probability ``p`` and the state at ``states``
+        initialised from ``seed`` (a kernel on the handle's stream)."""
+        st = _lib.lib().cudnnSetDropoutDescriptor(self.handle, handle, p, states or None,
+                                                  states_size, seed)
+        if st:
+            _lib.raise_status(st, "cudnnSetDropoutDescriptor", f"  p={p}, seed={seed}, "
+                              f"states={states_size} bytes")
+
+    def restore(self, handle: int, p: float, states: int, states_size: int, seed: int) -> None:
+        """``cudnnRestoreDropoutDescriptor``: probability ``p`` and an already initialised state."""
+        st = _lib.lib().cudnnRestoreDropoutDescriptor(self.handle, handle, p, states or None,
+                                                      states_size, seed)
+        if st:
+            _lib.raise_status(st, "cudnnRestoreDropoutDescriptor", f"  p={p}, seed={seed}")
+
+    def _describe(self) -> str:
+        return f"handle={self.handle:#x}"
+
+
+
+# ---- argument checks ------------------------------------------------------------------------------
+
+def _probability(p: Any, what: str) -> float:
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{what}: expected p to be a real number, but got {type(p).__name__} {p!r}")
+    value = float(p)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{what}: dropout probability has to be in [0, 1) for cuDNN (it scales "
+                         f"the kept elements by 1 / (1 - p)), but got p={p!r}")
+    return value
+
+
+def _seed(seed: Any, what: str) -> int:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"{what}: expected seed to be an int, but got {type(seed).__name__} "
+                        f"{seed!r}")
+    value = int(seed)
+    if not 0 <= value < 2**64:
+        raise ValueError(f"{what}: expected seed in [0, 2**64), but got seed={seed!r}")
+    return value
+
+
+def _stream_pair(stream: Any) -> tuple[int, Any]:
+    if stream is None:
+        return 0, None
+    if type(stream) is int:
+        return stream, None
+    return resolve_stream(stream), stream
+
+
+# ---- the state ------------------------------------------------------------------------------------
+
+class DropoutState:
+    """cuDNN's dropout descriptor and the device RNG state it draws from.
+
+    Args:
+        p: the probability of zeroing an element, in [0, 1).
+        seed: the RNG seed, an int in [0, 2**64): one seed gives one sequence of masks.
+        device: the CUDA device (default: the current one); tensors passed with this state
+            must be on it.
+        stream: the stream the state is initialised on (the initialisation is waited for, so
+            that any stream may use the state afterwards).
+
+    Attributes:
+        device: the CUDA device.
+        seed: the seed the state was last initialised from.
+        states_nbytes: the size of the RNG state buffer.
+    """
+
+    def __init__(self, p: float = 0.5, seed: int = 0, *, device: Any = None,
+                 stream: Any = None) -> None:
+        what = "DropoutState"
+        self._p = _probability(p, what)
+        self.seed = _seed(seed, what)
+        self._lock = threading.Lock()
+        prev = callers_device()
+        try:
+            s, sref = _stream_pair(stream)
+            handle = get_handle(device, s)
+            self.device = current_device()
+            size = c_size_t()
+            st = _lib.lib().cudnnDropoutGetStatesSize(handle, byref(size))
+            if st:
+                _lib.raise_status(st, "cudnnDropoutGetStatesSize")
+            self.states_nbytes = int(size.value)
+            self._states = allocate(self.states_nbytes, self.device,
+                                    sref if sref is not None else s, what=what)
+            self._desc = DropoutDescriptor()
+            self._desc.set(handle, self._p, self._states.ptr, self.states_nbytes, self.seed)
+            stream_synchronize(s)
+        finally:
+            restore_device(prev)
+
+    @property
+    def p(self) -> float:
+        """The dropout probability. Setting it keeps the RNG state where it is (cuDNN's
+        ``cudnnRestoreDropoutDescriptor``): cheap, with no new initialisation."""
+        return self._p
+
+    @p.setter
+    def p(self, value: float) -> None:
+        p = _probability(value, "DropoutState.p")
+        with self._lock:
+            self._set_p(p)
+
+    def _set_p(self, p: float, stream: int = 0) -> None:
+        if p == self._p:
+            return
+        handle = get_handle(self.device, stream)
+        self._desc.restore(handle, p, self._states.ptr, self.states_nbytes, self.seed)
+        self._p = p
+
+    def reset(self, seed: int | None = None, *, stream: Any = None) -> None:
+        """Initialise the RNG state again from ``seed`` (default: the seed it has), on
+        ``stream``, and wait for it: the masks start over as from a new state."""
+        new_seed = self.seed if seed is None else _seed(seed, "DropoutState.reset")
+        prev = callers_device()
+        try:
+            s, _ = _stream_pair(stream)
+            with self._lock:
+                handle = get_handle(self.device, s)
+                self._desc.set(handle, self._p, self._states.ptr, self.states_nbytes, new_seed)
+                self.seed = new_seed
+                stream_synchronize(s)
+        finally:
+            restore_device(prev)
+
+    @property
+    def descriptor(self) -> DropoutDescriptor:
+        """The cuDNN dropout descriptor (owned by the state)."""
+        return self._desc
+
+    @property
+    def states_ptr(self) -> int:
+        """The device address of the RNG state."""
+        return int(self._states.ptr)
+
+    def __repr__(self) -> str:
+        return (f"DropoutState(p={self._p}, seed={self.seed}, device={self.device}, "
+                f"states_nbytes={self.states_nbytes})")
+
+
+class DropoutReserve:
+    """The mask of one dropout forward pass (cuDNN's reserve space), for its backward pass.
+
+    Attributes:
+        nbytes: its size in bytes (``cudnnDropoutGetReserveSpaceSize``).
+        shape: the forward input's shape.
+        dtype: the forward input's dtype.
+        device: the CUDA device.
+        p: the probability the forward pass used.
+    """
+
+    __slots__ = ("_buffer", "nbytes", "shape", "strides", "dtype", "device", "p")
+
+    def __init__(self, buffer: Any, nbytes: int, shape: tuple[int, ...],
+                 strides: tuple[int, ...], dtype: np.dtype, device: int, p: float) -> None:
+        self._buffer = buffer
+        self.nbytes = nbytes
+        self.shape = shape
+        self.strides = strides  # the element order the mask follows
+        self.dtype = dtype
+        self.device = device
+        self.p = p
+
+    @property
+    def ptr(self) -> int:
+        return int(self._buffer.ptr) if self._buffer is not None else 0
+
+    @property
+    def size(self) -> int:
+        """Its size in bytes (as the int8 array CuPy 13 returned)."""
+        return self.nbytes
+
+    def __repr__(self) -> str:
+        return (f"DropoutReserve(nbytes={self.nbytes}, shape={self.shape}, "
+                f"dtype={self.dtype.name}, p={self.p})")
+
+
+# ---- descriptors of flat tensors, cached ------------------------------------------------------------
+
+_DESCS: dict[tuple[int, np.dtype], tuple[TensorDescriptor, int]] = {}
+_DESCS_MAX = 64
+_descs_lock = threading.Lock()
+
+
+def _flat(n: int, dtype: np.dtype) -> tuple[TensorDescriptor, int]:
+    """(a descriptor of ``n`` packed elements, the reserve bytes cuDNN asks for it)."""
+    key = (n, dtype)
+    entry = _DESCS.get(key)
+    if entry is None:
+        d = TensorDescriptor((1, n, 1, 1), dtype)
+        size = c_size_t()
+        st = _lib.lib().cudnnDropoutGetReserveSpaceSize(d.handle, byref(size))
+        if st:
+            _lib.raise_status(st, "cudnnDropoutGetReserveSpaceSize", f"  x: {d!r}")
+        entry = (d, int(size.value))
+        with _descs_lock:
+            while len(_DESCS) >= _DESCS_MAX:
+                del _DESCS[next(iter(_DESCS))]
+            _DESCS[key] = entry
+    return entry
+
+
+def dropout_reserve_size(shape: tuple[int, ...], dtype: Any = "float32") -> int:
+    """Bytes of reserve space a dropout forward pass of this shape and dtype keeps (asks cuDNN;
+    no GPU needed)."""
+    n = math.prod(int(s) for s in shape)
+    return _flat(n, normalize_dtype(dtype))[1] if n else 0
+
+
+def _packed_order(t: Tensor) -> bool:
+    """Whether the elements of ``t`` fill its span without gaps or overlap (some order of dims)."""
+    dims = sorted((st, size) for size, st in zip(t.shape, t.strides) if size > 1)
+    expected = 1
+    for st, size in dims:
+        if st != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _alloc_strided(shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype, device: int,
+                   s: int, sref: Any) -> Tensor:
+    n = math.prod(shape)
+    buf = allocate_fast(n * dtype.itemsize, device, s, sref)
+    return Tensor._make(buf.ptr, shape, strides, dtype, device, buf)
+
+
+def _view4(t: Tensor) -> Tensor:
+    """A 3-to-8-dim view for cudnnTransformTensor (unit dims added in front)."""
+    if t.ndim >= 3:
+        return t
+    pad = 3 - t.ndim
+    return Tensor._make(t.ptr, (1,) * pad + t.shape, (t.size or 1,) * pad + t.strides, t.dtype,
+                        t.device, t, t.readonly)
+
+
+def _copy(handle: int, src: Tensor, dst: Tensor) -> None:
+    transform(handle, _view4(src), _view4(dst))
+
+
+def _check_tensor(t: Tensor, name: str, fn: str, state: DropoutState) -> None:
+    check_no_broadcast(t, name, fn)
+    if t.device != state.device:
+        raise ValueError(f"{fn}: expected {name} on cuda:{state.device} (the state's device), but "
+                         f"got cuda:{t.device}")
+    if t.size > INT32_MAX:
+        raise ValueError(f"{fn}: {name} has {t.size} elements; cuDNN's dropout takes at most "
+                         f"{INT32_MAX} per call: split it")
+    if not _packed_order(t) and t.ndim > 8:
+        raise ValueError(f"{fn}: {name} has {t.ndim} dims and is not dense: pass a contiguous "
+                         f"tensor (cuDNN copies strided tensors of at most 8 dims)")
+
+
+def _check_out(out: Any, name: str, like: Tensor, fn: str, stream: Any,
+               reads: list[tuple[str, Tensor]]) -> Tensor:
+    o = out if type(out) is Tensor else as_tensor(out, stream=stream)
+    check_writable(o, name)
+    if tuple(o.shape) != tuple(like.shape):
+        raise ValueError(f"{fn}: expected {name} of size {list(like.shape)}, but got "
+                         f"{list(o.shape)}")
+    if o.dtype != like.dtype:
+        raise TypeError(f"{fn}: expected {name} to have dtype {like.dtype.name}, but got "
+                        f"{o.dtype.name}")
+    if o.device != like.device:
+        raise ValueError(f"{fn}: expected {name} on cuda:{like.device}, but got cuda:{o.device}")
+    if o.size and has_internal_overlap(o.shape, o.strides):
+        raise ValueError(f"{fn}: {name} has overlapping elements (strides {list(o.strides)}); "
+                         f"pass an output without overlapping elements")
+    for read_name, t in reads:
+        if o.size and views_overlap(o, t):
+            raise ValueError(f"{name}: it overlaps {read_name}, which the call reads: pass an "
+                             f"output that shares no memory with the inputs")
+    return o
+
+
+def _check_state(state: Any, fn: str) -> DropoutState:
+    if not isinstance(state, DropoutState):
+        raise TypeError(f"{fn}: expected state to be a DropoutState, but got "
+                        f"{type(state).__name__}")
+    return state
+
+
+# ---- forward and backward -------------------------------------------------------------------------
+
+def dropout_forward(x: Any, state: DropoutState, *, out: Any = None,
+                    stream: Any = None) -> tuple[Tensor, DropoutReserve]:
+    """``y = x * mask / (1 - p)`` with a fresh random mask (each element kept with probability
+    ``1 - p``), as ``F.dropout(x, p, training=True)``.
+
+    Args:
+        x: any CUDA array pycudnn accepts, of any shape and strides.
+        state: the [`DropoutState`][pycudnn.ops.dropout.DropoutState] (probability, RNG) to use;
+            its RNG advances.
+        out: optional output of x's shape, dtype and device (any strides).
+        stream: the CUDA stream to run on.
+
+    Returns:
+        ``(y, reserve)``: pass ``reserve`` to [`dropout_backward`][pycudnn.ops.dropout.dropout_backward].
+    """
+    fn = "dropout_forward"
+    st_ = _check_state(state, fn)
+    prev = callers_device()
+    try:
+        xt = x if type(x) is Tensor else as_tensor(x, stream=stream)
+        _check_tensor(xt, "input", fn, st_)
+        o = _check_out(out, "out", xt, fn, stream, [("input", xt)]) if out is not None else None
+        s, sref = _stream_pair(stream)
+        handle = get_handle(st_.device, s)
+        n = xt.size
+        if _packed_order(xt):
+            xw = xt
+        else:
+            xw = _alloc_strided(xt.shape, contiguous_strides(xt.shape), xt.dtype, xt.device, s,
+                                sref)
+            _copy(handle, xt, xw)
+        if o is not None and o.strides == xw.strides:
+            yw, target = o, None
+        else:
+            yw, target = _alloc_strided(xw.shape, xw.strides, xw.dtype, xw.device, s, sref), o
+        if n == 0:
+            reserve = DropoutReserve(None, 0, xw.shape, xw.strides, xw.dtype, xw.device, st_.p)
+            return (o if o is not None else yw), reserve
+        d, res_size = _flat(n, xw.dtype)
+        buf = allocate_fast(res_size, xw.device, s, sref)
+        with st_._lock:
+            reserve = DropoutReserve(buf, res_size, xw.shape, xw.strides, xw.dtype, xw.device,
+                                     st_.p)
+            status = _lib.lib().cudnnDropoutForward(handle, st_._desc.handle, d.handle, xw.ptr,
+                                                    d.handle, yw.ptr, buf.ptr or None, res_size)
+        if status:
+            _lib.raise_status(status, "cudnnDropoutForward", f"  x: {d!r}", f"  p={st_.p}")
+        if target is not None:
+            _copy(handle, yw, target)
+            return target, reserve
+        return yw, reserve
+    finally:
+        restore_device(prev)
+
+
+def dropout_backward(dy: Any, state: DropoutState, reserve: DropoutReserve, *, out: Any = None,
+                     stream: Any = None) -> Tensor:
+    """``dx = dy * mask / (1 - p)`` with the mask of the forward pass that made ``reserve``.
+
+    Args:
+        dy: the gradient with respect to the forward output (its shape and dtype).
+        state: the state the forward pass used (its RNG does not advance).
+        reserve: the forward pass's reserve.
+        out: optional output for ``dx`` (any strides).
+        stream: the CUDA stream to run on.
+
+    Returns:
+        ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor], ``out`` itself when given.
+    """
+    fn = "dropout_backward"
+    st_ = _check_state(state, fn)
+    if not isinstance(reserve, DropoutReserve):
+        raise TypeError(f"{fn}: expected reserve to be the DropoutReserve dropout_forward "
+                        f"returned, but got {type(reserve).__name__}")
+    prev = callers_device()
+    try:
+        dyt = dy if type(dy) is Tensor else as_tensor(dy, stream=stream)
+        _check_tensor(dyt, "grad_output", fn, st_)
+        if tuple(dyt.shape) != reserve.shape:
+            raise ValueError(f"{fn}: expected grad_output of size {list(reserve.shape)} (the "
+                             f"forward input's), but got {list(dyt.shape)}")
+        if dyt.dtype != reserve.dtype:
+            raise TypeError(f"{fn}: expected grad_output to have dtype {reserve.dtype.name} (the "
+                            f"forward input's), but got {dyt.dtype.name}")
+        if reserve.device != st_.device:
+            raise ValueError(f"{fn}: reserve is on cuda:{reserve.device}, the state on "
+                             f"cuda:{st_.device}")
+        o = _check_out(out, "out", dyt, fn, stream, [("grad_output", dyt)]) \
+            if out is not None else None
+        s, sref = _stream_pair(stream)
+        handle = get_handle(st_.device, s)
+        n = dyt.size
+        # the mask follows the forward input's element order: dy and dx are used in that order
+        if dyt.strides == reserve.strides or n == 0:
+            dyw = dyt
+        else:
+            dyw = _alloc_strided(reserve.shape, reserve.strides, dyt.dtype, dyt.device, s, sref)
+            _copy(handle, dyt, dyw)
+        if o is not None and o.strides == dyw.strides:
+            dxw, target = o, None
+        else:
+            dxw, target = _alloc_strided(dyw.shape, dyw.strides, dyw.dtype, dyw.device, s,
+                                         sref), o
+        if n == 0:
+            return o if o is not None else dxw
+        d, res_size = _flat(n, dyw.dtype)
+        with st_._lock:
+            p_now = st_._p
+            if p_now != reserve.p:
+                st_._set_p(reserve.p, s)  # the forward pass's scale, then the state's again
+            try:
+                status = _lib.lib().cudnnDropoutBackward(handle, st_._desc.handle, d.handle,
+                                                         dyw.ptr, d.handle, dxw.ptr,
+                                                         reserve.ptr or None, reserve.nbytes)
+            finally:
+                if p_now != reserve.p:
+                    st_._set_p(p_now, s)
+        if status:
+            _lib.raise_status(status, "cudnnDropoutBackward", f"  dy: {d!r}", f"  p={reserve.p}")
+        if target is not None:
+            _copy(handle, dxw, target)
+            return target
+        return dxw
+    finally:
+        restore_device(prev)
+
