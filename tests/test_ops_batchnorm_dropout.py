@@ -1,0 +1,395 @@
+"""Batch normalization and dropout without a GPU: the C rows against libcudnn's symbols and
+their header signatures, descriptors built by the real libcudnn (no handle needed), argument checks
+that name the parameter before anything runs, and a small fuzz of bad arguments.
+
+Tensor views point at made-up device addresses. A call that passes validation goes on to ask for
+a cuDNN handle, which raises NoDeviceError here; on a machine with a GPU those calls would reach
+the made-up addresses, so the tests that make them skip there (test_ops_batchnorm_dropout_gpu.py
+runs this module in a subprocess that sees no GPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pycudnn
+from pycudnn import _lib
+from pycudnn import errors as E
+from pycudnn import memory as M
+from pycudnn.ops import _bn_prototypes
+from pycudnn.ops import batchnorm as bn
+from pycudnn.ops import dropout as dr
+
+GPU_VISIBLE = M.device_count() > 0
+no_gpu_only = pytest.mark.skipif(
+    GPU_VISIBLE, reason="a GPU is visible: made-up device addresses must never reach it (the "
+                        "GPU test module runs this file with CUDA_VISIBLE_DEVICES='')")
+
+BASE = 0x7F00_0000_0000
+REGION = 1 << 36
+_next = [0]
+
+
+def T(shape, dtype="float32", strides=None, readonly=False):
+    """A view of made-up device memory in its own region (so no two views overlap)."""
+    _next[0] += 1
+    return pycudnn.tensor_from_pointer(BASE + _next[0] * REGION, shape, dtype, strides=strides,
+                                       readonly=readonly)
+
+
+def args(shape=(4, 3, 5, 5), dtype="float32", pdtype=None, c=None):
+    pdtype = pdtype or ("float64" if dtype == "float64" else "float32")
+    c = shape[1] if c is None else c
+    return T(shape, dtype), T((c,), pdtype), T((c,), pdtype), T((c,), pdtype), T((c,), pdtype)
+
+
+# ---- the C rows --------------------------------------------------------------------------------------
+
+def _row_comments() -> dict[str, str]:
+    import inspect
+
+    src = inspect.getsource(_bn_prototypes)
+    body = src[src.index("PROTOTYPES: dict"):]
+    body = body[:body.index("\n}\n")]
+    comment: list[str] = []
+    out: dict[str, str] = {}
+    for line in body.splitlines()[1:]:
+        s = line.strip()
+        if s.startswith("#"):
+            text = s[1:].strip()
+            if not text.startswith("---"):
+                comment.append(text)
+            continue
+        m = re.match(r'"(\w+)":', s)
+        if m:
+            out[m.group(1)] = " ".join(comment)
+            comment = []
+    return out
+
+
+def _ctype(c_type: str):
+    t = " ".join(c_type.replace("const", " ").split())
+    if "*" in t or "[]" in t:
+        return "pointer"
+    if t.endswith("Descriptor_t") or t == "cudnnHandle_t":
+        return ctypes.c_void_p
+    return {"size_t": ctypes.c_size_t, "double": ctypes.c_double, "float": ctypes.c_float,
+            "int": ctypes.c_int, "unsigned long long": ctypes.c_ulonglong}.get(t, ctypes.c_int)
+
+
+def test_every_row_has_its_c_signature():
+    assert set(_row_comments()) == set(_bn_prototypes.PROTOTYPES)
+
+
+@pytest.mark.parametrize("name", sorted(_bn_prototypes.PROTOTYPES))
+def test_row_resolves_and_matches_the_header(name):
+    restype, argtypes = _bn_prototypes.PROTOTYPES[name]
+    assert _lib.PROTOTYPES[name] == (restype, argtypes)  # registered in the one table
+    fn = getattr(_lib.lib(), name)
+    assert fn.restype is restype and list(fn.argtypes) == list(argtypes)
+    m = re.fullmatch(r"cudnnStatus_t (\w+)\s*\((.*)\)", _row_comments()[name])
+    assert m and m.group(1) == name
+    params = m.group(2).split(",")
+    assert len(params) == len(argtypes)
+    for c_param, declared in zip(params, argtypes):
+        c_type = " ".join(c_param.replace("*", " * ").split()[:-1])  # the last word is the name
+        expected = _ctype(c_type)
+        if expected == "pointer":
+            assert declared is ctypes.c_void_p or issubclass(declared, ctypes._Pointer), c_param
+        else:
+            assert declared is expected, f"{name}: {c_param!r} declared {declared}"
+    assert restype is ctypes.c_int
+
+
+# ---- descriptors, built by libcudnn --------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(2, 3), (2, 3, 7), (2, 3, 4, 5), (2, 3, 4, 5, 6)])
+@pytest.mark.parametrize("mode", ["per_activation", "spatial", "spatial_persistent"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_parameter_descriptor_is_what_cudnn_derives(shape, mode, dtype):
+    """pycudnn describes scale/bias/statistics itself; cudnnDeriveBNTensorDescriptor (no handle
+    needed) must agree on dims and dtype."""
+    x = T(shape, dtype)
+    x4 = bn._as4d(x)
+    _, p4 = bn._param_shape(x, bn.MODES[mode])
+    ours = pycudnn.TensorDescriptor(p4, bn._param_dtype(x))
+    xd = pycudnn.TensorDescriptor(x4.shape, x4.dtype, x4.strides)
+    derived = pycudnn.TensorDescriptor(p4, "float32")  # overwritten by cuDNN below
+    st = _lib.lib().cudnnDeriveBNTensorDescriptor(derived.handle, xd.handle, bn.MODES[mode])
+    assert st == 0
+    assert derived._query()[:2] == ours._query()[:2]
+    # float32 scale/bias for half and bfloat16 input, double for double (cuDNN's rule)
+    assert derived._query()[0] == (8 - 7 if dtype == "float64" else 0)
+
+
+def test_dropout_descriptor_lifetime():
+    before = pycudnn.descriptors.live_descriptor_count()
+    d = dr.DropoutDescriptor()
+    assert pycudnn.descriptors.live_descriptor_count() == before + 1
+    assert d.handle and "DropoutDescriptor(" in repr(d)
+    with pytest.raises(TypeError, match="cannot pickle"):
+        __import__("pickle").dumps(d)
+    d.close()
+    d.close()
+    assert d.closed and repr(d) == "DropoutDescriptor(<closed>)"
+    with pytest.raises(ValueError, match="closed"):
+        d.handle
+    assert pycudnn.descriptors.live_descriptor_count() == before
+
+
+def test_dropout_reserve_size_from_cudnn():
+    sizes = [dr.dropout_reserve_size((n,)) for n in (1, 100, 10_000, 1_000_000)]
+    assert all(s > 0 for s in sizes) and sizes == sorted(sizes)
+    assert sizes[-1] >= 1_000_000 // 8  # at least one bit of mask per element
+    assert dr.dropout_reserve_size((0, 5)) == 0
+    # the mask does not depend on the element type's size more than the count does
+    assert dr.dropout_reserve_size((1000,), "float64") >= dr.dropout_reserve_size((1000,))
+
+
+def test_descriptor_cache_is_bounded():
+    bn.clear_cache()
+    for n in range(bn._CACHE_MAX + 10):
+        x = T((2, 3, 1, n + 1))
+        bn._layout(x, 1, (1, 3, 1, 1), np.dtype("float32"))
+    assert len(bn._CACHE) == bn._CACHE_MAX
+    bn.clear_cache()
+    assert not bn._CACHE
+
+
+# ---- argument checks ------------------------------------------------------------------------------
+
+def fwd(x, w, b, rm=None, rv=None, **kw):
+    return pycudnn.ops.batchnorm.batch_norm_forward_training(x, w, b, rm, rv, **kw)
+
+
+CASES = {
+    "weight channels": (lambda: fwd(T((4, 3, 5, 5)), T((4,)), T((3,))), ValueError, "weight"),
+    "bias channels": (lambda: fwd(T((4, 3, 5, 5)), T((3,)), T((2,))), ValueError, "bias"),
+    "running_mean channels": (lambda: fwd(T((4, 3, 5, 5)), T((3,)), T((3,)), T((5,)), T((3,))),
+                              ValueError, "running_mean"),
+    "running_var channels": (lambda: fwd(T((4, 3, 5, 5)), T((3,)), T((3,)), T((3,)), T((1,))),
+                             ValueError, "running_var"),
+    "weight dtype half": (lambda: fwd(T((4, 3, 5, 5), "float16"), T((3,), "float16"),
+                                      T((3,))), TypeError, "weight"),
+    "bias dtype": (lambda: fwd(T((4, 3, 5, 5), "float64"), T((3,), "float64"), T((3,))),
+                   TypeError, "bias"),
+    "running_var dtype": (lambda: fwd(T((4, 3, 5, 5)), T((3,)), T((3,)), T((3,)),
+                                      T((3,), "float64")), TypeError, "running_var"),
+    "mode": (lambda: fwd(*args()[:3], mode="sptial"), ValueError, "mode"),
+    "mode int": (lambda: fwd(*args()[:3], mode=7), ValueError, "mode"),
+    "mode bool": (lambda: fwd(*args()[:3], mode=True), ValueError, "mode"),
+    "momentum > 1": (lambda: fwd(*args()[:3], momentum=1.5), ValueError, "momentum"),
+    "momentum < 0": (lambda: fwd(*args()[:3], momentum=-0.1), ValueError, "momentum"),
+    "momentum nan": (lambda: fwd(*args()[:3], momentum=float("nan")), ValueError, "momentum"),
+    "momentum str": (lambda: fwd(*args()[:3], momentum="0.1"), TypeError, "momentum"),
+    "eps < 0": (lambda: fwd(*args()[:3], eps=-1e-5), ValueError, "eps"),
+    "eps inf": (lambda: fwd(*args()[:3], eps=float("inf")), ValueError, "eps"),
+    "eps bool": (lambda: fwd(*args()[:3], eps=True), TypeError, "eps"),
+    "one running stat": (lambda: fwd(*args()[:4]), ValueError, "running_var"),
+    "read-only out": (lambda: fwd(*args()[:3], out=T((4, 3, 5, 5), readonly=True)), ValueError,
+                      "out"),
+    "out shape": (lambda: fwd(*args()[:3], out=T((4, 3, 5, 4))), ValueError, "out"),
+    "out dtype": (lambda: fwd(*args()[:3], out=T((4, 3, 5, 5), "float64")), TypeError, "out"),
+    "read-only running_mean": (lambda: fwd(T((4, 3, 5, 5)), T((3,)), T((3,)),
+                                           T((3,), readonly=True), T((3,))), ValueError,
+                               "running_mean"),
+    "read-only save_mean": (lambda: fwd(*args()[:3], save_mean=T((3,), readonly=True)),
+                            ValueError, "save_mean"),
+    "one value per channel": (lambda: fwd(T((1, 3, 1, 1)), T((3,)), T((3,))), ValueError,
+                              "more than 1 value per channel"),
+    "input rank": (lambda: fwd(T((2, 3, 2, 2, 2, 2)), T((3,)), T((3,))), ValueError, "input"),
+    "input broadcast": (lambda: fwd(T((4, 3, 5, 5), strides=(75, 25, 0, 1)), T((3,)), T((3,))),
+                        ValueError, "input"),
+    "per_activation weight": (lambda: fwd(T((4, 3, 5, 5)), T((3,)), T((3,)),
+                                          mode="per_activation"), ValueError, "weight"),
+    "inference without stats": (lambda: bn.batch_norm_forward_inference(
+        *args()[:3], None, None), ValueError, "running_mean"),
+    "inference eps": (lambda: bn.batch_norm_forward_inference(*args(), eps=-1), ValueError,
+                      "eps"),
+    "backward grad_output shape": (lambda: bn.batch_norm_backward(
+        T((4, 3, 5, 5)), T((4, 3, 5, 6)), T((3,)), T((3,)), T((3,))), ValueError, "grad_output"),
+    "backward grad_output dtype": (lambda: bn.batch_norm_backward(
+        T((4, 3, 5, 5)), T((4, 3, 5, 5), "float64"), T((3,)), T((3,)), T((3,))), TypeError,
+        "grad_output"),
+    "backward one saved stat": (lambda: bn.batch_norm_backward(
+        T((4, 3, 5, 5)), T((4, 3, 5, 5)), T((3,)), T((3,)), None), ValueError, "save_invstd"),
+    "backward reserve type": (lambda: bn.batch_norm_backward(
+        T((4, 3, 5, 5)), T((4, 3, 5, 5)), T((3,)), T((3,)), T((3,)), reserve=b"x"), TypeError,
+        "reserve"),
+    "out overlaps input": (lambda: (lambda x: fwd(x, T((3,)), T((3,)), out=x))(T((4, 3, 5, 5))),
+                           ValueError, "out"),
+    "save_mean overlaps running_mean": (lambda: (lambda r: fwd(
+        T((4, 3, 5, 5)), T((3,)), T((3,)), r, T((3,)), save_mean=r))(T((3,))), ValueError,
+        "save_mean"),
+    "add_relu z shape": (lambda: bn.batch_norm_add_relu_forward_training(
+        T((4, 8, 5, 5), "float16"), T((4, 8, 5, 4), "float16"), T((8,)), T((8,))), ValueError,
+        "z"),
+    "add_relu z dtype": (lambda: bn.batch_norm_add_relu_forward_training(
+        T((4, 8, 5, 5), "float16"), T((4, 8, 5, 5)), T((8,)), T((8,))), TypeError, "z"),
+    "add_relu backward y": (lambda: bn.batch_norm_add_relu_backward(
+        T((4, 8, 5, 5)), T((4, 8, 5, 4)), T((4, 8, 5, 5)), T((8,)), T((8,)), T((8,)), T((8,))),
+        ValueError, "y"),
+    "dropout p = 1": (lambda: dr.DropoutState(1.0), ValueError, "probability"),
+    "dropout p < 0": (lambda: dr.DropoutState(-0.1), ValueError, "probability"),
+    "dropout p nan": (lambda: dr.DropoutState(float("nan")), ValueError, "probability"),
+    "dropout p str": (lambda: dr.DropoutState("0.5"), TypeError, "p"),
+    "dropout seed < 0": (lambda: dr.DropoutState(0.5, -1), ValueError, "seed"),
+    "dropout seed 2**64": (lambda: dr.DropoutState(0.5, 2**64), ValueError, "seed"),
+    "dropout seed float": (lambda: dr.DropoutState(0.5, 1.5), TypeError, "seed"),
+    "dropout state type": (lambda: dr.dropout_forward(T((4, 4)), object()), TypeError, "state"),
+    "dropout backward reserve type": (lambda: dr.dropout_backward(T((4, 4)), _state(), b"x"),
+                                      TypeError, "reserve"),
+    "dropout out shape": (lambda: dr.dropout_forward(T((4, 4)), _state(), out=T((4, 5))),
+                          ValueError, "out"),
+    "dropout out dtype": (lambda: dr.dropout_forward(T((4, 4)), _state(), out=T((4, 4),
+                                                                               "float16")),
+                          TypeError, "out"),
+    "dropout read-only out": (lambda: dr.dropout_forward(T((4, 4)), _state(),
+                                                         out=T((4, 4), readonly=True)),
+                              ValueError, "out"),
+    "dropout out overlaps": (lambda: (lambda x: dr.dropout_forward(x, _state(), out=x))(
+        T((4, 4))), ValueError, "out"),
+    "dropout backward shape": (lambda: dr.dropout_backward(T((4, 5)), _state(), _reserve((4, 4))),
+                               ValueError, "grad_output"),
+    "dropout backward dtype": (lambda: dr.dropout_backward(T((4, 4), "float16"), _state(),
+                                                           _reserve((4, 4))),
+                               TypeError, "grad_output"),
+    "dropout p setter": (lambda: setattr(_state(), "p", 1.0), ValueError, "probability"),
+}
+
+
+def _state(p=0.5, device=0):
+    """A DropoutState shell for argument checks (the real one needs a GPU to initialise)."""
+    s = object.__new__(dr.DropoutState)
+    s._p, s.seed, s.device, s._lock = p, 0, device, threading.Lock()
+    return s
+
+
+def _reserve(shape, dtype="float32"):
+    return dr.DropoutReserve(None, 16, shape, pycudnn.tensor.contiguous_strides(shape),
+                             np.dtype(dtype), 0, 0.5)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_argument_names_the_parameter(name):
+    call, exc, word = CASES[name]
+    with pytest.raises(exc) as info:
+        call()
+    assert word in str(info.value), str(info.value)
+
+
+@no_gpu_only
+@pytest.mark.parametrize("call", [
+    lambda: fwd(*args()),
+    lambda: fwd(*args((4, 3)), mode="per_activation"),
+    lambda: fwd(*args((4, 6, 7), "float16")),
+    lambda: fwd(*args((2, 3, 4, 5, 6), "float64"), momentum=1.0, eps=0.0),
+    lambda: fwd(T((4, 3, 5, 5), "bfloat16"), T((3, 5, 5)), T((75,)), mode="per_activation"),
+    lambda: fwd(*args(), mode="spatial_persistent", out=T((4, 3, 5, 5))),
+    lambda: fwd(T((4, 3, 5, 5), strides=(75, 1, 15, 3)), T((3,), strides=(2,)), T((3,))),
+    lambda: bn.batch_norm_forward_inference(*args()),
+    lambda: bn.batch_norm_backward(T((4, 3, 5, 5)), T((4, 3, 5, 5)), T((3,)), None, None),
+    lambda: bn.batch_norm_add_relu_forward_training(
+        T((4, 8, 5, 5), "float16"), T((4, 8, 5, 5), "float16"), T((8,)), T((8,))),
+    lambda: bn.batch_norm_add_relu_backward(
+        T((4, 8, 5, 5)), T((4, 8, 5, 5)), T((4, 8, 5, 5)), T((8,)), T((8,)), T((8,)), T((8,))),
+    lambda: dr.DropoutState(0.0, 2**64 - 1),
+    lambda: dr.dropout_forward(T((3, 4, 5)), _state()),
+    lambda: dr.dropout_backward(T((4, 4)), _state(), _reserve((4, 4))),
+], ids=lambda f: "valid")
+def test_valid_call_passes_validation_and_then_needs_a_device(call):
+    with pytest.raises(E.NoDeviceError):
+        call()
+
+
+# ---- fuzz ------------------------------------------------------------------------------------------
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+@st.composite
+def bn_cases(draw):
+    nd = draw(st.integers(1, 6))
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=nd, max_size=nd)))
+    dtype = draw(st.sampled_from(DTYPES))
+    mode = draw(st.sampled_from(["spatial", "per_activation", "spatial_persistent", "bogus", 3]))
+    c = shape[1] if nd > 1 else 1
+    wc = draw(st.sampled_from([c, c + 1, max(c - 1, 0)]))
+    pdtype = draw(st.sampled_from(["auto", "float16", "float64", "float32"]))
+    momentum = draw(st.sampled_from([0.1, 0.0, 1.0, -0.5, 2.0, float("nan")]))
+    eps = draw(st.sampled_from([1e-5, 0.0, -1.0, float("inf")]))
+    return shape, dtype, mode, wc, pdtype, momentum, eps
+
+
+def _violations(shape, dtype, mode, wc, pdtype, momentum, eps):
+    """Every rule the case breaks, by the parameter it names (written from the documented rules,
+    not from the implementation)."""
+    out = []
+    if not 2 <= len(shape) <= 5:
+        return ["input"]
+    if mode not in ("spatial", "per_activation", "spatial_persistent"):
+        out.append("mode")
+        return out
+    per_channel = shape[0] * (math.prod(shape[2:]) if mode != "per_activation" else 1)
+    if per_channel <= 1:
+        out.append("more than 1 value per channel")
+    want_count = shape[1] if mode != "per_activation" else math.prod(shape[1:])
+    want_dtype = "float64" if dtype == "float64" else "float32"
+    wcount = wc if mode != "per_activation" else wc * math.prod(shape[2:])
+    if wcount != want_count or (pdtype != "auto" and pdtype != want_dtype):
+        out.append("weight")
+    if not 0 <= momentum <= 1:
+        out.append("momentum")
+    if not (eps >= 0 and math.isfinite(eps)):
+        out.append("eps")
+    return out
+
+
+@no_gpu_only
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(bn_cases())
+def test_fuzz_batch_norm_forward_training(case):
+    shape, dtype, mode, wc, pdtype, momentum, eps = case
+    bad = _violations(*case)
+    want_dtype = "float64" if dtype == "float64" else "float32"
+    pdt = want_dtype if pdtype == "auto" else pdtype
+    c = shape[1] if len(shape) > 1 else 1
+    pshape = (wc,) if mode != "per_activation" or len(shape) < 2 else (wc,) + shape[2:]
+    x = T(shape, dtype)
+    w, b = T(pshape, pdt) if wc else T((0,), pdt), T((c,) if mode != "per_activation"
+                                                        else shape[1:] if len(shape) > 1 else (1,),
+                                                        want_dtype)
+    try:
+        fwd(x, w, b, momentum=momentum, eps=eps, mode=mode)
+    except E.NoDeviceError:
+        assert not bad, f"accepted a case that breaks {bad}"
+    except (ValueError, TypeError) as exc:
+        assert bad, f"refused a valid case: {exc}"
+        assert any(word in str(exc) for word in bad), f"{exc} names none of {bad}"
+    else:
+        pytest.fail("a call on made-up addresses returned")
+
+
+@no_gpu_only
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3),
+                 st.booleans(), st.text(max_size=2)),
+       st.one_of(st.integers(-2**65, 2**65), st.floats(), st.booleans()))
+def test_fuzz_dropout_state(p, seed):
+    p_ok = isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1
+    seed_ok = isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64
+    try:
+        dr.DropoutState(p, seed)
+    except E.NoDeviceError:
+        assert p_ok and seed_ok
+    except (ValueError, TypeError) as exc:
+        assert not (p_ok and seed_ok), exc
+        assert ("seed" in str(exc)) if p_ok else ("p" in str(exc)), exc
