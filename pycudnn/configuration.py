@@ -23,7 +23,7 @@ _DEFAULTS: dict[str, Any] = {
     "allow_tf32": True,        # float32 may run on TF32 tensor cores (PyTorch's default for cuDNN)
     "workspace_limit": None,   # bytes; None = as much as is free
     "engine": "graph",         # "graph" (backend API, fastest) or "v7" (legacy API, Conv_v7.cpp's behaviour)
-    "benchmark_limit": None,   # graph engine: time at most this many candidates (None = all)
+    "benchmark_limit": 10,     # graph engine: time the first 10 precompiled candidates (None: all, exhaustive)
     "tuning_db": True,         # keep measured choices on disk for later processes (PYCUDNN_TUNING_DB=0: off)
 }
 FLAG_NAMES = tuple(_DEFAULTS)

@@ -9,9 +9,10 @@ the iterator with its fallbacks, the guards and the batch splitting are those of
   tensor cores for strict float32; no non-deterministic engines when asked);
 * without ``benchmark`` the first candidate whose plan finalizes and runs is taken (plans are
   finalized lazily, in order);
-* with ``benchmark`` every candidate (up to ``benchmark_limit``, within a time budget) is
-  finalized and timed end to end on the caller's stream, host launch cost included, and the
-  candidates are ranked by that time.
+* with ``benchmark`` the first ``benchmark_limit`` precompiled candidates (all of them, the
+  runtime-compiled ones too, with ``benchmark_limit=None``), within a time budget, are
+  finalized and timed on the caller's stream held on a GPU-side gate, so that no host launch
+  gap is timed (`pycudnn.runtime.gate`), and the candidates are ranked by that time.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..cudnn.graph import (EngineConfig, Epilogue, ExecutionPlan, OperationGraph
                            bias_spec, build_convolution_graph, engine_configs, filter_candidates,
                            nchw_strides, nhwc_strides)
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
+from ..runtime.gate import MAX_QUEUED, StreamGate, gate_for
 from ..runtime.memory import allocate, check_cuda, mem_get_info
 from .algos import check_precision, error_if_capturing
 from .engine import Engine, release, workspace
@@ -43,7 +45,10 @@ HEURISTIC_MODES = ("A", "B", "FALLBACK")
 #: wall-clock seconds one benchmark search may spend timing candidates (the rest are kept, untimed,
 #: as fallbacks after the timed ones)
 BENCHMARK_TIME_BUDGET_S = 10.0
-_WARMUP, _TRIALS, _REPS = 1, 3, 3
+#: ungated timing (no gate on this GPU): trials of back-to-back runs each
+_TRIALS, _REPS = 3, 3
+#: gated timing: rounds over all candidates, and the GPU time (ms) each candidate's runs span
+_ROUNDS, _GATED_SPAN_MS = 3, 0.1
 #: a precompiled plan this much slower than a runtime-compiled best is preferred (see _measure)
 PRECOMPILED_PREFERENCE = 0.03
 
@@ -373,6 +378,13 @@ class GraphSearch(Engine):
 
     # -- measurement --------------------------------------------------------------------------
     def _measure(self, args: ConvolutionArgs, cands: list[GraphRecord]) -> list[GraphRecord]:
+        """The candidates ranked by measured time; those not timed (limit, time budget) follow
+        as fallbacks in heuristics order.
+
+        With a ``benchmark_limit`` (the default), runtime-compiled candidates are left out of the
+        timing: each costs 0.3-1 s to build, and precompiled engines are the heuristics' first
+        choices. ``benchmark_limit=None`` is the exhaustive search, which builds and times them.
+        """
         p = args.params
         error_if_capturing(args.stream, "graph engine benchmark")
         limit = p.benchmark_limit
@@ -383,7 +395,7 @@ class GraphSearch(Engine):
             # timing writes the output: never into data the caller still needs
             scratch = allocate(written_bytes(p), p.device, args.stream)
             out_ptr = scratch.ptr
-        timed: list[GraphRecord] = []
+        ready: list[GraphRecord] = []
         untimed: list[GraphRecord] = []
         failures: list[tuple[str, str]] = []
         start = time.perf_counter()
@@ -391,9 +403,12 @@ class GraphSearch(Engine):
             free, _ = mem_get_info(p.device)
             ceiling = free if p.workspace_limit is None else min(free, p.workspace_limit)
             for i, rec in enumerate(cands):
-                if (limit is not None and len(timed) >= limit) or time.perf_counter() - start > budget:
+                if (limit is not None and len(ready) >= limit) or time.perf_counter() - start > budget:
                     untimed.extend(cands[i:])
                     break
+                if limit is not None and rec.plan.runtime_compiled:
+                    untimed.append(rec)  # exhaustive search only (see above)
+                    continue
                 try:
                     plan = rec.finalize(args.handle)
                 except CudnnError as exc:
@@ -402,15 +417,13 @@ class GraphSearch(Engine):
                 if (plan.workspace_size or 0) > ceiling:
                     failures.append((plan.tag, f"workspace {plan.workspace_size} B > {ceiling} B available"))
                     continue
-                try:
-                    t = self._time(args, rec, out_ptr)
-                except (CudnnError, OutOfMemoryError) as exc:
-                    failures.append((plan.tag, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
-                    continue
-                timed.append(GraphRecord(rec.plan, rec.direction, t, "measured", rec.mode, rec.graph_index))
+                ready.append(rec)
+            times = self._time_all(args, ready, out_ptr, failures)
         finally:
             if scratch is not None:
                 scratch.close(args.stream)
+        timed = [GraphRecord(r.plan, r.direction, t, "measured", r.mode, r.graph_index)
+                 for r, t in zip(ready, times) if t is not None]
         if not timed and not untimed:
             raise NoAlgorithmError(f"no graph-engine plan could be timed for {p.short()}", failures)
         timed.sort(key=lambda r: r.time_ms)
@@ -427,35 +440,108 @@ class GraphSearch(Engine):
                       ", ".join(f"{r.plan.tag}={r.time_ms:.4f}ms" for r in timed[:5]))
         return timed + untimed
 
-    def _time(self, args: ConvolutionArgs, rec: GraphRecord, out_ptr: int | None) -> float:
-        """Median over trials of the mean time of back-to-back runs (ms), host launch included."""
-        from cuda.bindings import runtime as rt
+    def _time_all(self, args: ConvolutionArgs, ready: list[GraphRecord], out_ptr: int | None,
+                  failures: list[tuple[str, str]]) -> list[float | None]:
+        """Each finalized candidate's time per run in ms (None where it failed to run).
 
-        plan = rec.plan
-        ws_size = plan.workspace_size or 0
-        ws = allocate(ws_size, args.params.device, args.stream)
+        Every candidate runs once first (CUDA loads its kernels then: a kernel loaded while the
+        stream is held could wait on the held stream). Then, with the stream held on the GPU
+        (`pycudnn.runtime.gate`), one run of each gives its time without launch gaps, which sets
+        how many runs each timing takes (about 100 us of GPU time, 3 to 25 runs); then
+        `_ROUNDS` rounds, each in another candidate order, and the median per candidate.
+        Without a gate (a GPU that cannot wait on host memory) the runs are timed back to back.
+        """
+        if not ready:
+            return []
+        p = args.params
         ptrs = args.pointers(out_ptr)
-        err, ev0 = rt.cudaEventCreate()
-        check_cuda(err, "cudaEventCreate")
-        err, ev1 = rt.cudaEventCreate()
-        check_cuda(err, "cudaEventCreate")
+        ws_size = max(r.plan.workspace_size or 0 for r in ready)
+        ws = allocate(ws_size, p.device, args.stream)
+        wptr = ws.ptr if ws_size else 0
+        ok: list[int] = []
         try:
-            wptr = ws.ptr if ws_size else 0
-            for _ in range(_WARMUP):
-                plan.execute(args.handle, ptrs, wptr)
-            samples = []
-            for _ in range(_TRIALS):
-                rt.cudaEventRecord(ev0, args.stream)
-                for _ in range(_REPS):
-                    plan.execute(args.handle, ptrs, wptr)
-                rt.cudaEventRecord(ev1, args.stream)
-                check_cuda(rt.cudaEventSynchronize(ev1)[0], "cudaEventSynchronize")
-                err, ms = rt.cudaEventElapsedTime(ev0, ev1)
-                check_cuda(err, "cudaEventElapsedTime")
-                samples.append(ms / _REPS)
-            return statistics.median(samples)
+            for i, rec in enumerate(ready):
+                try:
+                    rec.plan.execute(args.handle, ptrs, wptr)
+                    ok.append(i)
+                except CudnnError as exc:
+                    failures.append((rec.plan.tag, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
+            check_cuda(self._rt().cudaStreamSynchronize(args.stream)[0], "cudaStreamSynchronize")
+            gate = gate_for(p.device)
+            times: dict[int, list[float]] = {i: [] for i in ok}
+            if gate is None:
+                for _ in range(_TRIALS):
+                    for i in ok:
+                        times[i].append(self._gated_round(args, None, [(ready[i], _REPS)], ptrs, wptr)[0])
+            else:
+                first = self._batched(args, gate, [(ready[i], 1) for i in ok], ptrs, wptr)
+                reps = {i: max(3, min(25, int(_GATED_SPAN_MS / max(t, 1e-4)))) for i, t in zip(ok, first)}
+                for r in range(_ROUNDS):
+                    order = ok[r % len(ok):] + ok[:r % len(ok)] if r % 2 == 0 else list(reversed(ok))
+                    got = self._batched(args, gate, [(ready[i], reps[i]) for i in order], ptrs, wptr)
+                    for i, t in zip(order, got):
+                        times[i].append(t)
         finally:
-            rt.cudaEventDestroy(ev0)
-            rt.cudaEventDestroy(ev1)
             ws.close(args.stream)
+        return [statistics.median(times[i]) if i in times else None for i in range(len(ready))]
+
+    def _batched(self, args: ConvolutionArgs, gate: StreamGate, runs: list[tuple[GraphRecord, int]],
+                 ptrs: tuple[int, ...], wptr: int) -> list[float]:
+        """Time ``runs`` ((candidate, repetitions)) behind holds of ``gate``, at most
+        `MAX_QUEUED` runs queued behind one hold; ms per run of each."""
+        out: list[float] = []
+        batch: list[tuple[GraphRecord, int]] = []
+        queued = 0
+        for rec, n in runs:
+            if batch and queued + n > MAX_QUEUED:
+                out += self._gated_round(args, gate, batch, ptrs, wptr)
+                batch, queued = [], 0
+            batch.append((rec, n))
+            queued += n
+        if batch:
+            out += self._gated_round(args, gate, batch, ptrs, wptr)
+        return out
+
+    def _gated_round(self, args: ConvolutionArgs, gate: StreamGate | None,
+                     runs: list[tuple[GraphRecord, int]], ptrs: tuple[int, ...],
+                     wptr: int) -> list[float]:
+        """One batch: (hold,) per candidate an event, its runs, an event; (open,) then each
+        candidate's ms per run."""
+        rt = self._rt()
+        s = args.stream
+        events = []
+        for _ in range(len(runs) + 1):
+            err, ev = rt.cudaEventCreate()
+            check_cuda(err, "cudaEventCreate")
+            events.append(ev)
+        generation = gate.hold(s) if gate is not None else 0
+        timer = gate.watchdog(generation) if gate is not None else None
+        try:
+            rt.cudaEventRecord(events[0], s)
+            for k, (rec, n) in enumerate(runs):
+                for _ in range(n):
+                    rec.plan.execute(args.handle, ptrs, wptr)
+                rt.cudaEventRecord(events[k + 1], s)
+        finally:
+            if gate is not None:
+                gate.open(generation)
+                assert timer is not None
+                timer.cancel()
+        try:
+            check_cuda(rt.cudaEventSynchronize(events[-1])[0], "cudaEventSynchronize")
+            out = []
+            for k, (_, n) in enumerate(runs):
+                err, ms = rt.cudaEventElapsedTime(events[k], events[k + 1])
+                check_cuda(err, "cudaEventElapsedTime")
+                out.append(ms / n)
+            return out
+        finally:
+            for ev in events:
+                rt.cudaEventDestroy(ev)
+
+    @staticmethod
+    def _rt() -> Any:
+        from cuda.bindings import runtime
+
+        return runtime
 

@@ -1,0 +1,128 @@
+"""A gate that holds a stream on the GPU until the host has queued everything behind it.
+
+Timing a ~10 us kernel by launching it from Python measures the launch as much as the kernel:
+the GPU waits for the host between launches. With the stream held on a GPU-side wait
+(``cuStreamWaitValue32`` on a 4-byte word of host-mapped memory) the host queues every run and
+its events first, then writes the word, and the GPU runs the queue back to back: the events
+then time the kernels alone. The search uses this to rank candidate plans.
+
+Each hold waits for a new generation of the word (greater-or-equal), so a late write for an
+earlier hold never opens a later one. A watchdog opens a hold the host failed to open in time
+(e.g. a launch that blocked because the queue was full): the GPU can never stay held.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from typing import Any
+
+from .memory import check_cuda
+
+__all__ = ["StreamGate", "gate_for", "MAX_QUEUED"]
+
+log = logging.getLogger("pycudnn")
+
+#: launches queued behind one hold at most: the driver's queue holds ~1024 before a launch
+#: blocks the host (which would then never open the gate itself)
+MAX_QUEUED = 256
+#: seconds after which the watchdog opens a hold
+WATCHDOG_S = 2.0
+
+
+class StreamGate:
+    """Holds streams of one device on a host-mapped word; see the module docstring."""
+
+    def __init__(self, device: int) -> None:
+        from cuda.bindings import driver, runtime
+
+        self._rt, self._drv = runtime, driver
+        self.device = device
+        flags = runtime.cudaHostAllocMapped | runtime.cudaHostAllocPortable
+        err, host = runtime.cudaHostAlloc(4, flags)
+        check_cuda(err, "cudaHostAlloc(mapped)")
+        self._host = int(host)
+        self._word = ctypes.c_uint32.from_address(self._host)
+        self._word.value = 0
+        err, dptr = runtime.cudaHostGetDevicePointer(self._host, 0)
+        check_cuda(err, "cudaHostGetDevicePointer")
+        self._dptr = int(dptr)
+        self._geq = int(driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+        self._generation = 0
+        self._lock = threading.Lock()
+        self.opened_by_watchdog = 0
+
+    def hold(self, stream: int) -> int:
+        """Queue a hold on ``stream``; returns the generation [`open`][pycudnn.runtime.gate.StreamGate.open] takes."""
+        with self._lock:
+            self._generation += 1
+            g = self._generation
+        (err,) = self._drv.cuStreamWaitValue32(stream, self._dptr, g & 0xFFFFFFFF, self._geq)
+        if int(err):
+            raise RuntimeError(f"cuStreamWaitValue32 failed: {err!r}")
+        return g
+
+    def open(self, generation: int) -> None:
+        """Let held streams go on past ``generation`` (and every earlier hold)."""
+        with self._lock:
+            if generation > self._word.value:
+                self._word.value = generation & 0xFFFFFFFF
+
+    def watchdog(self, generation: int) -> threading.Timer:
+        """A started timer that opens ``generation`` after `WATCHDOG_S`; cancel it once opened."""
+        def fire() -> None:
+            if self._word.value < generation:
+                self.opened_by_watchdog += 1
+                log.warning("gated timing: a hold was opened by the watchdog after %.1f s", WATCHDOG_S)
+                self.open(generation)
+        timer = threading.Timer(WATCHDOG_S, fire)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def self_test(self) -> None:
+        """Raise unless a hold really holds a stream and an open really lets it go."""
+        rt = self._rt
+        err, stream = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
+        check_cuda(err, "cudaStreamCreateWithFlags")
+        err, ev = rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming)
+        check_cuda(err, "cudaEventCreateWithFlags")
+        try:
+            g = self.hold(int(stream))
+            check_cuda(rt.cudaEventRecord(ev, stream)[0], "cudaEventRecord")
+            time.sleep(0.002)
+            held = int(rt.cudaEventQuery(ev)[0]) != 0
+            self.open(g)
+            check_cuda(rt.cudaEventSynchronize(ev)[0], "cudaEventSynchronize")
+            if not held:
+                raise RuntimeError("the stream did not wait for the word")
+        finally:
+            rt.cudaEventDestroy(ev)
+            rt.cudaStreamDestroy(stream)
+
+
+_gates: dict[int, StreamGate | None] = {}
+_gates_lock = threading.Lock()
+
+
+def gate_for(device: int) -> StreamGate | None:
+    """The device's gate (made and checked once per process), or None where the GPU cannot
+    wait on a host-mapped word (the search then times launches back to back, as before)."""
+    try:
+        return _gates[device]
+    except KeyError:
+        pass
+    with _gates_lock:
+        if device not in _gates:
+            gate: StreamGate | None
+            try:
+                gate = StreamGate(device)
+                gate.self_test()
+            except Exception as exc:  # noqa: BLE001 - reported; the ungated timing still works
+                log.info("gated timing unavailable on device %d (%s: %s); timing launches back "
+                         "to back", device, type(exc).__name__, exc)
+                gate = None
+            _gates[device] = gate
+        return _gates[device]
