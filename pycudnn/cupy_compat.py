@@ -384,7 +384,7 @@ def _new_result(like: Any, t: Tensor, shape: tuple[int, ...], stream: int) -> tu
         with cupy.cuda.Device(t.device):
             arr = cupy.empty(shape, dtype=like.dtype)
         return arr, as_tensor(arr, stream=stream)
-    from .tensor import empty
+    from .runtime.tensor import empty
 
     out = empty(shape, t.dtype, device=t.device, stream=stream)
     return out, out
@@ -422,8 +422,8 @@ def _merged(t: Tensor, groups: Sequence[range]) -> Tensor | None:
 def _copy_contiguous(t: Tensor, stream: int) -> Tensor:
     """A C-contiguous copy of ``t`` made on ``stream`` (cudnnTransformTensor)."""
     from .ops._common import staged
-    from .handle import get_handle
-    from .tensor import contiguous_strides
+    from .runtime.handle import get_handle
+    from .runtime.tensor import contiguous_strides
 
     pad = max(0, 3 - t.ndim)  # tensor descriptors take 3 to 8 dims
     v = tensor_from_pointer(t.ptr, t.shape + (1,) * pad, t.dtype, strides=t.strides + (1,) * pad,

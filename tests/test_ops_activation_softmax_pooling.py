@@ -30,6 +30,7 @@ from pycudnn.ops import _prototypes
 from pycudnn.ops.activation import activation_backward, activation_forward
 from pycudnn.ops.pooling import PoolingDescriptor, PoolingMode, pooling_backward, pooling_forward
 from pycudnn.ops.softmax import softmax_backward, softmax_forward
+from pycudnn.tensor import contiguous_strides
 
 NO_GPU = pytest.mark.skipif(
     pycudnn.device_count() > 0,
@@ -333,6 +334,7 @@ def _row_signatures() -> dict[str, str]:
 
 def test_rows_are_registered_and_commented():
     assert set(_row_signatures()) == set(_prototypes.PROTOTYPES)
+    _prototypes.register()
     for name, row in _prototypes.PROTOTYPES.items():
         assert _lib.PROTOTYPES[name] == row
 
@@ -342,6 +344,7 @@ def test_row_resolves_and_matches_its_c_signature(name):
     from test_lib import _expected_ctype, _matches, _split_params
 
     restype, argtypes = _prototypes.PROTOTYPES[name]
+    _prototypes.register()
     fn = getattr(_lib.lib(), name)
     assert fn.restype is restype and list(fn.argtypes) == list(argtypes)
     m = re.fullmatch(r"(.+?)\b(\w+)\s*\((.*)\)", _row_signatures()[name])
@@ -575,7 +578,7 @@ def elementwise_cases(draw):
 
 
 def _layout_strides(shape, layout):
-    strides = list(pycudnn.tensor.contiguous_strides(shape))
+    strides = list(contiguous_strides(shape))
     if layout == "permuted" and len(shape) >= 2:
         order = list(range(len(shape)))[::-1]
         acc = 1

@@ -1,18 +1,19 @@
 """The C functions of cuDNN's legacy operations (activation, softmax, pooling) that pycudnn binds.
 
 `PROTOTYPES` has the row format of `pycudnn._lib.PROTOTYPES` (name: (restype, argtypes), the C
-signature from ``cudnn_ops_v9.h`` in the comment above each row). Importing this module adds the
-rows to that table, through which every C function is bound on first use; they are meant to move
-into it.
+signature from ``cudnn_ops_v9.h`` in the comment above each row). `register()` adds the rows to
+that table, through which every C function is bound on first use; the operations call it before
+their first C call (not at import, so that importing them leaves the table as ``library.py``
+writes it until the rows move there).
 """
 
 from __future__ import annotations
 
 from ctypes import POINTER, c_double, c_int, c_void_p
 
-from pycudnn import _lib
+from pycudnn.ffi import library as _lib
 
-__all__ = ["PROTOTYPES"]
+__all__ = ["PROTOTYPES", "register"]
 
 _p = c_void_p          # any handle, descriptor or device pointer
 _pi = POINTER(c_int)
@@ -71,4 +72,12 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
     "cudnnPoolingBackward": (c_int, (_p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p)),
 }
 
-_lib.PROTOTYPES.update(PROTOTYPES)
+_registered = False
+
+
+def register() -> None:
+    """Add `PROTOTYPES` to pycudnn's prototype table (once; cheap afterwards)."""
+    global _registered
+    if not _registered:
+        _lib.PROTOTYPES.update(PROTOTYPES)
+        _registered = True

@@ -16,18 +16,18 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from pycudnn import _lib
+from pycudnn.ffi import library as _lib
 from pycudnn._types import ActivationMode, NanPropagation
-from pycudnn.descriptors import ActivationDescriptor, TensorDescriptor
-from pycudnn.handle import get_handle
-from pycudnn.ops import _prototypes  # noqa: F401  (the C functions' rows)
+from pycudnn.cudnn.descriptors import ActivationDescriptor, TensorDescriptor
+from pycudnn.runtime.handle import get_handle
+from pycudnn.ops._prototypes import register
 from pycudnn.ops._common import (PlanCache, callers_device, check_choice, check_coef,
                                  check_input, check_match, check_out_reads, check_shape,
                                  checked_out, layout_strides, new_output, raise_launch,
                                  restore_device, same_layout, scalars, staged, stream_pair,
                                  tensor_arg)
-from pycudnn.tensor import Tensor
-from pycudnn.tensor_ops import transform
+from pycudnn.runtime.tensor import Tensor
+from pycudnn.cudnn.tensor_ops import transform
 
 __all__ = ["activation_forward", "activation_backward", "MODES"]
 
@@ -66,6 +66,7 @@ def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) ->
 def activation_descriptor(mode: str, coef: float, nan: NanPropagation) -> ActivationDescriptor:
     """A new activation descriptor for ``mode``; ``coef`` is the ceiling (clipped_relu), alpha
     (elu) or beta (swish, set through ``cudnnSetActivationDescriptorSwishBeta``)."""
+    register()
     desc = ActivationDescriptor(MODES[mode], nan, coef)
     if mode == "swish":
         status = _lib.lib().cudnnSetActivationDescriptorSwishBeta(desc.handle, ctypes.c_double(coef))
@@ -105,7 +106,7 @@ def activation_forward(x: Any, mode: str = "relu", *, coef: float = 0.0, out: An
     """``y = activation(x)`` element by element (cuDNN's ``cudnnActivationForward``).
 
     Args:
-        x: the input, anything [`pycudnn.as_tensor()`][pycudnn.tensor.as_tensor] accepts: 0 to 5
+        x: the input, anything [`pycudnn.as_tensor()`][pycudnn.runtime.tensor.as_tensor] accepts: 0 to 5
             dims, any strides (no broadcast dims); float32, float16, bfloat16 or float64.
         mode: ``"relu"``, ``"sigmoid"``, ``"tanh"``, ``"clipped_relu"``, ``"elu"`` or
             ``"swish"``. (``"identity"`` is refused: cuDNN runs it only fused into a convolution.)
@@ -118,7 +119,7 @@ def activation_forward(x: Any, mode: str = "relu", *, coef: float = 0.0, out: An
             ``__cuda_stream__``); default the legacy default stream.
 
     Returns:
-        The result as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``x``'s memory format
+        The result as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format
             (channels-last when ``x`` is), or ``out`` when it is given.
     """
     return _forward(x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
@@ -157,6 +158,7 @@ def _forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPropag
 def _forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPropagation,
                   fn: str) -> _Plan:
     """The full checks of a forward call, then its descriptors."""
+    register()  # the C rows, before the first C call
     check_input(x, "x", fn, _RANKS, _WHAT)
     mode = _check_mode(mode, fn)
     c = check_coef(coef, fn)
@@ -196,7 +198,7 @@ def activation_backward(y: Any, dy: Any, x: Any, mode: str = "relu", *, coef: fl
         stream: the CUDA stream to run on; default the legacy default stream.
 
     Returns:
-        ``dx`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``x``'s memory format, or ``out``.
+        ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or ``out``.
     """
     return _backward(y, dy, x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
                      "activation_backward")
@@ -242,6 +244,7 @@ def _backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream: A
 
 def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Tensor | None,
                    nan: NanPropagation, fn: str) -> _Plan:
+    register()  # the C rows, before the first C call
     check_input(x, "x", fn, _RANKS, _WHAT)
     for t, name in ((y, "y"), (dy, "dy")):
         check_input(t, name, fn, _RANKS, _WHAT)

@@ -24,18 +24,18 @@ from ctypes import byref, c_int
 from enum import IntEnum
 from typing import Any, Sequence
 
-from pycudnn import _lib
+from pycudnn.ffi import library as _lib
 from pycudnn._types import NanPropagation
-from pycudnn.descriptors import (INT32_MAX, MAX_SPATIAL_DIMS, TensorDescriptor, _c_name,
+from pycudnn.cudnn.descriptors import (INT32_MAX, MAX_SPATIAL_DIMS, TensorDescriptor, _c_name,
                                  _check_int32, _Descriptor, _enum, _fail, _ints)
-from pycudnn.handle import get_handle
-from pycudnn.ops import _prototypes  # noqa: F401  (the C functions' rows)
+from pycudnn.runtime.handle import get_handle
+from pycudnn.ops._prototypes import register
 from pycudnn.ops._common import (PlanCache, callers_device, check_choice, check_input,
                                  check_match, check_out_reads, check_shape, checked_out,
                                  layout_strides, new_output, raise_launch, restore_device,
                                  same_layout, scalars, staged, stream_pair, tensor_arg)
-from pycudnn.tensor import Tensor
-from pycudnn.tensor_ops import transform
+from pycudnn.runtime.tensor import Tensor
+from pycudnn.cudnn.tensor_ops import transform
 
 __all__ = ["pooling_forward", "pooling_backward", "PoolingDescriptor", "PoolingMode", "MODES",
            "output_size"]
@@ -106,6 +106,7 @@ class PoolingDescriptor(_Descriptor):
                 raise ValueError(f"stride: expected every value to be >= 1, got {stride_t}")
         mode_e = _enum(PoolingMode, mode, "mode")
         nan_e = _enum(NanPropagation, nan_propagation, "nan_propagation")
+        register()
         L, destroy, h = self._create()
         status = L.cudnnSetPoolingNdDescriptor(h, int(mode_e), int(nan_e), n, (c_int * n)(*win_t),
                                                (c_int * n)(*pad_t), (c_int * n)(*stride_t))
@@ -290,7 +291,7 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
 
     Args:
         x: ``(N, C, H, W)`` for 2-D or ``(N, C, D, H, W)`` for 3-D pooling, anything
-            [`pycudnn.as_tensor()`][pycudnn.tensor.as_tensor] accepts, any strides; float32,
+            [`pycudnn.as_tensor()`][pycudnn.runtime.tensor.as_tensor] accepts, any strides; float32,
             float16, bfloat16 or float64.
         kernel_size: the window: an int or one int per spatial dim.
         stride: the step between windows: an int or one int per spatial dim; default
@@ -305,7 +306,7 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
         stream: the CUDA stream to run on; default the legacy default stream.
 
     Returns:
-        ``(N, C, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``x``'s memory
+        ``(N, C, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory
             format, or ``out``.
     """
     return _forward(x, kernel_size, stride, padding, mode, out, stream,
@@ -347,6 +348,7 @@ def _forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out
 def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: Any,
                   o: Tensor | None, nan: NanPropagation, rule: str, fn: str,
                   out_name: str = "out") -> _Plan:
+    register()  # the C rows, before the first C call
     check_input(x, "x", fn, _RANKS, _WHAT)
     k, st, p, shape = _geometry(x, kernel_size, stride, padding, fn, rule)
     m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
@@ -393,7 +395,7 @@ def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any =
         stream: the CUDA stream to run on; default the legacy default stream.
 
     Returns:
-        ``dx`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``x``'s memory format, or ``out``.
+        ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or ``out``.
     """
     return _backward(y, dy, x, kernel_size, stride, padding, mode, out, stream,
                      NanPropagation.PROPAGATE_NAN, "half", "pooling_backward")
@@ -440,6 +442,7 @@ def _backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding: A
 def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: Any, padding: Any,
                    mode: Any, o: Tensor | None, nan: NanPropagation, rule: str,
                    fn: str) -> _Plan:
+    register()  # the C rows, before the first C call
     check_input(x, "x", fn, _RANKS, _WHAT)
     k, st, p, y_shape = _geometry(x, kernel_size, stride, padding, fn, rule)
     for t, name in ((y, "y"), (dy, "dy")):

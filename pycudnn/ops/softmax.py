@@ -15,16 +15,16 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-from pycudnn import _lib
-from pycudnn.descriptors import TensorDescriptor
-from pycudnn.handle import get_handle
-from pycudnn.ops import _prototypes  # noqa: F401  (the C functions' rows)
+from pycudnn.ffi import library as _lib
+from pycudnn.cudnn.descriptors import TensorDescriptor
+from pycudnn.runtime.handle import get_handle
+from pycudnn.ops._prototypes import register
 from pycudnn.ops._common import (PlanCache, callers_device, check_choice, check_input,
                                  check_match, check_out_reads, check_shape, checked_out,
                                  layout_strides, new_output, raise_launch, restore_device,
                                  same_layout, scalars, staged, stream_pair, tensor_arg)
-from pycudnn.tensor import Tensor
-from pycudnn.tensor_ops import transform
+from pycudnn.runtime.tensor import Tensor
+from pycudnn.cudnn.tensor_ops import transform
 
 __all__ = ["softmax_forward", "softmax_backward", "SoftmaxAlgorithm", "SoftmaxMode", "ALGORITHMS",
            "MODES"]
@@ -93,7 +93,7 @@ def softmax_forward(x: Any, *, algorithm: str = "accurate", mode: str = "channel
 
     Args:
         x: ``(N, C, *spatial)`` with 0 to 3 spatial dims, anything
-            [`pycudnn.as_tensor()`][pycudnn.tensor.as_tensor] accepts, any strides; float32,
+            [`pycudnn.as_tensor()`][pycudnn.runtime.tensor.as_tensor] accepts, any strides; float32,
             float16, bfloat16 or float64.
         algorithm: ``"accurate"`` (the maximum subtracted first), ``"fast"`` (not: may overflow)
             or ``"log"`` (log-softmax).
@@ -104,7 +104,7 @@ def softmax_forward(x: Any, *, algorithm: str = "accurate", mode: str = "channel
         stream: the CUDA stream to run on; default the legacy default stream.
 
     Returns:
-        The result as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``x``'s memory format, or
+        The result as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or
             ``out``.
     """
     fn = "softmax_forward"
@@ -135,6 +135,7 @@ def softmax_forward(x: Any, *, algorithm: str = "accurate", mode: str = "channel
 
 
 def _forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: str) -> _Plan:
+    register()  # the C rows, before the first C call
     check_input(x, "x", fn, _RANKS, _WHAT)
     plan = _Plan()
     plan.algo, plan.mode = _options(algorithm, mode, fn)
@@ -172,7 +173,7 @@ def softmax_backward(y: Any, dy: Any, *, algorithm: str = "accurate", mode: str 
         stream: the CUDA stream to run on; default the legacy default stream.
 
     Returns:
-        ``dx`` as a [`pycudnn.Tensor`][pycudnn.tensor.Tensor] in ``y``'s memory format, or ``out``.
+        ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``y``'s memory format, or ``out``.
     """
     fn = "softmax_backward"
     s, s_ref = stream_pair(stream)
@@ -211,6 +212,7 @@ def softmax_backward(y: Any, dy: Any, *, algorithm: str = "accurate", mode: str 
 
 def _backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor | None,
                    fn: str) -> _Plan:
+    register()  # the C rows, before the first C call
     check_input(y, "y", fn, _RANKS, _WHAT)
     check_input(dy, "dy", fn, _RANKS, _WHAT)
     check_match(y, "y", dy, "dy", fn)
