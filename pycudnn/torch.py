@@ -78,12 +78,14 @@ _grad_enabled = torch.is_grad_enabled
 _threshold_backward = torch.ops.aten.threshold_backward.default
 _token = config.token
 _NO_FLAGS: dict[str, Any] = {}
+#: more than one GPU visible: launches give the caller's current device back (set on first calls)
+_multi_gpu = False
 
 
 def _stream_fn() -> Callable[[int], int]:
     raw = getattr(_C, "_cuda_getCurrentRawStream", None)  # an int, without a Stream object
     if raw is not None:
-        return raw  # type: ignore[no-any-return]
+        return raw  # type: ignore[no-any-return,unused-ignore]
     return lambda device: int(torch.cuda.current_stream(device).cuda_stream)
 
 
@@ -307,6 +309,11 @@ def _strides_like_cl(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+def _note_devices() -> None:
+    global _multi_gpu
+    _multi_gpu = torch.cuda.device_count() > 1
+
+
 def _view(t: Any) -> Tensor:
     """A pycudnn view of a (checked) torch CUDA tensor; ``t`` is kept as its owner."""
     return tensor_from_pointer(t.data_ptr(), tuple(t.shape), _DTYPE_NAMES[t.dtype],
@@ -354,7 +361,7 @@ def _forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
         m = xp | wp | bp | zp
     if m & 15:  # a view not 16-byte aligned: the prepared plan promised 16
         return _forward_public(op, x, w, b, z, alpha, geom, y, key[-1]), x, w, e[2]
-    prev = callers_device()
+    prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
     try:
         s = _stream(dev)
         launch(get_handle(dev, s), ptrs, s)
@@ -388,6 +395,7 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
                    geom: tuple[Any, ...]) -> tuple[Any, Any, Any, Any]:
     fn = _OP_NAMES[op]
     shape = _check_conv(fn, x, w, b, z, geom)
+    _note_devices()
     fmt = _memory_format(x, w)
     if (not x.is_contiguous(memory_format=fmt) or not w.is_contiguous(memory_format=fmt)
             or (b is not None and not b.is_contiguous())
@@ -445,7 +453,7 @@ def _backward_data(gy: Any, w: Any, x_shape: Any, fmt: Any, geom: tuple[Any, ...
     gp, wp = gy.data_ptr(), w.data_ptr()
     if (gp | wp) & 15:
         return _backward_public("data", gy, w, dx, geom, key[-1])
-    prev = callers_device()
+    prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
     try:
         s = _stream(dev)
         launch = e[0]
@@ -469,7 +477,7 @@ def _backward_filter(x: Any, gy: Any, w_shape: Any, fmt: Any, geom: tuple[Any, .
     xp, gp = x.data_ptr(), gy.data_ptr()
     if (xp | gp) & 15:
         return _backward_public("filter", x, gy, dw, geom, key[-1])
-    prev = callers_device()
+    prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
     try:
         s = _stream(dev)
         launch = e[0]
@@ -486,6 +494,7 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, shape:
                     geom: tuple[Any, ...]) -> Any:
     """First call of a backward signature (``a, b``: ``gy, w`` for data, ``x, gy`` for filter),
     or one that is not replayable as one launch."""
+    _note_devices()
     out = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
     e = _BWD.get(key)
     if e is not None:  # (None, _PUBLIC)
@@ -837,10 +846,11 @@ def _rewrite(gm: Any) -> bool:
     graph = gm.graph
     changed = False
     for node in list(graph.nodes):
-        if node.op != "call_module" or node.graph is not graph:
+        if node.op != "call_module":
             continue
         conv = modules.get(node.target)
-        if type(conv) not in (torch.nn.Conv2d, Conv2d) or conv.padding_mode != "zeros":
+        if conv is None or type(conv) not in (torch.nn.Conv2d, Conv2d) \
+                or conv.padding_mode != "zeros":
             continue
         if len(node.args) != 1 or node.kwargs:
             continue
@@ -874,8 +884,8 @@ def _rewrite(gm: Any) -> bool:
             args = (node.args[0],) if z is None else (node.args[0], z)
             new = graph.call_module(name, args)
         last.replace_all_uses_with(new)
-        for dead in (relu_node, add_node, tail, node):
-            if dead is not None and dead.graph is graph and not dead.users:
+        for dead in dict.fromkeys((relu_node, add_node, tail, node)):  # last first, once each
+            if dead is not None:
                 graph.erase_node(dead)
         changed = True
     if changed:
