@@ -49,6 +49,16 @@ _EXPORTS: dict[str, str] = {
     # convolutions
     "convolution": "api.conv", "conv_transpose": "api.conv", "convolution_backward_data": "api.conv",
     "convolution_backward_filter": "api.conv", "convolution_add_relu": "api.conv",
+    # operations beside convolutions
+    "activation_forward": "ops.activation", "activation_backward": "ops.activation",
+    "softmax_forward": "ops.softmax", "softmax_backward": "ops.softmax",
+    "pooling_forward": "ops.pooling", "pooling_backward": "ops.pooling",
+    "PoolingDescriptor": "ops.pooling",
+    "batch_norm_forward_training": "ops.batchnorm", "batch_norm_forward_inference": "ops.batchnorm",
+    "batch_norm_backward": "ops.batchnorm", "batch_norm_add_relu_forward_training": "ops.batchnorm",
+    "batch_norm_add_relu_backward": "ops.batchnorm", "BatchNormResult": "ops.batchnorm",
+    "DropoutState": "ops.dropout", "dropout_forward": "ops.dropout", "dropout_backward": "ops.dropout",
+    "DropoutReserve": "ops.dropout",
 }
 
 __all__ = sorted([*_EXPORTS, "cudnn_version"]) + ["__version__"]
@@ -155,3 +165,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .dispatch.prepared import PreparedConvolution
     from .runtime.interop import current_stream
     from .runtime.tensor import Tensor, as_tensor, empty, from_numpy, tensor_from_pointer, zeros
+    from .ops.activation import activation_backward, activation_forward
+    from .ops.batchnorm import (BatchNormResult, batch_norm_add_relu_backward,
+                                batch_norm_add_relu_forward_training, batch_norm_backward,
+                                batch_norm_forward_inference, batch_norm_forward_training)
+    from .ops.dropout import DropoutReserve, DropoutState, dropout_backward, dropout_forward
+    from .ops.pooling import PoolingDescriptor, pooling_backward, pooling_forward
+    from .ops.softmax import softmax_backward, softmax_forward

@@ -38,10 +38,23 @@ cuDNN status errors.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
+import numpy as np
+
+from ._types import NanPropagation
 from .api import conv as _conv
-from .runtime.tensor import Tensor, as_tensor, tensor_from_pointer
+from .cudnn.tensor_ops import transform
+from .ops import activation as _act
+from .ops import batchnorm
+from .ops import pooling as _pooling
+from .ops import softmax as _softmax
+from .ops._common import check_coef, staged
+from .ops.dropout import DropoutState, dropout_backward, dropout_forward
+from .runtime.handle import get_handle
+from .runtime.interop import current_stream
+from .runtime.tensor import Tensor, as_tensor, contiguous_strides, empty, tensor_from_pointer
 
 __all__ = ["convolution_forward", "convolution_backward_data", "convolution_backward_filter",
            "get_max_workspace_size", "set_max_workspace_size", "CUDNN_TENSOR_NCHW",
@@ -157,7 +170,6 @@ def _bias_view(b: Any, stream: int) -> Tensor | None:
 
 
 def _stream_of(arr: Any) -> int:
-    from .runtime.interop import current_stream
 
     try:
         return current_stream(arr)
@@ -362,8 +374,6 @@ def _constant(value: Any, name: str, table: dict[int, str], c_type: str, fn: str
 
 def _activation_mode(mode: Any, coef: Any, fn: str) -> str:
     """The pycudnn name of an activation mode, ``coef`` checked (before anything is allocated)."""
-    from .ops import activation as _act
-    from .ops._common import check_coef
 
     name = _constant(mode, "mode", _ACTIVATION_NAMES, "cudnnActivationMode_t", fn)
     _act._check_mode(name, fn)
@@ -384,7 +394,6 @@ def _new_result(like: Any, t: Tensor, shape: tuple[int, ...], stream: int) -> tu
         with cupy.cuda.Device(t.device):
             arr = cupy.empty(shape, dtype=like.dtype)
         return arr, as_tensor(arr, stream=stream)
-    from .runtime.tensor import empty
 
     out = empty(shape, t.dtype, device=t.device, stream=stream)
     return out, out
@@ -421,9 +430,6 @@ def _merged(t: Tensor, groups: Sequence[range]) -> Tensor | None:
 
 def _copy_contiguous(t: Tensor, stream: int) -> Tensor:
     """A C-contiguous copy of ``t`` made on ``stream`` (cudnnTransformTensor)."""
-    from .ops._common import staged
-    from .runtime.handle import get_handle
-    from .runtime.tensor import contiguous_strides
 
     pad = max(0, 3 - t.ndim)  # tensor descriptors take 3 to 8 dims
     v = tensor_from_pointer(t.ptr, t.shape + (1,) * pad, t.dtype, strides=t.strides + (1,) * pad,
@@ -457,8 +463,6 @@ def activation_forward(x: Any, mode: int, coef: float = 0.0) -> Any:
     Returns:
         A new C-contiguous array of ``x``'s shape (a CuPy array for a CuPy ``x``).
     """
-    from .ops import activation as _act
-    from ._types import NanPropagation
 
     fn = "activation_forward"
     name = _activation_mode(mode, coef, fn)
@@ -483,8 +487,6 @@ def activation_backward(x: Any, y: Any, gy: Any, mode: int, coef: float = 0.0) -
     Returns:
         ``gx``, a new C-contiguous array of ``x``'s shape.
     """
-    from .ops import activation as _act
-    from ._types import NanPropagation
 
     fn = "activation_backward"
     name = _activation_mode(mode, coef, fn)
@@ -539,7 +541,6 @@ def softmax_forward(x: Any, axis: int, algorithm: int) -> Any:
     Returns:
         A new C-contiguous array of ``x``'s shape.
     """
-    from .ops import softmax as _softmax
 
     fn = "softmax_forward"
     algo = _constant(algorithm, "algorithm", _SOFTMAX_NAMES, "cudnnSoftmaxAlgorithm_t", fn)
@@ -565,7 +566,6 @@ def softmax_backward(y: Any, gy: Any, axis: int, algorithm: int) -> Any:
     Returns:
         ``gx``, a new C-contiguous array of ``y``'s shape.
     """
-    from .ops import softmax as _softmax
 
     fn = "softmax_backward"
     algo = _constant(algorithm, "algorithm", _SOFTMAX_NAMES, "cudnnSoftmaxAlgorithm_t", fn)
@@ -618,8 +618,6 @@ def pooling_forward(x: Any, y: Any, ksize: Sequence[int], stride: Sequence[int],
     Returns:
         ``y``.
     """
-    from .ops import pooling as _pooling
-    from ._types import NanPropagation
 
     fn = "pooling_forward"
     s = _stream_of(x)
@@ -656,8 +654,6 @@ def pooling_backward(x: Any, y: Any, gy: Any, ksize: Sequence[int], stride: Sequ
     Returns:
         ``gx``, a new C-contiguous array of ``x``'s shape.
     """
-    from .ops import pooling as _pooling
-    from ._types import NanPropagation
 
     fn = "pooling_backward"
     s = _stream_of(x)
@@ -702,7 +698,6 @@ __all__ += ["batch_normalization_forward_training", "batch_normalization_forward
 
 
 def _bn_module() -> Any:
-    from pycudnn.ops import batchnorm  # on first use: it adds its C functions to the table
 
     return batchnorm
 
@@ -718,8 +713,6 @@ def _bn_result(t: Tensor, like: Any) -> Any:
 
 def _bn_copy(src: Tensor, dst: Tensor, stream: int) -> None:
     """``dst = src`` (any strides; dtypes converted) through cudnnTransformTensor."""
-    from pycudnn.handle import get_handle
-    from pycudnn.tensor_ops import transform
 
     def as3(t: Tensor) -> Tensor:
         pad = max(0, 3 - t.ndim)
@@ -732,7 +725,6 @@ def _bn_copy(src: Tensor, dst: Tensor, stream: int) -> None:
 
 
 def _bn_new(shape: tuple[int, ...], dtype: Any, like: Tensor, stream: int) -> Tensor:
-    from pycudnn.tensor import empty
 
     return empty(shape, dtype, device=like.device, stream=stream)
 
@@ -783,7 +775,6 @@ def _bn_param(arr: Any, dtype: Any, stream: int) -> tuple[Tensor, Tensor | None]
 
 
 def _bn_param_dtype(x: Tensor) -> Any:
-    import numpy as np
 
     return np.dtype(np.float64) if x.dtype.name == "float64" else np.dtype(np.float32)
 
@@ -809,9 +800,7 @@ def _bn_debug(debug: Any, cudnn_mode: int, device: int, stream: int) -> None:
     """CuPy 13's ``debug``: after a persistent batch norm, ask cuDNN whether it overflowed."""
     if not (debug and cudnn_mode == CUDNN_BATCHNORM_SPATIAL_PERSISTENT):
         return
-    import warnings
 
-    from pycudnn.handle import get_handle
 
     status = _bn_module()._query_runtime_error(get_handle(device, stream))
     if status:
@@ -885,7 +874,6 @@ def batch_normalization_forward_training(
     out = _bn_forward_training(x, gamma, beta, running_mean, running_var, mean, inv_std, eps,
                                decay, is_for_conv2d, cudnn_mode, debug, d_layout)
     if out[0] is not None:
-        import warnings
 
         try:
             from cupy._util import PerformanceWarning as category
@@ -1014,7 +1002,6 @@ class DropoutStates:
     """
 
     def __init__(self, handle: Any, seed: int) -> None:
-        from pycudnn.ops.dropout import DropoutState
 
         self._state = DropoutState(0.0, seed)
 
@@ -1026,7 +1013,6 @@ class DropoutStates:
         """``(reserve_space, y)``: ``y`` is ``x`` with elements dropped with probability
         ``dropout_ratio`` and the others scaled by ``1 / (1 - dropout_ratio)``, a new array;
         ``reserve_space`` holds the mask for `backward`."""
-        from pycudnn.ops.dropout import dropout_forward
 
         self._state.p = dropout_ratio
         s = _stream_of(x)
@@ -1038,7 +1024,6 @@ class DropoutStates:
     def backward(self, handle: Any, dy: Any, dropout_ratio: float, reserve_space: Any) -> Any:
         """``dx``: ``dy`` through the mask of the `forward` call that returned
         ``reserve_space``, scaled as that call scaled (its ratio), a new array."""
-        from pycudnn.ops.dropout import dropout_backward
 
         self._state.p = dropout_ratio
         s = _stream_of(dy)

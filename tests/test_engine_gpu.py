@@ -173,7 +173,10 @@ def test_thread_hammer(engine):
     assert errors == []
     from pycudnn.search.algos import caches
 
-    assert caches["forward"].searches <= len(shapes)  # one search per key, not per thread
+    # one search per key, not per thread; on the graph engine a benchmark=True call carries its
+    # benchmark_limit in the key, so the measured and the heuristic calls are two keys per shape
+    keys = len(shapes) * (2 if engine == "graph" else 1)
+    assert caches["forward"].searches <= keys
 
 
 @pytest.mark.parametrize("engine", ENGINES)

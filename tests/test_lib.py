@@ -248,7 +248,9 @@ def _expected_ctype(c_type: str, is_return: bool):
     t = c_type.replace("const", " ").split()
     t = " ".join(t)
     pointer = "*" in t or "[]" in t
-    base = t.replace("*", " ").replace("[]", " ").split()[0] if t else ""
+    words = t.replace("*", " ").replace("[]", " ").split()
+    base = ("unsigned long long" if words[:3] == ["unsigned", "long", "long"]
+            else words[0] if words else "")
     if pointer:
         if base == "char":
             return (ctypes.c_char_p,)
@@ -258,7 +260,7 @@ def _expected_ctype(c_type: str, is_return: bool):
     if base == "void":
         return (None,) if is_return else ()
     simple = {"size_t": ctypes.c_size_t, "int64_t": ctypes.c_int64, "double": ctypes.c_double,
-              "float": ctypes.c_float, "int": ctypes.c_int}
+              "float": ctypes.c_float, "int": ctypes.c_int, "unsigned long long": ctypes.c_ulonglong}
     if base in simple:
         return (simple[base],)
     assert base.endswith("_t") or base == "libraryPropertyType", f"unknown C type {c_type!r}"

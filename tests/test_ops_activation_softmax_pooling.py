@@ -26,7 +26,6 @@ import pycudnn
 from pycudnn import _lib
 from pycudnn import cupy_compat as cc
 from pycudnn.descriptors import TensorDescriptor, live_descriptor_count
-from pycudnn.ops import _prototypes
 from pycudnn.ops.activation import activation_backward, activation_forward
 from pycudnn.ops.pooling import PoolingDescriptor, PoolingMode, pooling_backward, pooling_forward
 from pycudnn.ops.softmax import softmax_backward, softmax_forward
@@ -311,62 +310,7 @@ def test_swish_beta_is_set_on_the_descriptor():
     assert "CUDNN_ACTIVATION_SWISH" in repr(d) and "CUDNN_PROPAGATE_NAN" in repr(d)
 
 
-# ---- the C rows ---------------------------------------------------------------------------------------
-
-def _row_signatures() -> dict[str, str]:
-    src = inspect.getsource(_prototypes)
-    body = src[src.index("PROTOTYPES: dict"):]
-    body = body[:body.index("\n}\n")]
-    comment: list[str] = []
-    out: dict[str, str] = {}
-    for line in body.splitlines()[1:]:
-        s = line.strip()
-        if s.startswith("#"):
-            if not s[1:].strip().startswith("---"):
-                comment.append(s[1:].strip())
-            continue
-        m = re.match(r'"(\w+)":', s)
-        if m:
-            out[m.group(1)] = " ".join(comment)
-            comment = []
-    return out
-
-
-def test_rows_are_registered_and_commented():
-    assert set(_row_signatures()) == set(_prototypes.PROTOTYPES)
-    _prototypes.register()
-    for name, row in _prototypes.PROTOTYPES.items():
-        assert _lib.PROTOTYPES[name] == row
-
-
-@pytest.mark.parametrize("name", sorted(_prototypes.PROTOTYPES))
-def test_row_resolves_and_matches_its_c_signature(name):
-    from test_lib import _expected_ctype, _matches, _split_params
-
-    restype, argtypes = _prototypes.PROTOTYPES[name]
-    _prototypes.register()
-    fn = getattr(_lib.lib(), name)
-    assert fn.restype is restype and list(fn.argtypes) == list(argtypes)
-    m = re.fullmatch(r"(.+?)\b(\w+)\s*\((.*)\)", _row_signatures()[name])
-    assert m and m.group(2) == name
-    params = _split_params(m.group(3))
-    assert _matches(restype, _expected_ctype(m.group(1), is_return=True))
-    assert len(params) == len(argtypes)
-    for c_type, declared in zip(params, argtypes):
-        assert _matches(declared, _expected_ctype(c_type, is_return=False)), (name, c_type)
-
-
-def test_row_comments_are_the_headers_signatures():
-    """Each comment is the declaration in the installed cuDNN headers (whitespace aside)."""
-    include = Path(_lib.library_path()).resolve().parent.parent / "include"
-    headers = sorted(include.glob("cudnn_*_v9.h"))
-    if not headers:
-        pytest.skip(f"no cuDNN headers beside the library ({include})")
-    text = re.sub(r"/\*.*?\*/", " ", "\n".join(h.read_text() for h in headers), flags=re.S)
-    for name, sig in _row_signatures().items():
-        m = re.search(r"cudnnStatus_t\s+CUDNNWINAPI\s+" + name + r"\s*\((.*?)\)\s*;", text, re.S)
-        assert m, name
-        assert " ".join(m.group(1).split()) == " ".join(sig.split("(", 1)[1].rsplit(")", 1)[0].split())
+# (their C rows are in the one table: tests/test_lib.py checks each against its signature)
 
 
 # ---- signatures and constants --------------------------------------------------------------------------
@@ -430,16 +374,6 @@ def test_cupy13_constants_are_the_headers_values():
     assert ours == {n: header[n] for n in ours}
     # and every value of those enums in the header is here
     assert set(header) == set(ours)
-
-
-def test_importing_cupy_compat_opens_no_operation_module():
-    """The drop-ins import pycudnn.ops.* on their first call, not with pycudnn.cupy_compat."""
-    from test_lib import run_python
-
-    proc = run_python("import sys, pycudnn.cupy_compat; "
-                      "print(sorted(m for m in sys.modules if m.startswith('pycudnn.ops.')))")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
 
 
 # ---- fuzz: random arguments against an oracle from PyTorch's rules -------------------------------------

@@ -10,9 +10,7 @@ runs this module in a subprocess that sees no GPU).
 
 from __future__ import annotations
 
-import ctypes
 import math
-import re
 import threading
 
 import numpy as np
@@ -24,7 +22,6 @@ import pycudnn
 from pycudnn import _lib
 from pycudnn import errors as E
 from pycudnn import memory as M
-from pycudnn.ops import _bn_prototypes
 from pycudnn.ops import batchnorm as bn
 from pycudnn.ops import dropout as dr
 
@@ -51,62 +48,7 @@ def args(shape=(4, 3, 5, 5), dtype="float32", pdtype=None, c=None):
     return T(shape, dtype), T((c,), pdtype), T((c,), pdtype), T((c,), pdtype), T((c,), pdtype)
 
 
-# ---- the C rows --------------------------------------------------------------------------------------
-
-def _row_comments() -> dict[str, str]:
-    import inspect
-
-    src = inspect.getsource(_bn_prototypes)
-    body = src[src.index("PROTOTYPES: dict"):]
-    body = body[:body.index("\n}\n")]
-    comment: list[str] = []
-    out: dict[str, str] = {}
-    for line in body.splitlines()[1:]:
-        s = line.strip()
-        if s.startswith("#"):
-            text = s[1:].strip()
-            if not text.startswith("---"):
-                comment.append(text)
-            continue
-        m = re.match(r'"(\w+)":', s)
-        if m:
-            out[m.group(1)] = " ".join(comment)
-            comment = []
-    return out
-
-
-def _ctype(c_type: str):
-    t = " ".join(c_type.replace("const", " ").split())
-    if "*" in t or "[]" in t:
-        return "pointer"
-    if t.endswith("Descriptor_t") or t == "cudnnHandle_t":
-        return ctypes.c_void_p
-    return {"size_t": ctypes.c_size_t, "double": ctypes.c_double, "float": ctypes.c_float,
-            "int": ctypes.c_int, "unsigned long long": ctypes.c_ulonglong}.get(t, ctypes.c_int)
-
-
-def test_every_row_has_its_c_signature():
-    assert set(_row_comments()) == set(_bn_prototypes.PROTOTYPES)
-
-
-@pytest.mark.parametrize("name", sorted(_bn_prototypes.PROTOTYPES))
-def test_row_resolves_and_matches_the_header(name):
-    restype, argtypes = _bn_prototypes.PROTOTYPES[name]
-    assert _lib.PROTOTYPES[name] == (restype, argtypes)  # registered in the one table
-    fn = getattr(_lib.lib(), name)
-    assert fn.restype is restype and list(fn.argtypes) == list(argtypes)
-    m = re.fullmatch(r"cudnnStatus_t (\w+)\s*\((.*)\)", _row_comments()[name])
-    assert m and m.group(1) == name
-    params = m.group(2).split(",")
-    assert len(params) == len(argtypes)
-    for c_param, declared in zip(params, argtypes):
-        c_type = " ".join(c_param.replace("*", " * ").split()[:-1])  # the last word is the name
-        expected = _ctype(c_type)
-        if expected == "pointer":
-            assert declared is ctypes.c_void_p or issubclass(declared, ctypes._Pointer), c_param
-        else:
-            assert declared is expected, f"{name}: {c_param!r} declared {declared}"
-    assert restype is ctypes.c_int
+# (their C rows are in the one table: tests/test_lib.py checks each against its signature)
 
 
 # ---- descriptors, built by libcudnn --------------------------------------------------------------------

@@ -17,12 +17,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pycudnn.ffi import library as _lib
-from pycudnn.dispatch.arguments import check_no_broadcast
-from pycudnn.runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
-from pycudnn.runtime.tensor import (Tensor, as_tensor, channels_last_strides, check_writable,
-                            contiguous_strides, empty, has_internal_overlap, views_overlap)
-from pycudnn.cudnn.tensor_ops import scalar_pointers, transform
+from ..cudnn.tensor_ops import scalar_pointers, transform
+from ..dispatch.arguments import check_no_broadcast
+from ..ffi import library as _lib
+from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
+from ..runtime.tensor import (
+    Tensor,
+    as_tensor,
+    channels_last_strides,
+    check_writable,
+    contiguous_strides,
+    empty,
+    has_internal_overlap,
+    views_overlap,
+)
 
 __all__ = ["tensor_arg", "stream_pair", "scalars", "check_match", "check_shape", "check_input",
            "check_choice", "check_coef", "layout_strides", "checked_out", "check_out_reads",

@@ -16,18 +16,32 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from pycudnn.ffi import library as _lib
-from pycudnn._types import ActivationMode, NanPropagation
-from pycudnn.cudnn.descriptors import ActivationDescriptor, TensorDescriptor
-from pycudnn.runtime.handle import get_handle
-from pycudnn.ops._prototypes import register
-from pycudnn.ops._common import (PlanCache, callers_device, check_choice, check_coef,
-                                 check_input, check_match, check_out_reads, check_shape,
-                                 checked_out, layout_strides, new_output, raise_launch,
-                                 restore_device, same_layout, scalars, staged, stream_pair,
-                                 tensor_arg)
-from pycudnn.runtime.tensor import Tensor
-from pycudnn.cudnn.tensor_ops import transform
+from .._types import ActivationMode, NanPropagation
+from ..cudnn.descriptors import ActivationDescriptor, TensorDescriptor
+from ..cudnn.tensor_ops import transform
+from ..ffi import library as _lib
+from ..ops._common import (
+    PlanCache,
+    callers_device,
+    check_choice,
+    check_coef,
+    check_input,
+    check_match,
+    check_out_reads,
+    check_shape,
+    checked_out,
+    layout_strides,
+    new_output,
+    raise_launch,
+    restore_device,
+    same_layout,
+    scalars,
+    staged,
+    stream_pair,
+    tensor_arg,
+)
+from ..runtime.handle import get_handle
+from ..runtime.tensor import Tensor
 
 __all__ = ["activation_forward", "activation_backward", "MODES"]
 
@@ -66,7 +80,6 @@ def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) ->
 def activation_descriptor(mode: str, coef: float, nan: NanPropagation) -> ActivationDescriptor:
     """A new activation descriptor for ``mode``; ``coef`` is the ceiling (clipped_relu), alpha
     (elu) or beta (swish, set through ``cudnnSetActivationDescriptorSwishBeta``)."""
-    register()
     desc = ActivationDescriptor(MODES[mode], nan, coef)
     if mode == "swish":
         status = _lib.lib().cudnnSetActivationDescriptorSwishBeta(desc.handle, ctypes.c_double(coef))
@@ -158,7 +171,6 @@ def _forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPropag
 def _forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPropagation,
                   fn: str) -> _Plan:
     """The full checks of a forward call, then its descriptors."""
-    register()  # the C rows, before the first C call
     check_input(x, "x", fn, _RANKS, _WHAT)
     mode = _check_mode(mode, fn)
     c = check_coef(coef, fn)
@@ -244,7 +256,6 @@ def _backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream: A
 
 def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Tensor | None,
                    nan: NanPropagation, fn: str) -> _Plan:
-    register()  # the C rows, before the first C call
     check_input(x, "x", fn, _RANKS, _WHAT)
     for t, name in ((y, "y"), (dy, "dy")):
         check_input(t, name, fn, _RANKS, _WHAT)

@@ -31,18 +31,24 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pycudnn import _lib
-from pycudnn.arguments import check_no_broadcast
-from pycudnn.descriptors import TensorDescriptor
-from pycudnn.engine import release as _release_workspace
-from pycudnn.engine import workspace as _workspace
-from pycudnn.errors import CudnnBadParamError, CudnnNotSupportedError
-from pycudnn.handle import get_handle
-from pycudnn.memory import allocate_fast, callers_device, resolve_stream, restore_device
-from pycudnn.ops import _bn_prototypes  # noqa: F401  (adds the C functions to the table)
-from pycudnn.tensor import (Tensor, as_tensor, channels_last_strides, check_writable,
-                            contiguous_strides, has_internal_overlap, views_overlap)
-from pycudnn.tensor_ops import add_tensor, relu_, relu_descriptor, scalar_pointers, transform
+from ..cudnn.descriptors import TensorDescriptor
+from ..cudnn.tensor_ops import add_tensor, relu_, relu_descriptor, scalar_pointers, transform
+from ..dispatch.arguments import check_no_broadcast
+from ..errors import CudnnBadParamError, CudnnNotSupportedError
+from ..ffi import library as _lib
+from ..runtime.handle import get_handle
+from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
+from ..runtime.tensor import (
+    Tensor,
+    as_tensor,
+    channels_last_strides,
+    check_writable,
+    contiguous_strides,
+    has_internal_overlap,
+    views_overlap,
+)
+from ..search.engine import release as _release_workspace
+from ..search.engine import workspace as _workspace
 
 __all__ = ["batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward",
            "batch_norm_add_relu_forward_training", "batch_norm_add_relu_backward",

@@ -24,17 +24,29 @@ from typing import Any
 
 import numpy as np
 
-from pycudnn import _lib
-from pycudnn.arguments import check_no_broadcast
-from pycudnn._types import normalize_dtype
-from pycudnn.descriptors import TensorDescriptor, _Descriptor
-from pycudnn.handle import get_handle
-from pycudnn.memory import (allocate, allocate_fast, callers_device, current_device,
-                            resolve_stream, restore_device, stream_synchronize)
-from pycudnn.ops import _bn_prototypes  # noqa: F401  (adds the C functions to the table)
-from pycudnn.tensor import (Tensor, as_tensor, check_writable, contiguous_strides,
-                            has_internal_overlap, views_overlap)
-from pycudnn.tensor_ops import transform
+from .._types import normalize_dtype
+from ..cudnn.descriptors import TensorDescriptor, _Descriptor
+from ..cudnn.tensor_ops import transform
+from ..dispatch.arguments import check_no_broadcast
+from ..ffi import library as _lib
+from ..runtime.handle import get_handle
+from ..runtime.memory import (
+    allocate,
+    allocate_fast,
+    callers_device,
+    current_device,
+    resolve_stream,
+    restore_device,
+    stream_synchronize,
+)
+from ..runtime.tensor import (
+    Tensor,
+    as_tensor,
+    check_writable,
+    contiguous_strides,
+    has_internal_overlap,
+    views_overlap,
+)
 
 __all__ = ["DropoutDescriptor", "DropoutState", "DropoutReserve", "dropout_forward",
            "dropout_backward", "dropout_reserve_size"]

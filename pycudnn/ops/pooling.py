@@ -24,18 +24,41 @@ from ctypes import byref, c_int
 from enum import IntEnum
 from typing import Any, Sequence
 
-from pycudnn.ffi import library as _lib
-from pycudnn._types import NanPropagation
-from pycudnn.cudnn.descriptors import (INT32_MAX, MAX_SPATIAL_DIMS, TensorDescriptor, _c_name,
-                                 _check_int32, _Descriptor, _enum, _fail, _ints)
-from pycudnn.runtime.handle import get_handle
-from pycudnn.ops._prototypes import register
-from pycudnn.ops._common import (PlanCache, callers_device, check_choice, check_input,
-                                 check_match, check_out_reads, check_shape, checked_out,
-                                 layout_strides, new_output, raise_launch, restore_device,
-                                 same_layout, scalars, staged, stream_pair, tensor_arg)
-from pycudnn.runtime.tensor import Tensor
-from pycudnn.cudnn.tensor_ops import transform
+from .._types import NanPropagation
+from ..cudnn.descriptors import (
+    INT32_MAX,
+    MAX_SPATIAL_DIMS,
+    TensorDescriptor,
+    _c_name,
+    _check_int32,
+    _Descriptor,
+    _enum,
+    _fail,
+    _ints,
+)
+from ..cudnn.tensor_ops import transform
+from ..ffi import library as _lib
+from ..ops._common import (
+    PlanCache,
+    callers_device,
+    check_choice,
+    check_input,
+    check_match,
+    check_out_reads,
+    check_shape,
+    checked_out,
+    layout_strides,
+    new_output,
+    raise_launch,
+    restore_device,
+    same_layout,
+    scalars,
+    staged,
+    stream_pair,
+    tensor_arg,
+)
+from ..runtime.handle import get_handle
+from ..runtime.tensor import Tensor
 
 __all__ = ["pooling_forward", "pooling_backward", "PoolingDescriptor", "PoolingMode", "MODES",
            "output_size"]
@@ -106,7 +129,6 @@ class PoolingDescriptor(_Descriptor):
                 raise ValueError(f"stride: expected every value to be >= 1, got {stride_t}")
         mode_e = _enum(PoolingMode, mode, "mode")
         nan_e = _enum(NanPropagation, nan_propagation, "nan_propagation")
-        register()
         L, destroy, h = self._create()
         status = L.cudnnSetPoolingNdDescriptor(h, int(mode_e), int(nan_e), n, (c_int * n)(*win_t),
                                                (c_int * n)(*pad_t), (c_int * n)(*stride_t))
@@ -348,7 +370,6 @@ def _forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out
 def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: Any,
                   o: Tensor | None, nan: NanPropagation, rule: str, fn: str,
                   out_name: str = "out") -> _Plan:
-    register()  # the C rows, before the first C call
     check_input(x, "x", fn, _RANKS, _WHAT)
     k, st, p, shape = _geometry(x, kernel_size, stride, padding, fn, rule)
     m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
@@ -442,7 +463,6 @@ def _backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding: A
 def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: Any, padding: Any,
                    mode: Any, o: Tensor | None, nan: NanPropagation, rule: str,
                    fn: str) -> _Plan:
-    register()  # the C rows, before the first C call
     check_input(x, "x", fn, _RANKS, _WHAT)
     k, st, p, y_shape = _geometry(x, kernel_size, stride, padding, fn, rule)
     for t, name in ((y, "y"), (dy, "dy")):

@@ -15,16 +15,30 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-from pycudnn.ffi import library as _lib
-from pycudnn.cudnn.descriptors import TensorDescriptor
-from pycudnn.runtime.handle import get_handle
-from pycudnn.ops._prototypes import register
-from pycudnn.ops._common import (PlanCache, callers_device, check_choice, check_input,
-                                 check_match, check_out_reads, check_shape, checked_out,
-                                 layout_strides, new_output, raise_launch, restore_device,
-                                 same_layout, scalars, staged, stream_pair, tensor_arg)
-from pycudnn.runtime.tensor import Tensor
-from pycudnn.cudnn.tensor_ops import transform
+from ..cudnn.descriptors import TensorDescriptor
+from ..cudnn.tensor_ops import transform
+from ..ffi import library as _lib
+from ..ops._common import (
+    PlanCache,
+    callers_device,
+    check_choice,
+    check_input,
+    check_match,
+    check_out_reads,
+    check_shape,
+    checked_out,
+    layout_strides,
+    new_output,
+    raise_launch,
+    restore_device,
+    same_layout,
+    scalars,
+    staged,
+    stream_pair,
+    tensor_arg,
+)
+from ..runtime.handle import get_handle
+from ..runtime.tensor import Tensor
 
 __all__ = ["softmax_forward", "softmax_backward", "SoftmaxAlgorithm", "SoftmaxMode", "ALGORITHMS",
            "MODES"]
@@ -135,7 +149,6 @@ def softmax_forward(x: Any, *, algorithm: str = "accurate", mode: str = "channel
 
 
 def _forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: str) -> _Plan:
-    register()  # the C rows, before the first C call
     check_input(x, "x", fn, _RANKS, _WHAT)
     plan = _Plan()
     plan.algo, plan.mode = _options(algorithm, mode, fn)
@@ -212,7 +225,6 @@ def softmax_backward(y: Any, dy: Any, *, algorithm: str = "accurate", mode: str 
 
 def _backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor | None,
                    fn: str) -> _Plan:
-    register()  # the C rows, before the first C call
     check_input(y, "y", fn, _RANKS, _WHAT)
     check_input(dy, "dy", fn, _RANKS, _WHAT)
     check_match(y, "y", dy, "dy", fn)

@@ -28,8 +28,10 @@ log = logging.getLogger("pycudnn")
 #: launches queued behind one hold at most: the driver's queue holds ~1024 before a launch
 #: blocks the host (which would then never open the gate itself)
 MAX_QUEUED = 256
-#: seconds after which the watchdog opens a hold
-WATCHDOG_S = 2.0
+#: seconds after which the watchdog opens a hold. A hold can be stuck when another thread loads
+#: a kernel module meanwhile (CUDA's lazy loading may wait for the held stream while this thread
+#: waits for the loader): then only the runs queued late include launch gaps.
+WATCHDOG_S = 0.2
 
 
 class StreamGate:
@@ -75,7 +77,7 @@ class StreamGate:
         def fire() -> None:
             if self._word.value < generation:
                 self.opened_by_watchdog += 1
-                log.warning("gated timing: a hold was opened by the watchdog after %.1f s", WATCHDOG_S)
+                log.info("gated timing: a hold was opened by the watchdog after %.1f s", WATCHDOG_S)
                 self.open(generation)
         timer = threading.Timer(WATCHDOG_S, fire)
         timer.daemon = True
