@@ -46,11 +46,11 @@ except ImportError as _exc:  # pragma: no cover - exercised in a process without
         f"({_exc}); install a CUDA build of PyTorch for the same CUDA major as pycudnn's "
         "extra (cu12 or cu13). The rest of pycudnn works without it.") from _exc
 
-from pycudnn import conv as _conv
+from pycudnn.api import conv as _conv
 from pycudnn.configuration import config
-from pycudnn.handle import get_handle
-from pycudnn.memory import callers_device, restore_device
-from pycudnn.tensor import Tensor, tensor_from_pointer
+from pycudnn.runtime.handle import get_handle
+from pycudnn.runtime.memory import callers_device, restore_device
+from pycudnn.runtime.tensor import Tensor, tensor_from_pointer
 
 __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_add_relu", "Conv2d", "FusedConv2d", "convert",
            "fuse_for_inference", "clear_cache", "CACHE_MAX"]
