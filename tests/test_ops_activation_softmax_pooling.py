@@ -223,6 +223,58 @@ def test_output_follows_the_inputs_memory_format():
     assert _common.layout_strides((2, 3, 8, 8), sliced) == (192, 64, 8, 1)
 
 
+@pytest.mark.parametrize("shape,strides,mode,desc,stage_x", [
+    # 2-D and 3-D: unit dims appended, the strides kept
+    ((6, 10), (40, 2), "channel", ((6, 10, 1, 1), (40, 2, 1, 1)), None),
+    ((2, 3, 7), (21, 7, 1), "channel", ((2, 3, 7, 1), (21, 7, 1, 1)), None),
+    # 5-D NCDHW and NDHWC: H and W folded into one dim
+    ((2, 5, 2, 3, 4), (120, 24, 12, 4, 1), "channel", ((2, 5, 2, 12), (120, 24, 12, 1)), None),
+    ((2, 5, 2, 3, 4), (120, 1, 60, 20, 5), "channel", ((2, 5, 2, 12), (120, 1, 60, 5)), None),
+    # H and W not adjacent, D and H are: those folded
+    ((2, 5, 2, 3, 4), (480, 96, 48, 16, 2), "channel", ((2, 5, 6, 4), (480, 96, 16, 2)), None),
+    # 5-D with gaps between every dim: nothing folds, x is staged dense
+    ((2, 5, 2, 3, 4), (3840, 384, 96, 16, 2), "channel", ((2, 5, 2, 12), (120, 24, 12, 1)),
+     (120, 24, 12, 4, 1)),
+    # instance mode: a non-packed x is staged (also a 4-D one that cuDNN would take in channel mode)
+    ((3, 7, 4, 5), (1120, 160, 40, 2), "channel", ((3, 7, 4, 5), (1120, 160, 40, 2)), None),
+    ((3, 7, 4, 5), (1120, 160, 40, 2), "instance", ((3, 7, 4, 5), (140, 20, 5, 1)),
+     (140, 20, 5, 1)),
+    ((6, 10), (40, 2), "instance", ((6, 10, 1, 1), (10, 1, 1, 1)), (10, 1, 1, 1)),
+    ((3, 7, 4, 5), (140, 1, 35, 7), "instance", ((3, 7, 4, 5), (140, 1, 35, 7)), None),
+])
+def test_softmax_gives_cudnn_4d_descriptors_and_stages_what_it_cannot_take(shape, strides, mode,
+                                                                           desc, stage_x):
+    """cuDNN's softmax is given (N, C, H, W) descriptors; layouts it reads wrongly (5-D that does
+    not fold, non-packed in instance mode) go through a dense copy. Checked on the plan."""
+    from pycudnn.ops import softmax as sm
+
+    x = t(*shape, strides=strides)
+    plan = sm._forward_plan(x, "log", mode, None, "softmax_forward")
+    xd = plan.keep[0]
+    assert (xd.shape, xd.strides) == desc
+    padded = None if stage_x is None else stage_x + (1,) * (4 - len(stage_x))
+    assert plan.stage_x == padded
+    assert plan.stage_y is None  # the new output is dense in x's memory format
+    back = sm._backward_plan(x, t(*shape, strides=strides, role="dy"), "log", mode, None,
+                             "softmax_backward")
+    assert len(back.keep[0].shape) == 4
+    # backward: y, dy and dx share one dense layout (x's memory format), others staged into it
+    assert back.stage == (not x.is_contiguous() and not x.is_contiguous("channels_last"))
+
+
+def test_softmax_stages_an_out_that_cuDNN_cannot_write():
+    from pycudnn.ops import softmax as sm
+
+    x = t(2, 5, 2, 3, 4)
+    out = t(2, 5, 2, 3, 4, role="out", strides=(3840, 384, 96, 16, 2))
+    plan = sm._forward_plan(x, "accurate", "channel", out, "softmax_forward")
+    assert plan.stage_y == (120, 24, 12, 4, 1) and plan.stage_x is None
+    nhwc_out = t(3, 7, 4, 5, role="out", strides=(140, 1, 35, 7))
+    plan = sm._forward_plan(t(3, 7, 4, 5), "accurate", "instance", nhwc_out, "softmax_forward")
+    # instance mode: x is brought into the (packed) layout of out, not out into x's
+    assert plan.stage_y is None and plan.stage_x == (140, 1, 35, 7)
+
+
 def test_same_layout_ignores_size_one_dims():
     from pycudnn.ops._common import same_layout
 

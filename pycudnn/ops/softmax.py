@@ -5,9 +5,15 @@
 ``algorithm="accurate"`` subtracts the maximum first (what PyTorch computes), ``"fast"`` does not
 (it overflows for large inputs), ``"log"`` gives the log-softmax (``F.log_softmax``).
 
-Tensors of 2 to 5 dims ``(N, C, *spatial)`` are taken with any strides; 2-D and 3-D ones are
-viewed as 4-D with trailing unit dims. A repeated call with the same layouts, dtype and options
-reuses its descriptors.
+Tensors of 2 to 5 dims ``(N, C, *spatial)`` are taken with any strides. cuDNN is given 4-D
+``(N, C, H, W)`` descriptors: 2-D and 3-D tensors get trailing unit dims, a 5-D one has two of
+its spatial dims folded into one, which its strides must allow (``D`` and ``H`` or ``H`` and ``W``
+adjacent in memory, as in NCDHW and NDHWC). cuDNN's 5-D descriptors give wrong results for
+spatial dims that are not packed, and its instance mode reads each sample's ``C*H*W`` values as
+one packed block; operands cuDNN cannot take as they are (a 5-D view that does not fold, or in
+instance mode any layout other than one dense, sample-major layout shared by all operands) are
+staged through dense copies. A repeated call with the same layouts, dtype and options reuses its
+descriptors.
 """
 
 from __future__ import annotations
@@ -75,21 +81,79 @@ def _sig(t: Tensor) -> tuple[Any, ...]:
     return (t.shape, t.strides, t.dtype, t.device)
 
 
+def _merge(shape: tuple[int, ...], strides: tuple[int, ...],
+           i: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Dims ``i`` and ``i + 1`` as one, when the strides allow it (else None)."""
+    (a, b), (sa, sb) = shape[i:i + 2], strides[i:i + 2]
+    if a != 1 and b != 1 and sa != b * sb:
+        return None
+    return (shape[:i] + (a * b,) + shape[i + 2:],
+            strides[:i] + (sb if b != 1 else sa,) + strides[i + 2:])
+
+
+def _fold4(shape: tuple[int, ...],
+           strides: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``(N, C, *spatial)`` as the 4-D ``(N, C, H, W)`` cuDNN's softmax takes: unit dims appended
+    to 2-D and 3-D shapes, two adjacent spatial dims of a 5-D one merged (H and W, else D and H),
+    or None when a 5-D layout allows neither."""
+    if len(shape) < 4:
+        pad = 4 - len(shape)
+        return shape + (1,) * pad, strides + (1,) * pad
+    if len(shape) == 4:
+        return shape, strides
+    return _merge(shape, strides, 3) or _merge(shape, strides, 2)
+
+
+def _sample_packed(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether each sample's ``C*H*W`` values fill one gap-free block, the samples one after the
+    other (what cuDNN's instance mode reads)."""
+    dims = sorted(((st, n) for n, st in zip(shape, strides) if n != 1), reverse=True)
+    expected = 1
+    for st, n in reversed(dims):
+        if st != expected:
+            return False
+        expected *= n
+    return shape[0] == 1 or not dims or dims[0] == (strides[0], shape[0])
+
+
+def _takes(shape: tuple[int, ...], strides: tuple[int, ...], instance: bool) -> bool:
+    """Whether cuDNN's softmax reads (or writes) this layout correctly as it is."""
+    return _fold4(shape, strides) is not None and (not instance or _sample_packed(shape, strides))
+
+
 def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> TensorDescriptor:
-    pad = max(0, 4 - len(shape))
-    return TensorDescriptor(shape + (1,) * pad, dtype, strides + (1,) * pad)
+    folded = _fold4(shape, strides)
+    assert folded is not None  # the plan stages what does not fold
+    return TensorDescriptor(folded[0], dtype, folded[1])
+
+
+def _at_least_4d(t: Tensor) -> Tensor:
+    """``t`` with trailing unit dims up to 4-D (a view), as the staging copies take it."""
+    pad = 4 - t.ndim
+    if pad <= 0:
+        return t
+    return Tensor._make(t.ptr, t.shape + (1,) * pad, t.strides + (1,) * pad, t.dtype, t.device,
+                        t.owner, t.readonly)
+
+
+def _pad(strides: tuple[int, ...]) -> tuple[int, ...]:
+    return strides + (1,) * (4 - len(strides))
 
 
 class _Plan:
-    __slots__ = ("algo", "mode", "x", "y", "shape", "strides", "dense", "stage", "keep")
+    __slots__ = ("algo", "mode", "x", "y", "shape", "strides", "dense", "stage", "stage_x",
+                 "stage_y", "keep")
 
     def __init__(self) -> None:
         self.algo = self.mode = 0
         self.x = self.y = 0
         self.shape: tuple[int, ...] = ()
         self.strides: tuple[int, ...] = ()  # the output's
-        self.dense: tuple[int, ...] = ()  # the layout cuDNN is given, when operands are staged
-        self.stage = False
+        # the layout (padded to 4-D) operands are staged into for cuDNN, when they are
+        self.dense: tuple[int, ...] = ()
+        self.stage = False  # backward: y, dy and dx staged into ``dense``
+        self.stage_x: tuple[int, ...] | None = None  # forward: x staged into these strides
+        self.stage_y: tuple[int, ...] | None = None  # forward: y computed in these, then copied
         self.keep: tuple[Any, ...] = ()
 
 
@@ -138,11 +202,18 @@ def softmax_forward(x: Any, *, algorithm: str = "accurate", mode: str = "channel
     try:
         handle = get_handle(x.device, s)
         y = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        src, target = x, y
+        if plan.stage_x is not None:
+            src = staged(handle, _at_least_4d(x), plan.stage_x, s)
+        if plan.stage_y is not None:
+            target = staged(handle, _at_least_4d(y), plan.stage_y, s, copy=False)
         one, zero = scalars(x)
-        status = _lib.lib().cudnnSoftmaxForward(handle, plan.algo, plan.mode, one, plan.x, x.ptr,
-                                                zero, plan.y, y.ptr)
+        status = _lib.lib().cudnnSoftmaxForward(handle, plan.algo, plan.mode, one, plan.x, src.ptr,
+                                                zero, plan.y, target.ptr)
         if status:
             raise_launch(status, "cudnnSoftmaxForward", fn, x=plan.keep[0], y=plan.keep[1])
+        if target is not y:
+            transform(handle, target, _at_least_4d(y))
         return y
     finally:
         restore_device(prev)
@@ -158,9 +229,19 @@ def _forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: st
     plan.strides = layout_strides(x.shape, x) if o is None else o.strides
     if x.size == 0:
         return plan
-    xd = _descriptor(x.shape, x.strides, x.dtype)
-    yd = xd if same_layout(x.shape, plan.strides, x.strides) else _descriptor(
-        x.shape, plan.strides, x.dtype)
+    shape, instance = x.shape, plan.mode == SoftmaxMode.INSTANCE
+    # the layouts cuDNN computes in: the operands' own where it takes them, else dense copies
+    # (instance mode: x in y's layout, both sample-packed)
+    ys = plan.strides
+    if not _takes(shape, ys, instance):
+        ys = layout_strides(shape, x)
+        plan.stage_y = _pad(ys)
+    xs = x.strides
+    if not _takes(shape, xs, instance) or (instance and not same_layout(shape, xs, ys)):
+        xs = ys
+        plan.stage_x = _pad(ys)
+    xd = _descriptor(shape, xs, x.dtype)
+    yd = xd if same_layout(shape, xs, ys) else _descriptor(shape, ys, x.dtype)
     plan.x, plan.y = xd.handle, yd.handle
     plan.keep = (xd, yd)
     return plan
@@ -208,8 +289,8 @@ def softmax_backward(y: Any, dy: Any, *, algorithm: str = "accurate", mode: str 
         target = dx
         if plan.stage:
             st = plan.dense
-            y, dy = staged(handle, y, st, s), staged(handle, dy, st, s)
-            target = staged(handle, dx, st, s, copy=False)
+            y, dy = staged(handle, _at_least_4d(y), st, s), staged(handle, _at_least_4d(dy), st, s)
+            target = staged(handle, _at_least_4d(dx), st, s, copy=False)
         one, zero = scalars(y)
         d = plan.x
         status = _lib.lib().cudnnSoftmaxBackward(handle, plan.algo, plan.mode, one, d, y.ptr, d,
@@ -217,7 +298,7 @@ def softmax_backward(y: Any, dy: Any, *, algorithm: str = "accurate", mode: str 
         if status:
             raise_launch(status, "cudnnSoftmaxBackward", fn, tensors=plan.keep[0])
         if target is not dx:
-            transform(handle, target, dx)
+            transform(handle, target, _at_least_4d(dx))
         return dx
     finally:
         restore_device(prev)
@@ -234,11 +315,13 @@ def _backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor |
     if o is not None:
         o = checked_out(o, y.shape, y, fn, None)
     plan.shape = y.shape
-    plan.dense = dense = layout_strides(y.shape, y)
+    dense = layout_strides(y.shape, y)
+    plan.dense = _pad(dense)
     plan.strides = dense if o is None else o.strides
     if y.size == 0:
         return plan
-    # one dense layout for y, dy and dx (operands in another are staged through copies)
+    # one dense layout for y, dy and dx, which always folds to 4-D and is sample-packed
+    # (operands in another are staged through copies)
     plan.stage = not all(same_layout(y.shape, st, dense)
                          for st in (y.strides, dy.strides, plan.strides))
     d = _descriptor(y.shape, dense, y.dtype)
