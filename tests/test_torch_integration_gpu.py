@@ -313,11 +313,12 @@ def test_training_step_captured_in_a_cuda_graph():
     eager = pt.convert(_small_cnn().to(DEV).to(memory_format=CL))
     graphed = copy.deepcopy(eager)
     g = torch.Generator(device=DEV).manual_seed(0)
-    xs = torch.randn(6, 8, 3, 16, 16, device=DEV, generator=g).to(memory_format=CL)
+    # six channels_last batches (a 5-D tensor has no channels_last format: one 4-D tensor each)
+    xs = [torch.randn(8, 3, 16, 16, device=DEV, generator=g).to(memory_format=CL) for _ in range(6)]
     ys = torch.randint(0, 10, (6, 8), device=DEV, generator=g)
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
     opt_g = torch.optim.SGD(graphed.parameters(), lr=0.05, momentum=0.9)
-    static_x, static_y = xs[0].clone(), ys[0].clone()
+    static_x, static_y = xs[0].clone(memory_format=CL), ys[0].clone()
 
     def step(model, opt, x, y):
         opt.zero_grad(set_to_none=True)
