@@ -23,13 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pycudnn
-from pycudnn import _lib
 from pycudnn import cupy_compat as cc
-from pycudnn.descriptors import TensorDescriptor, live_descriptor_count
+from pycudnn.cudnn.descriptors import TensorDescriptor, live_descriptor_count
+from pycudnn.ffi import library as _lib
 from pycudnn.ops.activation import activation_backward, activation_forward
 from pycudnn.ops.pooling import PoolingDescriptor, PoolingMode, pooling_backward, pooling_forward
 from pycudnn.ops.softmax import softmax_backward, softmax_forward
-from pycudnn.tensor import contiguous_strides
+from pycudnn.runtime.tensor import contiguous_strides
 
 NO_GPU = pytest.mark.skipif(
     pycudnn.device_count() > 0,

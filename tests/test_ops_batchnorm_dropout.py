@@ -19,11 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pycudnn
-from pycudnn import _lib
 from pycudnn import errors as E
-from pycudnn import memory as M
+from pycudnn.cudnn.descriptors import live_descriptor_count
+from pycudnn.ffi import library as _lib
 from pycudnn.ops import batchnorm as bn
 from pycudnn.ops import dropout as dr
+from pycudnn.runtime import memory as M
+from pycudnn.runtime.tensor import contiguous_strides
 
 GPU_VISIBLE = M.device_count() > 0
 no_gpu_only = pytest.mark.skipif(
@@ -73,9 +75,9 @@ def test_parameter_descriptor_is_what_cudnn_derives(shape, mode, dtype):
 
 
 def test_dropout_descriptor_lifetime():
-    before = pycudnn.descriptors.live_descriptor_count()
+    before = live_descriptor_count()
     d = dr.DropoutDescriptor()
-    assert pycudnn.descriptors.live_descriptor_count() == before + 1
+    assert live_descriptor_count() == before + 1
     assert d.handle and "DropoutDescriptor(" in repr(d)
     with pytest.raises(TypeError, match="cannot pickle"):
         __import__("pickle").dumps(d)
@@ -84,7 +86,7 @@ def test_dropout_descriptor_lifetime():
     assert d.closed and repr(d) == "DropoutDescriptor(<closed>)"
     with pytest.raises(ValueError, match="closed"):
         d.handle
-    assert pycudnn.descriptors.live_descriptor_count() == before
+    assert live_descriptor_count() == before
 
 
 def test_dropout_reserve_size_from_cudnn():
@@ -109,7 +111,7 @@ def test_descriptor_cache_is_bounded():
 # ---- argument checks ------------------------------------------------------------------------------
 
 def fwd(x, w, b, rm=None, rv=None, **kw):
-    return pycudnn.ops.batchnorm.batch_norm_forward_training(x, w, b, rm, rv, **kw)
+    return bn.batch_norm_forward_training(x, w, b, rm, rv, **kw)
 
 
 CASES = {
@@ -216,7 +218,7 @@ def _state(p=0.5, device=0):
 
 
 def _reserve(shape, dtype="float32"):
-    return dr.DropoutReserve(None, 16, shape, pycudnn.tensor.contiguous_strides(shape),
+    return dr.DropoutReserve(None, 16, shape, contiguous_strides(shape),
                              np.dtype(dtype), 0, 0.5)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pycudnn
-from pycudnn.memory import synchronize
+from pycudnn.runtime.memory import synchronize
 from pycudnn.ops.activation import activation_backward, activation_forward
 from pycudnn.ops.pooling import pooling_backward, pooling_forward
 from pycudnn.ops.softmax import softmax_backward, softmax_forward
@@ -384,7 +384,7 @@ def test_refused_calls_leave_every_buffer_untouched():
 
 
 def test_repeated_calls_reuse_descriptors_and_stay_right():
-    from pycudnn.descriptors import live_descriptor_count
+    from pycudnn.cudnn.descriptors import live_descriptor_count
 
     x = np.random.default_rng(13).standard_normal((4, 8, 6, 6)).astype(np.float32)
     X = pycudnn.from_numpy(x)
