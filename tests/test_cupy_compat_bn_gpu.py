@@ -124,15 +124,16 @@ def test_half_parameters_are_converted_like_cupy13():
     x = cupy.asarray(host((4, 8, 3, 3), 10).astype("float16"))
     g, b = cupy.ones(8, "float16"), cupy.zeros(8, "float16")
     rm, rv = cupy.zeros(8, "float16"), cupy.ones(8, "float16")
-    y, mean, _ = cc.batch_normalization_forward_training(
+    y, mean, inv_std = cc.batch_normalization_forward_training(
         x, g, b, rm, rv, None, None, 1e-5, 0.5, True, cc.CUDNN_BATCHNORM_SPATIAL, False)
     _, rmean, _, rrm, rrv = R.forward_training(cupy.asnumpy(x), np.ones(8), np.zeros(8),
                                                np.zeros(8), np.ones(8), 0.5, 1e-5, "spatial")
-    assert rm.dtype == "float16" and mean.dtype == "float32"
+    assert rm.dtype == "float16" and mean.dtype == "float32" and inv_std.dtype == "float32"
+    close(mean, rmean, "float32", "mean")
     close(rm, rrm, "float16", "running_mean (float16)")
     close(rv, rrv, "float16", "running_var (float16)")
-    gx, gg, gb = cc.batch_normalization_backward(x, g, cupy.ones_like(x), mean, _, 1e-5, True,
-                                                 cc.CUDNN_BATCHNORM_SPATIAL, False)
+    gx, gg, gb = cc.batch_normalization_backward(x, g, cupy.ones_like(x), mean, inv_std, 1e-5,
+                                                 True, cc.CUDNN_BATCHNORM_SPATIAL, False)
     assert gg.dtype == "float16" and gb.dtype == "float16"
     close(gb, np.full(8, 4 * 3 * 3.0), "float16", "gbeta")
 
