@@ -353,7 +353,7 @@ class Tensor:
         t.device = device
         t.owner = owner
         t.readonly = readonly
-        t._fmt = None
+        # _fmt is left unset (memory_format computes it on first read): one store less per tensor
         return t
 
     # -- sizes --
@@ -392,7 +392,10 @@ class Tensor:
     def memory_format(self) -> str:
         """``"channels_last"`` or ``"contiguous"``, as PyTorch's ``suggest_memory_format`` decides
         (see the module docstring)."""
-        fmt = self._fmt
+        try:
+            fmt = self._fmt
+        except AttributeError:  # not computed yet (the fast constructors leave it unset)
+            fmt = None
         if fmt is None:
             nd = len(self.shape)
             fmt = "contiguous"
@@ -632,18 +635,43 @@ def _torch_dtype(torch: Any, tdtype: Any) -> np.dtype:
     return dt
 
 
+_torch_has_neg: bool | None = None  # whether torch.Tensor has is_neg() (torch >= 1.10)
+
+
 def _from_torch(obj: Any, torch: Any) -> Tensor:
+    # The hot path of every call with torch tensors: each torch accessor costs 50-100 ns, so each
+    # is read once, the dtype table is read inline and the Tensor is built here (as _make does).
+    global _torch_has_neg
     if not obj.is_cuda:
         where = "" if obj.device.type == "cpu" else f" on {obj.device}"
         raise _host_refusal(obj, where)
     if obj.layout is not torch.strided:
         raise TypeError(f"as_tensor: expected a strided (dense) torch tensor, got layout {obj.layout}")
-    is_neg = getattr(obj, "is_neg", None)
-    if is_neg is not None and is_neg():
+    has_neg = _torch_has_neg
+    if has_neg is None:
+        has_neg = _torch_has_neg = hasattr(torch.Tensor, "is_neg")
+    if has_neg and obj.is_neg():
         raise TypeError("as_tensor: the torch tensor has its negative bit set; call .resolve_neg() first")
-    dtype = _torch_dtype(torch, obj.dtype)
-    return Tensor._make(obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), dtype,
-                        obj.get_device(), obj)
+    tdtype = obj.dtype
+    table = _torch_dtypes
+    dtype = table.get(tdtype) if table is not None else None
+    if dtype is None:
+        dtype = _torch_dtype(torch, tdtype)
+    strides = obj.stride()
+    if strides.__class__ is not tuple:  # a tuple in every torch release; kept exact if not
+        strides = tuple(strides)
+    t = _new(Tensor)
+    t.ptr = obj.data_ptr()
+    t.shape = tuple(obj.shape)  # a plain tuple: torch.Size would print differently in messages
+    t.strides = strides
+    t.dtype = dtype
+    t.device = obj.get_device()
+    t.owner = obj
+    t.readonly = False
+    return t
+
+
+_new = object.__new__
 
 
 def _typestr_dtype(typestr: Any) -> np.dtype | None:
@@ -875,7 +903,8 @@ def as_tensor(obj: Any, *, stream: Any = None) -> Tensor:
         return obj
     consumer = 0 if stream is None else (stream if type(stream) is int else _mem.resolve_stream(stream))
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
+    # the class test first: isinstance() goes through torch's metaclass (~100 ns)
+    if torch is not None and (obj.__class__ is torch.Tensor or isinstance(obj, torch.Tensor)):
         return _from_torch(obj, torch)
     if isinstance(obj, Tensor):  # a subclass
         return obj
