@@ -29,6 +29,14 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Sequence
 
+from ._types import MathType
+from .configuration import config, flags
+from .errors import CudnnNotFoundError
+from .ffi import library as _lib
+from .ffi.backend import BehaviorNote, NumericalNote
+from .runtime.memory import check_cuda, device_count, device_guard, empty_cache, no_device_reason
+from .search import algos, tuning_db
+
 __all__ = ["main", "build_parser", "Layer", "MODELS", "MODEL_BATCH", "parse_shape", "model_layers",
            "UsageError", "RunError"]
 
@@ -367,9 +375,6 @@ class _Progress:
 
 def _require_gpu(command: str, device: int = 0) -> None:
     """RunError (one line) when this machine cannot run convolutions."""
-    from .errors import CudnnNotFoundError
-    from .ffi import library as _lib
-    from .runtime.memory import device_count, no_device_reason
 
     reason = no_device_reason()
     if reason is not None:
@@ -389,7 +394,6 @@ def _devices() -> tuple[list[dict[str, Any]], str | None]:
     """(devices, None) or ([], why there is none)."""
     from cuda.bindings import runtime as rt
 
-    from .runtime.memory import device_count, no_device_reason
 
     reason = no_device_reason()
     if reason is not None:
@@ -471,9 +475,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     import pycudnn
 
-    from .errors import CudnnNotFoundError
-    from .ffi import library as _lib
-    from .search import tuning_db
 
     info: dict[str, Any] = {"pycudnn": pycudnn.__version__,
                             "pycudnn_path": os.path.dirname(os.path.abspath(pycudnn.__file__)),
@@ -643,7 +644,6 @@ class _CudaTimer:
         self.rt.cudaEventRecord(self.ev0, 0)
 
     def stop(self) -> float:
-        from .runtime.memory import check_cuda
 
         self.rt.cudaEventRecord(self.ev1, 0)
         check_cuda(self.rt.cudaEventSynchronize(self.ev1)[0], "cudaEventSynchronize")
@@ -652,7 +652,6 @@ class _CudaTimer:
         return float(ms)
 
     def sync(self) -> None:
-        from .runtime.memory import check_cuda
 
         check_cuda(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
@@ -749,14 +748,12 @@ def _candidate_row(rec: Any) -> dict[str, Any]:
     """Choice, measured time, workspace and notes of one candidate (graph plan or v7 algorithm)."""
     plan = getattr(rec, "plan", None)
     if plan is not None:
-        from .ffi.backend import BehaviorNote, NumericalNote
 
         notes = [_note_name(NumericalNote, n) for n in getattr(plan, "notes", ())]
         notes += [_note_name(BehaviorNote, n) for n in getattr(plan, "behavior_notes", ())]
         return {"choice": plan.tag, "time_ms": rec.time_ms if rec.time_ms >= 0 else None,
                 "workspace": plan.workspace_size if plan.finalized else None,
                 "notes": notes, "source": rec.source, "detail": rec.describe()}
-    from ._types import MathType
 
     try:
         math_name = MathType(rec.math_type).name
@@ -770,7 +767,6 @@ def _candidate_row(rec: Any) -> dict[str, Any]:
 
 def _store_winners(direction: str, strategy: Any) -> None:
     """After a search run with the database off (--fresh/--all-candidates): keep the winner."""
-    from .search import algos, tuning_db
 
     if not tuning_db.enabled():
         return
@@ -799,8 +795,6 @@ def _run_layer(layer: Layer, direction: str, bufs: _Buffers, opts: dict[str, Any
     """Search (or reuse) and time one layer in one direction; torch too when ``torch_on``."""
     import pycudnn
 
-    from .configuration import flags
-    from .search import algos
 
     strategy = algos.strategy_for(opts["engine"])
     row = _new_row(layer, direction)
@@ -853,8 +847,6 @@ def _run_layer(layer: Layer, direction: str, bufs: _Buffers, opts: dict[str, Any
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    from .configuration import config
-    from .search import tuning_db
 
     dtype, tf32 = DTYPES[args.dtype]
     engine = args.engine or config.engine
@@ -869,7 +861,6 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _free_memory(device: int, torch_on: bool) -> None:
-    from .runtime.memory import empty_cache
 
     try:
         if torch_on:
@@ -890,8 +881,6 @@ def _check_output_path(option: str, file: str | None) -> None:
 
 def _run_all(layers: list[Layer], directions: list[str], opts: dict[str, Any], device: int,
              torch_on: bool, quiet: bool, what: str, measure: bool) -> list[dict[str, Any]]:
-    from .configuration import flags
-    from .runtime.memory import device_guard
 
     rows = []
     progress = _Progress(len(layers) * len(directions), what, quiet)
@@ -933,7 +922,6 @@ def _torch_available(args: argparse.Namespace) -> tuple[bool, str | None]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Time layers with benchmark=True (and PyTorch's cuDNN path when installed)."""
-    from .search import tuning_db
 
     layers = _layers_from(args)
     directions = _directions(args.direction)
@@ -973,8 +961,6 @@ def _meta(args: argparse.Namespace, opts: dict[str, Any], layers: list[Layer],
           directions: list[str]) -> dict[str, Any]:
     import pycudnn
 
-    from .ffi import library as _lib
-    from .search import tuning_db
 
     devices, _ = _devices()
     dev = next((d for d in devices if d.get("index") == args.device), {})
@@ -1087,7 +1073,6 @@ def _plot(file: str, rows: list[dict[str, Any]], meta: dict[str, Any], torch_on:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Fill the tuning database: one measured search per layer and direction."""
-    from .search import tuning_db
 
     if not (args.model or args.shapes_file or args.shape):
         raise UsageError("say what to tune: --model NAME, --shapes-file FILE or --shape SHAPE")
@@ -1169,7 +1154,6 @@ def _summaries(rows: list[dict[str, Any]]) -> list[list[str]]:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     """show [FILE] | clear | export FILE | import FILE [--replace]."""
-    from .search import tuning_db
 
     action = args.action
     try:

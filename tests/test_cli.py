@@ -367,7 +367,7 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
         "device": {"index": 0, "name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132},
         "settings": {"dtype": args.dtype, "layout": args.layout, "engine": opts["engine"],
                      "layers": len(layers), "directions": [cli.SHORT[d] for d in directions]}})
-    monkeypatch.setattr(pycudnn.runtime.memory, "device_guard", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(cli, "device_guard", lambda device: contextlib.nullcontext())
     seen = []
 
     def fake_run_layer(layer, direction, bufs, opts, torch_on, measure=True):

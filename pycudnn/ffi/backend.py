@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy.typing as npt
 
 from .._live import LiveCounter
+from .._types import DataType, dtype_to_cudnn
 from ..errors import PycudnnError
 from . import library as _lib
 
@@ -405,7 +406,6 @@ def _dtype_label(dtype: int) -> str:
 
 def to_data_type(value: int | npt.DTypeLike) -> int:
     """cudnnDataType_t of a `pycudnn._types.DataType`, a numpy dtype or a dtype name."""
-    from .._types import DataType, dtype_to_cudnn
 
     if isinstance(value, DataType):
         return int(value)

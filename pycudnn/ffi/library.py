@@ -32,6 +32,7 @@ from ctypes import (POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size
                     c_void_p)
 from typing import Any, Callable, NoReturn
 
+from .._types import Status
 from ..errors import CudnnNotFoundError, error_class_for_status
 
 __all__ = ["PROTOTYPES", "Library", "lib", "check", "raise_status", "version", "version_tuple",
@@ -586,7 +587,6 @@ def _reset_for_tests() -> None:
 
 def status_name(status: int) -> str:
     """Symbolic cuDNN 9 name of a status, e.g. ``CUDNN_STATUS_BAD_PARAM``."""
-    from .._types import Status
 
     try:
         return Status(status).symbol

@@ -19,6 +19,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .memory import resolve_stream
+
 __all__ = ["current_stream", "framework_of", "FRAMEWORKS"]
 
 FRAMEWORKS = ("torch", "cupy", "numba", "cuda.core", "pycudnn")
@@ -68,7 +70,6 @@ def _cupy_stream(device: int | None = None) -> int:
 
 def _numba_handle(stream: Any) -> int:
     """The handle of a Numba stream (or the ``0`` Numba uses for the default stream)."""
-    from .memory import resolve_stream
 
     if stream is None:
         return 0
@@ -120,7 +121,6 @@ def current_stream(obj: Any) -> int:
         TypeError: an object whose stream cannot be determined (JAX arrays, for instance: JAX
             does not expose its streams; pass ``stream=`` yourself).
     """
-    from .memory import resolve_stream
 
     if isinstance(obj, str):
         name = obj.strip().lower()

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from .._types import normalize_dtype
+from ..runtime.tensor import span_elements
 
 __all__ = ["Direction", "DIRECTION", "DIRECTIONS", "ROLES", "EpilogueKind", "ConvolutionParams",
            "ConvolutionArgs", "role_bytes", "written_bytes"]
@@ -170,7 +171,6 @@ def role_bytes(p: ConvolutionParams, role: str) -> int:
     The item size comes from the same parser the descriptors use (``normalize_dtype``), so a
     buffer sized here is never smaller than what a kernel given these parameters touches.
     """
-    from ..runtime.tensor import span_elements
 
     itemsize = normalize_dtype(p.dtype).itemsize
     if role == "x":

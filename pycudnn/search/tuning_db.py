@@ -77,6 +77,12 @@ import time
 import warnings
 from typing import Any, Iterable, Iterator
 
+from .. import __version__
+from .._types import BwdDataAlgo, BwdFilterAlgo, FwdAlgo, MathType
+from ..configuration import config
+from ..runtime.memory import check_cuda
+from .problem import ConvolutionParams
+
 __all__ = ["enabled", "lookup", "store", "drop", "path", "cache_dir", "entries", "clear", "export",
            "merge", "import_file", "read_file", "MergeReport", "refused", "device_identity", "params_to_dict",
            "params_from_dict", "validate_record", "entry_key", "TuningDatabaseWarning", "SCHEMA_VERSION", "FILE_NAME",
@@ -111,7 +117,6 @@ class TuningDatabaseWarning(UserWarning):
 def enabled() -> bool:
     """Whether measured choices are read from and written to disk (``pycudnn.config.tuning_db``,
     which ``PYCUDNN_TUNING_DB=0`` turns off and ``pycudnn.flags(tuning_db=...)`` overrides)."""
-    from ..configuration import config
 
     return bool(config.tuning_db)
 
@@ -151,7 +156,6 @@ def device_identity(device: int) -> dict[str, Any]:
         return ident
     from cuda.bindings import runtime as rt
 
-    from ..runtime.memory import check_cuda
 
     err, prop = rt.cudaGetDeviceProperties(device)
     check_cuda(err, f"cudaGetDeviceProperties({device})")
@@ -274,7 +278,6 @@ def params_from_dict(data: Any, device: int) -> Any:
     Raises:
         TypeError, ValueError: a field is missing, unknown, of the wrong kind or out of range.
     """
-    from .problem import ConvolutionParams
 
     fields = {f.name: f for f in dataclasses.fields(ConvolutionParams)}
     if not isinstance(data, dict):
@@ -352,7 +355,6 @@ def params_from_dict(data: Any, device: int) -> Any:
 #: the fields of each engine's ``serialize()`` (algos.V7Search, graph_engine.GraphSearch):
 #: name -> (required, check); a field not listed refuses the record
 def _v7_algo(direction: str, v: Any) -> int:
-    from .._types import BwdDataAlgo, BwdFilterAlgo, FwdAlgo
 
     enum = {"forward": FwdAlgo, "backward_data": BwdDataAlgo, "backward_filter": BwdFilterAlgo}[direction]
     algo = _int("record.algo", v, 0, _INT_MAX)
@@ -362,7 +364,6 @@ def _v7_algo(direction: str, v: Any) -> int:
 
 
 def _math_type(v: Any) -> int:
-    from .._types import MathType
 
     m = _int("record.math_type", v, 0, _INT_MAX)
     if m not in set(e.value for e in MathType):
@@ -491,7 +492,6 @@ def entry_key(entry: dict[str, Any]) -> str:
 
 
 def _new_entry(params: Any, record: dict[str, Any]) -> dict[str, Any]:
-    from .. import __version__
 
     rec = _jsonable(dict(record))
     t = rec.get("time_ms", 0.0)
