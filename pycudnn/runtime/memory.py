@@ -275,7 +275,16 @@ def ensure_device(device: int) -> int:
     calls ``cudaSetDevice`` once, because ``cudaGetDevice`` answers 0 on a thread where no context
     was ever made current, and driver-API work (cuda.core allocations) needs a current context.
     No validation: callers pass an ordinal checked by `normalize_device()`.
+
+    With one device visible, once this thread has bound it there is nothing to ask: it is the
+    current device (the hot path of every call skips ``cudaGetDevice`` that way).
     """
+    if device == 0 and _count == 1:
+        try:
+            if _tls.bound:
+                return 0
+        except AttributeError:  # the thread's first call
+            pass
     rt = _rt or _runtime()
     err, cur = rt.cudaGetDevice()
     if err:
