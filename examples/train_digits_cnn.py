@@ -1,6 +1,6 @@
-"""Train a small CNN on scikit-learn's digits (8x8 images, no download): pycudnn does every
-convolution, forward and backward, and CuPy does the rest (ReLU masks, pooling, the dense layer,
-softmax cross-entropy, Adam).
+"""Train a small CNN on scikit-learn's digits (8x8 images, no download): pycudnn runs every layer
+but the dense one, forward and backward (convolutions, batch norm, ReLU, max pooling,
+log-softmax), and CuPy does the rest (the dense layer, the loss, Adam).
 
 Needs: an NVIDIA GPU, CuPy and scikit-learn; tqdm draws the progress bar when installed (from a
 checkout: pip install -e ".[cu12,examples]", or ".[cu13,examples-cu13]" for CUDA 13).
@@ -9,10 +9,16 @@ It prints a progress bar per epoch (tqdm when installed), the test accuracy and 
 and exits with status 1 unless the accuracy is at least 95% and training took under a minute.
 
     input (N, 1, 8, 8)
-    conv 3x3, 16 channels, padding 1, bias, ReLU    pycudnn.convolution(..., activation="relu")
-    conv 3x3, 32 channels, padding 1, bias, ReLU    (the graph engine fuses bias and ReLU)
-    max pool 2x2                 -> (N, 32, 4, 4)   CuPy
-    dense 512 -> 10, softmax cross-entropy          CuPy
+    conv 3x3, 16 channels, padding 1    pycudnn.convolution
+    batch norm, ReLU                    pycudnn.batch_norm_forward_training (when testing:
+                                        batch_norm_forward_inference), pycudnn.activation_forward
+    conv 3x3, 32 channels, padding 1    the same
+    batch norm, ReLU
+    max pool 2x2     -> (N, 32, 4, 4)   pycudnn.pooling_forward
+    dense 512 -> 10                     CuPy
+    log-softmax, cross-entropy          pycudnn.softmax_forward(..., algorithm="log")
+The backward pass goes through the matching pycudnn functions (*_backward, convolution_backward_*).
+Everything runs on CuPy's current stream, which every pycudnn call is given.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import pycudnn
 EPOCHS = 20
 BATCH = 64
 LR = 3e-3
+MOMENTUM = 0.1  # the weight of each batch in batch norm's running statistics
 TARGET_ACCURACY = 0.95
 TIME_LIMIT_S = 60.0
 
@@ -78,64 +85,82 @@ def init_params(rng):
     def he(shape, fan_in):
         return rng.standard_normal(shape, dtype=cp.float32) * np.float32(np.sqrt(2.0 / fan_in))
 
+    # the convolutions have no bias: the batch norm after each one adds its own shift (beta)
     return {
-        "w1": he((16, 1, 3, 3), 9), "b1": cp.zeros(16, cp.float32),
-        "w2": he((32, 16, 3, 3), 16 * 9), "b2": cp.zeros(32, cp.float32),
+        "w1": he((16, 1, 3, 3), 9),
+        "g1": cp.ones(16, cp.float32), "b1": cp.zeros(16, cp.float32),  # batch norm's gamma, beta
+        "w2": he((32, 16, 3, 3), 16 * 9),
+        "g2": cp.ones(32, cp.float32), "b2": cp.zeros(32, cp.float32),
         "w3": he((512, 10), 512), "b3": cp.zeros(10, cp.float32),
     }
 
 
-def maxpool2(a):
-    """2x2 max pooling of (N, C, H, W); returns the pooled array and the routing mask (ties
-    share the gradient)."""
-    n, c, h, w = a.shape
-    r = a.reshape(n, c, h // 2, 2, w // 2, 2)
-    m = r.max(axis=(3, 5))
-    mask = (r == m[:, :, :, None, :, None]).astype(a.dtype)
-    mask /= mask.sum(axis=(3, 5), keepdims=True)
-    return m, mask
+def init_running_stats():
+    """Batch norm's running mean and variance per channel: every training step updates them in
+    place, testing normalizes with them."""
+    return {"mean1": cp.zeros(16, cp.float32), "var1": cp.ones(16, cp.float32),
+            "mean2": cp.zeros(32, cp.float32), "var2": cp.ones(32, cp.float32)}
 
 
-def maxpool2_backward(g, mask):
-    n, c, h2, w2 = g.shape
-    return (mask * g[:, :, :, None, :, None]).reshape(n, c, 2 * h2, 2 * w2)
+def conv_bn_relu(x, w, gamma, beta, running_mean, running_var, stream, training):
+    """conv 3x3 (padding 1) -> batch norm -> ReLU; returns the output and what backward needs.
+    Every result is a pycudnn.Tensor, which the next pycudnn call takes as it is."""
+    z = pycudnn.convolution(x, w, padding=1, stream=stream)
+    if training:  # normalize with the batch's statistics, update the running ones in place
+        bn = pycudnn.batch_norm_forward_training(z, gamma, beta, running_mean, running_var,
+                                                 momentum=MOMENTUM, stream=stream)
+        h = bn[0]  # bn unpacks to (y, save_mean, save_invstd); bn.reserve goes to backward too
+    else:  # normalize with the running statistics
+        bn = None
+        h = pycudnn.batch_norm_forward_inference(z, gamma, beta, running_mean, running_var,
+                                                 stream=stream)
+    a = pycudnn.activation_forward(h, "relu", stream=stream)
+    return a, (x, z, bn, h, a)
 
 
-def forward(p, x, stream):
-    # pycudnn returns a pycudnn.Tensor; cp.asarray views it without a copy
-    a1 = cp.asarray(pycudnn.convolution(x, p["w1"], p["b1"], padding=1, activation="relu",
-                                        stream=stream))
-    a2 = cp.asarray(pycudnn.convolution(a1, p["w2"], p["b2"], padding=1, activation="relu",
-                                        stream=stream))
-    pooled, mask = maxpool2(a2)
-    flat = pooled.reshape(x.shape[0], -1)
+def conv_bn_relu_backward(da, w, gamma, cache, stream, input_grad=True):
+    """Gradients of conv_bn_relu from the gradient of its output:
+    (dx, or None without input_grad, dw, dgamma, dbeta)."""
+    x, z, bn, h, a = cache
+    dh = pycudnn.activation_backward(a, da, h, "relu", stream=stream)
+    _, save_mean, save_invstd = bn
+    dz, dgamma, dbeta = pycudnn.batch_norm_backward(z, dh, gamma, save_mean, save_invstd,
+                                                    reserve=bn.reserve, stream=stream)
+    dw = cp.empty_like(w)  # a convolution gradient written into a CuPy array (out=)
+    pycudnn.convolution_backward_filter(x, dz, w.shape, padding=1, out=dw, stream=stream)
+    dx = (pycudnn.convolution_backward_data(dz, w, x.shape, padding=1, stream=stream)
+          if input_grad else None)
+    # cp.asarray views a pycudnn.Tensor without a copy, for the CuPy arithmetic of Adam
+    return dx, dw, cp.asarray(dgamma), cp.asarray(dbeta)
+
+
+def forward(p, stats, x, stream, training):
+    a1, cache1 = conv_bn_relu(x, p["w1"], p["g1"], p["b1"], stats["mean1"], stats["var1"],
+                              stream, training)
+    a2, cache2 = conv_bn_relu(a1, p["w2"], p["g2"], p["b2"], stats["mean2"], stats["var2"],
+                              stream, training)
+    pooled = pycudnn.pooling_forward(a2, 2, stride=2, mode="max", stream=stream)
+    flat = cp.asarray(pooled).reshape(x.shape[0], -1)
     logits = flat @ p["w3"] + p["b3"]
-    return logits, (a1, a2, mask, flat)
+    logp = pycudnn.softmax_forward(logits, algorithm="log", stream=stream)  # log-softmax over C
+    return cp.asarray(logp), (cache1, cache2, a2, pooled, flat)
 
 
-def loss_and_grads(p, x, labels, stream):
-    logits, (a1, a2, mask, flat) = forward(p, x, stream)
+def loss_and_grads(p, stats, x, labels, stream):
+    logp, (cache1, cache2, a2, pooled, flat) = forward(p, stats, x, stream, training=True)
     n = x.shape[0]
-    z = logits - logits.max(axis=1, keepdims=True)
-    logp = z - cp.log(cp.exp(z).sum(axis=1, keepdims=True))
-    loss = -logp[cp.arange(n), labels].mean()
-    dlogits = cp.exp(logp)
-    dlogits[cp.arange(n), labels] -= 1
-    dlogits /= n
+    rows = cp.arange(n)
+    loss = -logp[rows, labels].mean()  # cross-entropy
+    dlogp = cp.zeros_like(logp)
+    dlogp[rows, labels] = -1.0 / n
+    dlogits = cp.asarray(pycudnn.softmax_backward(logp, dlogp, algorithm="log", stream=stream))
     g = {"w3": flat.T @ dlogits, "b3": dlogits.sum(axis=0)}
-    dflat = dlogits @ p["w3"].T
-    dz2 = maxpool2_backward(dflat.reshape(n, 32, 4, 4), mask) * (a2 > 0)
-    # every convolution gradient comes from pycudnn, written into CuPy arrays (out=)
-    g["w2"] = cp.empty_like(p["w2"])
-    pycudnn.convolution_backward_filter(a1, dz2, p["w2"].shape, padding=1, out=g["w2"], stream=stream)
-    g["b2"] = dz2.sum(axis=(0, 2, 3))
-    da1 = cp.empty_like(a1)
-    pycudnn.convolution_backward_data(dz2, p["w2"], a1.shape, padding=1, out=da1, stream=stream)
-    dz1 = da1 * (a1 > 0)
-    g["w1"] = cp.empty_like(p["w1"])
-    pycudnn.convolution_backward_filter(x, dz1, p["w1"].shape, padding=1, out=g["w1"], stream=stream)
-    g["b1"] = dz1.sum(axis=(0, 2, 3))
-    return loss, logits, g
+    dpooled = (dlogits @ p["w3"].T).reshape(pooled.shape)
+    da2 = pycudnn.pooling_backward(pooled, dpooled, a2, 2, stride=2, mode="max", stream=stream)
+    da1, g["w2"], g["g2"], g["b2"] = conv_bn_relu_backward(da2, p["w2"], p["g2"], cache2, stream)
+    _, g["w1"], g["g1"], g["b1"] = conv_bn_relu_backward(da1, p["w1"], p["g1"], cache1, stream,
+                                                         input_grad=False)
+    return loss, logp, g
 
 
 class Adam:
@@ -156,9 +181,9 @@ class Adam:
             params[k] -= (self.lr / c1) * m / (cp.sqrt(v / c2) + self.eps)
 
 
-def accuracy(p, x, labels, stream):
-    logits, _ = forward(p, x, stream)
-    return float((logits.argmax(axis=1) == labels).mean())
+def accuracy(p, stats, x, labels, stream):
+    logp, _ = forward(p, stats, x, stream, training=False)
+    return float((logp.argmax(axis=1) == labels).mean())
 
 
 def main() -> int:
@@ -172,6 +197,7 @@ def main() -> int:
 
     stream = pycudnn.current_stream("cupy")  # CuPy's current stream: pycudnn runs where CuPy does
     params = init_params(cp.random.default_rng(0))
+    stats = init_running_stats()
     opt = Adam(params, LR)
     order_rng = np.random.default_rng(0)
     steps = len(x_tr) // BATCH  # full batches only: one shape, one algorithm search per layer
@@ -185,10 +211,10 @@ def main() -> int:
         for i in range(steps):
             idx = order[i * BATCH:(i + 1) * BATCH]
             xb, yb = x_train[idx], y_train[idx]
-            loss, logits, grads = loss_and_grads(params, xb, yb, stream)
+            loss, logp, grads = loss_and_grads(params, stats, xb, yb, stream)
             opt.step(params, grads)
             total_loss += loss
-            correct += (logits.argmax(axis=1) == yb).sum()
+            correct += (logp.argmax(axis=1) == yb).sum()
             bar.update(1)
         bar.set_postfix_str(f"loss {float(total_loss) / steps:.4f} "
                             f"train acc {int(correct) / (steps * BATCH):.3f}")
@@ -196,11 +222,12 @@ def main() -> int:
     cp.cuda.get_current_stream().synchronize()
     train_s = time.perf_counter() - start
 
-    acc = accuracy(params, x_test, y_test, stream)
+    acc = accuracy(params, stats, x_test, y_test, stream)
     ok = acc >= TARGET_ACCURACY and train_s < TIME_LIMIT_S
     print(f"train_digits_cnn: test accuracy {100 * acc:.1f}% (target >= {100 * TARGET_ACCURACY:.0f}%) "
-          f"after {EPOCHS} epochs in {train_s:.1f} s (limit {TIME_LIMIT_S:.0f} s); every "
-          f"convolution forward and backward ran in pycudnn: {'OK' if ok else 'FAILED'}")
+          f"after {EPOCHS} epochs in {train_s:.1f} s (limit {TIME_LIMIT_S:.0f} s); "
+          f"convolutions, batch norm, ReLU, pooling and log-softmax ran in pycudnn: "
+          f"{'OK' if ok else 'FAILED'}")
     return 0 if ok else 1
 
 
