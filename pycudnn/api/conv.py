@@ -191,13 +191,11 @@ def _flags(given: dict[str, Any]) -> dict[str, Any]:
     return config.resolve(given)
 
 
-def _flags_token(given: dict[str, Any]) -> tuple:
-    """Config.token() inlined for the hot path (a call-signature key component). Keyword order
-    is kept as given: one call site always passes the same order, and another order is only
-    another (equally valid) entry."""
-    if given:
-        return (config._version, _override_token.get(), tuple(given.items()))
-    return (config._version, _override_token.get())
+# Every call signature ends with the flags part of Config.token(), spelt out in the key (one
+# tuple and one call less per call): ``config._version, _override_get(), tuple(flags.items())
+# if flags else None``. Keyword order is kept as given: one call site always passes the same
+# order, and another order is only another (equally valid) entry.
+_override_get = _override_token.get  # bound once: read on every call
 
 
 def _matching_out(prepared: Any, out: Any, stream: Any, a: Tensor, b: Tensor,
@@ -228,8 +226,6 @@ def _stream_pair(stream: Any) -> tuple[int, Any]:
         return 0, None
     if type(stream) is int:
         return stream, None
-    from ..runtime.memory import resolve_stream
-
     return resolve_stream(stream), stream
 
 
@@ -442,14 +438,28 @@ def _replay(key: tuple[Any, ...], a: Tensor, b: Tensor, out: Any, stream: Any,
             z: Tensor | None = None, bias: Tensor | None = None) -> "tuple[Tensor, PreparedConvolution] | None":
     """The remembered call for ``key`` launched on these tensors, or None (take the full path):
     no convolution is remembered for the signature, or ``out`` needs the full path's checks."""
-    prepared = _prepared.lookup(key)
+    # the hot path of every remembered call: the lookup, the stream and the out test are inlined
+    try:
+        prepared = _fast_get(key)
+    except TypeError:  # an unhashable argument (a list for stride, ...): take the full path
+        return None
     if prepared is None:
         return None
-    out_t = _matching_out(prepared, out, stream, a, b, bias, z)
-    if out_t is False:
-        return None
+    if out is not None:
+        out = _matching_out(prepared, out, stream, a, b, bias, z)
+        if out is False:
+            return None
+    if stream is None:
+        s, stream_ref = 0, None
+    elif type(stream) is int:
+        s, stream_ref = stream, None
+    else:
+        s, stream_ref = resolve_stream(stream), stream
     # the key matched a, b, z and bias: launch without re-checking them
-    return prepared._run(a, b, out_t, z, bias, *_stream_pair(stream)), prepared
+    return prepared._run(a, b, out, z, bias, s, stream_ref), prepared
+
+
+_fast_get = _prepared._fast.get  # the map of remembered calls (cleared in place, never rebound)
 
 
 def _remember(key: tuple[Any, ...], prepared: "PreparedConvolution | None", again: Again) -> None:
@@ -510,10 +520,11 @@ def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
             w = as_tensor(w, stream=stream)
         if bias is not None and type(bias) is not Tensor:
             bias = as_tensor(bias, stream=stream)
+        # the flags part spelt out as the note above _override_get says
         key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
                w.device, None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
                stride, padding, dilation, groups, activation,
-               _flags_token(flags))
+               config._version, _override_get(), tuple(flags.items()) if flags else None)
         hit = _replay(key, x, w, out, stream, bias=bias)
         if hit is not None:
             return hit
@@ -659,7 +670,7 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
             bias = as_tensor(bias, stream=stream)
         key = ("conv_transpose", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
                w.device, _sig(bias), stride, padding, output_padding, dilation, groups, activation,
-               _flags_token(flags))
+               config._version, _override_get(), tuple(flags.items()) if flags else None)
         hit = _replay(key, x, w, out, stream)
         if hit is not None:
             return hit
@@ -736,7 +747,7 @@ def _backward_data_call(grad_y: Any, w: Any, input_shape: Sequence[int], stride:
             w = as_tensor(w, stream=stream)
         key = ("backward_data", grad_y.shape, grad_y.strides, grad_y.dtype, grad_y.device, w.shape,
                w.strides, w.dtype, w.device, _hashable(input_shape), stride, padding, dilation, groups,
-               _flags_token(flags))
+               config._version, _override_get(), tuple(flags.items()) if flags else None)
         hit = _replay(key, grad_y, w, out, stream)
         if hit is not None:
             return hit
@@ -804,7 +815,7 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stri
             grad_y = as_tensor(grad_y, stream=stream)
         key = ("backward_filter", x.shape, x.strides, x.dtype, x.device, grad_y.shape, grad_y.strides,
                grad_y.dtype, grad_y.device, _hashable(weight_shape), stride, padding, dilation, groups,
-               _flags_token(flags))
+               config._version, _override_get(), tuple(flags.items()) if flags else None)
         hit = _replay(key, x, grad_y, out, stream)
         if hit is not None:
             return hit
@@ -863,7 +874,7 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
             bias = as_tensor(bias, stream=stream)
         key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
                w.device, _sig(z), _sig(bias), alpha, stride, padding, dilation, groups,
-               _flags_token(flags))
+               config._version, _override_get(), tuple(flags.items()) if flags else None)
         hit = _replay(key, x, w, out, stream, z=z, bias=bias)
         if hit is not None:
             return hit
