@@ -55,9 +55,9 @@ def db(tmp_path, monkeypatch):
     monkeypatch.delenv("PYCUDNN_TUNING_DB", raising=False)
     monkeypatch.setattr(tuning_db, "device_identity", lambda device: H200)
     config.reset()
-    tuning_db._reset_for_tests()
+    tuning_db.forget()
     yield tuning_db
-    tuning_db._reset_for_tests()
+    tuning_db.forget()
     config.reset()
 
 
@@ -499,7 +499,7 @@ def test_run_layer_searches_then_reuses_the_database(scripted, db):
     assert row["choice"] == "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH" and row["workspace"] == 4096
     assert row["choice_ms"] == 0.20 and row["ms"] > 0 and row["tflops"] > 0
     assert db.lookup(params)["algo"] == 1
-    db._reset_for_tests()  # as a later process would
+    db.forget()  # as a later process would
     row = cli._run_layer(layer, "forward", None, _opts(), torch_on=False)
     assert row["searches"] == 0 and row["source"] == "tuning-db" and row["choice_ms"] == 0.20
 

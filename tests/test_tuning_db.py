@@ -48,15 +48,15 @@ def db(tmp_path, monkeypatch, identity):
     monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("PYCUDNN_TUNING_DB", raising=False)
     config.reset()
-    tuning_db._reset_for_tests()
+    tuning_db.forget()
     yield tuning_db
-    tuning_db._reset_for_tests()
+    tuning_db.forget()
     config.reset()
 
 
 def new_process():
     """What a later process sees: nothing in memory, the file on disk."""
-    tuning_db._reset_for_tests()
+    tuning_db.forget()
 
 
 def grouped(g: int, **over) -> ConvolutionParams:
@@ -264,10 +264,21 @@ def test_file_read_once_and_refreshed_once_per_missing_key(db, monkeypatch):
     p, q = make_params(), make_params(groups=2)
     db.store(p, V7_RECORD)
     new_process()
-    reads, stats = [], []
-    real_read, real_sig = tuning_db._read, tuning_db._signature
-    monkeypatch.setattr(tuning_db, "_read", lambda f: reads.append(f) or real_read(f))
-    monkeypatch.setattr(tuning_db, "_signature", lambda f: stats.append(f) or real_sig(f))
+    reads, stats = [], []  # opens and stats of the database file itself (not its directory or lock)
+    real_open, real_stat = os.open, os.stat
+
+    def counting_open(name, *args, **kwargs):
+        if isinstance(name, str) and os.path.basename(name) == tuning_db.FILE_NAME:
+            reads.append(name)
+        return real_open(name, *args, **kwargs)
+
+    def counting_stat(name, *args, **kwargs):
+        if isinstance(name, str) and os.path.basename(name) == tuning_db.FILE_NAME:
+            stats.append(name)
+        return real_stat(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(os, "stat", counting_stat)
     for _ in range(100):
         assert db.lookup(p) == V7_RECORD
     assert len(reads) == 1 and stats == []
@@ -769,7 +780,7 @@ def test_a_fifo_at_the_path_never_blocks(db, call):
     def unblock():  # a regular file at the path, then the blocked reader let go
         alias = db.path() + ".fifo"
         os.link(db.path(), alias)
-        Path(db.path() + ".new").write_text(tuning_db._document([]))
+        Path(db.path() + ".new").write_text('{"format": "pycudnn-tuning-db", "version": 1, "entries": []}')
         os.replace(db.path() + ".new", db.path())
         os.close(os.open(alias, os.O_WRONLY | os.O_NONBLOCK))
 

@@ -347,13 +347,15 @@ def fresh_db(seed_identity: bool = True) -> Iterator[str]:
         os.environ["PYCUDNN_CACHE_DIR"] = d
         os.environ.pop("PYCUDNN_TUNING_DB", None)
         config.reset()
-        tuning_db._reset_for_tests()
-        if seed_identity:
-            tuning_db._identities[0] = dict(H200)
+        tuning_db.forget()
+        real_identity = tuning_db.device_identity
+        if seed_identity:  # device 0 answers as an H200; any other device asks the runtime
+            tuning_db.device_identity = lambda device: dict(H200) if device == 0 else real_identity(device)
         try:
             yield d
         finally:
-            tuning_db._reset_for_tests()
+            tuning_db.device_identity = real_identity
+            tuning_db.forget()
             config.reset()
             for k, v in saved.items():
                 if v is None:
@@ -362,11 +364,10 @@ def fresh_db(seed_identity: bool = True) -> Iterator[str]:
                     os.environ[k] = v
 
 
-def new_process(seed_identity: bool = True) -> None:
-    """What a later process sees: nothing in memory, the file on disk."""
-    tuning_db._reset_for_tests()
-    if seed_identity:
-        tuning_db._identities[0] = dict(H200)
+def new_process() -> None:
+    """What a later process sees: nothing in memory, the file on disk (the device identity that
+    `fresh_db` set stays)."""
+    tuning_db.forget()
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:
@@ -707,7 +708,7 @@ def test_fuzzed_records_never_touch_memory_outside_the_output(engine, monkeypatc
             with open(tuning_db.path(), "wb") as f:
                 f.write(render(doc).encode("utf-8", "surrogatepass"))
             pycudnn.clear_caches()  # a later process: nothing in memory, the fuzzed file on disk
-            new_process(seed_identity=False)
+            new_process()
             with time_limit(120):
                 assert err(run()) < 2e-5
 

@@ -24,10 +24,10 @@ def db(tmp_path, monkeypatch):
     monkeypatch.delenv("PYCUDNN_TUNING_DB", raising=False)
     config.reset()
     pycudnn.clear_caches()
-    tuning_db._reset_for_tests()
+    tuning_db.forget()
     yield tuning_db
     pycudnn.clear_caches()
-    tuning_db._reset_for_tests()
+    tuning_db.forget()
     config.reset()
 
 
@@ -35,7 +35,7 @@ def _new_process(tuning_db) -> None:
     import pycudnn
 
     pycudnn.clear_caches()
-    tuning_db._reset_for_tests()
+    tuning_db.forget()
 
 
 def _case(seed=0):

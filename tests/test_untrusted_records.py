@@ -44,10 +44,13 @@ def db(tmp_path, monkeypatch):
     monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("PYCUDNN_TUNING_DB", raising=False)
     config.reset()
-    tuning_db._reset_for_tests()
-    tuning_db._identities[0] = dict(IDENTITY)  # what device_identity() answers on a GPU machine
+    tuning_db.forget()
+    real_identity = tuning_db.device_identity
+    # device 0 answers as on a GPU machine; any other device asks the runtime
+    monkeypatch.setattr(tuning_db, "device_identity",
+                        lambda device: dict(IDENTITY) if device == 0 else real_identity(device))
     yield tuning_db
-    tuning_db._reset_for_tests()
+    tuning_db.forget()
     config.reset()
 
 

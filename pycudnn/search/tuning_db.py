@@ -84,7 +84,7 @@ from ..runtime.memory import check_cuda
 from .problem import ConvolutionParams
 
 __all__ = ["enabled", "lookup", "store", "drop", "path", "cache_dir", "entries", "clear", "export",
-           "merge", "import_file", "read_file", "MergeReport", "refused", "device_identity", "params_to_dict",
+           "merge", "import_file", "read_file", "MergeReport", "refused", "forget", "device_identity", "params_to_dict",
            "params_from_dict", "validate_record", "entry_key", "TuningDatabaseWarning", "SCHEMA_VERSION", "FILE_NAME",
            "MAX_FILE_BYTES"]
 
@@ -938,9 +938,13 @@ def _write_locked(st: _State, entries_: dict[str, dict[str, Any]]) -> None:
     st.entries, st.signature = entries_, _signature(st.file)
 
 
-def _reset_for_tests() -> None:
-    """Forget every in-memory copy, refusal and device identity (tests change directories and
-    GPUs)."""
+def forget() -> None:
+    """Forget what this process holds in memory about the database: its copies of the files,
+    the files it refused and the device identities it asked for; what a later process would see.
+    Nothing on disk changes (`clear()` empties the file).
+
+    For tests and tools that change the database directory or the GPU within one process.
+    """
     with _thread_lock:
         _states.clear()
         _refused.clear()
