@@ -260,7 +260,7 @@ def test_precision_rule():
 
 
 def _perf(direction, rows):
-    table = algos._V7_TABLE[direction]
+    table = algos.v7_direction(direction)
     arr = (table.perf_struct * len(rows))()
     for i, (algo, status, det, math, mem) in enumerate(rows):
         arr[i].algo, arr[i].status, arr[i].determinism = algo, status, det
@@ -271,18 +271,18 @@ def _perf(direction, rows):
 def test_valid_algorithm_filter():
     rows = [(1, 0, 0, 0, 10), (0, 3000, 1, 0, 0), (2, 0, 1, 1, 20), (3, 0, 1, 3, 30)]
     perf = _perf("forward", rows)
-    got = algos.V7Search._valid(make_params(), perf, 4, "find")
+    got = algos.V7Search.valid_algorithms(make_params(), perf, 4, "find")
     assert [r.algo for r in got] == [1, 2, 3]  # status != success dropped, order kept
-    det = algos.V7Search._valid(make_params(deterministic=True), perf, 4, "find")
+    det = algos.V7Search.valid_algorithms(make_params(deterministic=True), perf, 4, "find")
     assert [r.algo for r in det] == [2, 3]
-    strict = algos.V7Search._valid(make_params(allow_tf32=False), perf, 4, "find")
+    strict = algos.V7Search.valid_algorithms(make_params(allow_tf32=False), perf, 4, "find")
     assert [r.algo for r in strict] == [3]  # only FMA math for strict float32
     with pytest.raises(NoAlgorithmError, match="no valid convolution algorithms"):
-        algos.V7Search._valid(make_params(), _perf("forward", [(0, 3000, 1, 0, 0)]), 1, "find")
+        algos.V7Search.valid_algorithms(make_params(), _perf("forward", [(0, 3000, 1, 0, 0)]), 1, "find")
 
 
 def test_backward_filter_search_leaves_out_winograd():
-    assert 4 not in algos._V7_TABLE["backward_filter"].algos
-    assert len(algos._V7_TABLE["backward_filter"].algos) == 6
-    assert len(algos._V7_TABLE["forward"].algos) == 8
-    assert len(algos._V7_TABLE["backward_data"].algos) == 6
+    assert 4 not in algos.v7_direction("backward_filter").algos
+    assert len(algos.v7_direction("backward_filter").algos) == 6
+    assert len(algos.v7_direction("forward").algos) == 8
+    assert len(algos.v7_direction("backward_data").algos) == 6

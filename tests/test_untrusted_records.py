@@ -56,7 +56,7 @@ def db(tmp_path, monkeypatch):
 
 def _perf(direction, rows):
     """A cudnnGet*_v7 answer: (algo, status, determinism, math type) per row."""
-    table = algos._V7_TABLE[direction]
+    table = algos.v7_direction(direction)
     arr = (table.perf_struct * len(rows))()
     for i, (algo, status, det, math) in enumerate(rows):
         arr[i].algo, arr[i].status, arr[i].determinism, arr[i].mathType = algo, status, det, math
@@ -85,7 +85,7 @@ class V7(V7Search):
         return 512 << 20 if algo == BwdFilterAlgo.ALGO_1 else 0
 
     def candidates(self, args):
-        return self._valid(args.params, *self._heuristics(args), "find")
+        return self.valid_algorithms(args.params, *self._heuristics(args), "find")
 
     def run(self, args, record):
         algos.check_precision(args.params, record.math_type)

@@ -47,7 +47,7 @@ from .problem import (DIRECTION, DIRECTIONS, ConvolutionArgs, ConvolutionParams,
 __all__ = [
     "DIRECTIONS", "ConvolutionParams", "ConvolutionArgs", "AlgoRecord", "BenchmarkCache",
     "SearchStrategy", "V7Search", "try_all", "caches", "check_precision", "precision_problem",
-    "error_if_capturing", "relu_descriptor", "scalar_pointers", "scalar",
+    "error_if_capturing", "relu_descriptor", "scalar_pointers", "scalar", "V7Direction", "v7_direction",
 ]
 
 #: the engine contract under its earlier name
@@ -352,7 +352,12 @@ def _first_line(exc: BaseException) -> str:
 # ---- the v7 (legacy API) strategy -----------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _V7Direction:
+class V7Direction:
+    """How the v7 engine searches and runs one direction: cuDNN's perf-result struct and
+    algorithm enum, the algorithms Find and the workspace sizing consider, the default algorithm,
+    and the names of the cuDNN functions it calls (see
+    [`v7_direction`][pycudnn.search.algos.v7_direction])."""
+
     perf_struct: type[ctypes.Structure]
     algo_enum: type[IntEnum]
     algos: tuple[int, ...]           # every algorithm Find and the workspace sizing consider
@@ -363,22 +368,33 @@ class _V7Direction:
     run_fn: str
 
 
-_V7_TABLE: dict[str, _V7Direction] = {
-    "forward": _V7Direction(
+_V7_TABLE: dict[str, V7Direction] = {
+    "forward": V7Direction(
         ConvolutionFwdAlgoPerf, FwdAlgo, tuple(FwdAlgo), FwdAlgo.IMPLICIT_PRECOMP_GEMM,
         "cudnnGetConvolutionForwardAlgorithm_v7", "cudnnFindConvolutionForwardAlgorithmEx",
         "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward"),
-    "backward_data": _V7Direction(
+    "backward_data": V7Direction(
         ConvolutionBwdDataAlgoPerf, BwdDataAlgo, tuple(BwdDataAlgo), BwdDataAlgo.ALGO_1,
         "cudnnGetConvolutionBackwardDataAlgorithm_v7", "cudnnFindConvolutionBackwardDataAlgorithmEx",
         "cudnnGetConvolutionBackwardDataWorkspaceSize", "cudnnConvolutionBackwardData"),
-    "backward_filter": _V7Direction(
+    "backward_filter": V7Direction(
         # WINOGRAD is not implemented for backward filter: the reference leaves it out too.
         ConvolutionBwdFilterAlgoPerf, BwdFilterAlgo,
         tuple(a for a in BwdFilterAlgo if a != BwdFilterAlgo.WINOGRAD), BwdFilterAlgo.ALGO_1,
         "cudnnGetConvolutionBackwardFilterAlgorithm_v7", "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         "cudnnGetConvolutionBackwardFilterWorkspaceSize", "cudnnConvolutionBackwardFilter"),
 }
+
+
+def v7_direction(direction: str) -> V7Direction:
+    """The v7 engine's table row for ``direction`` (``"forward"``, ``"backward_data"`` or
+    ``"backward_filter"``): what it searches and which cuDNN functions it calls.
+
+    Raises:
+        KeyError: ``direction`` is not one of the three.
+    """
+    return _V7_TABLE[direction]
+
 
 class V7Descriptors:
     """Legacy descriptors for one ConvolutionParams; the convolution descriptor per math type.
@@ -482,7 +498,7 @@ class V7Search(Engine):
         if problem is not None:
             raise ValueError(problem)
         # the same filter a search applies: supported for these descriptors, deterministic if asked
-        valid = self._valid(p, *self._heuristics(args), "heuristics")
+        valid = self.valid_algorithms(p, *self._heuristics(args), "heuristics")
         match = [r for r in valid if r.algo == algo]
         if not match:
             raise ValueError(
@@ -553,7 +569,7 @@ class V7Search(Engine):
     # -- candidates --
     def candidates(self, args: ConvolutionArgs) -> list[AlgoRecord]:
         if not args.benchmark:
-            return self._valid(args.params, *self._heuristics(args), "heuristics")
+            return self.valid_algorithms(args.params, *self._heuristics(args), "heuristics")
         p = args.params
         table = _V7_TABLE[p.direction]
         error_if_capturing(args.stream, table.find_fn)
@@ -579,11 +595,17 @@ class V7Search(Engine):
             workspace.close(args.stream)
             if scratch is not None:
                 scratch.close(args.stream)
-        return self._valid(p, perf, count.value, "find")
+        return self.valid_algorithms(p, perf, count.value, "find")
 
     @staticmethod
-    def _valid(p: ConvolutionParams, perf: ctypes.Array[Any], count: int, source: str) -> list[AlgoRecord]:
-        """The reference's getValidAlgorithms: success, deterministic when asked, right precision.
+    def valid_algorithms(p: ConvolutionParams, perf: ctypes.Array[Any], count: int,
+                         source: str) -> list[AlgoRecord]:
+        """The reference's getValidAlgorithms: of the first ``count`` rows of cuDNN's answer
+        ``perf`` (from ``source``, "find" or "heuristics"), those that succeeded, are
+        deterministic when ``p`` asks for it and keep ``p``'s precision rule, in cuDNN's order.
+
+        Raises:
+            NoAlgorithmError: no row is left.
 
         The reference also blocklists FFT algorithms for strided backward data on cuDNN < 7.5;
         pycudnn requires cuDNN >= 9, where that bug is fixed, so there is nothing to block.
