@@ -386,7 +386,7 @@ def _require_gpu(command: str, device: int = 0) -> None:
     try:
         _lib.lib()
     except CudnnNotFoundError:
-        raise RunError(f"pycudnn {command}: libcudnn could not be loaded; {_lib._INSTALL_HINT} "
+        raise RunError(f"pycudnn {command}: libcudnn could not be loaded; {_lib.INSTALL_HINT} "
                        f"(`pycudnn info` lists where it looked)") from None
 
 
@@ -485,7 +485,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                          "found_via": library.found_via,
                          "cuda_runtime": _cuda_text(_lib.cudart_version())}
     except CudnnNotFoundError as exc:
-        info["cudnn"] = {"error": "not found", "install": _lib._INSTALL_HINT,
+        info["cudnn"] = {"error": "not found", "install": _lib.INSTALL_HINT,
                          "tried": [line.strip()[2:] for line in str(exc).splitlines()
                                    if line.startswith("  - ")]}
     try:

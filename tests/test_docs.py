@@ -83,7 +83,7 @@ def test_cudnn_reason_format():
 def test_library_not_found_hint():
     from pycudnn.ffi import library as _lib
 
-    assert _lib._INSTALL_HINT in TROUBLE
+    assert _lib.INSTALL_HINT in TROUBLE
     assert "could not load libcudnn; tried, in order:" in TROUBLE
 
 

@@ -93,8 +93,8 @@ def test_versions_are_sane():
 def test_pycudnn_library_points_at_the_real_file(monkeypatch):
     real = _lib.library_path()
     monkeypatch.setenv("PYCUDNN_LIBRARY", real)
-    monkeypatch.setattr(_lib, "_library", None)  # monkeypatch restores the loaded one afterwards
-    library = _lib.lib()
+    with _lib.fresh_load():  # the loaded one is back afterwards
+        library = _lib.lib()
     assert library.found_via == f"PYCUDNN_LIBRARY={real}"
     assert library.path == real
     assert int(library.cudnnGetVersion()) == _lib.version()
@@ -157,10 +157,10 @@ print(json.dumps(state))
 def _env_library_error(monkeypatch, value: str) -> str:
     """The CudnnNotFoundError message of loading with PYCUDNN_LIBRARY=value (in this process)."""
     monkeypatch.setenv("PYCUDNN_LIBRARY", value)
-    monkeypatch.setattr(_lib, "_library", None)  # monkeypatch restores the loaded one afterwards
-    with pytest.raises(CudnnNotFoundError) as info:
-        _lib.lib()
-    assert _lib._library is None
+    with _lib.fresh_load():  # the loaded one is back afterwards
+        with pytest.raises(CudnnNotFoundError) as info:
+            _lib.lib()
+        assert not _lib.is_loaded()
     return str(info.value)
 
 
@@ -213,8 +213,8 @@ def test_pycudnn_library_that_is_not_cudnn_is_an_error(monkeypatch):
 def test_empty_pycudnn_library_means_unset(monkeypatch):
     real = _lib.library_path()
     monkeypatch.setenv("PYCUDNN_LIBRARY", "")
-    monkeypatch.setattr(_lib, "_library", None)
-    assert _lib.lib().path == real
+    with _lib.fresh_load():
+        assert _lib.lib().path == real
 
 
 # ---- the prototype table ------------------------------------------------------------------------

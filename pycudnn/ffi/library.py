@@ -25,18 +25,20 @@ attributes of the `Library` object, so a hot-path call is one attribute lookup.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
 from ctypes import (POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_ulonglong,
                     c_void_p)
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
 from .._types import Status
 from ..errors import CudnnNotFoundError, error_class_for_status
 
 __all__ = ["PROTOTYPES", "Library", "lib", "check", "raise_status", "version", "version_tuple",
-           "library_path", "cudart_version", "is_loaded", "status_name", "MIN_VERSION"]
+           "library_path", "cudart_version", "is_loaded", "fresh_load", "status_name", "MIN_VERSION",
+           "INSTALL_HINT"]
 
 #: cuDNN 9.0.0 in cudnnGetVersion's encoding (major * 10000 + minor * 100 + patch)
 MIN_VERSION = 90000
@@ -512,8 +514,9 @@ def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]
     return out
 
 
-_INSTALL_HINT = ('install the cuDNN 9 wheel that matches your CUDA: pip install "pycudnn-ctypes[cu12]" '
-                 '(or [cu13]), or set PYCUDNN_LIBRARY to the path of libcudnn.so.9')
+#: what to do when no libcudnn loads (the end of that error, and of ``pycudnn info``'s answer)
+INSTALL_HINT = ('install the cuDNN 9 wheel that matches your CUDA: pip install "pycudnn-ctypes[cu12]" '
+                '(or [cu13]), or set PYCUDNN_LIBRARY to the path of libcudnn.so.9')
 
 
 def _load() -> Library:
@@ -541,7 +544,7 @@ def _load() -> Library:
             # place: the user would otherwise run against a different cuDNN than they think.
             raise CudnnNotFoundError(
                 f"pycudnn needs cuDNN >= 9.0 but found cuDNN {_format_version(ver)} at {path} "
-                f"(via {description}); {_INSTALL_HINT}")
+                f"(via {description}); {INSTALL_HINT}")
         import logging
 
         logging.getLogger("pycudnn").debug("loaded cuDNN %s from %s (via %s)",
@@ -556,7 +559,7 @@ def _load() -> Library:
             + "\nfix the path, or unset PYCUDNN_LIBRARY to use the cuDNN found otherwise "
             '(the cuDNN wheel: pip install "pycudnn-ctypes[cu12]" or [cu13])')
     raise CudnnNotFoundError("could not load libcudnn; tried, in order:\n" + "\n".join(tried)
-                             + f"\n{_INSTALL_HINT}")
+                             + f"\n{INSTALL_HINT}")
 
 
 def lib() -> Library:
@@ -576,11 +579,21 @@ def is_loaded() -> bool:
     return _library is not None
 
 
-def _reset_for_tests() -> None:
-    """Forget the loaded library so that a test can exercise loading again."""
+@contextlib.contextmanager
+def fresh_load() -> Iterator[None]:
+    """Within the block, `lib()` loads libcudnn again, as a new process would (reading
+    ``PYCUDNN_LIBRARY`` as it is then); after the block, the library loaded before it is back.
+
+    For tests of loading. Other threads calling `lib()` meanwhile see the fresh load too.
+    """
     global _library
     with _lock:
-        _library = None
+        saved, _library = _library, None
+    try:
+        yield
+    finally:
+        with _lock:
+            _library = saved
 
 
 # ---- status checking ----------------------------------------------------------------------------
