@@ -84,7 +84,7 @@ def test_tensor_repr_reads_cudnn(no_leak):
         assert isinstance(t.handle, int) and t.handle != 0
         assert not t.closed
         # what cuDNN holds, read through cudnnGetTensorNdDescriptor
-        assert t._query() == (int(DataType.FLOAT), [2, 3, 8, 8], [192, 64, 8, 1])
+        assert t.query() == (int(DataType.FLOAT), [2, 3, 8, 8], [192, 64, 8, 1])
 
 
 @pytest.mark.parametrize("dtype, name, np_dtype", [
@@ -119,16 +119,16 @@ def test_tensor_explicit_strides_channels_last(no_leak):
 def test_tensor_accepts_3_to_8_dims(nd, no_leak):
     shape = tuple(range(2, 2 + nd))
     with TensorDescriptor(shape, "float32") as t:
-        _, dims, strides = t._query()
+        _, dims, strides = t.query()
         assert dims == list(shape)
         assert strides == list(np.array(np.zeros(shape, np.float32).strides) // 4)
     with FilterDescriptor(shape, "float32") as w:
-        assert w._query()[2] == list(shape)
+        assert w.query()[2] == list(shape)
 
 
 def test_tensor_broadcast_stride_zero_on_size_one_dim(no_leak):
     with TensorDescriptor((1, 4, 1, 1), "float32", strides=(0, 1, 0, 0)) as t:
-        assert t._query()[2] == [0, 1, 0, 0]
+        assert t.query()[2] == [0, 1, 0, 0]
 
 
 def test_tensor_accepts_numpy_ints_and_returns_python_ints(no_leak):
@@ -141,7 +141,7 @@ def test_tensor_accepts_numpy_ints_and_returns_python_ints(no_leak):
 def test_tensor_largest_int32_size(no_leak):
     # 2**31 - 1 elements spanned: the largest tensor cuDNN's legacy API describes
     with TensorDescriptor((2**31 - 1, 1, 1), "float16") as t:
-        assert t._query()[1] == [2**31 - 1, 1, 1]
+        assert t.query()[1] == [2**31 - 1, 1, 1]
 
 
 def test_filter_repr_and_formats(no_leak):
@@ -156,7 +156,7 @@ def test_filter_repr_and_formats(no_leak):
     for fmt in (TensorFormat.NHWC, 1, "nhwc"):
         with FilterDescriptor((8, 3, 5, 5), "float32", fmt) as w:
             assert w.format is TensorFormat.NHWC
-            assert w._query()[1] == int(TensorFormat.NHWC)
+            assert w.query()[1] == int(TensorFormat.NHWC)
 
 
 def test_convolution_repr_reads_cudnn(no_leak):
@@ -170,7 +170,7 @@ def test_convolution_repr_reads_cudnn(no_leak):
                            "math=CUDNN_DEFAULT_MATH, mode=CUDNN_CONVOLUTION)")
         assert c.padding == (0, 2, 1) and c.stride == (1, 2, 3) and c.dilation == (2, 1, 1)
         assert c.groups == 4 and c.spatial_dims == 3 and c.mode is ConvolutionMode.CONVOLUTION
-        assert c._query() == ([0, 2, 1], [1, 2, 3], [2, 1, 1], int(ConvolutionMode.CONVOLUTION),
+        assert c.query() == ([0, 2, 1], [1, 2, 3], [2, 1, 1], int(ConvolutionMode.CONVOLUTION),
                               int(DataType.DOUBLE), 4, int(MathType.DEFAULT_MATH))
 
 
@@ -189,7 +189,7 @@ def test_convolution_math_and_compute_type(dtype, allow_tf32, math, compute, no_
         assert c.math_type is math  # read back through cudnnGetConvolutionMathType
         assert c.compute_type is compute
         assert c.allow_tf32 is allow_tf32
-        assert c._query()[4] == int(compute)
+        assert c.query()[4] == int(compute)
 
 
 def test_convolution_math_type_setter(no_leak):
@@ -209,7 +209,7 @@ def test_activation_and_optensor(no_leak):
         assert repr(a) == ("ActivationDescriptor(mode=CUDNN_ACTIVATION_RELU, "
                            "nan=CUDNN_NOT_PROPAGATE_NAN, coef=0.0)")
     with ActivationDescriptor("clipped_relu", NanPropagation.PROPAGATE_NAN, 6) as a:
-        assert a._query() == (int(ActivationMode.CLIPPED_RELU), 1, 6.0)
+        assert a.query() == (int(ActivationMode.CLIPPED_RELU), 1, 6.0)
         assert a.mode is ActivationMode.CLIPPED_RELU and a.coef == 6.0
         assert a.nan_propagation is NanPropagation.PROPAGATE_NAN
     with OpTensorDescriptor() as o:
@@ -218,7 +218,7 @@ def test_activation_and_optensor(no_leak):
     for dtype, compute in (("float16", DataType.FLOAT), ("bfloat16", DataType.FLOAT),
                            ("float32", DataType.FLOAT), ("float64", DataType.DOUBLE)):
         with OpTensorDescriptor(OpTensorOp.MUL, dtype) as o:
-            assert o._query() == (int(OpTensorOp.MUL), int(compute), 0)
+            assert o.query() == (int(OpTensorOp.MUL), int(compute), 0)
             assert o.compute_type is compute and o.op is OpTensorOp.MUL
 
 
@@ -240,7 +240,7 @@ def test_close_double_close_and_use_after_close(kind, no_leak):
     with pytest.raises(ValueError, match=rf"{name} is closed"):
         d.handle
     # passing the object itself to a C function: ctypes asks _as_parameter_, which refuses
-    destroy = getattr(_lib.lib(), d._destroy_name)
+    destroy = getattr(_lib.lib(), f"cudnnDestroy{name}")  # cudnnDestroyTensorDescriptor, ...
     with pytest.raises(ctypes.ArgumentError, match=rf"{name} is closed"):
         destroy(d)
     assert handle != 0
@@ -298,7 +298,7 @@ def test_finalizer_binds_only_function_handle_and_counter(kind, no_leak):
     assert func is D._destroy
     destroy_fn, handle, counter = args
     assert handle == d.handle and type(handle) is int
-    assert destroy_fn is getattr(_lib.lib(), d._destroy_name)
+    assert destroy_fn is getattr(_lib.lib(), f"cudnnDestroy{type(d).__name__}")
     assert counter is D._LIVE
     assert not kwargs
     assert d._finalizer.atexit is False

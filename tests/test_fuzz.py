@@ -1637,7 +1637,7 @@ def test_tensor_descriptor_fuzz(data, dtype, validate):
 
     def check(d):
         assert d.shape == shp and d.strides == st_
-        assert d._query()[1] == list(shp) and d._query()[2] == list(st_)
+        assert d.query()[1] == list(shp) and d.query()[2] == list(st_)
 
     _desc_outcome(f"desc:TensorDescriptor(validate={validate})", v, cud,
                   lambda: TensorDescriptor(shape, dtype, strides, validate=validate), check)
@@ -1661,7 +1661,7 @@ def test_filter_descriptor_fuzz(data, dtype, fmt, validate):
         cud.append("size <= 0")
 
     def check(d):
-        assert d.shape == shp and d._query()[2] == list(shp)
+        assert d.shape == shp and d.query()[2] == list(shp)
 
     _desc_outcome(f"desc:FilterDescriptor(validate={validate})", v, cud,
                   lambda: FilterDescriptor(shape, dtype, fmt, validate=validate), check)
@@ -1728,7 +1728,7 @@ def test_convolution_descriptor_fuzz(data, validate):
 
     def check(d):
         assert d.padding == pad and d.stride == strd and d.dilation == dil and d.groups == g
-        q = d._query()
+        q = d.query()
         assert (q[0], q[1], q[2], q[5]) == (list(pad), list(strd), list(dil), g)
 
     _desc_outcome(f"desc:ConvolutionDescriptor(validate={validate})", v, cud,

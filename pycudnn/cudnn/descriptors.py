@@ -280,6 +280,20 @@ class _Descriptor:
             return f"{type(self).__name__}(<closed>)"
         return f"{type(self).__name__}({self._describe()})"
 
+    def query(self) -> tuple[Any, ...]:
+        """The descriptor as cuDNN holds it, read back through its ``cudnnGet*Descriptor``
+        function: plain ints (cuDNN's enum values) and lists, in that function's order, e.g.
+        ``(data_type, dims, strides)`` for a [`TensorDescriptor`][pycudnn.TensorDescriptor].
+        For checking what was set; the repr shows the same with names.
+
+        Raises:
+            ValueError: the descriptor is closed.
+        """
+        return self._query()
+
+    def _query(self) -> tuple[Any, ...]:  # pragma: no cover - every queryable subclass overrides
+        raise NotImplementedError(f"{type(self).__name__} cannot be read back")
+
     def _describe(self) -> str:  # pragma: no cover - every subclass overrides
         raise NotImplementedError
 
