@@ -38,7 +38,8 @@ from .runtime.memory import check_cuda, device_count, device_guard, empty_cache,
 from .search import algos, tuning_db
 
 __all__ = ["main", "build_parser", "Layer", "MODELS", "MODEL_BATCH", "parse_shape", "model_layers",
-           "UsageError", "RunError"]
+           "UsageError", "RunError", "layers_from_args", "options_from_args", "ROW_FIELDS", "new_row",
+           "run_layer", "candidate_row", "cuda_mismatches", "pip_install_command", "terminal_safe"]
 
 DIRECTIONS = {"fwd": "forward", "dgrad": "backward_data", "wgrad": "backward_filter"}
 SHORT = {v: k for k, v in DIRECTIONS.items()}
@@ -257,7 +258,10 @@ def _shapes_file(file: str) -> list[Layer]:
     return layers
 
 
-def _layers_from(args: argparse.Namespace) -> list[Layer]:
+def layers_from_args(args: argparse.Namespace) -> list[Layer]:
+    """The distinct layers that ``bench`` or ``tune`` arguments (from `build_parser()`) name:
+    the ``--model``'s layers (ResNet-50's when no layer is named), then the ``--shapes-file``
+    and ``--shape`` rows, with ``--batch`` applied."""
     layers: list[Layer] = []
     if getattr(args, "shapes_file", None):
         layers += _shapes_file(args.shapes_file)
@@ -422,7 +426,7 @@ def _cuda_text(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
-def _pip_install(extra: str) -> str:
+def pip_install_command(extra: str) -> str:
     """The command that installs pycudnn with ``extra``: from this checkout when it is one."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if os.path.isfile(os.path.join(root, "pyproject.toml")):
@@ -437,7 +441,7 @@ def _major(text: Any) -> int | None:
         return None
 
 
-def _cuda_mismatches(info: dict[str, Any]) -> list[str]:
+def cuda_mismatches(info: dict[str, Any]) -> list[str]:
     """What ``pycudnn info`` warns about: cuDNN, cuda-bindings and the driver from CUDA majors
     that do not work together, and what to do (one line each)."""
     packages = info.get("packages", {})
@@ -450,12 +454,12 @@ def _cuda_mismatches(info: dict[str, Any]) -> list[str]:
         out.append(f"nvidia-cudnn-cu12 and nvidia-cudnn-cu13 are both installed and write the same "
                    f"libcudnn.so.9 (the one installed last is used): use one CUDA major here, e.g. "
                    f"pip uninstall nvidia-cudnn-cu12 nvidia-cudnn-cu13, then "
-                   f"{_pip_install(f'cu{keep}')} and the CUDA {keep} builds of other packages")
+                   f"{pip_install_command(f'cu{keep}')} and the CUDA {keep} builds of other packages")
     if cudnn is not None and bindings is not None and cudnn != bindings:
         out.append(f"cuDNN is built for CUDA {cudnn} but cuda-bindings is for CUDA {bindings}: "
                    f"another package (often a PyTorch or CuPy wheel) brought one of them; use one "
-                   f"CUDA major in this environment, e.g. {_pip_install(f'cu{cudnn}')} to follow "
-                   f"cuDNN, or {_pip_install(f'cu{bindings}')} and that package's CUDA {bindings} "
+                   f"CUDA major in this environment, e.g. {pip_install_command(f'cu{cudnn}')} to follow "
+                   f"cuDNN, or {pip_install_command(f'cu{bindings}')} and that package's CUDA {bindings} "
                    f"build")
     if driver is not None:
         newer = sorted({m for m in (cudnn, bindings) if m is not None and m > driver})
@@ -463,7 +467,7 @@ def _cuda_mismatches(info: dict[str, Any]) -> list[str]:
             out.append(f"the driver supports CUDA {info['cuda_driver']}, older than CUDA "
                        f"{newer[-1]} that {'cuDNN' if cudnn == newer[-1] else 'cuda-bindings'} "
                        f"needs: update the NVIDIA driver, or install the CUDA {driver} build: "
-                       f"{_pip_install(f'cu{driver}')}")
+                       f"{pip_install_command(f'cu{driver}')}")
     return out
 
 
@@ -509,7 +513,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["packages"] = {name: _dist_version(name) for name in (
         "cuda-python", "cuda-bindings", "cuda-core", "cuda-pathfinder", "numpy", "ml_dtypes",
         "nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "torch", "cupy-cuda12x", "cupy-cuda13x")}
-    info["cuda_mismatch"] = _cuda_mismatches(info)
+    info["cuda_mismatch"] = cuda_mismatches(info)
 
     if args.json:
         print(json.dumps(info, indent=2))
@@ -744,7 +748,7 @@ def _note_name(enum: Any, value: Any) -> str:
         return str(value)
 
 
-def _candidate_row(rec: Any) -> dict[str, Any]:
+def candidate_row(rec: Any) -> dict[str, Any]:
     """Choice, measured time, workspace and notes of one candidate (graph plan or v7 algorithm)."""
     plan = getattr(rec, "plan", None)
     if plan is not None:
@@ -784,20 +788,23 @@ ROW_FIELDS = ("layer", "shape", "direction", "gflop", "ms", "tflops", "first_cal
               "torch_first_call_ms", "torch_over_pycudnn", "error", "torch_error")
 
 
-def _new_row(layer: Layer, direction: str) -> dict[str, Any]:
+def new_row(layer: Layer, direction: str) -> dict[str, Any]:
+    """A result row for ``layer`` in ``direction``: every field of `ROW_FIELDS`, unmeasured."""
     row: dict[str, Any] = dict.fromkeys(ROW_FIELDS)
     row.update(layer=layer.name, shape=layer.as_dict(), direction=direction, gflop=layer.flops / 1e9)
     return row
 
 
-def _run_layer(layer: Layer, direction: str, bufs: _Buffers, opts: dict[str, Any],
-               torch_on: bool, measure: bool = True) -> dict[str, Any]:
-    """Search (or reuse) and time one layer in one direction; torch too when ``torch_on``."""
+def run_layer(layer: Layer, direction: str, bufs: _Buffers, opts: dict[str, Any],
+              torch_on: bool, measure: bool = True) -> dict[str, Any]:
+    """Search (or reuse) and time one layer in one direction, with `options_from_args()`'s
+    ``opts`` and ``bench``'s device buffers ``bufs``; torch too when ``torch_on``. Returns the
+    row (see `new_row()`); a failure is the row's ``error``, not an exception."""
     import pycudnn
 
 
     strategy = algos.strategy_for(opts["engine"])
-    row = _new_row(layer, direction)
+    row = new_row(layer, direction)
     pycudnn.clear_caches()
     fn = _pycudnn_fn(layer, direction, bufs, opts["flags"])
     timer = _CudaTimer()
@@ -815,12 +822,12 @@ def _run_layer(layer: Layer, direction: str, bufs: _Buffers, opts: dict[str, Any
         row["searches"] = algos.caches[direction].searches
         if cached:
             record = cached[-1][1]
-            info = _candidate_row(record)
+            info = candidate_row(record)
             row.update(choice=info["choice"], choice_detail=info["detail"],
                        choice_ms=info["time_ms"], workspace=info["workspace"],
                        source=info["source"])
         if opts["all_candidates"]:
-            row["candidates"] = [_candidate_row(r) for r in spy.seen]
+            row["candidates"] = [candidate_row(r) for r in spy.seen]
         if measure:
             row["ms"] = _steady(fn, timer)
             row["tflops"] = layer.flops / (row["ms"] * 1e-3) / 1e12
@@ -846,7 +853,10 @@ def _run_layer(layer: Layer, direction: str, bufs: _Buffers, opts: dict[str, Any
     return row
 
 
-def _options(args: argparse.Namespace) -> dict[str, Any]:
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``bench`` or ``tune`` arguments ask of each measurement: ``dtype``, ``fmt``
+    (``"channels_last"`` or ``"contiguous"``), the pycudnn ``flags`` of the calls, ``use_db``,
+    and the other options `run_layer()` reads."""
 
     dtype, tf32 = DTYPES[args.dtype]
     engine = args.engine or config.engine
@@ -890,7 +900,7 @@ def _run_all(layers: list[Layer], directions: list[str], opts: dict[str, Any], d
                 bufs = _Buffers(layer, opts["dtype"], opts["fmt"], device)
                 for direction in directions:
                     progress.step(f"{layer.name} {SHORT[direction]}")
-                    rows.append(_run_layer(layer, direction, bufs, opts, torch_on, measure))
+                    rows.append(run_layer(layer, direction, bufs, opts, torch_on, measure))
                     progress.done()
                 del bufs
                 _free_memory(device, torch_on)
@@ -923,14 +933,14 @@ def _torch_available(args: argparse.Namespace) -> tuple[bool, str | None]:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Time layers with benchmark=True (and PyTorch's cuDNN path when installed)."""
 
-    layers = _layers_from(args)
+    layers = layers_from_args(args)
     directions = _directions(args.direction)
     for option in ("json", "csv", "plot"):
         _check_output_path(f"--{option}", getattr(args, option))
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
     _require_gpu("bench", args.device)
-    opts = _options(args)
+    opts = options_from_args(args)
     torch_on, torch_why = _torch_available(args)
     meta = _meta(args, opts, layers, directions)
     meta["torch"] = _dist_version("torch") if torch_on else None
@@ -1076,12 +1086,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if not (args.model or args.shapes_file or args.shape):
         raise UsageError("say what to tune: --model NAME, --shapes-file FILE or --shape SHAPE")
-    layers = _layers_from(args)
+    layers = layers_from_args(args)
     directions = _directions(args.direction)
     if not tuning_db.enabled():
         raise UsageError("the tuning database is turned off (PYCUDNN_TUNING_DB=0): nothing to fill")
     _require_gpu("tune", args.device)
-    opts = _options(args)
+    opts = options_from_args(args)
     before = len(tuning_db.entries())
     rows = _run_all(layers, directions, opts, args.device, False, args.quiet, "tune", False)
     searched = sum(1 for r in rows if r["searches"])
@@ -1098,7 +1108,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 # ---- cache ----------------------------------------------------------------------------------------
 
-def _safe(value: Any) -> str:
+def terminal_safe(value: Any) -> str:
     """Text of an untrusted value fit for a terminal: non-printable characters (escape sequences,
     control and bidirectional-override characters) are written as Python escapes."""
     text = str(value)
@@ -1132,7 +1142,7 @@ def _entry_summary(e: dict[str, Any]) -> list[str]:
            str(p.get("dtype")), str(p.get("weight_format")), layer, str(choice),
            _fmt(ms, 4) if ms >= 0 else "-",
            _fmt_bytes(ws) if type(ws) is int else "-", str(e.get("created", ""))]
-    return [_safe(c) for c in row]
+    return [terminal_safe(c) for c in row]
 
 
 _CACHE_COLUMNS = ["gpu", "cuDNN", "engine", "dir", "dtype", "fmt", "layer", "choice", "ms",
@@ -1147,7 +1157,7 @@ def _summaries(rows: list[dict[str, Any]]) -> list[list[str]]:
         try:
             out.append(_entry_summary(e))
         except Exception as exc:  # noqa: BLE001 - one odd entry must not hide the others
-            out.append([_safe(f"(unreadable entry of schema {e.get('schema')!r}: "
+            out.append([terminal_safe(f"(unreadable entry of schema {e.get('schema')!r}: "
                               f"{type(exc).__name__})")] + ["-"] * (len(_CACHE_COLUMNS) - 1))
     return out
 
@@ -1162,7 +1172,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
                                     category=tuning_db.TuningDatabaseWarning)
             return _cache_action(args, tuning_db)
     except PermissionError as exc:  # the database was refused: another user's, or open to others
-        raise RunError(f"pycudnn cache {action}: {_safe(_first_line(exc))}") from None
+        raise RunError(f"pycudnn cache {action}: {terminal_safe(_first_line(exc))}") from None
 
 
 def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
@@ -1179,36 +1189,36 @@ def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
         why = tuning_db.refused()
         state = ("" if tuning_db.enabled() else " (turned off: PYCUDNN_TUNING_DB=0)") + (
             f" (refused: {why})" if why else "")
-        print(_safe(f"{tuning_db.path()}: {len(rows)} records{state}"))
+        print(terminal_safe(f"{tuning_db.path()}: {len(rows)} records{state}"))
         if rows:
             print(_table(_CACHE_COLUMNS, _summaries(rows), {8}))
         return 0
     if action == "clear":
         n = tuning_db.clear()
-        print(_safe(f"removed {n} records from {tuning_db.path()}"))
+        print(terminal_safe(f"removed {n} records from {tuning_db.path()}"))
         return 0
     if not args.file:
         raise UsageError(f"cache {action} needs a FILE")
     if action == "export":
         _check_output_path("cache export", args.file)
         n = tuning_db.export(args.file)
-        print(f"exported {n} records to {_safe(args.file)}")
+        print(f"exported {n} records to {terminal_safe(args.file)}")
         return 0
     # import
     if not os.path.isfile(args.file):
-        raise UsageError(f"{_safe(args.file)} does not exist")
+        raise UsageError(f"{terminal_safe(args.file)} does not exist")
     try:
         with warnings.catch_warnings():  # the count is printed below
             warnings.filterwarnings("ignore", message=r".*: refused \d+ entr",
                                     category=tuning_db.TuningDatabaseWarning)
             report = tuning_db.import_file(args.file, prefer="imported" if args.replace else "local")
     except ValueError as exc:
-        raise UsageError(_safe(_first_line(exc))) from None
+        raise UsageError(terminal_safe(_first_line(exc))) from None
     notes = []
     refused = (f"refused {report.refused} entr{'y' if report.refused == 1 else 'ies'} that did "
                f"not validate")
     if not (report.merged or report.kept):  # nothing valid in it: no merge, no write
-        print(_safe(f"{args.file} holds no records; {tuning_db.path()} is unchanged"
+        print(terminal_safe(f"{args.file} holds no records; {tuning_db.path()} is unchanged"
                     + (f"; {refused}" if report.refused else "")))
         return 0
     if report.kept:
@@ -1216,7 +1226,7 @@ def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
                      + ("unchanged" if args.replace else "(--replace replaces them)"))
     if report.refused:
         notes.append(refused)
-    print(_safe(f"merged {report.merged} records from {args.file} into {tuning_db.path()}"
+    print(terminal_safe(f"merged {report.merged} records from {args.file} into {tuning_db.path()}"
                 + "".join(f"; {n}" for n in notes)))
     return 0
 
@@ -1225,21 +1235,21 @@ def _show_file(args: argparse.Namespace, tuning_db: Any) -> int:
     """``cache show FILE``: the valid entries of FILE (an export, say), read as an import reads
     it; nothing is changed. Entries that do not validate are left out (stderr names them)."""
     if not os.path.lexists(args.file):
-        raise UsageError(f"{_safe(args.file)} does not exist")
+        raise UsageError(f"{terminal_safe(args.file)} does not exist")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", tuning_db.TuningDatabaseWarning)
             rows = tuning_db.read_file(args.file)
     except (ValueError, FileNotFoundError) as exc:
-        raise UsageError(_safe(_first_line(exc))) from None
+        raise UsageError(terminal_safe(_first_line(exc))) from None
     if args.json:  # json.dumps escapes every control and non-ASCII character
         print(json.dumps({"path": args.file, "entries": rows}, indent=1))
     else:
-        print(_safe(f"{args.file}: {len(rows)} records"))
+        print(terminal_safe(f"{args.file}: {len(rows)} records"))
         if rows:
             print(_table(_CACHE_COLUMNS, _summaries(rows), {8}))
     for w in caught:  # how many entries were left out, after the listing
-        print(f"pycudnn cache show: {_safe(w.message)}", file=sys.stderr)
+        print(f"pycudnn cache show: {terminal_safe(w.message)}", file=sys.stderr)
     return 0
 
 

@@ -313,27 +313,27 @@ def test_built_in_models_are_valid_and_distinct(model):
 def test_layer_selection(tmp_path):
     parser = cli.build_parser()
     a = parser.parse_args(["bench"])
-    assert [l.name for l in cli._layers_from(a)] == [l.name for l in cli.MODELS["resnet50"]]
+    assert [l.name for l in cli.layers_from_args(a)] == [l.name for l in cli.MODELS["resnet50"]]
     a = parser.parse_args(["bench", "--shape", "8,64,28,28,64,3,3,1,1", "--shape", "8,64,28,28,64,3,3,1,1"])
-    assert len(cli._layers_from(a)) == 1  # distinct layers only
+    assert len(cli.layers_from_args(a)) == 1  # distinct layers only
     a = parser.parse_args(["bench", "--model", "vgg16", "--shape", "8,64,28,28,64,3,3,1,1", "--batch", "4"])
-    layers = cli._layers_from(a)
+    layers = cli.layers_from_args(a)
     assert len(layers) == 10 and {l.n for l in layers} == {4}
     f = tmp_path / "s.txt"
     f.write_text("8,64,28,28,64,3,3,1,1\n8,64,28,28,64,1,1,1,0  # 1x1\n")
     a = parser.parse_args(["tune", "--shapes-file", str(f)])
-    assert [l.kernel for l in cli._layers_from(a)] == [(3, 3), (1, 1)]
+    assert [l.kernel for l in cli.layers_from_args(a)] == [(3, 3), (1, 1)]
 
 
 def test_options_map_dtypes_to_flags():
     parser = cli.build_parser()
-    o = cli._options(parser.parse_args(["bench"]))
+    o = cli.options_from_args(parser.parse_args(["bench"]))
     assert o["dtype"] == "bfloat16" and o["fmt"] == "channels_last"
     assert o["flags"] == {"benchmark": True, "engine": config.engine}  # like a default program
-    o = cli._options(parser.parse_args(["bench", "--dtype", "float32", "--layout", "nchw", "--engine", "v7"]))
+    o = cli.options_from_args(parser.parse_args(["bench", "--dtype", "float32", "--layout", "nchw", "--engine", "v7"]))
     assert o["flags"] == {"benchmark": True, "engine": "v7", "allow_tf32": False}
     assert o["fmt"] == "contiguous"
-    o = cli._options(parser.parse_args(["bench", "--dtype", "tf32", "--no-tuning-db"]))
+    o = cli.options_from_args(parser.parse_args(["bench", "--dtype", "tf32", "--no-tuning-db"]))
     assert o["flags"]["allow_tf32"] is True and o["use_db"] is False
 
 
@@ -372,7 +372,7 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
 
     def fake_run_layer(layer, direction, bufs, opts, torch_on, measure=True):
         seen.append((layer.name, direction, torch_on, measure, opts["flags"]))
-        row = cli._new_row(layer, direction)
+        row = cli.new_row(layer, direction)
         row.update(ms=0.5, tflops=layer.flops / 0.5e-3 / 1e12, first_call_ms=40.0, choice="eng41",
                    workspace=1 << 20, source="measured", searches=1, torch_ms=0.6,
                    torch_tflops=layer.flops / 0.6e-3 / 1e12, torch_over_pycudnn=1.2,
@@ -384,7 +384,7 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
             row.update(ms=None, tflops=None, error="NoAlgorithmError: nothing fits", torch_over_pycudnn=None)
         return row
 
-    monkeypatch.setattr(cli, "_run_layer", fake_run_layer)
+    monkeypatch.setattr(cli, "run_layer", fake_run_layer)
     j, c = tmp_path / "out.json", tmp_path / "out.csv"
     rc, out, err = call(capsys, "bench", "--shape", "8,64,28,28,64,3,3,1,1", "--direction", "all",
                         "--json", str(j), "--csv", str(c), "--all-candidates", "--quiet")
@@ -407,10 +407,10 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
 def test_candidate_row_of_a_v7_record():
     from pycudnn.search.algos import AlgoRecord
 
-    row = cli._candidate_row(AlgoRecord(1, 1, 4096, 0.25, True, "forward", "find"))
+    row = cli.candidate_row(AlgoRecord(1, 1, 4096, 0.25, True, "forward", "find"))
     assert row["choice"] == "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH"
     assert row["time_ms"] == 0.25 and row["workspace"] == 4096 and row["notes"] == ["deterministic"]
-    row = cli._candidate_row(AlgoRecord(0, 0, 0, -1.0, False, "backward_filter", "heuristics"))
+    row = cli.candidate_row(AlgoRecord(0, 0, 0, -1.0, False, "backward_filter", "heuristics"))
     assert row["time_ms"] is None and row["notes"] == ["non-deterministic"]
 
 
@@ -466,7 +466,7 @@ class _ScriptedV7(ScriptedEngine):
 
 @pytest.fixture
 def scripted(db, monkeypatch):
-    """_run_layer against the real caches, iterator and database, with a scripted engine."""
+    """run_layer against the real caches, iterator and database, with a scripted engine."""
     from pycudnn.dispatch import engines
     from pycudnn.search.algos import ConvolutionArgs, try_all
 
@@ -494,13 +494,13 @@ def _opts(**over):
 def test_run_layer_searches_then_reuses_the_database(scripted, db):
     strategy, params = scripted
     layer = cli.parse_shape("2,4,8,8,8,3,3,1,1")
-    row = cli._run_layer(layer, "forward", None, _opts(), torch_on=False)
+    row = cli.run_layer(layer, "forward", None, _opts(), torch_on=False)
     assert row["error"] is None and row["searches"] == 1 and row["source"] == "find"
     assert row["choice"] == "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH" and row["workspace"] == 4096
     assert row["choice_ms"] == 0.20 and row["ms"] > 0 and row["tflops"] > 0
     assert db.lookup(params)["algo"] == 1
     db.forget()  # as a later process would
-    row = cli._run_layer(layer, "forward", None, _opts(), torch_on=False)
+    row = cli.run_layer(layer, "forward", None, _opts(), torch_on=False)
     assert row["searches"] == 0 and row["source"] == "tuning-db" and row["choice_ms"] == 0.20
 
 
@@ -508,13 +508,13 @@ def test_run_layer_all_candidates_searches_fresh_and_stores_the_winner(scripted,
     strategy, params = scripted
     db.store(params, {"algo": 0, "math_type": 1, "workspace": 0, "time_ms": 9.0})  # stale
     layer = cli.parse_shape("2,4,8,8,8,3,3,1,1")
-    row = cli._run_layer(layer, "forward", None, _opts(all_candidates=True), torch_on=False)
+    row = cli.run_layer(layer, "forward", None, _opts(all_candidates=True), torch_on=False)
     assert row["searches"] == 1 and row["source"] == "find"
     assert [c["choice"] for c in row["candidates"]] == ["IMPLICIT_GEMM TENSOR_OP_MATH",
                                                          "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH"]
     assert [c["time_ms"] for c in row["candidates"]] == [0.10, 0.20]
     assert db.lookup(params)["algo"] == 1  # the fresh winner replaced the stale record
-    assert "candidates" not in cli._run_layer(layer, "forward", None, _opts(), torch_on=False)
+    assert "candidates" not in cli.run_layer(layer, "forward", None, _opts(), torch_on=False)
 
 
 def test_run_layer_without_the_database(scripted, db):
@@ -523,7 +523,7 @@ def test_run_layer_without_the_database(scripted, db):
 
     layer = cli.parse_shape("2,4,8,8,8,3,3,1,1")
     with flags(tuning_db=False):
-        row = cli._run_layer(layer, "forward", None, _opts(use_db=False, fresh=True), torch_on=False)
+        row = cli.run_layer(layer, "forward", None, _opts(use_db=False, fresh=True), torch_on=False)
     assert row["searches"] == 1 and db.entries() == []
 
 
@@ -531,7 +531,7 @@ def test_run_layer_reports_a_failure_in_its_row(scripted, db, monkeypatch):
     strategy, _ = scripted
     monkeypatch.setattr(strategy, "run", lambda args, record: (_ for _ in ()).throw(
         __import__("pycudnn").errors.OutOfMemoryError("out of memory\nmore")))
-    row = cli._run_layer(cli.parse_shape("2,4,8,8,8,3,3,1,1"), "forward", None, _opts(), torch_on=False)
+    row = cli.run_layer(cli.parse_shape("2,4,8,8,8,3,3,1,1"), "forward", None, _opts(), torch_on=False)
     assert row["error"].startswith("NoAlgorithmError: ") and row["ms"] is None
 
 
@@ -712,5 +712,5 @@ def test_cache_commands_on_a_directory_others_may_write(tmp_path):
 
 
 def test_safe_text_escapes_control_and_invisible_characters():
-    assert cli._safe("NVIDIA H200 (9.0)") == "NVIDIA H200 (9.0)"
-    assert cli._safe("a\x1b[2Jb\x07\n\u202ec\u00e9") == "a\\x1b[2Jb\\x07\\n\\u202ecé"
+    assert cli.terminal_safe("NVIDIA H200 (9.0)") == "NVIDIA H200 (9.0)"
+    assert cli.terminal_safe("a\x1b[2Jb\x07\n\u202ec\u00e9") == "a\\x1b[2Jb\\x07\\n\\u202ecé"
