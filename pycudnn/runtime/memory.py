@@ -918,12 +918,24 @@ class StreamAllocation:
 
     def __del__(self) -> None:
         # no lock taken here (a finalizer may run on any thread, at any point)
-        if self.ptr and not _shutting_down:
+        ptr = self.ptr
+        if ptr and not _shutting_down:
             try:
                 if self.sync_free:
                     self.free_synchronously()
+                    return
+                s = self.stream
+                # close() inlined for the hot path (every output dropped frees here), including
+                # _free_async's common case: the driver's free, no device check needed
+                if s == 2 and self.thread is not _thread_token():
+                    s = _LEGACY  # another thread's per-thread stream: see _LEGACY
+                self.ptr = 0
+                drv = _driver
+                if drv and (s > 2 or _count == 1):
+                    if drv.free(ptr, s):
+                        _free_guarded(ptr, s, self.device)
                 else:
-                    self.close()
+                    _free_async(ptr, s, self.device)
             except Exception:  # a finalizer must not raise; the memory is lost at worst
                 pass
 
@@ -941,11 +953,17 @@ def _free_async(ptr: int, s: int, device: int) -> None:
     current covers a thread on which no context was ever current). Takes no lock.
     """
     drv = _driver
-    rt = _rt or _runtime()
     if s > 2 or _count == 1:
-        err = drv.free(ptr, s) if drv else rt.cudaFreeAsync(ptr, s)[0]
+        err = drv.free(ptr, s) if drv else (_rt or _runtime()).cudaFreeAsync(ptr, s)[0]
         if not err:
             return
+    _free_guarded(ptr, s, device)
+
+
+def _free_guarded(ptr: int, s: int, device: int) -> None:
+    """The free of `_free_async()` with ``device`` made current first (and back after)."""
+    drv = _driver
+    rt = _rt or _runtime()
     with device_guard(device):
         if drv:
             drv.free(ptr, s)
@@ -963,24 +981,28 @@ class _DriverMemory:
         import ctypes
 
         lib = ctypes.CDLL("libcuda.so.1")
-        # CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+        # CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream); the
+        # out-parameter is passed as its address (an int): cheaper to convert than a byref
         self.alloc = lib.cuMemAllocAsync
         self.alloc.restype = ctypes.c_int
-        self.alloc.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_void_p]
+        self.alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         # CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
         self.free = lib.cuMemFreeAsync
         self.free.restype = ctypes.c_int
         self.free.argtypes = [ctypes.c_uint64, ctypes.c_void_p]
-        self._ptr = ctypes.c_uint64(0)
-        self._byref = ctypes.byref(self._ptr)
-        self._lock = threading.Lock()
 
     def allocate(self, nbytes: int, stream: int) -> int:
         """A device pointer, or 0 when the driver refused (the caller takes the careful path)."""
-        with self._lock:  # one shared out-parameter
-            if self.alloc(self._byref, nbytes, stream):
-                return 0
-            return self._ptr.value
+        # an out-parameter per call: no lock, and safe when a finalizer or a signal handler
+        # allocates on this thread between the call and the read
+        out = _c_uint64()
+        if self.alloc(_addressof(out), nbytes, stream):
+            return 0
+        return out.value
+
+
+from ctypes import addressof as _addressof  # noqa: E402  (kept next to their only use)
+from ctypes import c_uint64 as _c_uint64  # noqa: E402
 
 
 _driver: Any = None  # a _DriverMemory once loaded, False where libcuda cannot be; None: not tried
@@ -1009,14 +1031,26 @@ def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
     if 0 < nbytes < MAX_ALLOCATION:
         drv = _driver or _driver_memory()
         if drv:
-            ptr = drv.allocate(nbytes, stream)
-            if ptr:
-                return StreamAllocation(ptr, nbytes, device, stream, stream_ref, sync_free)
+            out = _c_uint64()  # _DriverMemory.allocate inlined (one call less per call)
+            ptr = 0 if drv.alloc(_addressof(out), nbytes, stream) else out.value
         else:
             err, ptr = (_rt or _runtime()).cudaMallocAsync(nbytes, stream)
-            if not err:
-                return StreamAllocation(int(ptr), nbytes, device, stream, stream_ref, sync_free)
+            ptr = 0 if err else int(ptr)
+        if ptr:
+            # StreamAllocation.__init__ inlined: this is every output of a remembered call
+            a = _new(StreamAllocation)
+            a.ptr = ptr
+            a.nbytes = nbytes
+            a.device = device
+            a.stream = stream
+            a.stream_ref = stream_ref
+            a.sync_free = sync_free
+            a.thread = _thread_token() if stream == 2 else None
+            return a
     return allocate(nbytes, device, stream if stream_ref is None else stream_ref)
+
+
+_new = object.__new__
 
 
 def thread_workspace(nbytes: int, device: int, stream: int) -> int:
