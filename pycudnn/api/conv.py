@@ -34,6 +34,7 @@ from ..dispatch.prepared import PreparedConvolution
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..ffi import library as _lib
 from ..runtime.handle import get_handle
+from ..runtime import memory as _mem
 from ..runtime.memory import callers_device, resolve_stream, restore_device
 from ..runtime.tensor import (Tensor, as_tensor, check_writable, empty, has_internal_overlap,
                               spans_overlap)
@@ -512,7 +513,8 @@ def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
              activation: Any, out: Any, stream: Any,
              flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """[`convolution()`][pycudnn.api.conv.convolution], returning what it prepared too."""
-    prev = callers_device()  # the caller's current device, given back at the end
+    # the caller's current device, given back at the end (one device: nothing to give back)
+    prev = None if _mem._count == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -535,7 +537,8 @@ def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
             activation=activation, out=o, stream=s, **flags))
         return y, prepared
     finally:
-        restore_device(prev)
+        if prev is not None:
+            restore_device(prev)
 
 
 def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
@@ -660,7 +663,8 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
                 dilation: Any, groups: Any, activation: Any, out: Any, stream: Any,
                 flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """[`conv_transpose()`][pycudnn.api.conv.conv_transpose], returning what it prepared too."""
-    prev = callers_device()  # the caller's current device, given back at the end
+    # the caller's current device, given back at the end (one device: nothing to give back)
+    prev = None if _mem._count == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -723,7 +727,8 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
             dilation=dilation, groups=groups, activation=activation, out=o, stream=s, **flags))
         return y, prepared
     finally:
-        restore_device(prev)
+        if prev is not None:
+            restore_device(prev)
 
 
 def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *, stride: Any = 1,
@@ -739,7 +744,8 @@ def _backward_data_call(grad_y: Any, w: Any, input_shape: Sequence[int], stride:
                         flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """[`convolution_backward_data()`][pycudnn.api.conv.convolution_backward_data], returning what
     it prepared too."""
-    prev = callers_device()  # the caller's current device, given back at the end
+    # the caller's current device, given back at the end (one device: nothing to give back)
+    prev = None if _mem._count == 1 else callers_device()
     try:
         if type(grad_y) is not Tensor:
             grad_y = as_tensor(grad_y, stream=stream)
@@ -768,7 +774,8 @@ def _backward_data_call(grad_y: Any, w: Any, input_shape: Sequence[int], stride:
             out=o, stream=s, **flags))
         return dx, prepared
     finally:
-        restore_device(prev)
+        if prev is not None:
+            restore_device(prev)
 
 
 def _hashable(shape: Any) -> Any:
@@ -807,7 +814,8 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stri
                           flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """[`convolution_backward_filter()`][pycudnn.api.conv.convolution_backward_filter], returning
     what it prepared too."""
-    prev = callers_device()  # the caller's current device, given back at the end
+    # the caller's current device, given back at the end (one device: nothing to give back)
+    prev = None if _mem._count == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -844,7 +852,8 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stri
             out=o, stream=s, **flags))
         return dw, prepared
     finally:
-        restore_device(prev)
+        if prev is not None:
+            restore_device(prev)
 
 
 def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: Any = None,
@@ -862,7 +871,8 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
               flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """[`convolution_add_relu()`][pycudnn.api.conv.convolution_add_relu], returning what it
     prepared too."""
-    prev = callers_device()  # the caller's current device, given back at the end
+    # the caller's current device, given back at the end (one device: nothing to give back)
+    prev = None if _mem._count == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -924,7 +934,8 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
             transform(call.handle, target, y)
         return y, None
     finally:
-        restore_device(prev)
+        if prev is not None:
+            restore_device(prev)
 
 
 def prepare_convolution(x: Any, w: Any, bias: Any = None, *, direction: str = "forward",

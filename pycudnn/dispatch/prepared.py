@@ -23,6 +23,7 @@ from typing import Any, Callable
 from ..cudnn.tensor_ops import contiguous_bias
 from ..errors import PycudnnError
 from ..runtime.handle import get_handle
+from ..runtime import memory as _mem
 from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
 from ..runtime.tensor import Tensor, as_tensor, check_writable, span_elements, views_overlap
 from ..search.engine import Engine
@@ -84,13 +85,15 @@ class PreparedConvolution:
         self._launch = strategy.launcher(params, record)
         # forward: (a, b, out) are already in the graph's pointer order, nothing to permute
         self._in_order = self._positions == (0, 1, 2)
+        self._plain = not has_bias and not has_z  # no epilogue tensor to take or check
 
     def __repr__(self) -> str:
         return f"<PreparedConvolution {self.params.short()} -> {self.record.describe()}>"
 
     def __call__(self, a: Any, b: Any, out: Any = None, *, z: Any = None, bias: Any = None,
                  stream: Any = None) -> Tensor:
-        prev = callers_device()  # the caller's current device, given back at the end
+        # the caller's current device, given back at the end (one device: nothing to give back)
+        prev = None if _mem._count == 1 else callers_device()
         try:
             if type(a) is not Tensor:
                 a = as_tensor(a, stream=stream)
@@ -98,7 +101,10 @@ class PreparedConvolution:
                 b = as_tensor(b, stream=stream)
             s = 0 if stream is None else (stream if type(stream) is int else resolve_stream(stream))
             dt = self.dtype
-            if ((a.shape, a.strides) != self._a_key or (b.shape, b.strides) != self._b_key
+            a_shape, a_strides = self._a_key
+            b_shape, b_strides = self._b_key
+            if (a.shape != a_shape or a.strides != a_strides or b.shape != b_shape
+                    or b.strides != b_strides
                     or (a.dtype is not dt and a.dtype != dt) or (b.dtype is not dt and b.dtype != dt)
                     or a.device != self.device or b.device != self.device):
                 raise ValueError(
@@ -106,7 +112,10 @@ class PreparedConvolution:
                     f"{self._b_key[0]} with strides {self._a_key[1]} and {self._b_key[1]}, dtype "
                     f"{dt.name} on cuda:{self.device}; got {a.shape}/{a.strides} and "
                     f"{b.shape}/{b.strides}, {a.dtype.name}/{b.dtype.name} on cuda:{a.device}/cuda:{b.device}")
-            zt, bt = self._epilogue_args(a, z, bias, stream)
+            if z is None and bias is None and self._plain:
+                zt = bt = None  # nothing to check: no epilogue given, none expected
+            else:
+                zt, bt = self._epilogue_args(a, z, bias, stream)
             if out is not None:
                 if type(out) is not Tensor:
                     out = as_tensor(out, stream=stream)
@@ -132,7 +141,8 @@ class PreparedConvolution:
             s_ref = None if stream is None or type(stream) is int else stream
             return self._run(a, b, out, zt, bt, s, s_ref)
         finally:
-            restore_device(prev)
+            if prev is not None:
+                restore_device(prev)
 
     def _epilogue_args(self, a: Tensor, z: Any, bias: Any, stream: Any) -> tuple[Any, Any]:
         """``(z, bias)`` as Tensors, checked with the full path's own checks (``a`` is the input x:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import operator
 import threading
 import weakref
+from ctypes import addressof as _addressof
+from ctypes import c_uint64 as _c_uint64
 from typing import Any, Callable
 
 from ..errors import NoDeviceError, OutOfMemoryError, PycudnnError
@@ -999,10 +1001,6 @@ class _DriverMemory:
         if self.alloc(_addressof(out), nbytes, stream):
             return 0
         return out.value
-
-
-from ctypes import addressof as _addressof  # noqa: E402  (kept next to their only use)
-from ctypes import c_uint64 as _c_uint64  # noqa: E402
 
 
 _driver: Any = None  # a _DriverMemory once loaded, False where libcuda cannot be; None: not tried
