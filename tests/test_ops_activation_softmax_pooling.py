@@ -195,6 +195,40 @@ def test_a_repeated_call_creates_no_descriptor():
         assert live_descriptor_count() - before == made, fn
 
 
+@NO_GPU
+def test_a_planned_call_still_checks_its_out(monkeypatch):
+    """A repeated signature skips the full checks (patched to fail here), not the ones that depend
+    on addresses and flags: an out that overlaps an input, or is read-only, is still refused."""
+    from pycudnn.ops import activation, pooling, softmax
+
+    x, y, dy = t(2, 3, 8, 8), t(2, 3, 8, 8, role="y"), t(2, 3, 8, 8, role="dy")
+    py, pdy = t(2, 3, 4, 4, role="y"), t(2, 3, 4, 4, role="dy")
+    calls = {
+        "activation_forward": lambda o: activation_forward(x, "elu", coef=1.0, out=o),
+        "activation_backward": lambda o: activation_backward(y, dy, x, out=o),
+        "softmax_forward": lambda o: softmax_forward(x, algorithm="log", out=o),
+        "softmax_backward": lambda o: softmax_backward(y, dy, out=o),
+        "pooling_forward": lambda o: pooling_forward(x, 2, out=o),
+        "pooling_backward": lambda o: pooling_backward(py, pdy, x, 2, out=o),
+    }
+    shape = {"pooling_forward": (2, 3, 4, 4)}
+    for name, call in calls.items():
+        with pytest.raises(pycudnn.NoDeviceError):
+            call(t(*shape.get(name, (2, 3, 8, 8)), role="out"))  # leaves its plan
+    for module in (activation, softmax, pooling):
+        for plan in ("_forward_plan", "_backward_plan"):
+            monkeypatch.setattr(module, plan, lambda *a: pytest.fail("the full checks ran"))
+    for name, call in calls.items():
+        size = shape.get(name, (2, 3, 8, 8))
+        with pytest.raises(pycudnn.NoDeviceError):
+            call(t(*size, role="out", offset=1 << 20))  # the plan
+        with pytest.raises(ValueError, match="read-only"):
+            call(t(*size, role="out", readonly=True))
+        overlapping = t(*size, role="y" if "backward" in name else "x", offset=8)
+        with pytest.raises(ValueError, match="overlap"):
+            call(overlapping)
+
+
 def test_empty_tensors_give_empty_results_without_a_gpu():
     y = activation_forward(t(0, 3, 4, 4), "sigmoid")
     assert (y.shape, y.size, y.ptr) == ((0, 3, 4, 4), 0, 0)

@@ -34,7 +34,8 @@ from ..runtime.tensor import (
 
 __all__ = ["tensor_arg", "stream_pair", "scalars", "check_match", "check_shape", "check_input",
            "check_choice", "check_coef", "layout_strides", "checked_out", "check_out_reads",
-           "new_output", "same_layout", "staged", "PlanCache", "callers_device", "restore_device", "raise_launch",
+           "new_output", "output", "meet", "span_bytes", "same_layout", "staged", "PlanCache",
+           "callers_device", "restore_device", "raise_launch", "scalars_of", "c_function",
            "INT32_MAX"]
 
 #: cuDNN's legacy descriptors take sizes and strides as C ``int``
@@ -56,9 +57,28 @@ def stream_pair(stream: Any) -> tuple[int, Any]:
     return resolve_stream(stream), stream
 
 
+_SCALARS: dict[Any, tuple[int, int]] = {}
+
+
+def scalars_of(dtype: Any) -> tuple[int, int]:
+    """Addresses of alpha = 1 and beta = 0 in the scaling type cuDNN expects for ``dtype`` (a
+    dict lookup: NumPy's ``dtype.name`` is Python code, microseconds per read)."""
+    try:
+        return _SCALARS[dtype]
+    except KeyError:
+        pair = _SCALARS[dtype] = scalar_pointers(dtype.name)
+        return pair
+
+
 def scalars(t: Tensor) -> tuple[int, int]:
     """Addresses of alpha = 1 and beta = 0 in the scaling type cuDNN expects for ``t``'s dtype."""
-    return scalar_pointers(t.dtype.name)
+    return scalars_of(t.dtype)
+
+
+def c_function(name: str) -> Any:
+    """The bound C function ``name`` of libcudnn, for a plan to keep (one lookup per plan, not
+    per call)."""
+    return getattr(_lib.lib(), name)
 
 
 # ---- checks -------------------------------------------------------------------------------------
@@ -169,10 +189,29 @@ def new_output(shape: tuple[int, ...], strides: tuple[int, ...], like: Tensor, s
     n = 1
     for d in shape:
         n *= d
-    if n == 0:
-        return Tensor._make(0, shape, strides, like.dtype, like.device, None)
-    owner = allocate_fast(n * like.dtype.itemsize, like.device, stream, stream_ref)
-    return Tensor._make(owner.ptr, shape, strides, like.dtype, like.device, owner)
+    return output(n * like.dtype.itemsize, shape, strides, like.dtype, like.device, stream,
+                  stream_ref)
+
+
+def output(nbytes: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, device: int,
+           stream: int, stream_ref: Any) -> Tensor:
+    """`new_output` with the size a plan computed once: a new dense tensor of ``nbytes`` bytes
+    (0: no element, no allocation) on the current ``device``."""
+    if not nbytes:
+        return Tensor._make(0, shape, strides, dtype, device, None)
+    owner = allocate_fast(nbytes, device, stream, stream_ref)
+    return Tensor._make(owner.ptr, shape, strides, dtype, device, owner)
+
+
+def meet(a: Tensor, a_span: int, b: Tensor, b_span: int) -> bool:
+    """Whether ``a`` and ``b`` share memory, given their spans in bytes (a plan computes them once
+    from the layouts): the spans compared first, `views_overlap` only where they meet."""
+    return a.ptr < b.ptr + b_span and b.ptr < a.ptr + a_span and views_overlap(a, b)
+
+
+def span_bytes(t: Tensor) -> int:
+    """Bytes from ``t``'s first to one past its last element (0 when it has none)."""
+    return t.span_bytes if t.size else 0
 
 
 def same_layout(shape: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bool:
@@ -202,22 +241,18 @@ def raise_launch(status: int, function: str, fn: str, **descriptors: Any) -> Non
 
 # ---- the plan cache -----------------------------------------------------------------------------
 
-class PlanCache:
+class PlanCache(dict[Any, Any]):
     """A small bounded map from call signatures to what a call needs besides its pointers
-    (descriptors, output layout). A repeated call finds its plan with one dict lookup and creates
-    no descriptor; the oldest entries go first. Plans are never mutated once stored, so threads
+    (descriptors, output layout, bound C function). A repeated call finds its plan with one dict
+    lookup (``cache[key]``, C-level: a miss raises KeyError, an unhashable key TypeError) and
+    creates no descriptor; the oldest entries go first. Plans are never mutated once stored
+    (beyond filling in what a first launch asks of cuDNN, the same for every thread), so threads
     share them."""
 
     def __init__(self, limit: int = 256) -> None:
+        super().__init__()
         self.limit = limit
-        self._plans: dict[Any, Any] = {}
         self._lock = threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        try:
-            return self._plans.get(key)
-        except TypeError:  # an unhashable argument: the full path checks (and refuses) it
-            return None
 
     def put(self, key: Any, plan: Any) -> None:
         try:
@@ -225,13 +260,10 @@ class PlanCache:
         except TypeError:
             return
         with self._lock:
-            self._plans[key] = plan
-            while len(self._plans) > self.limit:
-                del self._plans[next(iter(self._plans))]
+            self[key] = plan
+            while len(self) > self.limit:
+                del self[next(iter(self))]
 
     def clear(self) -> None:
         with self._lock:
-            self._plans.clear()
-
-    def __len__(self) -> int:
-        return len(self._plans)
+            super().clear()

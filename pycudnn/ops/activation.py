@@ -22,6 +22,7 @@ from ..cudnn.tensor_ops import transform
 from ..ffi import library as _lib
 from ..ops._common import (
     PlanCache,
+    c_function,
     callers_device,
     check_choice,
     check_coef,
@@ -31,17 +32,17 @@ from ..ops._common import (
     check_shape,
     checked_out,
     layout_strides,
-    new_output,
+    output,
     raise_launch,
     restore_device,
     same_layout,
-    scalars,
+    scalars_of,
     staged,
     stream_pair,
     tensor_arg,
 )
 from ..runtime.handle import get_handle
-from ..runtime.tensor import Tensor
+from ..runtime.tensor import Tensor, as_tensor
 
 __all__ = ["activation_forward", "activation_backward", "MODES"]
 
@@ -57,10 +58,12 @@ _WHAT = "0 to 5 dims"
 
 _FORWARD = PlanCache()
 _BACKWARD = PlanCache()
+# the keys hold whether NaN propagates as a bool: hashing the IntEnum member is a Python call
+_PROPAGATE = int(NanPropagation.PROPAGATE_NAN)
 
 
-def _sig(t: Tensor) -> tuple[Any, ...]:
-    return (t.shape, t.strides, t.dtype, t.device)
+def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
+    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
 
 
 def _as4d(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple[int, ...],
@@ -99,16 +102,21 @@ def _check_mode(mode: Any, fn: str) -> str:
 
 
 class _Plan:
-    """What a call needs besides its pointers: descriptors and the output's layout."""
+    """What a call needs besides its pointers: descriptors, the output's layout and size, the
+    scaling constants and the bound C function."""
 
-    __slots__ = ("act", "x", "y", "dy", "dx", "shape", "strides", "dense", "stage", "keep")
+    __slots__ = ("act", "x", "y", "dy", "dx", "shape", "strides", "nbytes", "dense", "stage",
+                 "one", "zero", "launch", "keep")
 
     def __init__(self) -> None:
         self.act = self.x = self.y = self.dy = self.dx = 0
         self.shape: tuple[int, ...] = ()
         self.strides: tuple[int, ...] = ()  # the output's
+        self.nbytes = 0  # a new output's
         self.dense: tuple[int, ...] = ()  # the layout cuDNN is given, when operands are staged
         self.stage = False
+        self.one = self.zero = 0
+        self.launch: Any = None
         self.keep: tuple[Any, ...] = ()
 
 
@@ -141,25 +149,29 @@ def activation_forward(x: Any, mode: str = "relu", *, coef: float = 0.0, out: An
 
 def _forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPropagation,
              fn: str) -> Tensor:
-    s, s_ref = stream_pair(stream)
-    x = tensor_arg(x, stream)
+    s, s_ref = (0, None) if stream is None else stream_pair(stream)
+    if type(x) is not Tensor:
+        x = as_tensor(x, stream=stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = (mode, coef, type(coef), nan, _sig(x), None if o is None else _sig(o))
-    plan = _FORWARD.get(key)
-    if plan is None:
+    # the signature, flat: everything the checks and the descriptors depend on but the pointers
+    key = (mode, coef, type(coef), nan == _PROPAGATE, x.shape, x.strides, x.dtype, x.device,
+           _sig(o))
+    try:
+        plan = _FORWARD[key]
+    except (KeyError, TypeError):  # a new signature, or an unhashable argument the checks refuse
         plan = _forward_plan(x, mode, coef, o, nan, fn)
         _FORWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (), fn, in_place=x)
+    dev = x.device
     if not plan.x:  # no element
-        return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(x.device, s)
-        y = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
-        one, zero = scalars(x)
-        status = _lib.lib().cudnnActivationForward(handle, plan.act, one, plan.x, x.ptr, zero,
-                                                   plan.y, y.ptr)
+        handle = get_handle(dev, s)
+        y = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev, s,
+                                           s_ref)
+        status = plan.launch(handle, plan.act, plan.one, plan.x, x.ptr, plan.zero, plan.y, y.ptr)
         if status:
             raise_launch(status, "cudnnActivationForward", fn, activation=plan.keep[0],
                          x=plan.keep[1], y=plan.keep[2])
@@ -179,8 +191,11 @@ def _forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPro
     plan = _Plan()
     plan.shape = x.shape
     plan.strides = layout_strides(x.shape, x) if o is None else o.strides
+    plan.nbytes = x.size * x.dtype.itemsize
     if x.size == 0:
         return plan
+    plan.one, plan.zero = scalars_of(x.dtype)
+    plan.launch = c_function("cudnnActivationForward")
     act = activation_descriptor(mode, c, nan)
     xd = _descriptor(x.shape, x.strides, x.dtype)
     # in place (or the same layout): one descriptor for both, as cuDNN asks of in-place calls
@@ -218,32 +233,35 @@ def activation_backward(y: Any, dy: Any, x: Any, mode: str = "relu", *, coef: fl
 
 def _backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream: Any,
               nan: NanPropagation, fn: str) -> Tensor:
-    s, s_ref = stream_pair(stream)
+    s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = (mode, coef, type(coef), nan, _sig(y), _sig(dy), _sig(x),
-           None if o is None else _sig(o))
-    plan = _BACKWARD.get(key)
-    if plan is None:
+    key = (mode, coef, type(coef), nan == _PROPAGATE, y.shape, y.strides, y.dtype, y.device,
+           dy.shape, dy.strides, dy.dtype, dy.device, x.shape, x.strides, x.dtype, x.device,
+           _sig(o))
+    try:
+        plan = _BACKWARD[key]
+    except (KeyError, TypeError):
         plan = _backward_plan(y, dy, x, mode, coef, o, nan, fn)
         _BACKWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
+    dev = x.device
     if not plan.x:
-        return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(x.device, s)
-        dx = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        handle = get_handle(dev, s)
+        dx = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev,
+                                            s, s_ref)
         target = dx
         if plan.stage:  # operands not in the one dense layout cuDNN is given
             st = plan.dense
             y, dy, x = staged(handle, y, st, s), staged(handle, dy, st, s), staged(handle, x, st, s)
             target = staged(handle, dx, st, s, copy=False)
-        one, zero = scalars(x)
-        status = _lib.lib().cudnnActivationBackward(handle, plan.act, one, plan.y, y.ptr, plan.dy,
-                                                    dy.ptr, plan.x, x.ptr, zero, plan.dx,
-                                                    target.ptr)
+        d = plan.x
+        status = plan.launch(handle, plan.act, plan.one, d, y.ptr, d, dy.ptr, d, x.ptr, plan.zero,
+                             d, target.ptr)
         if status:
             raise_launch(status, "cudnnActivationBackward", fn, activation=plan.keep[0],
                          tensors=plan.keep[1])
@@ -269,8 +287,11 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Te
     plan.shape = x.shape
     plan.dense = dense = layout_strides(x.shape, x)
     plan.strides = dense if o is None else o.strides
+    plan.nbytes = x.size * x.dtype.itemsize
     if x.size == 0:
         return plan
+    plan.one, plan.zero = scalars_of(x.dtype)
+    plan.launch = c_function("cudnnActivationBackward")
     # cuDNN wants y and dy, x and dx laid out alike: one dense layout for all four, and operands
     # in another staged through copies
     plan.stage = not all(same_layout(x.shape, t, dense)

@@ -20,6 +20,7 @@ smaller than the kernel).
 
 from __future__ import annotations
 
+import math
 from ctypes import byref, c_int
 from enum import IntEnum
 from typing import Any, Sequence
@@ -40,6 +41,7 @@ from ..cudnn.tensor_ops import transform
 from ..ffi import library as _lib
 from ..ops._common import (
     PlanCache,
+    c_function,
     callers_device,
     check_choice,
     check_input,
@@ -48,17 +50,17 @@ from ..ops._common import (
     check_shape,
     checked_out,
     layout_strides,
-    new_output,
+    output,
     raise_launch,
     restore_device,
     same_layout,
-    scalars,
+    scalars_of,
     staged,
     stream_pair,
     tensor_arg,
 )
 from ..runtime.handle import get_handle
-from ..runtime.tensor import Tensor
+from ..runtime.tensor import Tensor, as_tensor
 
 __all__ = ["pooling_forward", "pooling_backward", "PoolingDescriptor", "PoolingMode", "MODES",
            "output_size"]
@@ -282,17 +284,25 @@ _RANKS = (4, 5)
 _WHAT = "4 dims (N, C, H, W) for 2-D pooling or 5 dims (N, C, D, H, W) for 3-D pooling"
 
 
-def _sig(t: Tensor) -> tuple[Any, ...]:
-    return (t.shape, t.strides, t.dtype, t.device)
+def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
+    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
+
+
+# the keys hold whether NaN propagates as a bool: hashing the IntEnum member is a Python call
+_PROPAGATE = int(NanPropagation.PROPAGATE_NAN)
 
 
 class _Plan:
-    __slots__ = ("pool", "x", "y", "shape", "strides", "y_dense", "x_dense", "stage", "keep")
+    __slots__ = ("pool", "x", "y", "shape", "strides", "nbytes", "y_dense", "x_dense", "stage",
+                 "one", "zero", "launch", "keep")
 
     def __init__(self) -> None:
         self.pool = self.x = self.y = 0
         self.shape: tuple[int, ...] = ()  # the output's
         self.strides: tuple[int, ...] = ()
+        self.nbytes = 0  # a new output's
+        self.one = self.zero = 0
+        self.launch: Any = None
         self.y_dense: tuple[int, ...] = ()  # layouts cuDNN is given when operands are staged
         self.x_dense: tuple[int, ...] = ()
         self.stage = False
@@ -301,10 +311,12 @@ class _Plan:
 
 def _key(kernel_size: Any, stride: Any, padding: Any, mode: Any, nan: NanPropagation,
          rule: str, *sigs: Any) -> Any:
+    """The plan key: the geometry as given (None where a value would hash like another, which
+    keeps the call off the cache) and the operands' signatures."""
     k, s, p = _geo_key(kernel_size), _geo_key(stride), _geo_key(padding)
     if k is _NO_KEY or s is _NO_KEY or p is _NO_KEY:
         return None
-    return (k, s, p, mode, nan, rule) + sigs
+    return (k, s, p, mode, nan == _PROPAGATE, rule) + sigs
 
 
 def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: Any = 0,
@@ -338,27 +350,36 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
 def _forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out: Any,
              stream: Any, nan: NanPropagation, rule: str, fn: str,
              out_name: str = "out") -> Tensor:
-    s, s_ref = stream_pair(stream)
-    x = tensor_arg(x, stream)
+    s, s_ref = (0, None) if stream is None else stream_pair(stream)
+    if type(x) is not Tensor:
+        x = as_tensor(x, stream=stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = _key(kernel_size, stride, padding, mode, nan, rule, _sig(x),
-               None if o is None else _sig(o))
-    plan = None if key is None else _FORWARD.get(key)
-    if plan is None:
+    # the common geometry (ints, or tuples of ints, as PyTorch's calls pass) keys the plan as it
+    # is; other values go through _key, which keeps what would hash like an int off the cache
+    if (type(kernel_size) is int and (stride is None or type(stride) is int)
+            and type(padding) is int):
+        key = (kernel_size, stride, padding, mode, nan == _PROPAGATE, rule, x.shape, x.strides,
+               x.dtype, x.device, _sig(o))
+    else:
+        key = _key(kernel_size, stride, padding, mode, nan, rule, x.shape, x.strides, x.dtype,
+                   x.device, _sig(o))
+    try:
+        plan = _FORWARD[key]
+    except (KeyError, TypeError):  # a new signature, or an unhashable argument the checks refuse
         plan = _forward_plan(x, kernel_size, stride, padding, mode, o, nan, rule, fn, out_name)
         if key is not None:
             _FORWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (("x", x),), fn, name=out_name)
+    dev = x.device
     if not plan.x:
-        return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(x.device, s)
-        y = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
-        one, zero = scalars(x)
-        status = _lib.lib().cudnnPoolingForward(handle, plan.pool, one, plan.x, x.ptr, zero,
-                                                plan.y, y.ptr)
+        handle = get_handle(dev, s)
+        y = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev, s,
+                                           s_ref)
+        status = plan.launch(handle, plan.pool, plan.one, plan.x, x.ptr, plan.zero, plan.y, y.ptr)
         if status:
             raise_launch(status, "cudnnPoolingForward", fn, pooling=plan.keep[0],
                          x=plan.keep[1], y=plan.keep[2])
@@ -378,8 +399,11 @@ def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: 
     plan = _Plan()
     plan.shape = shape
     plan.strides = layout_strides(shape, x) if o is None else o.strides
+    plan.nbytes = math.prod(shape) * x.dtype.itemsize
     if x.size == 0:
         return plan
+    plan.one, plan.zero = scalars_of(x.dtype)
+    plan.launch = c_function("cudnnPoolingForward")
     pool = PoolingDescriptor(k, p, st, m, nan)
     xd = TensorDescriptor(x.shape, x.dtype, x.strides)
     yd = TensorDescriptor(shape, x.dtype, plan.strides)
@@ -424,32 +448,33 @@ def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any =
 
 def _backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any,
               out: Any, stream: Any, nan: NanPropagation, rule: str, fn: str) -> Tensor:
-    s, s_ref = stream_pair(stream)
+    s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = _key(kernel_size, stride, padding, mode, nan, rule, _sig(y), _sig(dy), _sig(x),
-               None if o is None else _sig(o))
-    plan = None if key is None else _BACKWARD.get(key)
-    if plan is None:
+    key = _key(kernel_size, stride, padding, mode, nan, rule, _sig(y), _sig(dy), _sig(x), _sig(o))
+    try:
+        plan = _BACKWARD[key]
+    except (KeyError, TypeError):
         plan = _backward_plan(y, dy, x, kernel_size, stride, padding, mode, o, nan, rule, fn)
         if key is not None:
             _BACKWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
+    dev = x.device
     if not plan.x:
-        return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(x.device, s)
-        dx = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        handle = get_handle(dev, s)
+        dx = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev,
+                                            s, s_ref)
         target = dx
         if plan.stage:  # cuDNN reads y and dy in one layout, x and dx in one layout
             yl, xl = plan.y_dense, plan.x_dense
             y, dy, x = staged(handle, y, yl, s), staged(handle, dy, yl, s), staged(handle, x, xl, s)
             target = staged(handle, dx, xl, s, copy=False)
-        one, zero = scalars(x)
-        status = _lib.lib().cudnnPoolingBackward(handle, plan.pool, one, plan.y, y.ptr, plan.y,
-                                                 dy.ptr, plan.x, x.ptr, zero, plan.x, target.ptr)
+        status = plan.launch(handle, plan.pool, plan.one, plan.y, y.ptr, plan.y, dy.ptr, plan.x,
+                             x.ptr, plan.zero, plan.x, target.ptr)
         if status:
             raise_launch(status, "cudnnPoolingBackward", fn, pooling=plan.keep[0],
                          y=plan.keep[1], x=plan.keep[2])
@@ -477,8 +502,11 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: A
     plan.x_dense = layout_strides(x.shape, x)
     plan.y_dense = layout_strides(y_shape, x)
     plan.strides = plan.x_dense if o is None else o.strides
+    plan.nbytes = x.size * x.dtype.itemsize
     if x.size == 0:
         return plan
+    plan.one, plan.zero = scalars_of(x.dtype)
+    plan.launch = c_function("cudnnPoolingBackward")
     plan.stage = not (same_layout(y_shape, y.strides, plan.y_dense)
                       and same_layout(y_shape, dy.strides, plan.y_dense)
                       and same_layout(x.shape, x.strides, plan.x_dense)

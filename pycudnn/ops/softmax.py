@@ -23,9 +23,9 @@ from typing import Any
 
 from ..cudnn.descriptors import TensorDescriptor
 from ..cudnn.tensor_ops import transform
-from ..ffi import library as _lib
 from ..ops._common import (
     PlanCache,
+    c_function,
     callers_device,
     check_choice,
     check_input,
@@ -34,17 +34,17 @@ from ..ops._common import (
     check_shape,
     checked_out,
     layout_strides,
-    new_output,
+    output,
     raise_launch,
     restore_device,
     same_layout,
-    scalars,
+    scalars_of,
     staged,
     stream_pair,
     tensor_arg,
 )
 from ..runtime.handle import get_handle
-from ..runtime.tensor import Tensor
+from ..runtime.tensor import Tensor, as_tensor
 
 __all__ = ["softmax_forward", "softmax_backward", "SoftmaxAlgorithm", "SoftmaxMode", "ALGORITHMS",
            "MODES"]
@@ -77,8 +77,8 @@ _FORWARD = PlanCache()
 _BACKWARD = PlanCache()
 
 
-def _sig(t: Tensor) -> tuple[Any, ...]:
-    return (t.shape, t.strides, t.dtype, t.device)
+def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
+    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
 
 
 def _merge(shape: tuple[int, ...], strides: tuple[int, ...],
@@ -141,14 +141,17 @@ def _pad(strides: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class _Plan:
-    __slots__ = ("algo", "mode", "x", "y", "shape", "strides", "dense", "stage", "stage_x",
-                 "stage_y", "keep")
+    __slots__ = ("algo", "mode", "x", "y", "shape", "strides", "nbytes", "dense", "stage",
+                 "stage_x", "stage_y", "one", "zero", "launch", "keep")
 
     def __init__(self) -> None:
         self.algo = self.mode = 0
         self.x = self.y = 0
         self.shape: tuple[int, ...] = ()
         self.strides: tuple[int, ...] = ()  # the output's
+        self.nbytes = 0  # a new output's
+        self.one = self.zero = 0
+        self.launch: Any = None
         # the layout (padded to 4-D) operands are staged into for cuDNN, when they are
         self.dense: tuple[int, ...] = ()
         self.stage = False  # backward: y, dy and dx staged into ``dense``
@@ -186,30 +189,33 @@ def softmax_forward(x: Any, *, algorithm: str = "accurate", mode: str = "channel
             ``out``.
     """
     fn = "softmax_forward"
-    s, s_ref = stream_pair(stream)
-    x = tensor_arg(x, stream)
+    s, s_ref = (0, None) if stream is None else stream_pair(stream)
+    if type(x) is not Tensor:
+        x = as_tensor(x, stream=stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = (algorithm, mode, _sig(x), None if o is None else _sig(o))
-    plan = _FORWARD.get(key)
-    if plan is None:
+    key = (algorithm, mode, x.shape, x.strides, x.dtype, x.device, _sig(o))
+    try:
+        plan = _FORWARD[key]
+    except (KeyError, TypeError):  # a new signature, or an unhashable argument the checks refuse
         plan = _forward_plan(x, algorithm, mode, o, fn)
         _FORWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (("x", x),), fn)
+    dev = x.device
     if not plan.x:
-        return o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(x.device, s)
-        y = o if o is not None else new_output(plan.shape, plan.strides, x, s, s_ref)
+        handle = get_handle(dev, s)
+        y = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev, s,
+                                           s_ref)
         src, target = x, y
         if plan.stage_x is not None:
             src = staged(handle, _at_least_4d(x), plan.stage_x, s)
         if plan.stage_y is not None:
             target = staged(handle, _at_least_4d(y), plan.stage_y, s, copy=False)
-        one, zero = scalars(x)
-        status = _lib.lib().cudnnSoftmaxForward(handle, plan.algo, plan.mode, one, plan.x, src.ptr,
-                                                zero, plan.y, target.ptr)
+        status = plan.launch(handle, plan.algo, plan.mode, plan.one, plan.x, src.ptr, plan.zero,
+                             plan.y, target.ptr)
         if status:
             raise_launch(status, "cudnnSoftmaxForward", fn, x=plan.keep[0], y=plan.keep[1])
         if target is not y:
@@ -227,8 +233,11 @@ def _forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: st
         o = checked_out(o, x.shape, x, fn, None)
     plan.shape = x.shape
     plan.strides = layout_strides(x.shape, x) if o is None else o.strides
+    plan.nbytes = x.size * x.dtype.itemsize
     if x.size == 0:
         return plan
+    plan.one, plan.zero = scalars_of(x.dtype)
+    plan.launch = c_function("cudnnSoftmaxForward")
     shape, instance = x.shape, plan.mode == SoftmaxMode.INSTANCE
     # the layouts cuDNN computes in: the operands' own where it takes them, else dense copies
     # (instance mode: x in y's layout, both sample-packed)
@@ -270,31 +279,34 @@ def softmax_backward(y: Any, dy: Any, *, algorithm: str = "accurate", mode: str 
         ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``y``'s memory format, or ``out``.
     """
     fn = "softmax_backward"
-    s, s_ref = stream_pair(stream)
+    s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy = tensor_arg(y, stream), tensor_arg(dy, stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = (algorithm, mode, _sig(y), _sig(dy), None if o is None else _sig(o))
-    plan = _BACKWARD.get(key)
-    if plan is None:
+    key = (algorithm, mode, y.shape, y.strides, y.dtype, y.device, dy.shape, dy.strides, dy.dtype,
+           dy.device, _sig(o))
+    try:
+        plan = _BACKWARD[key]
+    except (KeyError, TypeError):
         plan = _backward_plan(y, dy, algorithm, mode, o, fn)
         _BACKWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy)), fn)
+    dev = y.device
     if not plan.x:
-        return o if o is not None else new_output(plan.shape, plan.strides, y, s, s_ref)
+        return o if o is not None else output(0, plan.shape, plan.strides, y.dtype, dev, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(y.device, s)
-        dx = o if o is not None else new_output(plan.shape, plan.strides, y, s, s_ref)
+        handle = get_handle(dev, s)
+        dx = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, y.dtype, dev,
+                                            s, s_ref)
         target = dx
         if plan.stage:
             st = plan.dense
             y, dy = staged(handle, _at_least_4d(y), st, s), staged(handle, _at_least_4d(dy), st, s)
             target = staged(handle, _at_least_4d(dx), st, s, copy=False)
-        one, zero = scalars(y)
         d = plan.x
-        status = _lib.lib().cudnnSoftmaxBackward(handle, plan.algo, plan.mode, one, d, y.ptr, d,
-                                                 dy.ptr, zero, d, target.ptr)
+        status = plan.launch(handle, plan.algo, plan.mode, plan.one, d, y.ptr, d, dy.ptr,
+                             plan.zero, d, target.ptr)
         if status:
             raise_launch(status, "cudnnSoftmaxBackward", fn, tensors=plan.keep[0])
         if target is not dx:
@@ -318,8 +330,11 @@ def _backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor |
     dense = layout_strides(y.shape, y)
     plan.dense = _pad(dense)
     plan.strides = dense if o is None else o.strides
+    plan.nbytes = y.size * y.dtype.itemsize
     if y.size == 0:
         return plan
+    plan.one, plan.zero = scalars_of(y.dtype)
+    plan.launch = c_function("cudnnSoftmaxBackward")
     # one dense layout for y, dy and dx, which always folds to 4-D and is sample-packed
     # (operands in another are staged through copies)
     plan.stage = not all(same_layout(y.shape, st, dense)
