@@ -1029,8 +1029,7 @@ def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
     if 0 < nbytes < MAX_ALLOCATION:
         drv = _driver or _driver_memory()
         if drv:
-            out = _c_uint64()  # _DriverMemory.allocate inlined (one call less per call)
-            ptr = 0 if drv.alloc(_addressof(out), nbytes, stream) else out.value
+            ptr = drv.allocate(nbytes, stream)
         else:
             err, ptr = (_rt or _runtime()).cudaMallocAsync(nbytes, stream)
             ptr = 0 if err else int(ptr)
