@@ -337,3 +337,118 @@ def test_fuzz_dropout_state(p, seed):
     except (ValueError, TypeError) as exc:
         assert not (p_ok and seed_ok), exc
         assert ("seed" in str(exc)) if p_ok else ("p" in str(exc)), exc
+
+
+# ---- repeated calls: the plan, and the checks its key cannot make -----------------------------------
+
+def _full_path_forbidden(monkeypatch):
+    """Make the full checks fail loudly: what a call raises after this came from its plan."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the full path ran for a signature that has a plan")
+    for name in ("_training_full", "_inference_full", "_backward_full"):
+        monkeypatch.setattr(bn, name, forbidden)
+    for name in ("_forward_full", "_backward_full"):
+        monkeypatch.setattr(dr, name, forbidden)
+
+
+@no_gpu_only
+def test_batch_norm_plans_are_made_once_per_signature():
+    bn.clear_cache()
+    x, w, b, rm, rv = args()
+    before = live_descriptor_count()
+    for _ in range(3):
+        with pytest.raises(E.NoDeviceError):
+            fwd(x, w, b, rm, rv)
+    assert len(bn._TRAIN) == 1
+    with pytest.raises(E.NoDeviceError):  # new addresses, same signature: the same plan
+        fwd(*args())
+    assert len(bn._TRAIN) == 1 and live_descriptor_count() - before == 2  # x's and the params'
+    with pytest.raises(E.NoDeviceError):  # another momentum: another plan, same descriptors
+        fwd(x, w, b, rm, rv, momentum=0.2)
+    assert len(bn._TRAIN) == 2 and live_descriptor_count() - before == 2
+    # a call that copies (strided weight) keeps no plan: it takes the full checks every time
+    with pytest.raises(E.NoDeviceError):
+        fwd(x, T((3,), strides=(2,)), b, rm, rv)
+    assert len(bn._TRAIN) == 2
+    bn.clear_cache()
+    assert not bn._TRAIN
+
+
+@no_gpu_only
+def test_planned_batch_norm_calls_still_check_addresses_and_read_only_outputs(monkeypatch):
+    x, w, b, rm, rv = args()
+    out, sm, si = T(x.shape), T((3,)), T((3,))
+    dy = T(x.shape)
+    for call in (lambda: fwd(x, w, b, rm, rv),
+                 lambda: fwd(x, w, b, rm, rv, out=out, save_mean=sm, save_invstd=si),
+                 lambda: bn.batch_norm_forward_inference(x, w, b, rm, rv, out=out),
+                 lambda: bn.batch_norm_backward(x, dy, w, sm, si, out=out)):
+        with pytest.raises(E.NoDeviceError):
+            call()  # the full checks pass and leave a plan
+    _full_path_forbidden(monkeypatch)
+    with pytest.raises(E.NoDeviceError):
+        fwd(x, w, b, rm, rv)  # the plan
+    with pytest.raises(ValueError, match="running_mean: is read-only"):
+        fwd(x, w, b, T((3,), readonly=True), rv)
+    with pytest.raises(ValueError, match="running_var: is read-only"):
+        fwd(x, w, b, rm, T((3,), readonly=True))
+    shared = pycudnn.tensor_from_pointer(rm.ptr + 4, (3,), "float32")
+    with pytest.raises(ValueError, match="running_mean and running_var overlap"):
+        fwd(x, w, b, rm, shared)
+    on_x = pycudnn.tensor_from_pointer(x.ptr, x.shape, "float32")
+    with pytest.raises(ValueError, match="out: it overlaps input"):
+        fwd(x, w, b, rm, rv, out=on_x, save_mean=sm, save_invstd=si)
+    with pytest.raises(ValueError, match="out: is read-only"):
+        fwd(x, w, b, rm, rv, out=T(x.shape, readonly=True), save_mean=sm, save_invstd=si)
+    with pytest.raises(ValueError, match="save_mean: it overlaps running_var"):
+        fwd(x, w, b, rm, rv, out=out, save_mean=rv, save_invstd=si)
+    with pytest.raises(ValueError, match="save_invstd: is read-only"):
+        fwd(x, w, b, rm, rv, out=out, save_mean=sm, save_invstd=T((3,), readonly=True))
+    with pytest.raises(ValueError, match="out: it overlaps weight"):
+        bn.batch_norm_forward_inference(
+            x, w, b, rm, rv, out=pycudnn.tensor_from_pointer(w.ptr, x.shape, "float32"))
+    with pytest.raises(ValueError, match="out: it overlaps grad_output"):
+        bn.batch_norm_backward(x, dy, w, sm, si,
+                               out=pycudnn.tensor_from_pointer(dy.ptr, x.shape, "float32"))
+
+
+@no_gpu_only
+def test_planned_batch_norm_backward_hands_a_foreign_reserve_to_the_full_checks():
+    x, dy, w = T((4, 3, 5, 5)), T((4, 3, 5, 5)), T((3,))
+    with pytest.raises(E.NoDeviceError):
+        bn.batch_norm_backward(x, dy, w, None, None)
+    for reserve, exc, words in [
+            (b"x", TypeError, "expected reserve to be the ReserveSpace"),
+            (bn.ReserveSpace(None, 16, 1, False, ()), ValueError, "expected reserve on cuda:0")]:
+        with pytest.raises(exc, match=words):
+            bn.batch_norm_backward(x, dy, w, None, None, reserve=reserve)
+
+
+@no_gpu_only
+def test_planned_dropout_calls_still_check_state_reserve_and_addresses(monkeypatch):
+    x, dy = T((3, 4, 5)), T((4, 4))
+    for call in (lambda: dr.dropout_forward(x, _state(), out=T(x.shape)),
+                 lambda: dr.dropout_backward(dy, _state(), _reserve((4, 4)), out=T(dy.shape))):
+        with pytest.raises(E.NoDeviceError):
+            call()
+    assert len(dr._FORWARD) >= 1 and len(dr._BACKWARD) >= 1
+    monkeypatch.setattr(dr, "_forward_full", lambda *a: pytest.fail("full path ran"))
+    with pytest.raises(E.NoDeviceError):
+        dr.dropout_forward(x, _state(), out=T(x.shape))  # the plan
+    with pytest.raises(ValueError, match="out: it overlaps input"):
+        dr.dropout_forward(x, _state(), out=pycudnn.tensor_from_pointer(x.ptr, x.shape, "float32"))
+    with pytest.raises(ValueError, match="out: is read-only"):
+        dr.dropout_forward(x, _state(), out=T(x.shape, readonly=True))
+    monkeypatch.undo()
+    # what the plan cannot vouch for goes to the full checks, which name it
+    with pytest.raises(TypeError, match="state"):
+        dr.dropout_forward(x, object(), out=T(x.shape))
+    with pytest.raises(ValueError, match="cuda:1"):
+        dr.dropout_forward(x, _state(device=1), out=T(x.shape))
+    with pytest.raises(TypeError, match="reserve"):
+        dr.dropout_backward(dy, _state(), b"x", out=T(dy.shape))
+    with pytest.raises(ValueError, match="grad_output"):
+        dr.dropout_backward(dy, _state(), _reserve((2, 8)), out=T(dy.shape))
+    with pytest.raises(ValueError, match="out: it overlaps grad_output"):
+        dr.dropout_backward(dy, _state(), _reserve((4, 4)),
+                            out=pycudnn.tensor_from_pointer(dy.ptr, dy.shape, "float32"))

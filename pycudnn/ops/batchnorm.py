@@ -12,7 +12,10 @@ input is used where it lies when it is dense in NCHW or channels-last order and 
 (``cudnnTransformTensor``) otherwise, the descriptors come from a small cache keyed by shape,
 strides, dtype and mode, and the work is one call of
 ``cudnnBatchNormalizationForwardTrainingEx`` / ``BackwardEx`` (with the workspace and reserve
-space cuDNN asks for) or ``cudnnBatchNormalizationForwardInference``.
+space cuDNN asks for) or ``cudnnBatchNormalizationForwardInference``. A call that needs no copy
+leaves a plan keyed by its arguments' layouts, dtypes, devices and options: the next call of
+that signature checks only what the key cannot tell (addresses that must not overlap, read-only
+outputs, the reserve) and goes straight to the allocations and the launch.
 
 Why the legacy API and not the graph API: cuDNN's graph API expresses batch norm through the
 norm-forward/backward operation nodes and a plan search per shape; the legacy functions run the
@@ -36,6 +39,7 @@ from ..cudnn.tensor_ops import add_tensor, relu_, relu_descriptor, scalar_pointe
 from ..dispatch.arguments import check_no_broadcast
 from ..errors import CudnnBadParamError, CudnnNotSupportedError
 from ..ffi import library as _lib
+from ..ops._common import PlanCache, c_function, meet, scalars_of
 from ..runtime.handle import get_handle
 from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
 from ..runtime.tensor import (
@@ -207,8 +211,11 @@ def _check_like(t: Tensor, name: str, x: Tensor, fn: str, x_name: str = "input")
     check_no_broadcast(t, name, fn)
 
 
+_F64, _F32 = np.dtype(np.float64), np.dtype(np.float32)
+
+
 def _param_dtype(x: Tensor) -> np.dtype:
-    return np.dtype(np.float64) if x.dtype.name == "float64" else np.dtype(np.float32)
+    return _F64 if x.dtype == _F64 else _F32
 
 
 def _param_shape(x: Tensor, mode: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -289,6 +296,23 @@ def _no_overlap(o: Tensor, name: str, reads: Sequence[tuple[str, Tensor | None]]
                              f"memory with the other arguments")
 
 
+def _check_written(fn: str, o: Tensor | None, sm: Tensor | None, si: Tensor | None,
+                   reads: list[tuple[str, Tensor | None]]) -> None:
+    """The checks of a planned call's optional outputs that its key cannot know (read-only
+    flags, memory shared with the other arguments), as `_check_out` and `_save_outputs` make
+    them."""
+    if o is not None:
+        check_writable(o, "out")
+        _no_overlap(o, "out", reads)
+    reads = reads + [("out", o)]
+    if sm is not None:
+        check_writable(sm, "save_mean")
+        _no_overlap(sm, "save_mean", reads)
+    if si is not None:
+        check_writable(si, "save_invstd")
+        _no_overlap(si, "save_invstd", reads + [("save_mean", sm)])
+
+
 def _stream_pair(stream: Any) -> tuple[int, Any]:
     """(the stream's handle, the object to keep alive until frees ordered on it, or None)."""
     if stream is None:
@@ -333,6 +357,8 @@ def clear_cache() -> None:
     """Forget the cached descriptors (they are freed once no call uses them)."""
     with _cache_lock:
         _CACHE.clear()
+    for plans in (_TRAIN, _INFER, _BACKWARD):
+        plans.clear()
 
 
 def _sizes(entry: _Layout, handle: int, device: int, mode: int, ops: int) -> tuple[int, int, int]:
@@ -587,6 +613,97 @@ def _reserve_key(call: _Call, ops: int) -> tuple:
     return (call.x4.shape, call.x4.strides, call.x4.dtype, call.mode, ops)
 
 
+# ---- plans: repeated calls that need no copy --------------------------------------------------------
+
+class _Plan:
+    """What a repeated call needs besides its pointers, for a call that runs without copies (the
+    input dense in its memory format, the parameters dense, ``grad_output`` and ``out`` in the
+    input's layout): descriptors, sizes, the new tensors' layouts, the checked scalars and the C
+    function. Keyed by everything the full checks read but the addresses (and read-only flags),
+    which each call checks itself: a repeated call is one dict lookup, allocations and the
+    launch."""
+
+    __slots__ = ("mode", "entry", "xd", "pd", "one", "zero", "launch", "momentum", "eps",
+                 "nbytes", "pshape", "pstrides", "pdt", "p_nbytes", "reserve_key", "sizes")
+
+    def __init__(self, call: _Call, function: str, momentum: float, eps: float) -> None:
+        x4 = call.x4
+        self.mode = call.mode
+        self.entry = _layout(x4, call.mode, call.p4, call.pdt)  # what call.start() would find
+        self.xd, self.pd = self.entry.x_desc.handle, self.entry.p_desc.handle
+        self.one, self.zero = scalars_of(x4.dtype)
+        self.launch = c_function(function)
+        self.momentum, self.eps = momentum, eps
+        self.nbytes = x4.size * x4.dtype.itemsize  # the output's, in the input's strides
+        self.pshape, self.pstrides, self.pdt = call.pshape, _contiguous(call.pshape), call.pdt
+        self.p_nbytes = math.prod(call.pshape) * call.pdt.itemsize  # one parameter's
+        self.reserve_key = (x4.shape, x4.strides, x4.dtype, call.mode, _OPS_BN)
+        self.sizes: tuple[int, int, int] | None = None  # asked of cuDNN at the first launch
+
+
+_TRAIN = PlanCache(128)
+_INFER = PlanCache(128)
+_BACKWARD = PlanCache(128)
+
+
+def _plan(call: _Call, function: str, params: Sequence[Tensor | None],
+          likes: Sequence[Tensor | None], momentum: float, eps: float) -> _Plan | None:
+    """The plan of a validated call, or None when it needs a copy (such calls take the full path
+    every time): ``params`` must be dense, ``likes`` (out, grad_output) in the input's strides."""
+    x4 = call.x4
+    if x4.size == 0 or not x4.is_contiguous(_format(x4)):
+        return None
+    if any(t is not None and _as4d(t).strides != x4.strides for t in likes):
+        return None
+    if any(t is not None and not _pview(t, call.p4).is_contiguous() for t in params):
+        return None
+    return _Plan(call, function, momentum, eps)
+
+
+def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
+    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
+
+
+# the keys: the arguments as given (with their types, so that True never stands for 1) and the
+# tensors' layouts; built the same way by the fast path and by the full checks that store a plan
+
+def _train_key(mode: Any, momentum: Any, eps: Any, x: Tensor, w: Tensor, b: Tensor,
+               rm: Tensor | None, rv: Tensor | None, o: Tensor | None, sm: Tensor | None,
+               si: Tensor | None) -> tuple:
+    return (mode, type(mode), momentum, type(momentum), eps, type(eps), x.shape, x.strides,
+            x.dtype, x.device, w.shape, w.strides, w.dtype, w.device, b.shape, b.strides,
+            b.dtype, b.device, _sig(rm), _sig(rv), _sig(o), _sig(sm), _sig(si))
+
+
+def _infer_key(mode: Any, eps: Any, x: Tensor, w: Tensor, b: Tensor, rm: Tensor, rv: Tensor,
+               o: Tensor | None) -> tuple:
+    return (mode, type(mode), eps, type(eps), x.shape, x.strides, x.dtype, x.device, w.shape,
+            w.strides, w.dtype, w.device, _sig(b), _sig(rm), _sig(rv), _sig(o))
+
+
+def _backward_key(mode: Any, eps: Any, x: Tensor, dy: Tensor, w: Tensor, sm: Tensor | None,
+                  si: Tensor | None, o: Tensor | None) -> tuple:
+    return (mode, type(mode), eps, type(eps), x.shape, x.strides, x.dtype, x.device, dy.shape,
+            dy.strides, dy.dtype, dy.device, w.shape, w.strides, w.dtype, w.device, _sig(sm),
+            _sig(si), _sig(o))
+
+
+def _new_pair(plan: _Plan, device: int, s: int, sref: Any) -> tuple[Tensor, Tensor]:
+    """Two new parameter-shaped tensors in one allocation (`_Call.new_params` from a plan)."""
+    n = plan.p_nbytes
+    buf = allocate_fast(2 * n, device, s, sref)
+    shape, strides, dt = plan.pshape, plan.pstrides, plan.pdt
+    return (Tensor._make(buf.ptr, shape, strides, dt, device, buf),
+            Tensor._make(buf.ptr + n, shape, strides, dt, device, buf))
+
+
+def _launch_failed(st: int, function: str, plan: _Plan, more: str = "") -> None:
+    """Raise for a failed launch of a planned call, as the full path words it."""
+    _lib.raise_status(st, function, f"  x: {plan.entry.x_desc!r}",
+                      f"  parameters: {plan.entry.p_desc!r}",
+                      f"  mode: {_MODE_NAMES[plan.mode]}{more}")
+
+
 # ---- public functions -----------------------------------------------------------------------------
 
 def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: Any = None,
@@ -623,6 +740,74 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
         A [`BatchNormResult`][pycudnn.ops.batchnorm.BatchNormResult] ``(y, save_mean,
             save_invstd)`` whose ``reserve`` goes to the backward pass.
     """
+    try:
+        xt, w, b = _as_tensor(x, stream), _as_tensor(weight, stream), _as_tensor(bias, stream)
+        rm = None if running_mean is None else _as_tensor(running_mean, stream)
+        rv = None if running_var is None else _as_tensor(running_var, stream)
+        o = None if out is None else _as_tensor(out, stream)
+        sm = None if save_mean is None else _as_tensor(save_mean, stream)
+        si = None if save_invstd is None else _as_tensor(save_invstd, stream)
+        plan = _TRAIN[_train_key(mode, momentum, eps, xt, w, b, rm, rv, o, sm, si)]
+    except Exception:  # a new signature, or arguments the full checks refuse (in their order)
+        return _training_full(x, weight, bias, running_mean, running_var, momentum, eps, mode,
+                              out, save_mean, save_invstd, stream)
+    # what the key cannot know: the addresses and the read-only flags of what the call writes
+    if rm is not None and rv is not None:
+        if rm.readonly or rv.readonly:
+            check_writable(rm, "running_mean")
+            check_writable(rv, "running_var")
+        if meet(rm, plan.p_nbytes, rv, plan.p_nbytes):
+            raise ValueError("batch_norm_forward_training: running_mean and running_var overlap; "
+                             "pass separate tensors")
+    if o is not None or sm is not None or si is not None:
+        _check_written("batch_norm_forward_training", o, sm, si,
+                       [("input", xt), ("weight", w), ("bias", b), ("running_mean", rm),
+                        ("running_var", rv)])
+    s, sref = _stream_pair(stream)
+    dev = xt.device
+    prev = callers_device()
+    try:
+        handle = get_handle(dev, s)
+        sizes = plan.sizes
+        if sizes is None:
+            sizes = plan.sizes = _sizes(plan.entry, handle, dev, plan.mode, _OPS_BN)
+        ws_size, res_size, _ = sizes
+        if sm is None or si is None:
+            new = _new_pair(plan, dev, s, sref)
+            sm = sm if sm is not None else new[0]
+            si = si if si is not None else new[1]
+        if o is None:
+            owner = allocate_fast(plan.nbytes, dev, s, sref)
+            o = Tensor._make(owner.ptr, xt.shape, xt.strides, xt.dtype, dev, owner)
+        reserve, res_ptr = None, None
+        if res_size:
+            buf = allocate_fast(res_size, dev, s, sref)
+            reserve = ReserveSpace(buf, res_size, dev, False, plan.reserve_key)
+            res_ptr = buf.ptr
+        ws, owned = _workspace(ws_size, dev, s, True)
+        xd = plan.xd
+        try:
+            st = plan.launch(handle, plan.mode, _OPS_BN, plan.one, plan.zero, xd, xt.ptr, xd, None,
+                             xd, o.ptr, plan.pd, w.ptr, b.ptr, plan.momentum,
+                             None if rm is None else rm.ptr, None if rv is None else rv.ptr,
+                             plan.eps, sm.ptr, si.ptr, None, ws or None, ws_size, res_ptr,
+                             res_size)
+        finally:
+            _release_workspace(owned, s)
+        if st:
+            _launch_failed(st, "cudnnBatchNormalizationForwardTrainingEx", plan,
+                           f", ops: {_OPS_BN}")
+        return BatchNormResult(o, sm, si, reserve)
+    finally:
+        restore_device(prev)
+
+
+def _training_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                   momentum: Any, eps: Any, mode: Any, out: Any, save_mean: Any,
+                   save_invstd: Any, stream: Any) -> BatchNormResult:
+    """`batch_norm_forward_training` the long way: the full checks, in the order they name the
+    parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
+    call that needs no copy, which the next call of its signature takes."""
     fn = "batch_norm_forward_training"
     prev = callers_device()
     try:
@@ -637,6 +822,10 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
         o = _check_out(out, "out", call.x, fn, stream, reads) if out is not None else None
         sm, si = _save_outputs(fn, save_mean, save_invstd, call, stream,
                                reads + [("out", o)])
+        plan = _plan(call, "cudnnBatchNormalizationForwardTrainingEx", (w, b, rm, rv, sm, si),
+                     (o,), m, e)
+        if plan is not None:
+            _TRAIN.put(_train_key(mode, momentum, eps, call.x, w, b, rm, rv, o, sm, si), plan)
         call.start()
         entry = call.entry
         assert entry is not None
@@ -676,6 +865,40 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
     Returns:
         The output as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor], ``out`` itself when given.
     """
+    try:
+        xt, w, b = _as_tensor(x, stream), _as_tensor(weight, stream), _as_tensor(bias, stream)
+        rm, rv = _as_tensor(running_mean, stream), _as_tensor(running_var, stream)
+        o = None if out is None else _as_tensor(out, stream)
+        plan = _INFER[_infer_key(mode, eps, xt, w, b, rm, rv, o)]
+    except Exception:  # a new signature, or arguments the full checks refuse (in their order)
+        return _inference_full(x, weight, bias, running_mean, running_var, eps, mode, out, stream)
+    if o is not None:
+        _check_written("batch_norm_forward_inference", o, None, None,
+                       [("input", xt), ("weight", w), ("bias", b), ("running_mean", rm),
+                        ("running_var", rv)])
+    s, sref = _stream_pair(stream)
+    dev = xt.device
+    prev = callers_device()
+    try:
+        handle = get_handle(dev, s)
+        if o is None:
+            owner = allocate_fast(plan.nbytes, dev, s, sref)
+            o = Tensor._make(owner.ptr, xt.shape, xt.strides, xt.dtype, dev, owner)
+        xd = plan.xd
+        st = plan.launch(handle, plan.mode, plan.one, plan.zero, xd, xt.ptr, xd, o.ptr, plan.pd,
+                         w.ptr, b.ptr, rm.ptr, rv.ptr, plan.eps)
+        if st:
+            _launch_failed(st, "cudnnBatchNormalizationForwardInference", plan)
+        return o
+    finally:
+        restore_device(prev)
+
+
+def _inference_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, eps: Any,
+                    mode: Any, out: Any, stream: Any) -> Tensor:
+    """`batch_norm_forward_inference` the long way: the full checks, in the order they name the
+    parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
+    call that needs no copy, which the next call of its signature takes."""
     fn = "batch_norm_forward_inference"
     prev = callers_device()
     try:
@@ -698,6 +921,9 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
                 return o
             get_handle(call.device, call.s)
             return _from4d(_alloc_like(call.x4, call.s, call.sref), call.x.shape)
+        plan = _plan(call, "cudnnBatchNormalizationForwardInference", (w, b, rm, rv), (o,), 0.0, e)
+        if plan is not None:
+            _INFER.put(_infer_key(mode, eps, call.x, w, b, rm, rv, o), plan)
         call.start()
         entry = call.entry
         assert entry is not None
@@ -804,6 +1030,61 @@ def batch_norm_backward(x: Any, dy: Any, weight: Any, save_mean: Any, save_invst
     Returns:
         ``(dx, dweight, dbias)``; ``dweight`` and ``dbias`` are shaped like ``weight``.
     """
+    try:
+        xt, dyt, w = _as_tensor(x, stream), _as_tensor(dy, stream), _as_tensor(weight, stream)
+        sm = None if save_mean is None else _as_tensor(save_mean, stream)
+        si = None if save_invstd is None else _as_tensor(save_invstd, stream)
+        o = None if out is None else _as_tensor(out, stream)
+        plan = _BACKWARD[_backward_key(mode, eps, xt, dyt, w, sm, si, o)]
+        # the reserve: of a forward pass of this layout and mode (the full path explains others)
+        if reserve is not None and (type(reserve) is not ReserveSpace or reserve.device != xt.device
+                                    or reserve._key != plan.reserve_key):
+            raise LookupError
+    except Exception:  # a new signature, or arguments the full checks refuse (in their order)
+        return _backward_full(x, dy, weight, save_mean, save_invstd, eps, mode, out, reserve,
+                              stream)
+    if o is not None:
+        _check_written("batch_norm_backward", o, None, None,
+                       [("input", xt), ("grad_output", dyt), ("weight", w), ("save_mean", sm),
+                        ("save_invstd", si)])
+    s, sref = _stream_pair(stream)
+    dev = xt.device
+    prev = callers_device()
+    try:
+        handle = get_handle(dev, s)
+        sizes = plan.sizes
+        if sizes is None:
+            sizes = plan.sizes = _sizes(plan.entry, handle, dev, plan.mode, _OPS_BN)
+        ws_size = sizes[2]
+        dw, db = _new_pair(plan, dev, s, sref)
+        if o is None:
+            owner = allocate_fast(plan.nbytes, dev, s, sref)
+            o = Tensor._make(owner.ptr, xt.shape, xt.strides, xt.dtype, dev, owner)
+        res_ptr, res_size = (None, 0) if reserve is None else (reserve.ptr, reserve.nbytes)
+        ws, owned = _workspace(ws_size, dev, s, True)
+        xd, one, zero = plan.xd, plan.one, plan.zero
+        try:
+            st = plan.launch(handle, plan.mode, _OPS_BN, one, zero, one, zero, xd, xt.ptr, xd, None,
+                             xd, dyt.ptr, xd, None, xd, o.ptr, plan.pd, w.ptr, None, dw.ptr,
+                             db.ptr, plan.eps, None if sm is None else sm.ptr,
+                             None if si is None else si.ptr, None, ws or None, ws_size, res_ptr,
+                             res_size)
+        finally:
+            _release_workspace(owned, s)
+        if st:
+            _launch_failed(st, "cudnnBatchNormalizationBackwardEx", plan,
+                           f", ops: {_OPS_BN}, reserve: {res_size} bytes given, {sizes[1]} asked")
+        return o, dw, db
+    finally:
+        restore_device(prev)
+
+
+def _backward_full(x: Any, dy: Any, weight: Any, save_mean: Any, save_invstd: Any, eps: Any,
+                   mode: Any, out: Any, reserve: Any,
+                   stream: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """`batch_norm_backward` the long way: the full checks, in the order they name the
+    parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
+    call that needs no copy, which the next call of its signature takes."""
     fn = "batch_norm_backward"
     prev = callers_device()
     try:
@@ -818,6 +1099,9 @@ def batch_norm_backward(x: Any, dy: Any, weight: Any, save_mean: Any, save_invst
                                                   ("weight", w), ("save_mean", sm),
                                                   ("save_invstd", si)]
         o = _check_out(out, "out", call.x, fn, stream, reads) if out is not None else None
+        plan = _plan(call, "cudnnBatchNormalizationBackwardEx", (w, sm, si), (o, dyt), 0.0, e)
+        if plan is not None:
+            _BACKWARD.put(_backward_key(mode, eps, call.x, dyt, w, sm, si, o), plan)
         call.start()
         dy4 = _like(call.handle, _as4d(dyt), call.x4, call.s, call.sref)
         dx4, target = call.output(o)

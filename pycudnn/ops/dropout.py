@@ -12,6 +12,10 @@ re-initialises it from a seed.
 A state is one RNG stream: calls that use it must be ordered, on one CUDA stream or with the
 caller's synchronisation between streams. Its host side is guarded by a lock, so threads may
 share it; their masks then depend on the order of their calls.
+
+A call whose tensors cuDNN takes as they are leaves a plan keyed by their layouts and devices
+(the flat descriptor, the reserve size, the C function): the next call of that signature checks
+the state, the reserve and the addresses, allocates and launches.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ..cudnn.descriptors import TensorDescriptor, _Descriptor
 from ..cudnn.tensor_ops import transform
 from ..dispatch.arguments import check_no_broadcast
 from ..ffi import library as _lib
+from ..ops._common import PlanCache, c_function
 from ..runtime.handle import get_handle
 from ..runtime.memory import (
     allocate,
@@ -340,11 +345,15 @@ def _check_out(out: Any, name: str, like: Tensor, fn: str, stream: Any,
     if o.size and has_internal_overlap(o.shape, o.strides):
         raise ValueError(f"{fn}: {name} has overlapping elements (strides {list(o.strides)}); "
                          f"pass an output without overlapping elements")
+    _check_apart(o, name, reads)
+    return o
+
+
+def _check_apart(o: Tensor, name: str, reads: list[tuple[str, Tensor]]) -> None:
     for read_name, t in reads:
         if o.size and views_overlap(o, t):
             raise ValueError(f"{name}: it overlaps {read_name}, which the call reads: pass an "
                              f"output that shares no memory with the inputs")
-    return o
 
 
 def _check_state(state: Any, fn: str) -> DropoutState:
@@ -352,6 +361,31 @@ def _check_state(state: Any, fn: str) -> DropoutState:
         raise TypeError(f"{fn}: expected state to be a DropoutState, but got "
                         f"{type(state).__name__}")
     return state
+
+
+# ---- plans: repeated calls that need no copy --------------------------------------------------------
+
+class _Plan:
+    """What a repeated call of one signature needs besides its pointers and the state: a call
+    whose tensors are in an order cuDNN takes as it is (a packed input, out and grad_output in its
+    layout). Keyed by the layouts and the devices; the state, the reserve and the addresses are
+    checked on every call."""
+
+    __slots__ = ("keep", "d", "res_size", "nbytes", "launch")
+
+    def __init__(self, d: TensorDescriptor, res_size: int, nbytes: int, function: str) -> None:
+        self.keep, self.d = d, d.handle  # the flat descriptor, shared with _flat's cache
+        self.res_size = res_size
+        self.nbytes = nbytes
+        self.launch = c_function(function)
+
+
+_FORWARD = PlanCache(128)
+_BACKWARD = PlanCache(128)
+
+
+def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
+    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
 
 
 # ---- forward and backward -------------------------------------------------------------------------
@@ -371,6 +405,43 @@ def dropout_forward(x: Any, state: DropoutState, *, out: Any = None,
     Returns:
         ``(y, reserve)``: pass ``reserve`` to [`dropout_backward`][pycudnn.ops.dropout.dropout_backward].
     """
+    try:
+        xt = x if type(x) is Tensor else as_tensor(x, stream=stream)
+        o = None if out is None else (out if type(out) is Tensor else as_tensor(out, stream=stream))
+        if type(state) is not DropoutState:
+            raise LookupError
+        plan = _FORWARD[(xt.shape, xt.strides, xt.dtype, xt.device, state.device, _sig(o))]
+    except Exception:  # a new signature, or arguments the full checks refuse (in their order)
+        return _forward_full(x, state, out, stream)
+    if o is not None:  # what the key cannot know
+        check_writable(o, "out")
+        _check_apart(o, "out", [("input", xt)])
+    s, sref = _stream_pair(stream)
+    dev = xt.device
+    prev = callers_device()
+    try:
+        handle = get_handle(dev, s)
+        if o is None:
+            owner = allocate_fast(plan.nbytes, dev, s, sref)
+            o = Tensor._make(owner.ptr, xt.shape, xt.strides, xt.dtype, dev, owner)
+        res_size = plan.res_size
+        buf = allocate_fast(res_size, dev, s, sref)
+        with state._lock:
+            reserve = DropoutReserve(buf, res_size, xt.shape, xt.strides, xt.dtype, dev, state._p)
+            status = plan.launch(handle, state._desc.handle, plan.d, xt.ptr, plan.d, o.ptr,
+                                 buf.ptr or None, res_size)
+        if status:
+            _lib.raise_status(status, "cudnnDropoutForward", f"  x: {plan.keep!r}",
+                              f"  p={state.p}")
+        return o, reserve
+    finally:
+        restore_device(prev)
+
+
+def _forward_full(x: Any, state: Any, out: Any, stream: Any) -> tuple[Tensor, DropoutReserve]:
+    """`dropout_forward` the long way: the full checks, in the order they name the
+    parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
+    call that needs no copy, which the next call of its signature takes."""
     fn = "dropout_forward"
     st_ = _check_state(state, fn)
     prev = callers_device()
@@ -379,6 +450,11 @@ def dropout_forward(x: Any, state: DropoutState, *, out: Any = None,
         _check_tensor(xt, "input", fn, st_)
         o = _check_out(out, "out", xt, fn, stream, [("input", xt)]) if out is not None else None
         s, sref = _stream_pair(stream)
+        if xt.size and _packed_order(xt) and (o is None or o.strides == xt.strides):
+            # no copy: later calls of this signature take the plan
+            d, res_size = _flat(xt.size, xt.dtype)
+            _FORWARD.put((xt.shape, xt.strides, xt.dtype, xt.device, st_.device, _sig(o)),
+                         _Plan(d, res_size, xt.size * xt.dtype.itemsize, "cudnnDropoutForward"))
         handle = get_handle(st_.device, s)
         n = xt.size
         if _packed_order(xt):
@@ -425,6 +501,49 @@ def dropout_backward(dy: Any, state: DropoutState, reserve: DropoutReserve, *, o
     Returns:
         ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor], ``out`` itself when given.
     """
+    try:
+        dyt = dy if type(dy) is Tensor else as_tensor(dy, stream=stream)
+        o = None if out is None else (out if type(out) is Tensor else as_tensor(out, stream=stream))
+        if (type(state) is not DropoutState or type(reserve) is not DropoutReserve
+                or dyt.strides != reserve.strides or dyt.shape != reserve.shape
+                or dyt.dtype != reserve.dtype or reserve.device != state.device):
+            raise LookupError  # the full checks explain, or copy dy into the mask's order
+        plan = _BACKWARD[(dyt.shape, dyt.strides, dyt.dtype, dyt.device, state.device, _sig(o))]
+    except Exception:  # a new signature, or arguments the full checks refuse (in their order)
+        return _backward_full(dy, state, reserve, out, stream)
+    if o is not None:  # what the key cannot know
+        check_writable(o, "out")
+        _check_apart(o, "out", [("grad_output", dyt)])
+    s, sref = _stream_pair(stream)
+    dev = dyt.device
+    prev = callers_device()
+    try:
+        handle = get_handle(dev, s)
+        if o is None:
+            owner = allocate_fast(plan.nbytes, dev, s, sref)
+            o = Tensor._make(owner.ptr, dyt.shape, dyt.strides, dyt.dtype, dev, owner)
+        with state._lock:
+            p_now = state._p
+            if p_now != reserve.p:
+                state._set_p(reserve.p, s)  # the forward pass's scale, then the state's again
+            try:
+                status = plan.launch(handle, state._desc.handle, plan.d, dyt.ptr, plan.d, o.ptr,
+                                     reserve.ptr or None, reserve.nbytes)
+            finally:
+                if p_now != reserve.p:
+                    state._set_p(p_now, s)
+        if status:
+            _lib.raise_status(status, "cudnnDropoutBackward", f"  dy: {plan.keep!r}",
+                              f"  p={reserve.p}")
+        return o
+    finally:
+        restore_device(prev)
+
+
+def _backward_full(dy: Any, state: Any, reserve: Any, out: Any, stream: Any) -> Tensor:
+    """`dropout_backward` the long way: the full checks, in the order they name the
+    parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
+    call that needs no copy, which the next call of its signature takes."""
     fn = "dropout_backward"
     st_ = _check_state(state, fn)
     if not isinstance(reserve, DropoutReserve):
@@ -446,6 +565,12 @@ def dropout_backward(dy: Any, state: DropoutState, reserve: DropoutReserve, *, o
         o = _check_out(out, "out", dyt, fn, stream, [("grad_output", dyt)]) \
             if out is not None else None
         s, sref = _stream_pair(stream)
+        if dyt.size and dyt.strides == reserve.strides and (o is None or o.strides == dyt.strides):
+            # no copy: later calls of this signature take the plan
+            d, res_size = _flat(dyt.size, dyt.dtype)
+            _BACKWARD.put((dyt.shape, dyt.strides, dyt.dtype, dyt.device, st_.device, _sig(o)),
+                          _Plan(d, res_size, dyt.size * dyt.dtype.itemsize,
+                                "cudnnDropoutBackward"))
         handle = get_handle(st_.device, s)
         n = dyt.size
         # the mask follows the forward input's element order: dy and dx are used in that order
