@@ -81,6 +81,10 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(memory, "_rt", rt)
     monkeypatch.setattr(memory, "_count", 2)
     monkeypatch.setattr(memory, "device_guard", device_guard)
+    # blocks kept for reuse: the made-up ones must never reach a real allocation (nor real ones
+    # these tests' frees)
+    monkeypatch.setattr(memory, "_blocks", {})
+    monkeypatch.setattr(memory, "_block_bytes", [0])
     return drv, rt, current
 
 
@@ -111,7 +115,11 @@ def test_per_thread_stream_memory_dropped_by_another_thread_is_freed_on_the_lega
     holder = [theirs]
     del theirs
     _in_thread(lambda: holder.pop())  # the last reference dropped on another thread
-    assert drv.frees == [(mine_ptr, 2, 0), (theirs_ptr, 1, 0)]
+    # kept for reuse on the legacy stream (it waits for every thread's per-thread stream), and
+    # freed there when the kept blocks are given back
+    assert drv.frees == [(mine_ptr, 2, 0)]
+    memory.release_kept_blocks()
+    assert drv.frees == [(mine_ptr, 2, 0), (theirs_ptr, 0, 0)]
 
 
 def test_per_thread_stream_memory_closed_on_another_thread_is_freed_on_the_legacy_stream(fake_cuda):
@@ -135,8 +143,30 @@ def test_free_on_a_default_stream_makes_the_allocations_device_current(fake_cuda
     ptr = a.ptr
     del a
     gc.collect()
+    if stream < 2:  # the legacy stream's blocks are kept for reuse, freed when given back
+        assert drv.frees == []
+        memory.release_kept_blocks()
+        stream = 0
     assert drv.frees == [(ptr, stream, 0)]
     assert current == [1]
+
+
+def test_a_kept_block_goes_to_the_next_allocation_of_its_size_on_the_legacy_stream(fake_cuda):
+    from pycudnn.runtime import memory
+
+    drv, _, _ = fake_cuda
+    a = memory.allocate_fast(4096, 0, 0)
+    ptr = a.ptr
+    del a
+    b = memory.allocate_fast(4096, 0, 1)  # 0 and 1 both name the legacy stream
+    c = memory.allocate_fast(4096, 0, 0)  # none kept any more: a new block
+    d = memory.allocate_fast(8192, 0, 0)  # another size: a new block
+    assert b.ptr == ptr and len({b.ptr, c.ptr, d.ptr}) == 3
+    assert drv.frees == []
+    big = memory.allocate_fast(memory.KEEP_BLOCK_MAX + 1, 0, 0)
+    big_ptr = big.ptr
+    del big  # too large to keep: freed at once
+    assert drv.frees == [(big_ptr, 0, 0)]
 
 
 def test_free_on_a_created_stream_needs_no_device_switch(fake_cuda):
@@ -413,3 +443,33 @@ def test_device_0_result_dropped_while_device_1_is_current_is_freed_on_device_0(
         memory.ensure_device(0)
         memory.synchronize(0)
         rt.cudaStreamDestroy(s)
+
+
+@pytest.mark.gpu
+def test_outputs_dropped_on_the_legacy_stream_are_reused_and_given_back():
+    """An output dropped on the legacy default stream is kept and handed to the next call of the
+    same size there (no stream-ordered free and allocation between kernels); outputs alive at
+    the same time never share memory; empty_cache gives the kept blocks back."""
+    import pycudnn
+    from pycudnn.runtime import memory
+
+    rng = np.random.default_rng(3)
+    x_h = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)
+    w_h = rng.standard_normal((6, 8, 3, 3)).astype(np.float32)
+    ref = R.conv_forward(x_h, w_h, (1, 1), (1, 1), (1, 1), 1)
+    x, w = pycudnn.from_numpy(x_h), pycudnn.from_numpy(w_h)
+    pycudnn.convolution(x, w, padding=1, allow_tf32=False)  # the first call: remembered
+    memory.release_kept_blocks()
+    y = pycudnn.convolution(x, w, padding=1, allow_tf32=False)  # a replay: the hot path's output
+    first, nbytes = y.ptr, y.nbytes
+    del y  # kept, not freed
+    y = pycudnn.convolution(x, w, padding=1, allow_tf32=False)
+    assert y.ptr == first
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
+    held = [pycudnn.convolution(x, w, padding=1, allow_tf32=False) for _ in range(3)]
+    assert len({t.ptr for t in held} | {y.ptr}) == 4
+    for t in held:
+        np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
+    del held, y
+    assert memory.release_kept_blocks(0) >= 4 * nbytes
+    assert memory.release_kept_blocks(0) == 0
