@@ -75,9 +75,11 @@ def test_torch_tensors_and_views_of_one_layout_share_a_signature():
     assert y_torch.memory_format == "contiguous"
     for y in (y_torch, y_views):
         assert _err(y.numpy(), ref) < 2e-5
-    # channels-last torch tensors are another layout: another signature, still right
+    # channels-last torch tensors are another layout: another signature, still right (both
+    # channels-last: a mixed pair is staged into one format and not remembered as one launch)
     tx_cl = tx.contiguous(memory_format=torch.channels_last)
-    y_cl = pycudnn.convolution(tx_cl, tw, padding=1, allow_tf32=False)
+    tw_cl = tw.contiguous(memory_format=torch.channels_last)
+    y_cl = pycudnn.convolution(tx_cl, tw_cl, padding=1, allow_tf32=False)
     assert len(prepared._fast) == 2 and y_cl.memory_format == "channels_last"
     assert _err(y_cl.numpy(), ref) < 2e-5
 

@@ -470,6 +470,6 @@ def test_outputs_dropped_on_the_legacy_stream_are_reused_and_given_back():
     assert len({t.ptr for t in held} | {y.ptr}) == 4
     for t in held:
         np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
-    del held, y
+    del held, y, t  # t: the loop's last output
     assert memory.release_kept_blocks(0) >= 4 * nbytes
     assert memory.release_kept_blocks(0) == 0

@@ -395,6 +395,11 @@ def resolve_stream(stream: Any) -> int:
 def _resolve_stream_object(stream: Any) -> int:
     if isinstance(stream, bool):
         raise TypeError("stream: expected a CUDA stream, got bool")
+    # PyTorch's streams: the same handle as their __cuda_stream__, read without building a tuple
+    # through a Python property (about 5 us a call)
+    handle = getattr(stream, "cuda_stream", None)
+    if type(handle) is int and 0 <= handle < 1 << 64:
+        return handle
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         info = proto() if callable(proto) else proto
