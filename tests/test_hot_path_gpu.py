@@ -46,16 +46,16 @@ def test_a_configuration_change_is_another_signature():
     ref = R.conv_forward(x, w, (1, 1), (1, 1), (1, 1), 1)
     for _ in range(3):
         assert _err(pycudnn.convolution(X, W, padding=1, allow_tf32=False).numpy(), ref) < 2e-5
-    assert len(prepared._fast) == 1
+    assert len(prepared.remembered_calls()) == 1
     pycudnn.config.deterministic = True  # the same call now means other flags
     assert _err(pycudnn.convolution(X, W, padding=1, allow_tf32=False).numpy(), ref) < 2e-5
-    assert len(prepared._fast) == 2
+    assert len(prepared.remembered_calls()) == 2
     # flags given by keyword and flags from an override are told apart too
     pycudnn.convolution(X, W, padding=1, allow_tf32=False, benchmark=False)
-    assert len(prepared._fast) == 3
+    assert len(prepared.remembered_calls()) == 3
     with pycudnn.flags(benchmark=False):
         pycudnn.convolution(X, W, padding=1, allow_tf32=False)
-    assert len(prepared._fast) == 4
+    assert len(prepared.remembered_calls()) == 4
 
 
 def test_torch_tensors_and_views_of_one_layout_share_a_signature():
@@ -70,7 +70,7 @@ def test_torch_tensors_and_views_of_one_layout_share_a_signature():
     y_torch = pycudnn.convolution(tx, tw, padding=1, allow_tf32=False)
     y_views = pycudnn.convolution(pycudnn.as_tensor(tx), pycudnn.as_tensor(tw), padding=1,
                                   allow_tf32=False)
-    assert len(prepared._fast) == 1
+    assert len(prepared.remembered_calls()) == 1
     assert type(y_torch.shape) is tuple and type(y_torch.strides) is tuple
     assert y_torch.memory_format == "contiguous"
     for y in (y_torch, y_views):
@@ -80,7 +80,7 @@ def test_torch_tensors_and_views_of_one_layout_share_a_signature():
     tx_cl = tx.contiguous(memory_format=torch.channels_last)
     tw_cl = tw.contiguous(memory_format=torch.channels_last)
     y_cl = pycudnn.convolution(tx_cl, tw_cl, padding=1, allow_tf32=False)
-    assert len(prepared._fast) == 2 and y_cl.memory_format == "channels_last"
+    assert len(prepared.remembered_calls()) == 2 and y_cl.memory_format == "channels_last"
     assert _err(y_cl.numpy(), ref) < 2e-5
 
 
@@ -122,5 +122,5 @@ def test_first_call_on_a_fresh_thread_binds_its_device():
     t.start()
     t.join()
     assert not errors, errors
-    assert len(prepared._fast) == 1
+    assert len(prepared.remembered_calls()) == 1
     assert _err(results[0], ref) < 2e-5

@@ -45,15 +45,15 @@ def test_repeated_calls_take_the_remembered_path_and_stay_right(engine):
         X = pycudnn.from_numpy(x2)
         y = pycudnn.convolution(X, W, padding=1, engine=engine, allow_tf32=False)
         assert _err(y.numpy(), R.conv_forward(x2, w, (1, 1), (1, 1), (1, 1), 1)) < 2e-5
-    assert len(prepared._fast) == 1
+    assert len(prepared.remembered_calls()) == 1
     # another flag is another signature
     pycudnn.convolution(X, W, padding=1, engine=engine, allow_tf32=True)
-    assert len(prepared._fast) == 2
+    assert len(prepared.remembered_calls()) == 2
     with pycudnn.flags(deterministic=True):
         pycudnn.convolution(X, W, padding=1, engine=engine, allow_tf32=False)
-    assert len(prepared._fast) == 3
+    assert len(prepared.remembered_calls()) == 3
     pycudnn.clear_caches()
-    assert len(prepared._fast) == 0
+    assert len(prepared.remembered_calls()) == 0
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -68,7 +68,7 @@ def test_geometry_given_as_lists_runs_and_is_not_remembered(engine):
         y = pycudnn.convolution(X, W, stride=[1, 1], padding=[1, 1], dilation=[1, 1],
                                 activation="relu", engine=engine, allow_tf32=False)
         assert _err(y.numpy(), np.maximum(ref, 0)) < 2e-5
-    assert len(prepared._fast) == 0
+    assert len(prepared.remembered_calls()) == 0
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -283,7 +283,7 @@ def test_prepared_refusals_launch_nothing_and_leave_out_untouched():
     big = pycudnn.from_numpy(pattern, **BF16_CL)  # two samples: room for the shift
     z = pycudnn.tensor_from_pointer(big.ptr, (1, 16, 8, 8), big.dtype, strides=big.strides, owner=big)
     pycudnn.convolution_add_relu(x, w, z, bias=b, **f)  # remembered with z and a dense bias
-    fused = [p for p in P._fast.values() if p.has_z]
+    fused = [p for p in P.remembered_calls() if p.has_z]
     assert fused, "the graph engine should have fused this epilogue (bfloat16, channels-last): the test needs the fused path"
     conv = fused[0]
     shifted = pycudnn.tensor_from_pointer(big.ptr + 8 * 16 * 2, (1, 16, 8, 8), big.dtype,

@@ -30,7 +30,8 @@ from ..search.engine import Engine
 from ..search.problem import DIRECTION, ConvolutionParams
 from .arguments import check_bias, check_out_reads, check_z
 
-__all__ = ["PreparedConvolution", "prepare_convolution", "clear_fast_calls", "FAST_CALLS_MAX"]
+__all__ = ["PreparedConvolution", "prepare_convolution", "remembered_calls", "clear_fast_calls",
+           "FAST_CALLS_MAX"]
 
 #: bound of the map from call signatures to prepared convolutions
 FAST_CALLS_MAX = 1024
@@ -257,6 +258,13 @@ def set_limit(entries: int | None) -> None:
         FAST_CALLS_MAX = 1024 if entries is None else entries
         while len(_fast) > FAST_CALLS_MAX:
             del _fast[next(iter(_fast))]
+
+
+def remembered_calls() -> list[PreparedConvolution]:
+    """The convolutions remembered now for repeated calls of the public functions (each a
+    [`PreparedConvolution`][pycudnn.dispatch.prepared.PreparedConvolution]), oldest first."""
+    with _fast_lock:
+        return list(_fast.values())
 
 
 def clear_fast_calls() -> None:
