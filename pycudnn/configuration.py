@@ -31,8 +31,9 @@ _ENGINES = ("v7", "graph")
 
 _overrides: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "pycudnn_flags", default=None)
-# the same overrides as a sorted tuple (hashable), kept beside them for Config.token()
-_override_token: contextvars.ContextVar[tuple] = contextvars.ContextVar("pycudnn_flags_token", default=())
+#: the active flags() overrides as a sorted tuple (hashable), kept beside them for
+#: Config.token() and the remembered-call signatures
+override_token: contextvars.ContextVar[tuple] = contextvars.ContextVar("pycudnn_flags_token", default=())
 
 
 def _validate(name: str, value: Any) -> Any:
@@ -51,12 +52,17 @@ def _validate(name: str, value: Any) -> Any:
 
 
 class Config:
-    """Process-wide defaults; attribute reads honour an active ``flags()`` block of this thread."""
+    """Process-wide defaults; attribute reads honour an active ``flags()`` block of this thread.
+
+    ``generation`` counts changes of the global defaults: with
+    ``override_token`` and a call's own keyword flags it
+    says whether a remembered call signature is still valid (see `token()`).
+    """
 
     def __init__(self) -> None:
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_values", dict(_DEFAULTS))
-        object.__setattr__(self, "_version", 0)
+        object.__setattr__(self, "generation", 0)
         if os.environ.get("PYCUDNN_TUNING_DB", "").strip().lower() in ("0", "false", "no", "off"):
             self._values["tuning_db"] = False
         env_engine = os.environ.get("PYCUDNN_ENGINE")
@@ -75,15 +81,15 @@ class Config:
         value = _validate(name, value)
         with self._lock:
             self._values[name] = value
-            object.__setattr__(self, "_version", self._version + 1)
+            object.__setattr__(self, "generation", self.generation + 1)
 
     def token(self, given: dict[str, Any]) -> tuple:
         """A hashable summary of every input to `resolve()` (for call-signature caches):
         changes whenever a global default, an active ``flags()`` block or ``given`` changes."""
-        over = _override_token.get()
+        over = override_token.get()
         if given:
-            return (self._version, over, tuple(sorted(given.items())))
-        return (self._version, over)
+            return (self.generation, over, tuple(sorted(given.items())))
+        return (self.generation, over)
 
     def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
         """All flags for one call: explicit keyword arguments, then ``flags()``, then globals."""
@@ -99,7 +105,7 @@ class Config:
         """Restore the built-in defaults (tests use this)."""
         with self._lock:
             self._values.update(_DEFAULTS)
-            object.__setattr__(self, "_version", self._version + 1)
+            object.__setattr__(self, "generation", self.generation + 1)
 
     def __repr__(self) -> str:
         values = self.resolve({})
@@ -117,9 +123,9 @@ def flags(**overrides: Any) -> Iterator[Config]:
     merged = dict(_overrides.get() or {})
     merged.update(overrides)
     token = _overrides.set(merged)
-    token2 = _override_token.set(tuple(sorted(merged.items())))
+    token2 = override_token.set(tuple(sorted(merged.items())))
     try:
         yield config
     finally:
-        _override_token.reset(token2)
+        override_token.reset(token2)
         _overrides.reset(token)

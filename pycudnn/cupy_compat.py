@@ -376,7 +376,7 @@ def _activation_mode(mode: Any, coef: Any, fn: str) -> str:
     """The pycudnn name of an activation mode, ``coef`` checked (before anything is allocated)."""
 
     name = _constant(mode, "mode", _ACTIVATION_NAMES, "cudnnActivationMode_t", fn)
-    _act._check_mode(name, fn)
+    _act.check_mode(name, fn)
     check_coef(coef, fn)
     return name
 
@@ -470,7 +470,7 @@ def activation_forward(x: Any, mode: int, coef: float = 0.0) -> Any:
     xt = as_tensor(x, stream=s)
     result, yt = _new_result(x, xt, xt.shape, s)
     xv, yv = _activation_views(fn, ("x", xt), ("y", yt))
-    _act._forward(xv, name, coef, yv, s, NanPropagation.NOT_PROPAGATE_NAN, fn)
+    _act.run_forward(xv, name, coef, yv, s, NanPropagation.NOT_PROPAGATE_NAN, fn)
     return result
 
 
@@ -498,7 +498,7 @@ def activation_backward(x: Any, y: Any, gy: Any, mode: int, coef: float = 0.0) -
                              f"got {n} of size {list(t.shape)}")
     result, gxt = _new_result(x, xt, xt.shape, s)
     xv, yv, gyv, gxv = _activation_views(fn, ("x", xt), ("y", yt), ("gy", gyt), ("gx", gxt))
-    _act._backward(yv, gyv, xv, name, coef, gxv, s, NanPropagation.NOT_PROPAGATE_NAN, fn)
+    _act.run_backward(yv, gyv, xv, name, coef, gxv, s, NanPropagation.NOT_PROPAGATE_NAN, fn)
     return result
 
 
@@ -633,7 +633,7 @@ def pooling_forward(x: Any, y: Any, ksize: Sequence[int], stride: Sequence[int],
             raise ValueError(f"{fn}: expected y of size {list(expected)} for x {list(xt.shape)}, "
                              f"ksize={k}, stride={st}, pad={p}, but got y of size "
                              f"{list(yt.shape)}")
-    _pooling._forward(xt, k, st, p, name, yt, s, NanPropagation.NOT_PROPAGATE_NAN, "window", fn,
+    _pooling.run_forward(xt, k, st, p, name, yt, s, NanPropagation.NOT_PROPAGATE_NAN, "window", fn,
                       out_name="y")
     return y
 
@@ -663,7 +663,7 @@ def pooling_backward(x: Any, y: Any, gy: Any, ksize: Sequence[int], stride: Sequ
         raise ValueError(f"{fn}: expected gy of size {list(yt.shape)} (the shape of y), but got "
                          f"gy of size {list(gyt.shape)}")
     result, gxt = _new_result(x, xt, xt.shape, s)
-    _pooling._backward(yt, gyt, xt, k, st, p, name, gxt, s, NanPropagation.NOT_PROPAGATE_NAN,
+    _pooling.run_backward(yt, gyt, xt, k, st, p, name, gxt, s, NanPropagation.NOT_PROPAGATE_NAN,
                        "window", fn)
     return result
 

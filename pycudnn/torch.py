@@ -414,7 +414,7 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
     else:
         _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
     if prepared is not None:
-        _remember(_FWD, key, (prepared._launch, shape, fmt, tdev, zero))
+        _remember(_FWD, key, (prepared.launcher, shape, fmt, tdev, zero))
     else:
         _remember(_FWD, key, (None, _PUBLIC))
     return y, x, w, fmt
@@ -432,11 +432,12 @@ def _forward_public(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float, geom:
     if B is None and op != "conv":
         B = _view(_zero_bias(w.shape[0], x.dtype, x.device))
     if op == "add_relu":
-        _, prepared = _conv._add_relu(X, W, _view(z), alpha, B, stride, padding, dilation, groups,
-                                      Y, s, flags)
+        _, prepared = _conv.convolution_add_relu_and_prepared(
+            X, W, _view(z), alpha, B, stride, padding, dilation, groups, Y, s, flags)
     else:
-        _, prepared = _conv._forward(X, W, B, stride, padding, dilation, groups,
-                                     "relu" if op == "bias_relu" else None, Y, s, flags)
+        _, prepared = _conv.convolution_and_prepared(
+            X, W, B, stride, padding, dilation, groups, "relu" if op == "bias_relu" else None, Y,
+            s, flags)
     return prepared if want_prepared else y
 
 
@@ -506,7 +507,7 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, shape:
     else:
         _backward_public(direction, a, b, out, geom, key[-1])
     if prepared is not None:
-        _remember(_BWD, key, (prepared._launch, tuple(shape), fmt, a.device, 0))
+        _remember(_BWD, key, (prepared.launcher, tuple(shape), fmt, a.device, 0))
     else:
         _remember(_BWD, key, (None, _PUBLIC))
     return out
@@ -517,7 +518,8 @@ def _backward_public(direction: str, a: Any, b: Any, out: Any, geom: tuple[Any, 
     stride, padding, dilation, groups = geom
     s = _stream(a.get_device())
     A, B, O = _view(a), _view(b), _view(out)
-    core = _conv._backward_data_call if direction == "data" else _conv._backward_filter_call
+    core = (_conv.backward_data_and_prepared if direction == "data"
+            else _conv.backward_filter_and_prepared)
     _, prepared = core(A, B, tuple(out.shape), stride, padding, dilation, groups, O, s,
                        _flags(fkey))
     return prepared if want_prepared else out
@@ -724,7 +726,7 @@ class FusedConv2d(torch.nn.Module):
         args = (self.stride, self.padding, self.dilation, self.groups)
         if x.is_cuda and x.dim() == 4:
             if self.residual:
-                if z is not None and z.shape == self._out_shape(x):
+                if z is not None and z.shape == self.out_shape(x):
                     return conv2d_add_relu(x, w, z, b, 1.0, *args)
             elif self.relu:
                 return conv2d_bias_relu(x, w, b, *args)
@@ -735,7 +737,7 @@ class FusedConv2d(torch.nn.Module):
             y = y + z
         return torch.relu(y) if self.relu else y
 
-    def _out_shape(self, x: Any) -> tuple[int, ...]:
+    def out_shape(self, x: Any) -> tuple[int, ...]:
         geom, pre_pad = _geometry(self.stride, self.padding, self.dilation, self.groups,
                                   self.weight)
         st, pad, dil, _ = geom

@@ -194,7 +194,7 @@ def test_remembered_call_hands_an_overlapping_out_to_the_full_path():
 
     x, w = t(2, 4, 8, 8, ptr=BASE), t(8, 4, 3, 3, ptr=BASE + (1 << 30))
     prepared = object.__new__(PreparedConvolution)  # just the layout a remembered call has
-    prepared.__dict__.update(_out_shape=(2, 8, 8, 8), _out_strides=(512, 64, 8, 1),
+    prepared.__dict__.update(out_shape=(2, 8, 8, 8), _out_strides=(512, 64, 8, 1),
                              dtype=np.dtype("float32"), device=0, _out_span=4 * 1024,
                              _a_span=x.span_bytes, _b_span=w.span_bytes)
     apart = t(2, 8, 8, 8, ptr=BASE + (2 << 30))

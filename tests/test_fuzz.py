@@ -1507,7 +1507,7 @@ def desc_strides(draw, shape: tuple):
 
 
 def _seq_violations(value: Any, name: str) -> tuple[list[Violation], tuple | None]:
-    """The checks of descriptors._ints: a sequence of ints (not str/bytes), no bools."""
+    """The checks of descriptors.int_tuple: a sequence of ints (not str/bytes), no bools."""
     if isinstance(value, (str, bytes)) or value is None or _is_int(value) or isinstance(value, float):
         return [Violation(f"{name}={value!r}", name)], None
     try:

@@ -122,7 +122,7 @@ def strides_for(shape, layout):
 
 # ---- float64 reference convolutions (direct, via einsum over kernel offsets) ---------------
 
-def _out_shape(xs, ws, pad, stride, dil):
+def out_shape(xs, ws, pad, stride, dil):
     return tuple((xs[i] + 2 * pad[i] - dil[i] * (ws[i] - 1) - 1) // stride[i] + 1
                  for i in range(len(xs)))
 
@@ -137,7 +137,7 @@ def ref_forward(x, w, pad, stride, dil):
     K, Cg = w.shape[:2]
     g = C // Cg
     R = w.shape[2:]
-    O = _out_shape(x.shape[2:], R, pad, stride, dil)
+    O = out_shape(x.shape[2:], R, pad, stride, dil)
     xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pad])
     y = np.zeros((N, g, K // g) + O)
     wg = w.reshape((g, K // g, Cg) + R)
@@ -291,7 +291,7 @@ def test_convolution(handle, direction, nd, groups, geom, dtname, dt, layout):
     xshape = (N, C) + S
     wshape = (K, C // groups) + (R,) * nd
     padv, strv, dilv = (pad,) * nd, (stride,) * nd, (dil,) * nd
-    yshape = (N, K) + _out_shape(S, (R,) * nd, padv, strv, dilv)
+    yshape = (N, K) + out_shape(S, (R,) * nd, padv, strv, dilv)
 
     xs, x64 = quantize(rng.uniform(-1, 1, xshape), dt)
     ws_, w64 = quantize(rng.uniform(-1, 1, wshape), dt)

@@ -185,3 +185,39 @@ def test_old_flat_import_paths_are_the_moved_modules():
 
     for old, new in _moved().items():
         assert importlib.import_module(f"pycudnn.{old}") is importlib.import_module(f"pycudnn.{new}")
+
+
+def _private_uses(path: Path) -> list[str]:
+    """Private names of other pycudnn modules this module reaches: ``from .m import _x`` and
+    ``m._x`` where ``m`` is a pycudnn module it imported."""
+    tree = ast.parse(path.read_text())
+    here = _module_name(path)
+    modules: set[str] = set()  # local names bound to pycudnn modules
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("pycudnn")):
+            for alias in node.names:
+                name = alias.asname or alias.name
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    target = ".".join(filter(None, [node.module or "", alias.name]))
+                    if not (PKG / (target.replace(".", "/") + ".py")).exists():
+                        out.append(f"{here}:{node.lineno} imports {alias.name} from {node.module}")
+                if (PKG / (((node.module or "").replace(".", "/") + "/" if node.module else "")
+                           + alias.name + ".py")).exists() or alias.name in _moved() \
+                        or (PKG / alias.name).is_dir():
+                    modules.add(name)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in modules and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            out.append(f"{here}:{node.lineno} uses {node.value.id}.{node.attr}")
+    return out
+
+
+def test_no_private_names_used_across_modules():
+    """Production code reaches other modules through their public names only (the layers' own
+    private modules, _types/_live/_logging, are imported by name and used by their public names)."""
+    found = []
+    for m in MODULES:
+        found += _private_uses(_path(m))
+    assert not found, "\n".join(found)

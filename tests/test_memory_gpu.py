@@ -79,7 +79,7 @@ def fake_cuda(monkeypatch):
     drv, rt = _Driver(current), _Runtime()
     monkeypatch.setattr(memory, "_driver", drv)
     monkeypatch.setattr(memory, "_rt", rt)
-    monkeypatch.setattr(memory, "_count", 2)
+    monkeypatch.setattr(memory, "visible_devices", 2)
     monkeypatch.setattr(memory, "device_guard", device_guard)
     # blocks kept for reuse: the made-up ones must never reach a real allocation (nor real ones
     # these tests' frees)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..configuration import _override_token, config
+from ..configuration import config, override_token
 from ..cudnn.tensor_ops import (add_bias, add_tensor, contiguous_bias, is_contiguous_bias, relu_,
                                 transform)
 from ..cudnn.tensor_ops import fill_zero as _fill_zero
@@ -193,10 +193,10 @@ def _flags(given: dict[str, Any]) -> dict[str, Any]:
 
 
 # Every call signature ends with the flags part of Config.token(), spelt out in the key (one
-# tuple and one call less per call): ``config._version, _override_get(), tuple(flags.items())
+# tuple and one call less per call): ``config.generation, _override_get(), tuple(flags.items())
 # if flags else None``. Keyword order is kept as given: one call site always passes the same
 # order, and another order is only another (equally valid) entry.
-_override_get = _override_token.get  # bound once: read on every call
+_override_get = override_token.get  # bound once: read on every call
 
 
 def _matching_out(prepared: Any, out: Any, stream: Any, a: Tensor, b: Tensor,
@@ -211,7 +211,7 @@ def _matching_out(prepared: Any, out: Any, stream: Any, a: Tensor, b: Tensor,
         out = as_tensor(out, stream=stream)
     if out.readonly:
         return False  # the full path refuses it with its message
-    if not (out.shape == prepared._out_shape and out.strides == prepared._out_strides
+    if not (out.shape == prepared.out_shape and out.strides == prepared._out_strides
             and out.dtype == prepared.dtype and out.device == prepared.device):
         return False
     if prepared.out_may_overlap(out, a, b) or (bias is not None and spans_overlap(out, bias)):
@@ -460,7 +460,7 @@ def _replay(key: tuple[Any, ...], a: Tensor, b: Tensor, out: Any, stream: Any,
     return prepared._run(a, b, out, z, bias, s, stream_ref), prepared
 
 
-_fast_get = _prepared._fast.get  # the map of remembered calls (cleared in place, never rebound)
+_fast_get = _prepared.lookup_remembered
 
 
 def _remember(key: tuple[Any, ...], prepared: "PreparedConvolution | None", again: Again) -> None:
@@ -514,7 +514,7 @@ def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
              flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """[`convolution()`][pycudnn.api.conv.convolution], returning what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
-    prev = None if _mem._count == 1 else callers_device()
+    prev = None if _mem.visible_devices == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -526,7 +526,7 @@ def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
         key = ("forward", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
                w.device, None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
                stride, padding, dilation, groups, activation,
-               config._version, _override_get(), tuple(flags.items()) if flags else None)
+               config.generation, _override_get(), tuple(flags.items()) if flags else None)
         hit = _replay(key, x, w, out, stream, bias=bias)
         if hit is not None:
             return hit
@@ -664,7 +664,7 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
                 flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """[`conv_transpose()`][pycudnn.api.conv.conv_transpose], returning what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
-    prev = None if _mem._count == 1 else callers_device()
+    prev = None if _mem.visible_devices == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -674,7 +674,7 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
             bias = as_tensor(bias, stream=stream)
         key = ("conv_transpose", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
                w.device, _sig(bias), stride, padding, output_padding, dilation, groups, activation,
-               config._version, _override_get(), tuple(flags.items()) if flags else None)
+               config.generation, _override_get(), tuple(flags.items()) if flags else None)
         hit = _replay(key, x, w, out, stream)
         if hit is not None:
             return hit
@@ -745,7 +745,7 @@ def _backward_data_call(grad_y: Any, w: Any, input_shape: Sequence[int], stride:
     """[`convolution_backward_data()`][pycudnn.api.conv.convolution_backward_data], returning what
     it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
-    prev = None if _mem._count == 1 else callers_device()
+    prev = None if _mem.visible_devices == 1 else callers_device()
     try:
         if type(grad_y) is not Tensor:
             grad_y = as_tensor(grad_y, stream=stream)
@@ -753,7 +753,7 @@ def _backward_data_call(grad_y: Any, w: Any, input_shape: Sequence[int], stride:
             w = as_tensor(w, stream=stream)
         key = ("backward_data", grad_y.shape, grad_y.strides, grad_y.dtype, grad_y.device, w.shape,
                w.strides, w.dtype, w.device, _hashable(input_shape), stride, padding, dilation, groups,
-               config._version, _override_get(), tuple(flags.items()) if flags else None)
+               config.generation, _override_get(), tuple(flags.items()) if flags else None)
         hit = _replay(key, grad_y, w, out, stream)
         if hit is not None:
             return hit
@@ -815,7 +815,7 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stri
     """[`convolution_backward_filter()`][pycudnn.api.conv.convolution_backward_filter], returning
     what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
-    prev = None if _mem._count == 1 else callers_device()
+    prev = None if _mem.visible_devices == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -823,7 +823,7 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stri
             grad_y = as_tensor(grad_y, stream=stream)
         key = ("backward_filter", x.shape, x.strides, x.dtype, x.device, grad_y.shape, grad_y.strides,
                grad_y.dtype, grad_y.device, _hashable(weight_shape), stride, padding, dilation, groups,
-               config._version, _override_get(), tuple(flags.items()) if flags else None)
+               config.generation, _override_get(), tuple(flags.items()) if flags else None)
         hit = _replay(key, x, grad_y, out, stream)
         if hit is not None:
             return hit
@@ -872,7 +872,7 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
     """[`convolution_add_relu()`][pycudnn.api.conv.convolution_add_relu], returning what it
     prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
-    prev = None if _mem._count == 1 else callers_device()
+    prev = None if _mem.visible_devices == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -884,7 +884,7 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
             bias = as_tensor(bias, stream=stream)
         key = ("add_relu", x.shape, x.strides, x.dtype, x.device, w.shape, w.strides, w.dtype,
                w.device, _sig(z), _sig(bias), alpha, stride, padding, dilation, groups,
-               config._version, _override_get(), tuple(flags.items()) if flags else None)
+               config.generation, _override_get(), tuple(flags.items()) if flags else None)
         hit = _replay(key, x, w, out, stream, z=z, bias=bias)
         if hit is not None:
             return hit
@@ -996,3 +996,14 @@ def _shape_arg(name: str, shape: Any, ndim: int) -> tuple[int, ...]:
     if any(s < 0 for s in shape):
         raise ValueError(f"{name}: expected non-negative sizes, got {list(shape)}")
     return tuple(int(s) for s in shape)
+
+
+# ---- for integrations -------------------------------------------------------------------------
+# The public functions' cores under public names: each takes the public function's arguments in
+# order (flags as one dict) and returns ``(result, PreparedConvolution | None)``, what was prepared
+# for the call, so that an integration (pycudnn.torch) can replay it with device pointers alone
+# (`PreparedConvolution.launcher`). None: the call did not run as one launch.
+convolution_and_prepared = _forward
+convolution_add_relu_and_prepared = _add_relu
+backward_data_and_prepared = _backward_data_call
+backward_filter_and_prepared = _backward_filter_call

@@ -103,7 +103,7 @@ def _dtype_info(dtype: Any, parameter: str = "dtype") -> tuple[np.dtype, int]:
 _index = operator.index
 
 
-def _ints(values: Any, name: str) -> tuple[int, ...]:
+def int_tuple(values: Any, name: str) -> tuple[int, ...]:
     """``values`` as a tuple of Python ints; TypeError for a non-sequence, a bool or a non-int."""
     if type(values) not in (tuple, list):
         try:
@@ -130,7 +130,8 @@ def _ints(values: Any, name: str) -> tuple[int, ...]:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _check_int32(values: tuple[int, ...], name: str, what: str = "value") -> None:
+def check_int32(values: tuple[int, ...], name: str, what: str = "value") -> None:
+    """ValueError naming ``name`` unless every value fits a C int (cuDNN's descriptor fields)."""
     if values and (max(values) > INT32_MAX or min(values) < -INT32_MAX - 1):
         raise ValueError(f"{name}: expected every {what} to fit in int32 (<= {INT32_MAX}), "
                          f"got {values}")
@@ -157,7 +158,7 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def _enum(enum_cls: Any, value: Any, name: str) -> Any:
+def enum_member(enum_cls: Any, value: Any, name: str) -> Any:
     """``value`` as a member of ``enum_cls`` (accepts members, ints and member names)."""
     if isinstance(value, enum_cls):
         return value
@@ -188,14 +189,15 @@ def _data_type_name(v: int) -> str:
         return f"<cudnnDataType_t {v}>"
 
 
-def _c_name(enum_cls: type, prefix: str, v: int) -> str:
+def c_enum_name(enum_cls: type, prefix: str, v: int) -> str:
+    """The C spelling of an enum value (``prefix`` + member name), or the number when unknown."""
     try:
         return prefix + enum_cls(v).name
     except ValueError:
         return f"<{enum_cls.__name__} {v}>"
 
 
-def _fail(status: int, function: str, destroy_fn: Callable[[int], int], handle: int,
+def fail_fresh(status: int, function: str, destroy_fn: Callable[[int], int], handle: int,
           *context: str) -> None:
     """Raise the error for a failed set of a fresh descriptor, destroying it first (no leak)."""
     try:
@@ -206,10 +208,10 @@ def _fail(status: int, function: str, destroy_fn: Callable[[int], int], handle: 
 
 # ---- base class ---------------------------------------------------------------------------------
 
-_D = TypeVar("_D", bound="_Descriptor")
+_D = TypeVar("_D", bound="Descriptor")
 
 
-class _Descriptor:
+class Descriptor:
     """Owns one C descriptor; see the module docstring for the lifetime rules."""
 
     __slots__ = ("_handle", "_finalizer", "__weakref__")
@@ -300,7 +302,7 @@ class _Descriptor:
 
 # ---- tensor -------------------------------------------------------------------------------------
 
-class TensorDescriptor(_Descriptor):
+class TensorDescriptor(Descriptor):
     """An N-d tensor (3 to 8 dims) of float32, float16, bfloat16 or float64.
 
     Args:
@@ -324,9 +326,9 @@ class TensorDescriptor(_Descriptor):
 
     def __init__(self, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None = None,
                  *, validate: bool = True) -> None:
-        shape_t = _ints(shape, "shape")
+        shape_t = int_tuple(shape, "shape")
         _check_ndim(shape_t, "shape")
-        _check_int32(shape_t, "shape", "size")
+        check_int32(shape_t, "shape", "size")
         if validate:
             _check_positive_sizes(shape_t, "shape")
         np_dtype, data_type = _dtype_info(dtype)
@@ -337,11 +339,11 @@ class TensorDescriptor(_Descriptor):
                 raise ValueError(f"shape: {shape_t} is too large for cuDNN's int32 strides: "
                                  f"its contiguous strides are {strides_t}")
         else:
-            strides_t = _ints(strides, "strides")
+            strides_t = int_tuple(strides, "strides")
             if len(strides_t) != nd:
                 raise ValueError(f"strides: expected {nd} values (one per dim), got "
                                  f"{len(strides_t)}: {strides_t}")
-            _check_int32(strides_t, "strides", "stride")
+            check_int32(strides_t, "strides", "stride")
             if validate and min(strides_t) <= 0:
                 for i, (size, st) in enumerate(zip(shape_t, strides_t)):
                     if st < 0:
@@ -362,7 +364,7 @@ class TensorDescriptor(_Descriptor):
                 context.append(
                     f"the tensor spans {span} elements (1 + sum((size - 1) * stride)); cuDNN's "
                     f"legacy descriptors refuse 2**31 or more: split the batch")
-            _fail(status, "cudnnSetTensorNdDescriptor", destroy, h, *context)
+            fail_fresh(status, "cudnnSetTensorNdDescriptor", destroy, h, *context)
         self._shape = shape_t
         self._strides = strides_t
         self._dtype = np_dtype
@@ -424,7 +426,7 @@ def _filter_format(format: Any) -> TensorFormat:
     return fmt
 
 
-class FilterDescriptor(_Descriptor):
+class FilterDescriptor(Descriptor):
     """Convolution weights: 3 to 8 dims, (K, C / groups, spatial...).
 
     The dims are given in that order whatever the format; ``format`` says how they lie in memory:
@@ -443,9 +445,9 @@ class FilterDescriptor(_Descriptor):
 
     def __init__(self, shape: Sequence[int], dtype: Any,
                  format: str | TensorFormat = "NCHW", *, validate: bool = True) -> None:
-        shape_t = _ints(shape, "shape")
+        shape_t = int_tuple(shape, "shape")
         _check_ndim(shape_t, "shape")
-        _check_int32(shape_t, "shape", "size")
+        check_int32(shape_t, "shape", "size")
         if validate:
             _check_positive_sizes(shape_t, "shape")
         np_dtype, data_type = _dtype_info(dtype)
@@ -454,7 +456,7 @@ class FilterDescriptor(_Descriptor):
         L, destroy, h = self._create()
         status = L.cudnnSetFilterNdDescriptor(h, data_type, int(fmt), nd, (c_int * nd)(*shape_t))
         if status:
-            _fail(status, "cudnnSetFilterNdDescriptor", destroy, h,
+            fail_fresh(status, "cudnnSetFilterNdDescriptor", destroy, h,
                   f"while setting FilterDescriptor(dtype={_data_type_name(data_type)}, "
                   f"dims={list(shape_t)}, format=CUDNN_TENSOR_{fmt.name})")
         self._shape = shape_t
@@ -493,7 +495,7 @@ class FilterDescriptor(_Descriptor):
     def _describe(self) -> str:
         dt, fmt, dims = self._query()
         return (f"dtype={_data_type_name(dt)}, dims={dims}, "
-                f"format={_c_name(TensorFormat, 'CUDNN_TENSOR_', fmt)}")
+                f"format={c_enum_name(TensorFormat, 'CUDNN_TENSOR_', fmt)}")
 
 
 # ---- convolution --------------------------------------------------------------------------------
@@ -513,7 +515,7 @@ def _initial_math_type(data_type: int, allow_tf32: bool) -> MathType:
     return MathType.DEFAULT_MATH
 
 
-class ConvolutionDescriptor(_Descriptor):
+class ConvolutionDescriptor(Descriptor):
     """Padding, stride, dilation and groups of a 1-D to 6-D convolution, its compute and math type.
 
     Args:
@@ -539,9 +541,9 @@ class ConvolutionDescriptor(_Descriptor):
                  groups: int = 1, dtype: Any = "float32", allow_tf32: bool = True,
                  mode: ConvolutionMode | int = ConvolutionMode.CROSS_CORRELATION, *,
                  validate: bool = True) -> None:
-        pad_t = _ints(padding, "padding")
-        stride_t = _ints(stride, "stride")
-        dil_t = _ints(dilation, "dilation")
+        pad_t = int_tuple(padding, "padding")
+        stride_t = int_tuple(stride, "stride")
+        dil_t = int_tuple(dilation, "dilation")
         n = len(pad_t)
         if not 1 <= n <= MAX_SPATIAL_DIMS:
             raise ValueError(f"padding: expected 1 to {MAX_SPATIAL_DIMS} values (one per "
@@ -557,10 +559,10 @@ class ConvolutionDescriptor(_Descriptor):
         except TypeError:
             raise TypeError(f"groups: expected an int, got {type(groups).__name__} "
                             f"{groups!r}") from None
-        _check_int32(pad_t, "padding")
-        _check_int32(stride_t, "stride")
-        _check_int32(dil_t, "dilation")
-        _check_int32((groups,), "groups")
+        check_int32(pad_t, "padding")
+        check_int32(stride_t, "stride")
+        check_int32(dil_t, "dilation")
+        check_int32((groups,), "groups")
         if validate:
             if any(p < 0 for p in pad_t):
                 raise ValueError(f"padding: expected every value to be >= 0, got {pad_t}")
@@ -571,7 +573,7 @@ class ConvolutionDescriptor(_Descriptor):
             if groups < 1:
                 raise ValueError(f"groups: expected a positive int, got {groups}")
         np_dtype, data_type = _dtype_info(dtype)
-        mode_e = _enum(ConvolutionMode, mode, "mode")
+        mode_e = enum_member(ConvolutionMode, mode, "mode")
         allow_tf32 = bool(allow_tf32)
         compute = _compute_type(data_type)
         math_type = _initial_math_type(data_type, allow_tf32)
@@ -588,7 +590,7 @@ class ConvolutionDescriptor(_Descriptor):
             fname = "cudnnSetConvolutionMathType"
             status = L.cudnnSetConvolutionMathType(h, int(math_type))
         if status:
-            _fail(status, fname, destroy, h,
+            fail_fresh(status, fname, destroy, h,
                   f"while setting ConvolutionDescriptor(padding={list(pad_t)}, "
                   f"stride={list(stride_t)}, dilation={list(dil_t)}, groups={groups}, "
                   f"compute={_data_type_name(compute)}, math=CUDNN_{math_type.name})")
@@ -653,7 +655,7 @@ class ConvolutionDescriptor(_Descriptor):
     @math_type.setter
     def math_type(self, value: MathType | int) -> None:
         # Algorithm records carry a math type; apply it before running (see DESIGN habit 5).
-        m = _enum(MathType, value, "math_type")
+        m = enum_member(MathType, value, "math_type")
         status = lib().cudnnSetConvolutionMathType(self.handle, int(m))
         if status:
             raise_status(status, "cudnnSetConvolutionMathType")
@@ -745,15 +747,15 @@ class ConvolutionDescriptor(_Descriptor):
     def _describe(self) -> str:
         pad, stride, dil, mode, ct, groups, math_t = self._query()
         text = (f"padding={pad}, stride={stride}, dilation={dil}, groups={groups}, "
-                f"compute={_data_type_name(ct)}, math={_c_name(MathType, 'CUDNN_', math_t)}")
+                f"compute={_data_type_name(ct)}, math={c_enum_name(MathType, 'CUDNN_', math_t)}")
         if mode != ConvolutionMode.CROSS_CORRELATION:
-            text += f", mode={_c_name(ConvolutionMode, 'CUDNN_', mode)}"
+            text += f", mode={c_enum_name(ConvolutionMode, 'CUDNN_', mode)}"
         return text
 
 
 # ---- activation ---------------------------------------------------------------------------------
 
-class ActivationDescriptor(_Descriptor):
+class ActivationDescriptor(Descriptor):
     """An activation function (for cudnnActivationForward and fused convolution + bias + act).
 
     Args:
@@ -769,8 +771,8 @@ class ActivationDescriptor(_Descriptor):
     def __init__(self, mode: ActivationMode | int | str = ActivationMode.RELU,
                  nan_propagation: NanPropagation | int | str = NanPropagation.NOT_PROPAGATE_NAN,
                  coef: float = 0.0) -> None:
-        mode_e = _enum(ActivationMode, mode, "mode")
-        nan_e = _enum(NanPropagation, nan_propagation, "nan_propagation")
+        mode_e = enum_member(ActivationMode, mode, "mode")
+        nan_e = enum_member(NanPropagation, nan_propagation, "nan_propagation")
         if isinstance(coef, (bool, np.bool_)) or not isinstance(coef, (int, float, np.number)) \
                 or isinstance(coef, np.complexfloating):
             raise TypeError(f"coef: expected a real number, got {type(coef).__name__} {coef!r}")
@@ -780,7 +782,7 @@ class ActivationDescriptor(_Descriptor):
         L, destroy, h = self._create()
         status = L.cudnnSetActivationDescriptor(h, int(mode_e), int(nan_e), coef)
         if status:
-            _fail(status, "cudnnSetActivationDescriptor", destroy, h)
+            fail_fresh(status, "cudnnSetActivationDescriptor", destroy, h)
         self._mode = mode_e
         self._nan = nan_e
         self._coef = coef
@@ -808,13 +810,13 @@ class ActivationDescriptor(_Descriptor):
 
     def _describe(self) -> str:
         mode, nan, coef = self._query()
-        return (f"mode={_c_name(ActivationMode, 'CUDNN_ACTIVATION_', mode)}, "
-                f"nan={_c_name(NanPropagation, 'CUDNN_', nan)}, coef={coef!r}")
+        return (f"mode={c_enum_name(ActivationMode, 'CUDNN_ACTIVATION_', mode)}, "
+                f"nan={c_enum_name(NanPropagation, 'CUDNN_', nan)}, coef={coef!r}")
 
 
 # ---- op-tensor ----------------------------------------------------------------------------------
 
-class OpTensorDescriptor(_Descriptor):
+class OpTensorDescriptor(Descriptor):
     """An element-wise operation for cudnnOpTensor.
 
     Args:
@@ -832,14 +834,14 @@ class OpTensorDescriptor(_Descriptor):
                  compute_dtype: Any = "float32",
                  nan_propagation: NanPropagation | int | str = NanPropagation.NOT_PROPAGATE_NAN
                  ) -> None:
-        op_e = _enum(OpTensorOp, op, "op")
-        nan_e = _enum(NanPropagation, nan_propagation, "nan_propagation")
+        op_e = enum_member(OpTensorOp, op, "op")
+        nan_e = enum_member(NanPropagation, nan_propagation, "nan_propagation")
         _, data_type = _dtype_info(compute_dtype, "compute_dtype")
         compute = _compute_type(data_type)
         L, destroy, h = self._create()
         status = L.cudnnSetOpTensorDescriptor(h, int(op_e), compute, int(nan_e))
         if status:
-            _fail(status, "cudnnSetOpTensorDescriptor", destroy, h)
+            fail_fresh(status, "cudnnSetOpTensorDescriptor", destroy, h)
         self._op = op_e
         self._compute_type = DataType(compute)
         self._nan = nan_e
@@ -866,5 +868,5 @@ class OpTensorDescriptor(_Descriptor):
 
     def _describe(self) -> str:
         op, ct, nan = self._query()
-        return (f"op={_c_name(OpTensorOp, 'CUDNN_OP_TENSOR_', op)}, "
-                f"compute={_data_type_name(ct)}, nan={_c_name(NanPropagation, 'CUDNN_', nan)}")
+        return (f"op={c_enum_name(OpTensorOp, 'CUDNN_OP_TENSOR_', op)}, "
+                f"compute={_data_type_name(ct)}, nan={c_enum_name(NanPropagation, 'CUDNN_', nan)}")

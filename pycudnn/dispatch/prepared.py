@@ -73,17 +73,17 @@ class PreparedConvolution:
         a, b = self._dir.inputs
         self._a_key = (shapes[a], strides[a])
         self._b_key = (shapes[b], strides[b])
-        self._out_shape = shapes[self._written]
+        self.out_shape = shapes[self._written]
         self._out_strides = strides[self._written]
         self._out_bytes = out_size_bytes
         # bytes each fixed-layout tensor spans, for the remembered calls' cheap overlap test
         item = dtype.itemsize
         self._a_span = span_elements(*self._a_key) * item
         self._b_span = span_elements(*self._b_key) * item
-        self._out_span = span_elements(self._out_shape, self._out_strides) * item
+        self._out_span = span_elements(self.out_shape, self._out_strides) * item
         #: the bias used when a call passes none (a fused epilogue whose first call made one up)
         self.default_bias: Tensor | None = None
-        self._launch = strategy.launcher(params, record)
+        self.launcher = strategy.launcher(params, record)
         # forward: (a, b, out) are already in the graph's pointer order, nothing to permute
         self._in_order = self._positions == (0, 1, 2)
         self._plain = not has_bias and not has_z  # no epilogue tensor to take or check
@@ -94,7 +94,7 @@ class PreparedConvolution:
     def __call__(self, a: Any, b: Any, out: Any = None, *, z: Any = None, bias: Any = None,
                  stream: Any = None) -> Tensor:
         # the caller's current device, given back at the end (one device: nothing to give back)
-        prev = None if _mem._count == 1 else callers_device()
+        prev = None if _mem.visible_devices == 1 else callers_device()
         try:
             if type(a) is not Tensor:
                 a = as_tensor(a, stream=stream)
@@ -120,9 +120,9 @@ class PreparedConvolution:
             if out is not None:
                 if type(out) is not Tensor:
                     out = as_tensor(out, stream=stream)
-                if (out.shape != self._out_shape or out.strides != self._out_strides
+                if (out.shape != self.out_shape or out.strides != self._out_strides
                         or (out.dtype is not dt and out.dtype != dt) or out.device != self.device):
-                    raise ValueError(f"prepared convolution: out must have shape {self._out_shape}, "
+                    raise ValueError(f"prepared convolution: out must have shape {self.out_shape}, "
                                      f"strides {self._out_strides}, dtype {dt.name} on "
                                      f"cuda:{self.device}; got {out.shape}/{out.strides} "
                                      f"{out.dtype.name} on cuda:{out.device}")
@@ -189,7 +189,7 @@ class PreparedConvolution:
             owner = allocate_fast(self._out_bytes, device, s, stream_ref)
             out = _new(Tensor)  # Tensor._make inlined (one call less per call)
             out.ptr = owner.ptr
-            out.shape = self._out_shape
+            out.shape = self.out_shape
             out.strides = self._out_strides
             out.dtype = self.dtype
             out.device = device
@@ -210,7 +210,7 @@ class PreparedConvolution:
             if bt is not None:
                 ptrs += (bt.ptr,)
         try:
-            self._launch(handle, ptrs, s)
+            self.launcher(handle, ptrs, s)
         except Exception:
             # out of memory, a cuDNN error, misaligned pointers...: the full path has the fallbacks
             return self.fallback(a, b, out, z=zt, bias=bt, stream=s)
@@ -236,6 +236,12 @@ def remember(key: tuple, prepared: PreparedConvolution) -> None:
         _fast[key] = prepared
         while len(_fast) > FAST_CALLS_MAX:
             del _fast[next(iter(_fast))]
+
+
+#: ``dict.get`` of the map of remembered calls, bound once (the map is cleared in place, never
+#: rebound): the public functions' hot path looks a call signature up through it directly
+#: (TypeError for an unhashable key)
+lookup_remembered = _fast.get
 
 
 def lookup(key: tuple) -> PreparedConvolution | None:

@@ -92,7 +92,7 @@ def activation_descriptor(mode: str, coef: float, nan: NanPropagation) -> Activa
     return desc
 
 
-def _check_mode(mode: Any, fn: str) -> str:
+def check_mode(mode: Any, fn: str) -> str:
     if mode == "identity":
         raise ValueError(f"{fn}: mode 'identity' is not supported: cuDNN runs its identity "
                          f"activation only fused into a convolution "
@@ -143,11 +143,11 @@ def activation_forward(x: Any, mode: str = "relu", *, coef: float = 0.0, out: An
         The result as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format
             (channels-last when ``x`` is), or ``out`` when it is given.
     """
-    return _forward(x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
+    return run_forward(x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
                     "activation_forward")
 
 
-def _forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPropagation,
+def run_forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPropagation,
              fn: str) -> Tensor:
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     if type(x) is not Tensor:
@@ -184,7 +184,7 @@ def _forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPro
                   fn: str) -> _Plan:
     """The full checks of a forward call, then its descriptors."""
     check_input(x, "x", fn, _RANKS, _WHAT)
-    mode = _check_mode(mode, fn)
+    mode = check_mode(mode, fn)
     c = check_coef(coef, fn)
     if o is not None:
         o = checked_out(o, x.shape, x, fn, None)
@@ -227,11 +227,11 @@ def activation_backward(y: Any, dy: Any, x: Any, mode: str = "relu", *, coef: fl
     Returns:
         ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or ``out``.
     """
-    return _backward(y, dy, x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
+    return run_backward(y, dy, x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
                      "activation_backward")
 
 
-def _backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream: Any,
+def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream: Any,
               nan: NanPropagation, fn: str) -> Tensor:
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
@@ -279,7 +279,7 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Te
         check_input(t, name, fn, _RANKS, _WHAT)
         check_match(x, "x", t, name, fn)
         check_shape(t, name, x.shape, fn, "the shape of x")
-    mode = _check_mode(mode, fn)
+    mode = check_mode(mode, fn)
     c = check_coef(coef, fn)
     if o is not None:
         o = checked_out(o, x.shape, x, fn, None)

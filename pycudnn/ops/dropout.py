@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .._types import normalize_dtype
-from ..cudnn.descriptors import TensorDescriptor, _Descriptor
+from ..cudnn.descriptors import TensorDescriptor, Descriptor
 from ..cudnn.tensor_ops import transform
 from ..dispatch.arguments import check_no_broadcast
 from ..ffi import library as _lib
@@ -61,7 +61,7 @@ INT32_MAX = 2**31 - 1
 
 # ---- the descriptor -------------------------------------------------------------------------------
 
-class DropoutDescriptor(_Descriptor):
+class DropoutDescriptor(Descriptor):
     """A cuDNN dropout descriptor (``cudnnDropoutDescriptor_t``), freed like the other
     descriptors (see `pycudnn.descriptors`). Created unset: `set` (which initialises an RNG
     state, on a handle's stream) or `restore` gives it a probability and a state."""

@@ -30,12 +30,12 @@ from ..cudnn.descriptors import (
     INT32_MAX,
     MAX_SPATIAL_DIMS,
     TensorDescriptor,
-    _c_name,
-    _check_int32,
-    _Descriptor,
-    _enum,
-    _fail,
-    _ints,
+    c_enum_name,
+    check_int32,
+    Descriptor,
+    enum_member,
+    fail_fresh,
+    int_tuple,
 )
 from ..cudnn.tensor_ops import transform
 from ..ffi import library as _lib
@@ -84,7 +84,7 @@ MODES: dict[str, PoolingMode] = {
 
 # ---- the descriptor -------------------------------------------------------------------------------
 
-class PoolingDescriptor(_Descriptor):
+class PoolingDescriptor(Descriptor):
     """A pooling window: size, padding and stride per spatial dim (1 to 6), and the mode.
 
     Args:
@@ -108,9 +108,9 @@ class PoolingDescriptor(_Descriptor):
                  mode: PoolingMode | int | str = PoolingMode.MAX,
                  nan_propagation: NanPropagation | int | str = NanPropagation.NOT_PROPAGATE_NAN,
                  *, validate: bool = True) -> None:
-        win_t = _ints(window, "window")
-        pad_t = _ints(padding, "padding")
-        stride_t = _ints(stride, "stride")
+        win_t = int_tuple(window, "window")
+        pad_t = int_tuple(padding, "padding")
+        stride_t = int_tuple(stride, "stride")
         n = len(win_t)
         if not 1 <= n <= MAX_SPATIAL_DIMS:
             raise ValueError(f"window: expected 1 to {MAX_SPATIAL_DIMS} values (one per spatial "
@@ -119,9 +119,9 @@ class PoolingDescriptor(_Descriptor):
             if len(vals) != n:
                 raise ValueError(f"{name}: expected {n} values (one per spatial dim, as in "
                                  f"window={win_t}), got {len(vals)}: {vals}")
-        _check_int32(win_t, "window")
-        _check_int32(pad_t, "padding")
-        _check_int32(stride_t, "stride")
+        check_int32(win_t, "window")
+        check_int32(pad_t, "padding")
+        check_int32(stride_t, "stride")
         if validate:
             if min(win_t) < 1:
                 raise ValueError(f"window: expected every value to be >= 1, got {win_t}")
@@ -129,13 +129,13 @@ class PoolingDescriptor(_Descriptor):
                 raise ValueError(f"padding: expected every value to be >= 0, got {pad_t}")
             if min(stride_t) < 1:
                 raise ValueError(f"stride: expected every value to be >= 1, got {stride_t}")
-        mode_e = _enum(PoolingMode, mode, "mode")
-        nan_e = _enum(NanPropagation, nan_propagation, "nan_propagation")
+        mode_e = enum_member(PoolingMode, mode, "mode")
+        nan_e = enum_member(NanPropagation, nan_propagation, "nan_propagation")
         L, destroy, h = self._create()
         status = L.cudnnSetPoolingNdDescriptor(h, int(mode_e), int(nan_e), n, (c_int * n)(*win_t),
                                                (c_int * n)(*pad_t), (c_int * n)(*stride_t))
         if status:
-            _fail(status, "cudnnSetPoolingNdDescriptor", destroy, h,
+            fail_fresh(status, "cudnnSetPoolingNdDescriptor", destroy, h,
                   f"while setting PoolingDescriptor(mode=CUDNN_POOLING_{mode_e.name}, "
                   f"window={list(win_t)}, padding={list(pad_t)}, stride={list(stride_t)})")
         self._window, self._padding, self._stride = win_t, pad_t, stride_t
@@ -197,8 +197,8 @@ class PoolingDescriptor(_Descriptor):
 
     def _describe(self) -> str:
         mode, nan, win, pad, stride = self._query()
-        return (f"mode={_c_name(PoolingMode, 'CUDNN_POOLING_', mode)}, "
-                f"nan={_c_name(NanPropagation, 'CUDNN_', nan)}, window={win}, padding={pad}, "
+        return (f"mode={c_enum_name(PoolingMode, 'CUDNN_POOLING_', mode)}, "
+                f"nan={c_enum_name(NanPropagation, 'CUDNN_', nan)}, window={win}, padding={pad}, "
                 f"stride={stride}")
 
 
@@ -343,11 +343,11 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
         ``(N, C, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory
             format, or ``out``.
     """
-    return _forward(x, kernel_size, stride, padding, mode, out, stream,
+    return run_forward(x, kernel_size, stride, padding, mode, out, stream,
                     NanPropagation.PROPAGATE_NAN, "half", "pooling_forward")
 
 
-def _forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out: Any,
+def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out: Any,
              stream: Any, nan: NanPropagation, rule: str, fn: str,
              out_name: str = "out") -> Tensor:
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
@@ -442,11 +442,11 @@ def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any =
     Returns:
         ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or ``out``.
     """
-    return _backward(y, dy, x, kernel_size, stride, padding, mode, out, stream,
+    return run_backward(y, dy, x, kernel_size, stride, padding, mode, out, stream,
                      NanPropagation.PROPAGATE_NAN, "half", "pooling_backward")
 
 
-def _backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any,
+def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any,
               out: Any, stream: Any, nan: NanPropagation, rule: str, fn: str) -> Tensor:
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)

@@ -174,7 +174,10 @@ def check_cuda(err: Any, what: str) -> None:
 
 # ---- devices --------------------------------------------------------------------------------------
 
-_count: int | None = None  # cached once positive: the set of visible devices never changes
+#: how many devices this process sees, once known (None before the first ask); cached once
+#: positive: the set of visible devices never changes. The hot paths read it to skip device
+#: bookkeeping when there is only one.
+visible_devices: int | None = None
 
 
 def _probe_devices() -> tuple[int, str | None]:
@@ -192,19 +195,19 @@ def _probe_devices() -> tuple[int, str | None]:
 
 def device_count() -> int:
     """Number of visible CUDA devices; 0 where there is no driver or no device. Never raises."""
-    global _count
-    if _count is not None:
-        return _count
+    global visible_devices
+    if visible_devices is not None:
+        return visible_devices
     n, _reason = _probe_devices()
     if n:
-        _count = n
+        visible_devices = n
     return n
 
 
 def no_device_reason() -> str | None:
     """None when a CUDA device is usable, else the driver's reason (e.g.
     ``"cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"``)."""
-    if _count:
+    if visible_devices:
         return None
     return _probe_devices()[1]
 
@@ -219,7 +222,7 @@ def require_device(what: str = "pycudnn") -> int:
 
     ``what`` is the public call the user made; the message starts with it and ends with what to
     do next."""
-    n = _count or device_count()
+    n = visible_devices or device_count()
     if not n:
         raise NoDeviceError(f"{what}: no usable CUDA device: {no_device_reason()}{NO_DEVICE_ADVICE}")
     return n
@@ -281,7 +284,7 @@ def ensure_device(device: int) -> int:
     With one device visible, once this thread has bound it there is nothing to ask: it is the
     current device (the hot path of every call skips ``cudaGetDevice`` that way).
     """
-    if device == 0 and _count == 1:
+    if device == 0 and visible_devices == 1:
         try:
             if _tls.bound:
                 return 0
@@ -328,7 +331,7 @@ def callers_device() -> int | None:
     ([`pycudnn.get_handle()`][pycudnn.runtime.handle.get_handle] makes the tensors' device current): the
     public convolution functions leave the caller's device as they found it, like PyTorch's device
     guard. None where only one device is visible, so that the common case costs no CUDA call."""
-    n = _count if _count is not None else device_count()
+    n = visible_devices if visible_devices is not None else device_count()
     return current_device() if n > 1 else None
 
 
@@ -350,7 +353,7 @@ def pointer_device(ptr: int) -> int:
     raise [`NoDeviceError`][pycudnn.errors.NoDeviceError] itself. Raises TypeError for plain
     (unregistered) host memory.
     """
-    if not _count and not device_count():
+    if not visible_devices and not device_count():
         return 0
     if not ptr:
         return current_device()
@@ -458,7 +461,7 @@ def stream_synchronize(stream: Any) -> None:
     check_cuda((_rt or _runtime()).cudaStreamSynchronize(handle), "cudaStreamSynchronize")
 
 
-def _same_stream(a: int, b: int) -> bool:
+def same_stream(a: int, b: int) -> bool:
     return a == b or (a <= 1 and b <= 1)  # 0 and 1 both name the legacy default stream
 
 
@@ -469,7 +472,7 @@ def stream_wait(waiting: Any, producer: Any) -> None:
     """
     w = waiting if type(waiting) is int else resolve_stream(waiting)
     p = producer if type(producer) is int else resolve_stream(producer)
-    if _same_stream(w, p):
+    if same_stream(w, p):
         return
     rt = _rt or _runtime()
     flags = getattr(rt, "cudaEventDisableTiming", 2)
@@ -944,7 +947,7 @@ class StreamAllocation:
                 if s < 2 and _keep_block(ptr, self.nbytes, self.device):
                     return
                 drv = _driver
-                if drv and (s > 2 or _count == 1):
+                if drv and (s > 2 or visible_devices == 1):
                     if drv.free(ptr, s):
                         _free_guarded(ptr, s, self.device)
                 else:
@@ -966,7 +969,7 @@ def _free_async(ptr: int, s: int, device: int) -> None:
     current covers a thread on which no context was ever current). Takes no lock.
     """
     drv = _driver
-    if s > 2 or _count == 1:
+    if s > 2 or visible_devices == 1:
         err = drv.free(ptr, s) if drv else (_rt or _runtime()).cudaFreeAsync(ptr, s)[0]
         if not err:
             return

@@ -741,7 +741,7 @@ def _from_cai(obj: Any, cai: Any, consumer: int) -> Tensor:
     _check_import(ptr, shape, strides, item, source)
     if cai.get("version", 0) >= 3:
         producer = cai.get("stream")
-        if producer is not None and not _mem._same_stream(int(producer), consumer):
+        if producer is not None and not _mem.same_stream(int(producer), consumer):
             _mem.stream_wait(consumer, int(producer))
     mod = type(obj).__module__
     if mod.startswith("cupy"):
