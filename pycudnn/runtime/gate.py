@@ -17,7 +17,6 @@ import ctypes
 import logging
 import threading
 import time
-from typing import Any
 
 from .memory import check_cuda
 
