@@ -33,13 +33,14 @@ from ..dispatch.engines import strategy_for
 from ..dispatch.prepared import PreparedConvolution
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..ffi import library as _lib
-from ..runtime.handle import get_handle
 from ..runtime import memory as _mem
-from ..runtime.memory import callers_device, resolve_stream, restore_device
+from ..runtime.handle import get_handle
+from ..runtime.memory import callers_device, resolve_stream, restore_device, shared_zeros
 from ..runtime.tensor import (Tensor, as_tensor, check_writable, empty, has_internal_overlap,
-                              spans_overlap)
+                              spans_overlap, tensor_from_pointer, zeros)
 from ..search.algos import try_all
 from ..search.problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
+from .repro import repro_lines
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
            "convolution_backward_filter", "convolution_add_relu", "prepare_convolution",
@@ -240,7 +241,6 @@ class _Call:
                  dilation: tuple[int, ...], groups: int, flags: dict[str, Any], stream: Any,
                  epilogue: str = "", z: Tensor | None = None, bias: Tensor | None = None,
                  alpha: float = 1.0) -> None:
-        from ..runtime.memory import resolve_stream
 
         self.api, self.direction = api, direction
         self.x, self.w, self.y = x, w, y
@@ -264,7 +264,6 @@ class _Call:
         """This thread's cuDNN handle for the device, with the call's stream set (on first use,
         so that validation never needs a GPU)."""
         if self._handle is None:
-            from ..runtime.handle import get_handle
 
             self._handle = get_handle(self.device, self.stream)
         return self._handle
@@ -327,7 +326,6 @@ class _Call:
 
     def _run_filter_split(self, x: Tensor, w: Tensor, dy: Tensor, split: int) -> None:
         """Backward filter over batch pieces, summed in float32 for half and bfloat16, cast once."""
-        from ..runtime.tensor import zeros
 
         n = x.shape[0]
         acc_dtype = np.dtype("float32") if w.dtype.name in ("float16", "bfloat16") else w.dtype
@@ -411,7 +409,6 @@ class _Call:
             log.debug("%s: %s -> %s", self.api, params.short(), record.describe())
 
     def _context(self, params: ConvolutionParams) -> list[str]:
-        from .repro import repro_lines
 
         return repro_lines(self, params)
 
@@ -600,8 +597,6 @@ def _zero_bias(call: "_Call", k: int, like: Tensor) -> Tensor:
     any launch reads it and never freed, so a remembered call may replay it on any stream. While
     the stream is being captured and those are not made yet: zeros made for this call on its
     stream, and the call is not replayable."""
-    from ..runtime.memory import shared_zeros
-    from ..runtime.tensor import tensor_from_pointer, zeros
 
     ptr = shared_zeros(k * like.dtype.itemsize, like.device, call.stream)
     if ptr is None:

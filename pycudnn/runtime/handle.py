@@ -28,6 +28,7 @@ import weakref
 from typing import Any
 
 from ..errors import CudnnError, NoDeviceError
+from ..ffi import library as _lib
 from . import memory as _mem
 from .memory import device_count
 
@@ -85,7 +86,6 @@ def _thread_handles() -> _ThreadHandles:
 def _create(device: int) -> int:
     """``cudnnCreate`` on ``device`` (already current). Raises NoDeviceError when cuDNN cannot
     initialise there, with cuDNN's reason."""
-    from ..ffi import library as _lib
 
     out = ctypes.c_void_p()
     status = _lib.lib().cudnnCreate(ctypes.byref(out))
@@ -108,12 +108,10 @@ def _set_stream(handle: int, stream: int) -> None:
     global _set_stream_fn
     fn = _set_stream_fn
     if fn is None:
-        from ..ffi import library as _lib
 
         fn = _set_stream_fn = _lib.lib().cudnnSetStream
     status = fn(handle, stream)
     if status:
-        from ..ffi import library as _lib
 
         _lib.raise_status(status, "cudnnSetStream", f"  stream: {stream:#x}")
 
