@@ -100,8 +100,8 @@ def test_repro_snippet_covers_bfloat16_and_channels_last():
     w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3, 3), "bfloat16", strides=(36, 1, 12, 4))
     y = pycudnn.tensor_from_pointer(0x3000, (2, 8, 8, 8), "bfloat16", strides=(512, 1, 64, 8))
     flags = pycudnn.config.resolve({"benchmark": True})
-    call = conv._Call("conv2d", "forward", x, w, y, (1, 1), (1, 1), (1, 1), 1, flags, None)
-    params = call._params(x, w, y, None)
+    call = conv.ConvolutionCall("conv2d", "forward", x, w, y, (1, 1), (1, 1), (1, 1), 1, flags, None)
+    params = call.params_for(x, w, y, None)
     assert isinstance(params, ConvolutionParams)
     lines = repro_lines(call, params)
     text = "\n".join(lines)
@@ -120,8 +120,8 @@ def test_params_for_1d_conv_are_2d_with_unit_height():
     w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3), "float32")
     y = pycudnn.tensor_from_pointer(0x3000, (2, 8, 7), "float32")
     flags = pycudnn.config.resolve({})
-    call = conv._Call("conv1d", "forward", x, w, y, (2,), (0,), (1,), 1, flags, None)
-    p = call._params(x, w, y, None)
+    call = conv.ConvolutionCall("conv1d", "forward", x, w, y, (2,), (0,), (1,), 1, flags, None)
+    p = call.params_for(x, w, y, None)
     assert p.input_shape == (2, 4, 1, 16) and p.weight_shape == (8, 4, 1, 3)
     assert p.output_shape == (2, 8, 1, 7)
     assert p.stride == (1, 2) and p.padding == (0, 0) and p.dilation == (1, 1)
@@ -198,13 +198,13 @@ def test_remembered_call_hands_an_overlapping_out_to_the_full_path():
                              dtype=np.dtype("float32"), device=0, _out_span=4 * 1024,
                              _a_span=x.span_bytes, _b_span=w.span_bytes)
     apart = t(2, 8, 8, 8, ptr=BASE + (2 << 30))
-    assert conv._matching_out(prepared, apart, None, x, w) is apart
-    assert conv._matching_out(prepared, t(2, 8, 8, 8, ptr=BASE + 64), None, x, w) is False
-    assert conv._matching_out(prepared, t(2, 8, 8, 8, ptr=BASE + (1 << 30)), None, x, w) is False
+    assert prepared.matching_out(apart, x, w) is apart
+    assert prepared.matching_out(t(2, 8, 8, 8, ptr=BASE + 64), x, w) is False
+    assert prepared.matching_out(t(2, 8, 8, 8, ptr=BASE + (1 << 30)), x, w) is False
     z = apart
-    assert conv._matching_out(prepared, apart, None, x, w, None, z) is apart  # out is z exactly
+    assert prepared.matching_out(apart, x, w, None, z) is apart  # out is z exactly
     shifted_z = t(2, 8, 8, 8, ptr=BASE + (2 << 30) + 32)
-    assert conv._matching_out(prepared, apart, None, x, w, None, shifted_z) is False
+    assert prepared.matching_out(apart, x, w, None, shifted_z) is False
 
 
 def test_geometry_above_int32_is_refused_up_front():

@@ -200,28 +200,6 @@ def _flags(given: dict[str, Any]) -> dict[str, Any]:
 _override_get = override_token.get  # bound once: read on every call
 
 
-def _matching_out(prepared: Any, out: Any, stream: Any, a: Tensor, b: Tensor,
-                  bias: Tensor | None = None, z: Tensor | None = None) -> Any:
-    """``out`` as a Tensor when the remembered call can write it as is (None: it allocates);
-    False when ``out`` has another layout, dtype or device, or may share memory with an input
-    (``a``, ``b``, ``bias``; ``z`` unless it is ``out`` exactly): the full path checks and
-    handles it."""
-    if out is None:
-        return None
-    if type(out) is not Tensor:
-        out = as_tensor(out, stream=stream)
-    if out.readonly:
-        return False  # the full path refuses it with its message
-    if not (out.shape == prepared.out_shape and out.strides == prepared._out_strides
-            and out.dtype == prepared.dtype and out.device == prepared.device):
-        return False
-    if prepared.out_may_overlap(out, a, b) or (bias is not None and spans_overlap(out, bias)):
-        return False
-    if z is not None and (z.ptr != out.ptr or z.strides != out.strides) and spans_overlap(out, z):
-        return False
-    return out
-
-
 def _stream_pair(stream: Any) -> tuple[int, Any]:
     """(handle, the stream object to keep alive until frees ordered on it, or None)."""
     if stream is None:
@@ -233,8 +211,16 @@ def _stream_pair(stream: Any) -> tuple[int, Any]:
 
 # ---- the runner -----------------------------------------------------------------------------------
 
-class _Call:
-    """One convolution call after validation: tensors in forward roles and the geometry."""
+class ConvolutionCall:
+    """One convolution call after validation: tensors in forward roles and the geometry.
+
+    What the public functions build once their arguments are checked, and what the context of
+    their errors is made from ([`repro_lines()`][pycudnn.api.repro.repro_lines]): ``api`` (the
+    function's name, e.g. ``"conv2d"``), ``direction``, the tensors ``x, w, y`` (the written one
+    may be None until it is allocated), ``stride, padding, dilation, groups`` as validated,
+    ``flags`` (resolved by ``pycudnn.config.resolve()``) and ``stream``; ``fmt`` is the memory
+    format the call runs in. Nothing touches the GPU until it runs.
+    """
 
     def __init__(self, api: str, direction: str, x: Tensor | None, w: Tensor | None,
                  y: Tensor | None, stride: tuple[int, ...], padding: tuple[int, ...],
@@ -341,7 +327,10 @@ class _Call:
             add_tensor(self.handle, piece_acc if piece_acc is not None else piece, acc, beta=1.0)
         transform(self.handle, acc, w)  # cast back once
 
-    def _params(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None) -> ConvolutionParams:
+    def params_for(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None) -> ConvolutionParams:
+        """The [`ConvolutionParams`][pycudnn.search.problem.ConvolutionParams] (the cache key of
+        the search) of this call run on ``x, w, y`` (and the residual ``z``): the whole tensors or
+        one batch piece of them; a 1-D convolution is described as a 2-D one of unit height."""
         f = self.flags
         x4, w4, y4 = _unsqueeze(x), _unsqueeze(w), _unsqueeze(y)
         stride, padding, dilation = self.stride, self.padding, self.dilation
@@ -373,7 +362,7 @@ class _Call:
     def run_fused(self) -> bool:
         """Run with the fused epilogue; False (and remembered) when no engine takes it."""
         assert self.x is not None and self.w is not None and self.y is not None  # written one attached by now
-        key = (self._params(self.x, self.w, self.y, self.z), self.api)
+        key = (self.params_for(self.x, self.w, self.y, self.z), self.api)
         if key in _UNFUSABLE:
             return False
         try:
@@ -390,7 +379,7 @@ class _Call:
             return False
 
     def _run_one(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None) -> None:
-        params = self._params(x, w, y, z)
+        params = self.params_for(x, w, y, z)
         roles = {"x": x, "w": w, "y": y}
         written = roles.pop(DIRECTION[self.direction].written)
         reads = list(roles.values()) + ([z] if z is not None else [])
@@ -444,7 +433,7 @@ def _replay(key: tuple[Any, ...], a: Tensor, b: Tensor, out: Any, stream: Any,
     if prepared is None:
         return None
     if out is not None:
-        out = _matching_out(prepared, out, stream, a, b, bias, z)
+        out = prepared.matching_out(out, a, b, bias, z, stream)
         if out is False:
             return None
     if stream is None:
@@ -553,7 +542,7 @@ def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding
     relu = _activation(activation)
     f = _flags(flags)
     _check_sample_size(fn, x.shape, (x.shape[0], w.shape[0]) + spatial)
-    call = _Call(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups, f, stream)
+    call = ConvolutionCall(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups, f, stream)
     y = _output(out, (x.shape[0], w.shape[0]) + spatial, x, call.fmt, call.stream,
                 reads=(("input", x), ("weight", w), ("bias", b)))
     call.y = y
@@ -561,7 +550,7 @@ def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding
     return y, (_prepare(call) if fused_all else None)
 
 
-def _prepare(call: "_Call") -> "PreparedConvolution | None":
+def _prepare(call: "ConvolutionCall") -> "PreparedConvolution | None":
     """A PreparedConvolution for what ``call`` just ran, when it can be replayed as is: one piece
     (no batch split), nothing staged through copies, and no separate epilogue step."""
     if len(call.pieces) != 1 or call.staged:
@@ -581,7 +570,7 @@ def _prepare(call: "_Call") -> "PreparedConvolution | None":
         out_size_bytes=written.span_bytes)
 
 
-def _contiguous_bias(b: Tensor, stream: int, call: "_Call") -> Tensor:
+def _contiguous_bias(b: Tensor, stream: int, call: "ConvolutionCall") -> Tensor:
     """[`contiguous_bias()`][pycudnn.cudnn.tensor_ops.contiguous_bias] for a call: a copy it makes
     marks the call as staged (not replayable by a prepared convolution)."""
     if is_contiguous_bias(b):
@@ -590,7 +579,7 @@ def _contiguous_bias(b: Tensor, stream: int, call: "_Call") -> Tensor:
     return contiguous_bias(b, stream, call.handle)
 
 
-def _zero_bias(call: "_Call", k: int, like: Tensor) -> Tensor:
+def _zero_bias(call: "ConvolutionCall", k: int, like: Tensor) -> Tensor:
     """A zero bias of ``k`` elements for a fused epilogue called without one.
 
     A view of the device's shared zeros (`pycudnn.runtime.memory.shared_zeros()`): complete before
@@ -613,7 +602,7 @@ def _activation(activation: Any) -> bool:
     raise ValueError(f"activation: expected None or 'relu', got {activation!r}")
 
 
-def _forward_with_epilogue(call: _Call, y: Tensor, b: Tensor | None, relu: bool) -> tuple[Tensor, bool]:
+def _forward_with_epilogue(call: ConvolutionCall, y: Tensor, b: Tensor | None, relu: bool) -> tuple[Tensor, bool]:
     """conv (+ bias) (+ relu) into y: one fused graph where the engine takes it, else steps.
 
     Returns y and whether everything ran in the convolution itself (no separate step)."""
@@ -780,10 +769,10 @@ def _hashable(shape: Any) -> Any:
 def _backward_data(fn: str, dy: Tensor, w: Tensor, input_shape: Sequence[int],
                    stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...],
                    groups: int, out: Any, stream: Any, flags: dict[str, Any],
-                   reads: Sequence[tuple[str, Tensor | None]] | None = None) -> tuple[Tensor, "_Call | None"]:
+                   reads: Sequence[tuple[str, Tensor | None]] | None = None) -> tuple[Tensor, "ConvolutionCall | None"]:
     f = _flags(flags)
     _check_sample_size(fn, dy.shape, tuple(input_shape))
-    call = _Call(fn, "backward_data", None, w, dy, stride, padding, dilation, groups, f, stream)
+    call = ConvolutionCall(fn, "backward_data", None, w, dy, stride, padding, dilation, groups, f, stream)
     dx = _output(out, tuple(input_shape), dy, call.fmt, call.stream,
                  reads=reads if reads is not None else (("grad_y", dy), ("weight", w)))
     call.x = dx
@@ -833,7 +822,7 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stri
                       "input", "weight_shape")
         f = _flags(flags)
         _check_sample_size(fn, x.shape, grad_y.shape)
-        call = _Call(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)
+        call = ConvolutionCall(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)
         dw = _output(out, weight_shape_t, x, call.fmt, call.stream,
                      reads=(("input", x), ("grad_y", grad_y)))
         call.w = dw
@@ -898,7 +887,7 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
         b = _check_bias(bias, w.shape[0], x) if bias is not None else None
         f = _flags(flags)
         _check_sample_size(fn, x.shape, shape)
-        call = _Call(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups_i, f, stream,
+        call = ConvolutionCall(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups_i, f, stream,
                      epilogue="add_relu", z=z, alpha=float(alpha))
         y = _output(out, shape, x, call.fmt, call.stream,
                     reads=(("input", x), ("weight", w), ("bias", b)), in_place=z)

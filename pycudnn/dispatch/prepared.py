@@ -25,7 +25,8 @@ from ..errors import PycudnnError
 from ..runtime.handle import get_handle
 from ..runtime import memory as _mem
 from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
-from ..runtime.tensor import Tensor, as_tensor, check_writable, span_elements, views_overlap
+from ..runtime.tensor import (Tensor, as_tensor, check_writable, span_elements, spans_overlap,
+                              views_overlap)
 from ..search.engine import Engine
 from ..search.problem import DIRECTION, ConvolutionParams
 from .arguments import check_bias, check_out_reads, check_z
@@ -178,6 +179,29 @@ class PreparedConvolution:
         o0 = out.ptr
         o1 = o0 + self._out_span
         return (a.ptr < o1 and o0 < a.ptr + self._a_span) or (b.ptr < o1 and o0 < b.ptr + self._b_span)
+
+    def matching_out(self, out: Any, a: Tensor, b: Tensor, bias: Tensor | None = None,
+                     z: Tensor | None = None, stream: Any = None) -> Tensor | None | bool:
+        """``out`` as a Tensor when a launch on ``a`` and ``b`` (already known to match) can write
+        it as is; None when ``out`` is None (the launch allocates); False when ``out`` is read-only,
+        has another layout, dtype or device, or may share memory with an input (``a``, ``b``,
+        ``bias``; ``z`` unless it is ``out`` exactly): calling the convolution then checks it
+        fully and refuses it with a message. The remembered calls of the public functions test
+        ``out=`` with this before they launch."""
+        if out is None:
+            return None
+        if type(out) is not Tensor:
+            out = as_tensor(out, stream=stream)
+        if out.readonly:
+            return False
+        if not (out.shape == self.out_shape and out.strides == self._out_strides
+                and out.dtype == self.dtype and out.device == self.device):
+            return False
+        if self.out_may_overlap(out, a, b) or (bias is not None and spans_overlap(out, bias)):
+            return False
+        if z is not None and (z.ptr != out.ptr or z.strides != out.strides) and spans_overlap(out, z):
+            return False
+        return out
 
     def _run(self, a: Tensor, b: Tensor, out: Tensor | None, zt: Tensor | None,
              bt: Tensor | None, s: int, stream_ref: Any = None) -> Tensor:
