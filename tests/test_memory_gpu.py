@@ -252,7 +252,7 @@ def test_device_buffer_of_the_per_thread_stream_freed_by_another_thread(fake_cud
     legacy = object()
     monkeypatch.setattr(memory, "_core_stream", lambda handle: legacy if handle <= 1 else None)
     closes: list = []
-    token = memory._thread_token()
+    token = memory.thread_token()
     own = memory.DeviceBuffer(0x1000, 256, 0, _CoreBuffer(closes), thread=token)
     other = memory.DeviceBuffer(0x2000, 256, 0, _CoreBuffer(closes), thread=token)
     own.close()

@@ -333,8 +333,8 @@ def test_as_tensor_refuses_unsupported_dlpack_dtype():
 
     def int_capsule(**kw):
         cap = t.__dlpack__(**kw)
-        m = T._DLManagedTensorVersioned.from_address(
-            T._PyCapsule_GetPointer(cap, T._DLTENSOR_VERSIONED))
+        m = T.dlpack_managed(cap)
+        assert m.version.major == 1  # a versioned capsule
         m.dl_tensor.dtype.code = 0  # kDLInt
         return cap
 
@@ -426,8 +426,8 @@ def _versioned_producer(target, **fields):
 
     def dlpack(**kw):
         cap = target.__dlpack__(**kw)
-        m = T._DLManagedTensorVersioned.from_address(
-            T._PyCapsule_GetPointer(cap, T._DLTENSOR_VERSIONED))
+        m = T.dlpack_managed(cap)
+        assert m.version.major == 1  # a versioned capsule
         for name, value in fields.items():
             setattr(m if name == "flags" else m.dl_tensor, name, value)
         return cap

@@ -32,7 +32,7 @@ from ..errors import NoDeviceError, OutOfMemoryError, PycudnnError
 __all__ = [
     "CudaError", "check_cuda", "device_count", "no_device_reason", "normalize_device",
     "current_device", "ensure_device", "device_guard", "callers_device", "restore_device",
-    "DeviceBuffer", "allocate",
+    "DeviceBuffer", "allocate", "thread_token",
     "mem_get_info", "stream_is_capturing", "synchronize", "stream_synchronize", "stream_wait",
     "resolve_stream", "copy_host_to_device", "copy_device_to_host", "memset", "pointer_device",
     "empty_cache", "MAX_ALLOCATION",
@@ -641,9 +641,11 @@ def _check_nbytes(nbytes: Any) -> int:
     return nbytes
 
 
-def _thread_token() -> object:
+def thread_token() -> object:
     """An object unique to the calling thread (a thread id may be reused by a later thread; this
-    object is not while anything holds it). Takes no lock: safe in finalizers."""
+    object is not while anything holds it): what [`DeviceBuffer`][pycudnn.runtime.memory.DeviceBuffer]'s
+    ``thread`` records for memory allocated on the per-thread default stream. Takes no lock: safe
+    in finalizers."""
     try:
         return _tls.token
     except AttributeError:
@@ -677,7 +679,7 @@ def _release(buffer: Any, device: int, stream_ref: Any = None, sync: bool = Fals
                 if (_rt or _runtime()).cudaDeviceSynchronize()[0]:
                     return  # work may still use the memory: losing it is the safe choice
                 buffer.close()
-            elif thread is not None and thread is not _thread_token():
+            elif thread is not None and thread is not thread_token():
                 buffer.close(legacy)
             else:
                 buffer.close()
@@ -747,7 +749,7 @@ class DeviceBuffer:
         with device_guard(self.device):
             if stream is not None:
                 buffer.close(_core_stream(resolve_stream(stream)))
-            elif self._thread is not None and self._thread is not _thread_token():
+            elif self._thread is not None and self._thread is not thread_token():
                 buffer.close(_core_stream(_LEGACY))  # see _LEGACY
             else:
                 buffer.close()
@@ -814,7 +816,7 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None, *,
     if sync_release:
         buf.set_deallocation_stream(_core_stream(0))
     return DeviceBuffer(int(buf.handle), n, dev, buf, stream_ref, sync_release,
-                        _thread_token() if handle == 2 else None)
+                        thread_token() if handle == 2 else None)
 
 
 def _allocate_slow(exc: Exception, mr: Any, n: int, dev: int, handle: int, s: Any) -> Any:
@@ -895,7 +897,7 @@ class StreamAllocation:
         self.stream_ref = stream_ref
         self.sync_free = sync_free
         #: the allocating thread's token when allocated on the per-thread default stream
-        self.thread = _thread_token() if stream == 2 else None
+        self.thread = thread_token() if stream == 2 else None
 
     def close(self, stream: Any = None) -> None:
         """Free now, ordered on ``stream`` (default: the allocation stream). Idempotent."""
@@ -907,7 +909,7 @@ class StreamAllocation:
             s = stream if type(stream) is int else resolve_stream(stream)
         else:
             s = self.stream
-            if s == 2 and self.thread is not _thread_token():
+            if s == 2 and self.thread is not thread_token():
                 s = _LEGACY  # another thread's per-thread stream: see _LEGACY
         _free_async(ptr, s, self.device)
         self.stream_ref = None
@@ -941,7 +943,7 @@ class StreamAllocation:
                 s = self.stream
                 # close() inlined for the hot path (every output dropped frees here), including
                 # _free_async's common case: the driver's free, no device check needed
-                if s == 2 and self.thread is not _thread_token():
+                if s == 2 and self.thread is not thread_token():
                     s = _LEGACY  # another thread's per-thread stream: see _LEGACY
                 self.ptr = 0
                 if s < 2 and _keep_block(ptr, self.nbytes, self.device):
@@ -1072,7 +1074,7 @@ def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
             a.stream = stream
             a.stream_ref = stream_ref
             a.sync_free = sync_free
-            a.thread = _thread_token() if stream == 2 else None
+            a.thread = thread_token() if stream == 2 else None
             return a
     return allocate(nbytes, device, stream if stream_ref is None else stream_ref)
 

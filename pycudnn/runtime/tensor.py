@@ -70,7 +70,8 @@ from . import memory as _mem
 
 __all__ = ["Tensor", "as_tensor", "tensor_from_pointer", "empty", "zeros", "from_numpy",
            "span_elements", "contiguous_strides", "channels_last_strides", "MEMORY_FORMATS",
-           "has_internal_overlap", "spans_overlap", "views_overlap", "check_writable"]
+           "has_internal_overlap", "spans_overlap", "views_overlap", "check_writable",
+           "dlpack_managed"]
 
 #: memory_format spellings accepted by [`empty()`][pycudnn.runtime.tensor.empty],
 #: [`from_numpy()`][pycudnn.runtime.tensor.from_numpy] and ``is_contiguous``
@@ -800,6 +801,23 @@ _USED_DLTENSOR_VERSIONED = b"used_dltensor_versioned"
 _DLPACK_FLAG_BITMASK_READ_ONLY = 1 << 0  # dlpack.h, versioned capsules only
 
 
+def dlpack_managed(capsule: Any) -> Any:
+    """The structure an unconsumed DLPack capsule points at, as a ctypes structure over the
+    producer's memory: ``DLManagedTensorVersioned`` (fields ``version``, ``flags``, ``dl_tensor``,
+    ...) for a ``"dltensor_versioned"`` capsule, ``DLManagedTensor`` (``dl_tensor``, ...) for a
+    legacy ``"dltensor"`` one, with the field names of ``dlpack.h``. Reading it copies nothing;
+    writing a field changes what the consumer of the capsule will read.
+
+    Raises:
+        TypeError: ``capsule`` is not an unconsumed DLPack capsule.
+    """
+    if _PyCapsule_IsValid(capsule, _DLTENSOR_VERSIONED):
+        return _DLManagedTensorVersioned.from_address(_PyCapsule_GetPointer(capsule, _DLTENSOR_VERSIONED))
+    if _PyCapsule_IsValid(capsule, _DLTENSOR):
+        return _DLManagedTensor.from_address(_PyCapsule_GetPointer(capsule, _DLTENSOR))
+    raise TypeError(f"dlpack_managed: expected an unconsumed DLPack capsule, got {_type_name(capsule)}")
+
+
 def _call_deleter(deleter: int, managed: int) -> None:
     _DELETER(deleter)(managed)
 
@@ -959,14 +977,12 @@ def _export_dlpack(tensor: Tensor, versioned: bool) -> Any:
             capsule = None
     if capsule is None:
         capsule = carrier.__dlpack__()
-    m: Any
-    if _PyCapsule_IsValid(capsule, _DLTENSOR_VERSIONED):
-        m = _DLManagedTensorVersioned.from_address(_PyCapsule_GetPointer(capsule, _DLTENSOR_VERSIONED))
+    try:
+        m = dlpack_managed(capsule)
+    except TypeError:  # pragma: no cover - numpy always names its capsules
+        raise BufferError("pycudnn.Tensor.__dlpack__: numpy returned an unexpected capsule") from None
+    if type(m) is _DLManagedTensorVersioned:
         m.flags = _DLPACK_FLAG_BITMASK_READ_ONLY if tensor.readonly else 0  # and not a copy
-    elif _PyCapsule_IsValid(capsule, _DLTENSOR):
-        m = _DLManagedTensor.from_address(_PyCapsule_GetPointer(capsule, _DLTENSOR))
-    else:  # pragma: no cover - numpy always names its capsules
-        raise BufferError("pycudnn.Tensor.__dlpack__: numpy returned an unexpected capsule")
     code, bits = _DL_CODES[tensor.dtype.name]
     t = m.dl_tensor
     t.data = tensor.ptr or None
