@@ -43,14 +43,15 @@ def test_constants():
 
 
 class Recorder:
-    """Stands in for pycudnn.api.conv: records each call."""
+    """Stands in for the convolutions of pycudnn.api.conv: records each call."""
 
-    output_size = staticmethod(real_conv.output_size)
+    NAMES = ("convolution", "convolution_backward_data", "convolution_backward_filter",
+             "conv_transpose")
 
     def __init__(self):
         self.calls = []
 
-    def __getattr__(self, name):
+    def recording(self, name):
         def record(*args, **kwargs):
             self.calls.append((name, args, kwargs))
         return record
@@ -59,7 +60,8 @@ class Recorder:
 @pytest.fixture
 def rec(monkeypatch):
     r = Recorder()
-    monkeypatch.setattr(cc, "_conv", r)
+    for name in Recorder.NAMES:
+        monkeypatch.setattr(real_conv, name, r.recording(name))
     return r
 
 
@@ -169,9 +171,15 @@ def test_backward_data_nhwc(rec):
     assert gyv.strides == (64, 1, 16, 4) and wv.strides == (27, 1, 9, 3)
 
 
-def test_backward_filter(rec, monkeypatch):
+@pytest.fixture
+def restore_workspace_bound():
+    saved = cc.get_max_workspace_size()
+    yield
+    cc.set_max_workspace_size(saved)
+
+
+def test_backward_filter(rec, restore_workspace_bound):
     x, gy, gw = T((2, 8, 8, 3)), T((2, 8, 8, 4)), T((4, 3, 3, 3))
-    monkeypatch.setattr(cc, "_max_workspace_size", None)
     cc.set_max_workspace_size(1 << 20)
     assert cc.get_max_workspace_size() == 1 << 20
     cc.convolution_backward_filter(x, gy, gw, (1, 1), (1, 1), (1, 1), 1, deterministic=True,
