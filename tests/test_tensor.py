@@ -591,17 +591,36 @@ def fake_cudnn(monkeypatch):
 
     def create(device):
         state["next"] += 1
+        with H._pool_lock:
+            H._created[device] = H._created.get(device, 0) + 1
         return state["next"]
 
     def set_stream(handle, stream):
         state["set_calls"] += 1
         state["streams"][handle] = stream
 
+    monkeypatch.setattr(H, "_create", create)
+    monkeypatch.setattr(H, "_set_stream", set_stream)
     monkeypatch.setattr(M, "normalize_device", lambda d, parameter="device", what="": 0 if d is None else d)
     monkeypatch.setattr(M, "ensure_device", lambda d: d)
     monkeypatch.setattr(M, "current_device", lambda: 0)
-    with H.isolated_pool(create, set_stream):
-        yield state
+    fake_tls = threading.local()
+    monkeypatch.setattr(H, "_tls", fake_tls)
+    with H._pool_lock:
+        H._take_returned()  # real handles queued by ended threads belong to the saved pool
+    saved_pool = {k: list(v) for k, v in H._pool.items()}
+    saved_created = dict(H._created)
+    H._pool.clear()
+    H._created.clear()
+    yield state
+    vars(fake_tls).clear()  # this thread's fake handles go to the pool now, not after restoring it
+    gc.collect()
+    with H._pool_lock:
+        H._take_returned()  # fake handles queued by the test's threads: dropped with the fake pool
+    H._pool.clear()
+    H._pool.update(saved_pool)
+    H._created.clear()
+    H._created.update(saved_created)
 
 
 def _in_thread(fn):

@@ -22,12 +22,9 @@ the call when the stream is the one last set on that handle by this thread.
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
-import gc
 import threading
 import weakref
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import CudnnError, NoDeviceError
@@ -35,8 +32,7 @@ from ..ffi import library as _lib
 from . import memory as _mem
 from .memory import device_count
 
-__all__ = ["get_handle", "device_count", "live_handle_count", "pooled_handle_count",
-           "thread_handle_count", "thread_handles", "is_pooled", "isolated_pool"]
+__all__ = ["get_handle", "device_count", "live_handle_count", "pooled_handle_count"]
 
 _pool_lock = threading.Lock()
 _pool: dict[int, list[int]] = {}     # device -> handles no thread holds
@@ -87,7 +83,7 @@ def _thread_handles() -> _ThreadHandles:
         return state
 
 
-def _cudnn_create(device: int) -> int:
+def _create(device: int) -> int:
     """``cudnnCreate`` on ``device`` (already current). Raises NoDeviceError when cuDNN cannot
     initialise there, with cuDNN's reason."""
 
@@ -103,10 +99,12 @@ def _cudnn_create(device: int) -> int:
             raise
     if not out.value:
         raise NoDeviceError(f"get_handle: cudnnCreate returned a null handle on device {device}")
+    with _pool_lock:
+        _created[device] = _created.get(device, 0) + 1
     return out.value
 
 
-def _cudnn_set_stream(handle: int, stream: int) -> None:
+def _set_stream(handle: int, stream: int) -> None:
     global _set_stream_fn
     fn = _set_stream_fn
     if fn is None:
@@ -116,11 +114,6 @@ def _cudnn_set_stream(handle: int, stream: int) -> None:
     if status:
 
         _lib.raise_status(status, "cudnnSetStream", f"  stream: {stream:#x}")
-
-
-# what get_handle calls (isolated_pool() puts stand-ins here)
-_create: Callable[[int], int] = _cudnn_create
-_set_stream: Callable[[int, int], None] = _cudnn_set_stream
 
 
 def _acquire(device: Any, state: _ThreadHandles) -> tuple[int, int]:
@@ -137,8 +130,6 @@ def _acquire(device: Any, state: _ThreadHandles) -> tuple[int, int]:
         handle = free.pop() if free else None
     if handle is None:
         handle = _create(dev)
-        with _pool_lock:
-            _created[dev] = _created.get(dev, 0) + 1
     state.handles[dev] = handle
     state.streams.pop(dev, None)  # the stream on a pooled handle is unknown: set it on first use
     return dev, handle
@@ -207,54 +198,3 @@ def thread_handle_count() -> int:
     """Handles the calling thread holds (one per device it used)."""
     state = getattr(_tls, "state", None)
     return len(state.handles) if state is not None else 0
-
-
-def thread_handles() -> dict[int, int]:
-    """The calling thread's handles, device -> ``cudnnHandle_t`` (a copy): the devices it has
-    used through [`get_handle()`][pycudnn.runtime.handle.get_handle]."""
-    state = getattr(_tls, "state", None)
-    return dict(state.handles) if state is not None else {}
-
-
-def is_pooled(handle: int, device: int = 0) -> bool:
-    """Whether ``handle`` is in the pool of ``device``, free for the next thread that needs one
-    (a handle goes back there once the thread that held it has ended and been collected)."""
-    with _pool_lock:
-        _take_returned()
-        return handle in _pool.get(device, ())
-
-
-@contextlib.contextmanager
-def isolated_pool(create: Callable[[int], int],
-                  set_stream: Callable[[int, int], None]) -> Iterator[None]:
-    """Run the handle bookkeeping of this module against a fresh, empty pool, with ``create(device)``
-    standing in for ``cudnnCreate`` and ``set_stream(handle, stream)`` for ``cudnnSetStream``:
-    threading and pooling logic built on [`get_handle()`][pycudnn.runtime.handle.get_handle] can
-    be tested without a GPU (devices still resolve through `pycudnn.runtime.memory`).
-
-    Inside, every thread starts with no handle and the counts start at zero; on exit the handles
-    made inside are dropped (never destroyed: ``create`` made them) and the pool, the counts and
-    each thread's real handles are what they were. Not for use while other threads take handles.
-    """
-    global _create, _set_stream, _tls
-    with _pool_lock:
-        _take_returned()  # real handles queued by ended threads belong to the saved pool
-        saved_pool = {k: list(v) for k, v in _pool.items()}
-        saved_created = dict(_created)
-        _pool.clear()
-        _created.clear()
-    saved = _create, _set_stream, _tls
-    inside = threading.local()
-    _create, _set_stream, _tls = create, set_stream, inside
-    try:
-        yield
-    finally:
-        _create, _set_stream, _tls = saved
-        vars(inside).clear()  # this thread's handles made inside are queued now, not later
-        gc.collect()
-        with _pool_lock:
-            _take_returned()  # handles queued by the threads inside: dropped with the pool
-            _pool.clear()
-            _pool.update(saved_pool)
-            _created.clear()
-            _created.update(saved_created)
