@@ -467,6 +467,8 @@ class GraphSearch(Engine):
                 except CudnnError as exc:
                     failures.append((rec.plan.tag, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
             check_cuda(self._rt().cudaStreamSynchronize(args.stream)[0], "cudaStreamSynchronize")
+            if not ok:
+                return [None] * len(ready)  # none ran: the failures say why
             gate = gate_for(p.device)
             times: dict[int, list[float]] = {i: [] for i in ok}
             if gate is None:
