@@ -155,9 +155,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .search.problem import ConvolutionParams
     from .configuration import config, flags
     from .api.conv import (conv_transpose, convolution, convolution_add_relu,
-                       convolution_backward_data, convolution_backward_filter)
+                           convolution_backward_data, convolution_backward_filter)
     from .cudnn.descriptors import (ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor,
-                              TensorDescriptor)
+                                    TensorDescriptor)
     from .errors import *  # noqa: F403
     from .runtime.handle import device_count, get_handle
     from .dispatch.preloading import PreloadReport, preload

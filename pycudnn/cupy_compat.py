@@ -634,7 +634,7 @@ def pooling_forward(x: Any, y: Any, ksize: Sequence[int], stride: Sequence[int],
                              f"ksize={k}, stride={st}, pad={p}, but got y of size "
                              f"{list(yt.shape)}")
     _pooling.run_forward(xt, k, st, p, name, yt, s, NanPropagation.NOT_PROPAGATE_NAN, "window", fn,
-                      out_name="y")
+                         out_name="y")
     return y
 
 
@@ -664,7 +664,7 @@ def pooling_backward(x: Any, y: Any, gy: Any, ksize: Sequence[int], stride: Sequ
                          f"gy of size {list(gyt.shape)}")
     result, gxt = _new_result(x, xt, xt.shape, s)
     _pooling.run_backward(yt, gyt, xt, k, st, p, name, gxt, s, NanPropagation.NOT_PROPAGATE_NAN,
-                       "window", fn)
+                          "window", fn)
     return result
 
 

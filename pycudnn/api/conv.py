@@ -888,7 +888,7 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
         f = _flags(flags)
         _check_sample_size(fn, x.shape, shape)
         call = ConvolutionCall(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups_i, f, stream,
-                     epilogue="add_relu", z=z, alpha=float(alpha))
+                               epilogue="add_relu", z=z, alpha=float(alpha))
         y = _output(out, shape, x, call.fmt, call.stream,
                     reads=(("input", x), ("weight", w), ("bias", b)), in_place=z)
         if y.size == 0:

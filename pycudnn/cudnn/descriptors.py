@@ -198,7 +198,7 @@ def c_enum_name(enum_cls: type, prefix: str, v: int) -> str:
 
 
 def fail_fresh(status: int, function: str, destroy_fn: Callable[[int], int], handle: int,
-          *context: str) -> None:
+               *context: str) -> None:
     """Raise the error for a failed set of a fresh descriptor, destroying it first (no leak)."""
     try:
         raise_status(status, function, *context)  # reads cuDNN's reason before anything else runs
@@ -457,8 +457,8 @@ class FilterDescriptor(Descriptor):
         status = L.cudnnSetFilterNdDescriptor(h, data_type, int(fmt), nd, (c_int * nd)(*shape_t))
         if status:
             fail_fresh(status, "cudnnSetFilterNdDescriptor", destroy, h,
-                  f"while setting FilterDescriptor(dtype={_data_type_name(data_type)}, "
-                  f"dims={list(shape_t)}, format=CUDNN_TENSOR_{fmt.name})")
+                       f"while setting FilterDescriptor(dtype={_data_type_name(data_type)}, "
+                       f"dims={list(shape_t)}, format=CUDNN_TENSOR_{fmt.name})")
         self._shape = shape_t
         self._dtype = np_dtype
         self._format = fmt
@@ -591,9 +591,9 @@ class ConvolutionDescriptor(Descriptor):
             status = L.cudnnSetConvolutionMathType(h, int(math_type))
         if status:
             fail_fresh(status, fname, destroy, h,
-                  f"while setting ConvolutionDescriptor(padding={list(pad_t)}, "
-                  f"stride={list(stride_t)}, dilation={list(dil_t)}, groups={groups}, "
-                  f"compute={_data_type_name(compute)}, math=CUDNN_{math_type.name})")
+                       f"while setting ConvolutionDescriptor(padding={list(pad_t)}, "
+                       f"stride={list(stride_t)}, dilation={list(dil_t)}, groups={groups}, "
+                       f"compute={_data_type_name(compute)}, math=CUDNN_{math_type.name})")
         self._padding = pad_t
         self._stride = stride_t
         self._dilation = dil_t

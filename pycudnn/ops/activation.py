@@ -144,11 +144,11 @@ def activation_forward(x: Any, mode: str = "relu", *, coef: float = 0.0, out: An
             (channels-last when ``x`` is), or ``out`` when it is given.
     """
     return run_forward(x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
-                    "activation_forward")
+                       "activation_forward")
 
 
 def run_forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPropagation,
-             fn: str) -> Tensor:
+                fn: str) -> Tensor:
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     if type(x) is not Tensor:
         x = as_tensor(x, stream=stream)
@@ -228,11 +228,11 @@ def activation_backward(y: Any, dy: Any, x: Any, mode: str = "relu", *, coef: fl
         ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or ``out``.
     """
     return run_backward(y, dy, x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
-                     "activation_backward")
+                        "activation_backward")
 
 
 def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream: Any,
-              nan: NanPropagation, fn: str) -> Tensor:
+                 nan: NanPropagation, fn: str) -> Tensor:
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
     o = None if out is None else tensor_arg(out, stream)

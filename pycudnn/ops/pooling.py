@@ -136,8 +136,8 @@ class PoolingDescriptor(Descriptor):
                                                (c_int * n)(*pad_t), (c_int * n)(*stride_t))
         if status:
             fail_fresh(status, "cudnnSetPoolingNdDescriptor", destroy, h,
-                  f"while setting PoolingDescriptor(mode=CUDNN_POOLING_{mode_e.name}, "
-                  f"window={list(win_t)}, padding={list(pad_t)}, stride={list(stride_t)})")
+                       f"while setting PoolingDescriptor(mode=CUDNN_POOLING_{mode_e.name}, "
+                       f"window={list(win_t)}, padding={list(pad_t)}, stride={list(stride_t)})")
         self._window, self._padding, self._stride = win_t, pad_t, stride_t
         self._mode, self._nan = mode_e, nan_e
         self._adopt(destroy, h)
@@ -344,12 +344,12 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
             format, or ``out``.
     """
     return run_forward(x, kernel_size, stride, padding, mode, out, stream,
-                    NanPropagation.PROPAGATE_NAN, "half", "pooling_forward")
+                       NanPropagation.PROPAGATE_NAN, "half", "pooling_forward")
 
 
 def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out: Any,
-             stream: Any, nan: NanPropagation, rule: str, fn: str,
-             out_name: str = "out") -> Tensor:
+                stream: Any, nan: NanPropagation, rule: str, fn: str,
+                out_name: str = "out") -> Tensor:
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     if type(x) is not Tensor:
         x = as_tensor(x, stream=stream)
@@ -443,11 +443,11 @@ def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any =
         ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or ``out``.
     """
     return run_backward(y, dy, x, kernel_size, stride, padding, mode, out, stream,
-                     NanPropagation.PROPAGATE_NAN, "half", "pooling_backward")
+                        NanPropagation.PROPAGATE_NAN, "half", "pooling_backward")
 
 
 def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any,
-              out: Any, stream: Any, nan: NanPropagation, rule: str, fn: str) -> Tensor:
+                 out: Any, stream: Any, nan: NanPropagation, rule: str, fn: str) -> Tensor:
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
     o = None if out is None else tensor_arg(out, stream)
