@@ -140,6 +140,7 @@ def kernel_rows(torch: Any, F: Any, pycudnn: Any, bn: Any, dr: Any, kernel: Call
                              ("bn inference", (torch_infer, ours_infer)),
                              ("dropout fwd+bwd", (torch_dropout, ours_dropout))):
                 try:
+                    settle(pair[1])
                     t = kernel({"torch": pair[0], "pycudnn": pair[1]}, reps)
                     err = ""
                 except Exception as exc:  # noqa: BLE001 - a failed row is reported, not fatal
@@ -152,6 +153,17 @@ def kernel_rows(torch: Any, F: Any, pycudnn: Any, bn: Any, dr: Any, kernel: Call
                 xg.grad = wg.grad = bg.grad = None
             torch.cuda.empty_cache()
     return rows
+
+
+def settle(fn: Callable[[], Any]) -> None:
+    """Call ``fn`` until pycudnn has chosen its kernel for the signature: the operations switch to
+    runtime-compiled kernels built in the background after a few calls (pycudnn.ops.runtime_kernels),
+    so the timing starts after the build is done, as in a training loop."""
+    from pycudnn.ops import runtime_kernels
+
+    for _ in range(4):
+        fn()
+    runtime_kernels.wait(timeout=120)
 
 
 def host_rows(torch: Any, F: Any, pycudnn: Any, bn: Any, dr: Any, host: Callable,
@@ -175,6 +187,9 @@ def host_rows(torch: Any, F: Any, pycudnn: Any, bn: Any, dr: Any, host: Callable
         "pycudnn dropout fwd": lambda: dr.dropout_forward(x, state),
         "pycudnn dropout bwd": lambda: dr.dropout_backward(dy, state, reserve),
     }
+    for name, fn in fns.items():
+        if name.startswith("pycudnn"):
+            settle(fn)
     return host(fns, reps)
 
 
@@ -184,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=50, help="calls per timed batch")
     ap.add_argument("--host-reps", type=int, default=2000, help="calls for the host figures")
     ap.add_argument("--skip-kernel", action="store_true", help="host figures only")
+    ap.add_argument("--legacy-kernels", action="store_true",
+                    help="keep pycudnn on cuDNN's legacy kernels (no runtime-compiled ones)")
     args = ap.parse_args(argv)
 
     import torch
@@ -194,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     from pycudnn.ops import dropout as dr
 
     torch.backends.cudnn.enabled = True
+    if args.legacy_kernels:
+        from pycudnn.ops import runtime_kernels
+
+        runtime_kernels.configure(enabled=False)
     kernel, host, how = _timers(torch)
     result: dict[str, Any] = {"torch": torch.__version__, "cudnn": pycudnn.cudnn_version(),
                               "device": torch.cuda.get_device_name(), "kernel_timer": how}

@@ -95,6 +95,7 @@ def _cells(torch: Any, dtype: Any, channels_last: bool) -> list[tuple[str, Calla
         ("softmax 32x1000 bwd", lambda: aten._softmax_backward_data(dys, ys, 1, logits.dtype),
          lambda: softmax_backward(ys, dys)),
     ]
+    settle([fp for _, _, fp in cells])
     # the two sides compute the same thing (checked once, before timing)
     for name, ft, fp in cells:
         a, b = ft(), torch.from_dlpack(fp())
@@ -103,6 +104,19 @@ def _cells(torch: Any, dtype: Any, channels_last: bool) -> list[tuple[str, Calla
             raise AssertionError(f"{name}: pycudnn and PyTorch disagree "
                                  f"(max difference {(a.float() - b.float()).abs().max().item()})")
     return cells
+
+
+def settle(fns: Sequence[Callable[[], Any]]) -> None:
+    """Call each function until pycudnn has chosen its kernel for the signature: the operations
+    switch to runtime-compiled kernels built in the background after a few calls
+    (pycudnn.ops.runtime_kernels), so the timing starts after the builds are done, as in a
+    training loop."""
+    from pycudnn.ops import runtime_kernels
+
+    for fn in fns:
+        for _ in range(4):
+            fn()
+    runtime_kernels.wait(timeout=300)
 
 
 def _host_cells(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
@@ -147,6 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except Exception as exc:  # one failing cell must not hide the others
                 rows[name] = {"error": gpu_timing.error_text(exc)}
             print_row(config, name, rows[name])
+    settle([fp for _, _, fp in _host_cells(torch)])
     host = gpu_timing.compare_host(
         {f"{side}: {name}": fn for name, ft, fp in _host_cells(torch)
          for side, fn in (("torch", ft), ("pycudnn", fp))},
@@ -173,7 +188,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=100, help="calls per gated batch")
     ap.add_argument("--batches", type=int, default=5, help="gated batches per cell and side")
     ap.add_argument("--host-reps", type=int, default=4000, help="calls per host-time figure")
+    ap.add_argument("--legacy-kernels", action="store_true",
+                    help="keep pycudnn on cuDNN's legacy kernels (no runtime-compiled ones)")
     args = ap.parse_args(argv)
+    if args.legacy_kernels:
+        from pycudnn.ops import runtime_kernels
+
+        runtime_kernels.configure(enabled=False)
     print(f"{'config':10} {'cell':34} {'torch us':>10} {'pycudnn us':>10} {'ratio':>7}  "
           "(ratio = pycudnn / torch; kernel time per call, host time for 'host')")
     out = run(args)

@@ -39,7 +39,8 @@ from ..ffi.backend import (Attr, AttrType, BackendDescriptor, BehaviorNote, Clos
 __all__ = [
     "TensorSpec", "Epilogue", "OperationGraph", "EngineConfig", "CandidateList", "ExecutionPlan",
     "build_convolution_graph", "engine_configs", "filter_candidates", "first_plan", "fused_plan",
-    "nchw_strides", "nhwc_strides", "bias_spec", "DIRECTIONS",
+    "nchw_strides", "nhwc_strides", "bias_spec", "DIRECTIONS", "PointwiseStep",
+    "build_pointwise_graph",
 ]
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
@@ -193,7 +194,8 @@ class OperationGraph:
 
     Attributes:
         descriptor: the finalized CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR.
-        direction: ``"forward"``, ``"backward_data"`` or ``"backward_filter"``.
+        direction: ``"forward"``, ``"backward_data"`` or ``"backward_filter"`` (a convolution),
+            ``"pointwise"`` (`build_pointwise_graph`).
         uid: ``{"x": .., "w": .., "y": .., ["z": ..], ["b": ..]}`` (x/w/y keep their forward
             meaning in every direction: for backward_data x is dx, for backward_filter w is dw).
         uids: the order of pointers `ExecutionPlan.execute()` takes: x, w, y, then z, b.
@@ -494,6 +496,99 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
     desc = (f"{direction} x{x.shape} w{w.shape} y{y.shape} groups={groups} pad={pre} "
             f"stride={strd} dil={dil}" + ("".join(" " + p for p in desc_parts)))
     return OperationGraph(g, direction, specs, keep, by_value, epilogue, desc)
+
+
+# ---- pointwise graphs --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PointwiseStep:
+    """One pointwise operation of a graph: its mode, the tensors it reads and writes by name
+    (``x`` / ``b`` / ``dy`` in, ``y`` / ``dx`` out: the descriptor attributes cuDNN names them by)
+    and the mode's scalar parameters (``Attr.POINTWISE_RELU_UPPER_CLIP``,
+    ``Attr.POINTWISE_ELU_ALPHA``, ``Attr.POINTWISE_SWISH_BETA``...)."""
+    mode: PointwiseMode
+    x: str
+    y: str = ""
+    b: str = ""
+    dy: str = ""
+    dx: str = ""
+    params: tuple[tuple[Attr, float], ...] = ()
+
+
+def build_pointwise_graph(handle: int, tensors: Mapping[str, TensorSpec],
+                          steps: Sequence[PointwiseStep], description: str,
+                          math_dtype: int | npt.DTypeLike | None = None,
+                          values: Mapping[str, float] | None = None) -> OperationGraph:
+    """Build and finalize a graph of pointwise operations only (activations, their gradients,
+    scale-and-shift chains), which cuDNN's runtime-fusion engines compile into one kernel.
+
+    Args:
+        handle: a cudnnHandle_t (int).
+        tensors: every tensor the steps name; the real ones (not virtual, not by value) in the
+            order `ExecutionPlan.execute()` takes their pointers.
+        steps: the operations in data-flow order.
+        description: what the graph computes, for messages.
+        math_dtype: the operations' precision; default float32 (float64 for double data).
+        values: the host value of each by-value tensor (a scalar such as an epsilon), by name.
+    """
+    real = {k: t for k, t in tensors.items() if not t.virtual and not t.by_value}
+    by_value: list[tuple[int, ctypes.c_double | ctypes.c_float]] = []
+    for name, t in tensors.items():
+        if t.by_value:
+            if values is None or name not in values:
+                raise ValueError(f"build_pointwise_graph: by-value tensor {name!r} has no value")
+            by_value.append((t.uid, ctypes.c_double(values[name]) if t.dtype == _DT_DOUBLE
+                             else ctypes.c_float(values[name])))
+    if math_dtype is None:
+        math_dtype = _DT_DOUBLE if any(t.dtype == _DT_DOUBLE for t in real.values()) else _DT_FLOAT
+    prec = to_data_type(math_dtype)
+    keep: list[BackendDescriptor] = []
+    try:
+        built = {}
+        for name, spec in tensors.items():
+            built[name] = spec.build()
+            keep.append(built[name])
+        ops = []
+        roles = (("x", Attr.OPERATION_POINTWISE_XDESC), ("b", Attr.OPERATION_POINTWISE_BDESC),
+                 ("y", Attr.OPERATION_POINTWISE_YDESC), ("dy", Attr.OPERATION_POINTWISE_DYDESC),
+                 ("dx", Attr.OPERATION_POINTWISE_DXDESC))
+        set_scalar = (BackendDescriptor.set_double if prec == _DT_DOUBLE
+                      else BackendDescriptor.set_float)
+        for step in steps:
+            pw = BackendDescriptor(DescriptorType.POINTWISE)
+            keep.append(pw)
+            pw.set_enum(Attr.POINTWISE_MODE, step.mode)
+            pw.set_data_type(Attr.POINTWISE_MATH_PREC, prec)
+            for attr, value in step.params:
+                set_scalar(pw, attr, value)
+            pw.finalize()
+            op = BackendDescriptor(DescriptorType.OPERATION_POINTWISE)
+            keep.append(op)
+            op.set_descriptor(Attr.OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
+            for role, attr in roles:
+                name = getattr(step, role)
+                if name:
+                    op.set_descriptor(attr, built[name])
+            op.finalize()
+            ops.append(op)
+        g = BackendDescriptor(DescriptorType.OPERATIONGRAPH)
+        try:
+            g.set_handle(Attr.OPERATIONGRAPH_HANDLE, handle)
+            g.set_descriptors(Attr.OPERATIONGRAPH_OPS, ops)
+            g.finalize()
+        except BaseException:
+            g.close()
+            raise
+    except CudnnError as exc:
+        for d in keep:
+            d.close()
+        raise exc.add_context(f"graph: pointwise {description}")
+    except BaseException:
+        for d in keep:
+            d.close()
+        raise
+    return OperationGraph(g, "pointwise", dict(real), keep, by_value, None,
+                          f"pointwise {description}")
 
 
 # ---- engine configs ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from .._types import ActivationMode, NanPropagation
 from ..cudnn.descriptors import ActivationDescriptor, TensorDescriptor
 from ..cudnn.tensor_ops import transform
 from ..ffi import library as _lib
+from ..ops import runtime_kernels
 from ..ops._common import (
     PlanCache,
     c_function,
@@ -41,6 +42,7 @@ from ..ops._common import (
     stream_pair,
     tensor_arg,
 )
+from ..ops.runtime_kernels import ALIGNMENT
 from ..runtime.handle import get_handle
 from ..runtime.tensor import Tensor, as_tensor
 
@@ -106,7 +108,7 @@ class _Plan:
     scaling constants and the bound C function."""
 
     __slots__ = ("act", "x", "y", "dy", "dx", "shape", "strides", "nbytes", "dense", "stage",
-                 "one", "zero", "launch", "keep")
+                 "one", "zero", "launch", "keep", "fast")
 
     def __init__(self) -> None:
         self.act = self.x = self.y = self.dy = self.dx = 0
@@ -118,6 +120,9 @@ class _Plan:
         self.one = self.zero = 0
         self.launch: Any = None
         self.keep: tuple[Any, ...] = ()
+        # the signature's runtime-compiled kernel, once built (see runtime_kernels); None when
+        # the graph API cannot take its layouts
+        self.fast: runtime_kernels.Promotion | None = None
 
 
 # ---- forward --------------------------------------------------------------------------------------
@@ -171,10 +176,16 @@ def run_forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPro
         handle = get_handle(dev, s)
         y = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev, s,
                                            s_ref)
+        fast = plan.fast
+        if fast is not None and fast.plan is not None and not (x.ptr | y.ptr) % ALIGNMENT \
+                and fast.launch(handle, (x.ptr, y.ptr)):
+            return y
         status = plan.launch(handle, plan.act, plan.one, plan.x, x.ptr, plan.zero, plan.y, y.ptr)
         if status:
             raise_launch(status, "cudnnActivationForward", fn, activation=plan.keep[0],
                          x=plan.keep[1], y=plan.keep[2])
+        if fast is not None and fast.plan is None:
+            fast.tick()
         return y
     finally:
         restore_device(prev)
@@ -202,6 +213,8 @@ def _forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPro
     yd = xd if same_layout(x.shape, plan.strides, x.strides) else _descriptor(x.shape, plan.strides, x.dtype)
     plan.act, plan.x, plan.y = act.handle, xd.handle, yd.handle
     plan.keep = (act, xd, yd)
+    plan.fast = runtime_kernels.activation_promotion(mode, c, x, (plan.strides,), False,
+                                                     nan == _PROPAGATE)
     return plan
 
 
@@ -254,6 +267,11 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
         handle = get_handle(dev, s)
         dx = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev,
                                             s, s_ref)
+        fast = plan.fast
+        if fast is not None and fast.plan is not None \
+                and not (dy.ptr | x.ptr | dx.ptr) % ALIGNMENT \
+                and fast.launch(handle, (dy.ptr, x.ptr, dx.ptr)):
+            return dx
         target = dx
         if plan.stage:  # operands not in the one dense layout cuDNN is given
             st = plan.dense
@@ -267,6 +285,8 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
                          tensors=plan.keep[1])
         if target is not dx:
             transform(handle, target, dx)
+        if fast is not None and fast.plan is None:
+            fast.tick()
         return dx
     finally:
         restore_device(prev)
@@ -301,4 +321,7 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Te
     plan.act = act.handle
     plan.x = plan.y = plan.dy = plan.dx = d.handle
     plan.keep = (act, d)
+    if not plan.stage:
+        plan.fast = runtime_kernels.activation_promotion(mode, c, x, (dy.strides, plan.strides),
+                                                         True, nan == _PROPAGATE)
     return plan

@@ -39,7 +39,9 @@ from ..cudnn.tensor_ops import add_tensor, relu_, relu_descriptor, scalar_pointe
 from ..dispatch.arguments import check_no_broadcast
 from ..errors import CudnnBadParamError, CudnnNotSupportedError
 from ..ffi import library as _lib
+from ..ops import runtime_kernels
 from ..ops._common import PlanCache, c_function, meet, scalars_of
+from ..ops.runtime_kernels import ALIGNMENT
 from ..runtime.handle import get_handle
 from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
 from ..runtime.tensor import (
@@ -624,7 +626,8 @@ class _Plan:
     launch."""
 
     __slots__ = ("mode", "entry", "xd", "pd", "one", "zero", "launch", "momentum", "eps",
-                 "nbytes", "pshape", "pstrides", "pdt", "p_nbytes", "reserve_key", "sizes")
+                 "nbytes", "pshape", "pstrides", "pdt", "p_nbytes", "reserve_key", "sizes",
+                 "fast")
 
     def __init__(self, call: _Call, function: str, momentum: float, eps: float) -> None:
         x4 = call.x4
@@ -639,6 +642,8 @@ class _Plan:
         self.p_nbytes = math.prod(call.pshape) * call.pdt.itemsize  # one parameter's
         self.reserve_key = (x4.shape, x4.strides, x4.dtype, call.mode, _OPS_BN)
         self.sizes: tuple[int, int, int] | None = None  # asked of cuDNN at the first launch
+        # inference: the signature's runtime-compiled kernel, once built (see runtime_kernels)
+        self.fast: runtime_kernels.Promotion | None = None
 
 
 _TRAIN = PlanCache(128)
@@ -884,11 +889,18 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
         if o is None:
             owner = allocate_fast(plan.nbytes, dev, s, sref)
             o = Tensor._make(owner.ptr, xt.shape, xt.strides, xt.dtype, dev, owner)
+        fast = plan.fast
+        if fast is not None and fast.plan is not None \
+                and not (xt.ptr | rm.ptr | rv.ptr | w.ptr | b.ptr | o.ptr) % ALIGNMENT \
+                and fast.launch(handle, (xt.ptr, rm.ptr, rv.ptr, w.ptr, b.ptr, o.ptr)):
+            return o
         xd = plan.xd
         st = plan.launch(handle, plan.mode, plan.one, plan.zero, xd, xt.ptr, xd, o.ptr, plan.pd,
                          w.ptr, b.ptr, rm.ptr, rv.ptr, plan.eps)
         if st:
             _launch_failed(st, "cudnnBatchNormalizationForwardInference", plan)
+        if fast is not None and fast.plan is None:
+            fast.tick()
         return o
     finally:
         restore_device(prev)
@@ -923,6 +935,8 @@ def _inference_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_v
             return _from4d(_alloc_like(call.x4, call.s, call.sref), call.x.shape)
         plan = _plan(call, "cudnnBatchNormalizationForwardInference", (w, b, rm, rv), (o,), 0.0, e)
         if plan is not None:
+            if call.mode == MODES["spatial"]:
+                plan.fast = runtime_kernels.batch_norm_inference_promotion(call.x4, call.pdt, e)
             _INFER.put(_infer_key(mode, eps, call.x, w, b, rm, rv, o), plan)
         call.start()
         entry = call.entry

@@ -1,0 +1,352 @@
+"""cuDNN's runtime-compiled pointwise kernels (graph API) for the operations, built in the
+background once a call signature repeats.
+
+Why: measured on an H200 with cuDNN 9.19 (docs/benchmarks.md), cuDNN's legacy activation kernels
+(``cudnnActivationForward`` / ``Backward``) take 1.2-2.2x PyTorch's time, its legacy batch-norm
+inference 1.1-1.7x on channels-last bfloat16; the graph API's runtime-fusion engine runs the same
+element-wise work as one compiled kernel in about half the legacy time. But such a plan takes
+0.2-0.9 s to build (cuDNN compiles it with NVRTC). So a call signature first runs on the legacy
+kernel; at its ``after_calls``-th call its graph plan is built on a worker thread (its own cuDNN
+handle), and the calls after that launch the compiled kernel once it is ready. A one-off call
+never pays for a build, a training loop switches within its first steps without a stall, and a
+build that fails (an engine that does not take the layout) leaves the signature on the legacy
+kernel for good.
+
+Only tensors of at least ``min_bytes`` (default `MIN_BYTES`, 1 MiB) that the graph can address get a plan: dense
+operands that share one layout (viewed as one flat channels-last block for element-wise work;
+batch norm: channels-last input), 16-byte-aligned addresses (checked per call; another address
+runs the legacy kernel), float32/float16/bfloat16 data, NaN propagated (the legacy kernels' mode
+the functions use). The compiled kernels' float32 transcendental functions (tanh, sigmoid,
+exp) are accurate to about 2e-5 relative, the legacy kernels' to 1e-5. Settings: `configure()`; `wait()` blocks until the
+builds asked for are done (before capturing a CUDA graph in global capture mode, say: a build
+loads a module, which such a capture forbids in every thread); `stats()` counts plans by state.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..cudnn.graph import (ExecutionPlan, OperationGraph, PointwiseStep, TensorSpec,
+                           build_pointwise_graph, engine_configs, filter_candidates, first_plan)
+from ..ffi.backend import Attr, PointwiseMode
+from ..runtime.handle import get_handle
+from ..runtime.tensor import Tensor, has_internal_overlap
+from ._common import same_layout
+
+__all__ = ["configure", "wait", "stats", "Promotion", "activation_promotion",
+           "batch_norm_inference_promotion", "flat_layout", "dense", "ALIGNMENT", "MIN_BYTES"]
+
+_log = logging.getLogger("pycudnn")
+
+#: the byte alignment the graphs declare for every tensor; a call whose addresses are not
+#: aligned so runs the legacy kernel
+ALIGNMENT = 16
+#: smaller element-wise calls stay on the legacy kernels: both kernels take a few microseconds
+#: there, the call is bound by host time, and launching a graph plan costs more of it
+MIN_BYTES = 1 << 20
+_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float16)})  # bfloat16 added below
+try:
+    import ml_dtypes
+
+    _DTYPES = _DTYPES | {np.dtype(ml_dtypes.bfloat16)}
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+    pass
+
+
+class _Settings:
+    __slots__ = ("enabled", "after_calls", "background", "min_bytes")
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self.after_calls = 3
+        self.background = True
+        self.min_bytes = MIN_BYTES
+
+
+_settings = _Settings()
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+_pending: set[concurrent.futures.Future[None]] = set()
+_counts = {"ready": 0, "failed": 0, "building": 0}
+_counts_lock = threading.Lock()
+
+
+def configure(*, enabled: bool | None = None, after_calls: int | None = None,
+              background: bool | None = None, min_bytes: int | None = None) -> None:
+    """Change when the operations switch to runtime-compiled kernels.
+
+    Args:
+        enabled: False keeps every call on cuDNN's legacy kernels (signatures already switched
+            stay switched; new ones do not build).
+        after_calls: the call of a signature (1 = its first) at which its graph plan is built;
+            default 3.
+        background: True (default) builds on a worker thread while calls keep running on the
+            legacy kernel; False builds inside the call that asks for it (that call waits).
+        min_bytes: the smallest input, in bytes, whose signature gets a compiled kernel; default
+            `MIN_BYTES`. Applies to signatures seen after the change.
+    """
+    if enabled is not None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"configure: enabled must be a bool, but got {enabled!r}")
+        _settings.enabled = enabled
+    if after_calls is not None:
+        if isinstance(after_calls, bool) or not isinstance(after_calls, int) or after_calls < 1:
+            raise ValueError(f"configure: after_calls must be an int >= 1, but got {after_calls!r}")
+        _settings.after_calls = after_calls
+    if background is not None:
+        if not isinstance(background, bool):
+            raise TypeError(f"configure: background must be a bool, but got {background!r}")
+        _settings.background = background
+    if min_bytes is not None:
+        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
+            raise ValueError(f"configure: min_bytes must be an int >= 0, but got {min_bytes!r}")
+        _settings.min_bytes = min_bytes
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Block until every build asked for so far is done; False if ``timeout`` seconds passed
+    first."""
+    with _counts_lock:
+        futures = list(_pending)
+    if not futures:
+        return True
+    _, not_done = concurrent.futures.wait(futures, timeout=timeout)
+    return not not_done
+
+
+def stats() -> dict[str, int]:
+    """How many signatures have a compiled kernel (``ready``), could not get one (``failed``) or
+    are being built (``building``)."""
+    with _counts_lock:
+        return dict(_counts)
+
+
+def _count(state: str, delta: int) -> None:
+    with _counts_lock:
+        _counts[state] += delta
+
+
+def _worker() -> concurrent.futures.ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="pycudnn-runtime-kernels")
+        return _executor
+
+
+class Promotion:
+    """One call signature's way from the legacy kernel to a compiled one.
+
+    The call path reads ``plan``: None while the signature runs on the legacy kernel (it then
+    calls `tick()`), else the finalized `ExecutionPlan` to launch (no workspace). ``build``
+    makes the graph on a handle of the signature's device; the plan is the first heuristic
+    candidate that finalizes without needing a workspace.
+    """
+
+    __slots__ = ("plan", "calls", "device", "description", "_build", "error")
+
+    def __init__(self, device: int, description: str,
+                 build: Callable[[int], OperationGraph]) -> None:
+        self.plan: ExecutionPlan | None = None
+        self.calls = 0
+        self.device = device
+        self.description = description
+        self._build = build
+        self.error = ""
+
+    def tick(self) -> None:
+        """Count a legacy launch; the ``after_calls``-th asks for the build."""
+        self.calls += 1
+        if self.calls == _settings.after_calls and _settings.enabled:
+            _count("building", 1)
+            if _settings.background:
+                future = _worker().submit(self._make)
+                with _counts_lock:
+                    _pending.add(future)
+                future.add_done_callback(_forget)
+            else:
+                self._make()
+
+    def launch(self, handle: int, pointers: tuple[int, ...]) -> bool:
+        """Launch the compiled plan; False (and back to the legacy kernel for good) if cuDNN
+        refuses it."""
+        plan = self.plan
+        if plan is None:
+            return False
+        try:
+            plan.execute(handle, pointers, 0)
+        except Exception as exc:
+            self.failed(exc)
+            return False
+        return True
+
+    def failed(self, exc: BaseException) -> None:
+        """A launch of the compiled plan failed: the signature goes back to the legacy kernel."""
+        self.plan = None
+        self.calls = -(1 << 62)  # never asks again
+        self.error = f"{type(exc).__name__}: {exc}"
+        _count("ready", -1)
+        _count("failed", 1)
+        _log.warning("runtime-compiled kernel for %s failed at launch, back to the legacy "
+                     "kernel: %s", self.description, self.error)
+
+    def _make(self) -> None:
+        graph = None
+        try:
+            handle = get_handle(self.device)
+            graph = self._build(handle)
+            candidates = engine_configs(handle, graph, ("A",))
+            kept, _ = filter_candidates(candidates, np.float32, True, False)
+            plan, _ = first_plan(handle, kept, max_attempts=2)
+            if plan.workspace_size:
+                plan.close()
+                raise RuntimeError(f"the plan needs a workspace ({plan.workspace_size} B)")
+            self.plan = plan
+            _count("ready", 1)
+            _log.debug("runtime-compiled kernel ready for %s: %s", self.description, plan.tag)
+        except Exception as exc:  # the signature stays on the legacy kernel
+            self.error = f"{type(exc).__name__}: {exc}"
+            _count("failed", 1)
+            _log.info("no runtime-compiled kernel for %s (legacy kernel kept): %s",
+                      self.description, self.error)
+        finally:
+            _count("building", -1)
+
+
+def _forget(future: concurrent.futures.Future[None]) -> None:
+    with _counts_lock:
+        _pending.discard(future)
+
+
+# ---- layouts ------------------------------------------------------------------------------------
+
+def dense(t: Tensor) -> bool:
+    """Whether ``t``'s elements fill its span without gaps or overlap (a permutation of a
+    contiguous layout)."""
+    return t.span_bytes == t.size * t.dtype.itemsize and not has_internal_overlap(t.shape,
+                                                                                  t.strides)
+
+
+def flat_layout(n: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``n`` elements as one dense channels-last 4-D block ``(1, C, H, W)`` with C a power of two
+    from 2 to 256 and H, W > 1 (the runtime-fusion engine takes channels-last tensors only, which
+    these strides say unambiguously, and C carries its vector width); None when ``n`` has no
+    such shape."""
+    for c in (256, 128, 64, 32, 16, 8, 4, 2):
+        if n % c:
+            continue
+        rows = n // c
+        h = int(rows ** 0.5)
+        while h > 1 and rows % h:
+            h -= 1
+        if h > 1 and rows // h > 1:
+            w = rows // h
+            return (1, c, h, w), (c * h * w, 1, c * w, c)
+    return None
+
+
+def _spec(uid: int, layout: tuple[tuple[int, ...], tuple[int, ...]], dtype: Any,
+          virtual: bool = False) -> TensorSpec:
+    return TensorSpec(uid, layout[0], layout[1], dtype if not virtual else np.float32,
+                      virtual=virtual, alignment=ALIGNMENT)
+
+
+# ---- activations --------------------------------------------------------------------------------
+
+#: mode -> (forward, backward pointwise mode, the parameter ``coef`` sets)
+_ACTIVATIONS: dict[str, tuple[PointwiseMode, PointwiseMode, Attr | None]] = {
+    "relu": (PointwiseMode.RELU_FWD, PointwiseMode.RELU_BWD, None),
+    "clipped_relu": (PointwiseMode.RELU_FWD, PointwiseMode.RELU_BWD,
+                     Attr.POINTWISE_RELU_UPPER_CLIP),
+    "sigmoid": (PointwiseMode.SIGMOID_FWD, PointwiseMode.SIGMOID_BWD, None),
+    "tanh": (PointwiseMode.TANH_FWD, PointwiseMode.TANH_BWD, None),
+    "elu": (PointwiseMode.ELU_FWD, PointwiseMode.ELU_BWD, Attr.POINTWISE_ELU_ALPHA),
+    "swish": (PointwiseMode.SWISH_FWD, PointwiseMode.SWISH_BWD, Attr.POINTWISE_SWISH_BETA),
+}
+
+
+def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tuple[int, ...]],
+                         backward: bool, propagate_nan: bool) -> Promotion | None:
+    """The promotion of an activation signature, or None when the graph cannot take it.
+
+    ``x`` is the input; ``strides`` are those of every other operand the compiled kernel reads
+    or writes (``y`` forward; ``dy``, ``dx`` backward), which must address the elements as
+    ``x``'s do, ``x`` being dense.
+    """
+    if not propagate_nan or mode not in _ACTIVATIONS:
+        return None
+    first = x
+    if (first.dtype not in _DTYPES or first.size == 0
+            or first.size * first.dtype.itemsize < _settings.min_bytes or not dense(first)):
+        return None
+    if not all(same_layout(x.shape, st, x.strides) for st in strides):
+        return None
+    layout = flat_layout(first.size)
+    if layout is None:
+        return None
+    fwd, bwd, param = _ACTIVATIONS[mode]
+    params: tuple[tuple[Attr, float], ...] = ()
+    if mode == "clipped_relu":
+        params = ((Attr.POINTWISE_RELU_LOWER_CLIP, 0.0), (Attr.POINTWISE_RELU_UPPER_CLIP, coef))
+    elif param is not None:
+        params = ((param, coef),)
+    dtype = first.dtype
+    direction = "backward" if backward else "forward"
+    description = f"{mode} {direction} of {first.size} {dtype.name} elements"
+
+    def build(handle: int) -> OperationGraph:
+        if backward:
+            tensors = {"dy": _spec(1, layout, dtype), "x": _spec(2, layout, dtype),
+                       "dx": _spec(3, layout, dtype)}
+            step = PointwiseStep(bwd, x="x", dy="dy", dx="dx", params=params)
+        else:
+            tensors = {"x": _spec(1, layout, dtype), "y": _spec(2, layout, dtype)}
+            step = PointwiseStep(fwd, x="x", y="y", params=params)
+        return build_pointwise_graph(handle, tensors, [step], description)
+
+    return Promotion(first.device, description, build)
+
+
+# ---- batch-norm inference -----------------------------------------------------------------------
+
+def batch_norm_inference_promotion(x: Tensor, param_dtype: Any, eps: float) -> Promotion | None:
+    """The promotion of a spatial batch-norm inference signature: ``y = (x - mean) *
+    rsqrt(var + eps) * weight + bias`` as one compiled kernel, for a dense channels-last 4-D
+    ``x`` (the output in its layout) and float32 parameters of shape ``(C,)``."""
+    if (x.ndim != 4 or x.dtype not in _DTYPES or x.size == 0
+            or x.size * x.dtype.itemsize < _settings.min_bytes or np.dtype(param_dtype) !=
+            np.float32 or not x.is_contiguous("channels_last") or x.shape[2] * x.shape[3] == 1):
+        return None  # (1x1 spatial: the strides would not say channels-last to cuDNN)
+    n, c, h, w = x.shape
+    xl = (x.shape, (c * h * w, 1, w * c, c))
+    vec = ((1, c, 1, 1), (c, 1, c, c))
+    dtype = x.dtype
+    description = f"batch-norm inference of {list(x.shape)} {dtype.name} channels-last"
+
+    def build(handle: int) -> OperationGraph:
+        tensors = {
+            "x": _spec(1, xl, dtype), "mean": _spec(2, vec, np.float32),
+            "var": _spec(3, vec, np.float32), "weight": _spec(4, vec, np.float32),
+            "bias": _spec(5, vec, np.float32), "y": _spec(6, xl, dtype),
+            "eps": TensorSpec(7, (1, 1, 1, 1), (1, 1, 1, 1), np.float32, by_value=True),
+            "centered": _spec(10, xl, dtype, virtual=True),
+            "var_eps": _spec(11, vec, dtype, virtual=True),
+            "invstd": _spec(12, vec, dtype, virtual=True),
+            "normalized": _spec(13, xl, dtype, virtual=True),
+            "scaled": _spec(14, xl, dtype, virtual=True),
+        }
+        steps = [PointwiseStep(PointwiseMode.SUB, x="x", b="mean", y="centered"),
+                 PointwiseStep(PointwiseMode.ADD, x="var", b="eps", y="var_eps"),
+                 PointwiseStep(PointwiseMode.RSQRT, x="var_eps", y="invstd"),
+                 PointwiseStep(PointwiseMode.MUL, x="centered", b="invstd", y="normalized"),
+                 PointwiseStep(PointwiseMode.MUL, x="normalized", b="weight", y="scaled"),
+                 PointwiseStep(PointwiseMode.ADD, x="scaled", b="bias", y="y")]
+        return build_pointwise_graph(handle, tensors, steps, description, values={"eps": eps})
+
+    return Promotion(x.device, description, build)

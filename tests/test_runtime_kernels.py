@@ -1,0 +1,141 @@
+"""pycudnn.ops.runtime_kernels without a GPU: the settings' checks, the flat channels-last layout
+element-wise work is described in, which signatures can have a compiled kernel, and that a build
+that fails (here: no GPU for a cuDNN handle) leaves the signature on the legacy kernel."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import pycudnn
+from pycudnn.ops import runtime_kernels as rk
+
+ADDR = 1 << 40  # a made-up device address: nothing here dereferences it
+
+
+@pytest.fixture(autouse=True)
+def small_tensors_too():
+    rk.configure(min_bytes=0)
+    yield
+    rk.configure(after_calls=3, background=True, enabled=True, min_bytes=rk.MIN_BYTES)
+
+
+def view(shape, dtype="float32", strides=None, addr=ADDR):
+    return pycudnn.tensor_from_pointer(addr, shape, dtype, strides=strides)
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="after_calls must be an int >= 1"):
+        rk.configure(after_calls=0)
+    with pytest.raises(ValueError, match="after_calls must be an int >= 1"):
+        rk.configure(after_calls=True)
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        rk.configure(enabled=1)
+    with pytest.raises(TypeError, match="background must be a bool"):
+        rk.configure(background="yes")
+    with pytest.raises(ValueError, match="min_bytes must be an int >= 0"):
+        rk.configure(min_bytes=-1)
+
+
+def test_small_tensors_stay_on_the_legacy_kernel_by_default():
+    rk.configure(min_bytes=rk.MIN_BYTES)
+    small = view((2, 8, 5, 6))
+    assert rk.activation_promotion("relu", 0.0, small, (small.strides,), False, True) is None
+    n = rk.MIN_BYTES // 4  # float32 elements in MIN_BYTES
+    big = view((4, 16, 64, n // (4 * 16 * 64)))
+    assert isinstance(rk.activation_promotion("relu", 0.0, big, (big.strides,), False, True),
+                      rk.Promotion)
+    nhwc = view((2, 8, 5, 6), "bfloat16", strides=(240, 1, 48, 8))
+    assert rk.batch_norm_inference_promotion(nhwc, np.float32, 1e-5) is None
+
+
+@pytest.mark.parametrize("n", [8, 32, 512, 420, 32 * 1000, 32 * 256 * 56 * 56, 3 * 224 * 224 * 32,
+                               2 * 3 * 5 * 7 * 11])
+def test_flat_layout_is_dense_channels_last_with_a_power_of_two_c(n):
+    shape, strides = rk.flat_layout(n)
+    assert math.prod(shape) == n and shape[0] == 1
+    c, h, w = shape[1:]
+    assert c & (c - 1) == 0 and 2 <= c <= 256 and h > 1 and w > 1
+    assert strides == (c * h * w, 1, c * w, c)  # NHWC, dense
+    assert rk.dense(view(shape, strides=strides))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7, 13, 2 * 13, 3 * 5 * 7])
+def test_flat_layout_refuses_what_has_no_such_block(n):
+    # odd counts have no C >= 2; 2 x prime, 4 = 2 x 2 leave H or W at 1
+    assert rk.flat_layout(n) is None
+
+
+def test_dense_means_a_permutation_of_a_contiguous_block():
+    assert rk.dense(view((2, 3, 4, 5)))
+    assert rk.dense(view((2, 3, 4, 5), strides=(60, 1, 15, 3)))  # channels-last
+    assert not rk.dense(view((2, 3, 4, 5), strides=(120, 40, 10, 2)))  # gaps
+    assert not rk.dense(view((2, 3), strides=(0, 1)))  # broadcast
+
+
+def test_which_activation_signatures_can_be_compiled():
+    x = view((2, 8, 5, 6))
+    assert isinstance(rk.activation_promotion("relu", 0.0, x, (x.strides,), False, True),
+                      rk.Promotion)
+    assert isinstance(rk.activation_promotion("swish", 1.0, x, (x.strides, x.strides), True,
+                                              True), rk.Promotion)
+    # NaN not propagated, a mode the graph has no kernel for, float64, a strided view, operands
+    # in another layout, a count with no flat block
+    assert rk.activation_promotion("relu", 0.0, x, (x.strides,), False, False) is None
+    assert rk.activation_promotion("identity", 0.0, x, (x.strides,), False, True) is None
+    d = view((2, 8, 5, 6), "float64")
+    assert rk.activation_promotion("relu", 0.0, d, (d.strides,), False, True) is None
+    s = view((2, 8, 5, 6), strides=(480, 60, 12, 2))
+    assert rk.activation_promotion("relu", 0.0, s, (s.strides,), False, True) is None
+    assert rk.activation_promotion("relu", 0.0, x, ((240, 1, 48, 8),), False, True) is None
+    p = view((13,))
+    assert rk.activation_promotion("relu", 0.0, p, (p.strides,), False, True) is None
+
+
+def test_which_batch_norm_signatures_can_be_compiled():
+    nhwc = view((2, 8, 5, 6), "bfloat16", strides=(240, 1, 48, 8))
+    assert isinstance(rk.batch_norm_inference_promotion(nhwc, np.float32, 1e-5), rk.Promotion)
+    nchw = view((2, 8, 5, 6), "bfloat16")
+    assert rk.batch_norm_inference_promotion(nchw, np.float32, 1e-5) is None
+    one = view((2, 8, 1, 1), "float32")
+    assert rk.batch_norm_inference_promotion(one, np.float32, 1e-5) is None
+    d = view((2, 8, 5, 6), "float64", strides=(240, 1, 48, 8))
+    assert rk.batch_norm_inference_promotion(d, np.float64, 1e-5) is None
+
+
+def test_a_failed_build_leaves_the_signature_on_the_legacy_kernel(monkeypatch):
+    import pycudnn.runtime.handle as handle
+
+    def no_gpu(*args, **kwargs):
+        raise pycudnn.PycudnnError("no GPU here")
+
+    monkeypatch.setattr(rk, "get_handle", no_gpu)
+    rk.configure(after_calls=2, background=False)
+    x = view((2, 8, 5, 6))
+    p = rk.activation_promotion("relu", 0.0, x, (x.strides,), False, True)
+    before = rk.stats()
+    p.tick()
+    assert rk.stats() == before  # the first call asks for nothing
+    p.tick()
+    after = rk.stats()
+    assert after["failed"] == before["failed"] + 1 and after["building"] == 0
+    assert p.plan is None and "no GPU here" in p.error
+    assert p.launch(0, (ADDR, ADDR)) is False  # nothing to launch: the caller runs legacy
+    p.tick()
+    assert rk.stats() == after  # asked once only
+    assert handle.get_handle is not no_gpu
+
+
+def test_background_build_failure_is_counted_and_waited_for(monkeypatch):
+    monkeypatch.setattr(rk, "get_handle", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("no GPU here")))
+    rk.configure(after_calls=1, background=True)
+    x = view((2, 8, 5, 7))
+    p = rk.activation_promotion("tanh", 0.0, x, (x.strides,), False, True)
+    before = rk.stats()
+    p.tick()
+    assert rk.wait(timeout=30)
+    assert rk.stats()["failed"] == before["failed"] + 1 and rk.stats()["building"] == 0
+    assert "no GPU here" in p.error
