@@ -51,21 +51,31 @@ def test_small_tensors_stay_on_the_legacy_kernel_by_default():
     assert rk.batch_norm_inference_promotion(nhwc, np.float32, 1e-5) is None
 
 
+@pytest.mark.parametrize("itemsize", [2, 4])
 @pytest.mark.parametrize("n", [8, 32, 512, 420, 32 * 1000, 32 * 256 * 56 * 56, 3 * 224 * 224 * 32,
                                2 * 3 * 5 * 7 * 11])
-def test_flat_layout_is_dense_channels_last_with_a_power_of_two_c(n):
-    shape, strides = rk.flat_layout(n)
+def test_flat_layout_is_dense_channels_last_with_a_power_of_two_c(n, itemsize):
+    shape, strides = rk.flat_layout(n, itemsize)
     assert math.prod(shape) == n and shape[0] == 1
     c, h, w = shape[1:]
     assert c & (c - 1) == 0 and 2 <= c <= 256 and h > 1 and w > 1
     assert strides == (c * h * w, 1, c * w, c)  # NHWC, dense
-    assert rk.dense(view(shape, strides=strides))
+    assert rk.dense(view((1, c, h, w), strides=strides))
+
+
+def test_flat_layout_takes_128_bytes_of_c_where_it_can():
+    assert rk.flat_layout(32 * 64 * 112 * 112, 2)[0][1] == 64  # bfloat16, float16
+    assert rk.flat_layout(32 * 64 * 112 * 112, 4)[0][1] == 32  # float32
+    # n = 4 x odd: the largest power of two that divides n, below 128 bytes
+    assert rk.flat_layout(4 * 3 * 5 * 7 * 11, 2)[0][1] == 4
+    # 128 bytes of C leaves H x W prime: the next smaller C, then larger ones
+    assert rk.flat_layout(64 * 13, 2)[0][1] == 32
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7, 13, 2 * 13, 3 * 5 * 7])
 def test_flat_layout_refuses_what_has_no_such_block(n):
     # odd counts have no C >= 2; 2 x prime, 4 = 2 x 2 leave H or W at 1
-    assert rk.flat_layout(n) is None
+    assert rk.flat_layout(n, 4) is None
 
 
 def test_dense_means_a_permutation_of_a_contiguous_block():
