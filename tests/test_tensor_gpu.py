@@ -234,6 +234,63 @@ def test_cupy_array_on_another_stream():
     assert T.as_tensor(c, stream=s).ptr == c.data.ptr  # same stream: no wait needed
 
 
+class _InterfaceOnly:
+    """Exposes an array's ``__cuda_array_interface__`` and nothing else (the interface path)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    @property
+    def __cuda_array_interface__(self):
+        return self.array.__cuda_array_interface__
+
+
+def test_cupy_attribute_path_agrees_with_the_interface_path(monkeypatch):
+    """CuPy arrays are read through their attributes (the interface dict costs ~3 us a call);
+    the Tensor and the stream ordering must be what the interface path gives: the same view, and
+    the same waits (CuPy's current stream, its null stream reported as the default stream)."""
+    cupy = pytest.importorskip("cupy")
+    waits = []
+    real_wait = M.stream_wait
+    monkeypatch.setattr(M, "stream_wait", lambda w, p: (waits.append((w, p)), real_wait(w, p)))
+    base = cupy.arange(2 * 3 * 4 * 6, dtype=cupy.float32).reshape(2, 3, 4, 6)
+    side = cupy.cuda.Stream(non_blocking=True)
+    views = [base, base[:, 1:, :, ::2], base.transpose(0, 2, 3, 1), base[1], base.astype(
+        cupy.float16), base.astype(cupy.float64)[..., 1:], cupy.empty((0, 3), cupy.float32)]
+    for stream_ctx in (None, side):
+        for consumer in (None, side.ptr):
+            for v in views:
+                with (stream_ctx or cupy.cuda.Stream.null):
+                    waits.clear()
+                    fast = T.as_tensor(v, stream=consumer)
+                    fast_waits = list(waits)
+                    waits.clear()
+                    slow = T.as_tensor(_InterfaceOnly(v), stream=consumer)
+                    slow_waits = list(waits)
+                assert (fast.ptr, fast.shape, fast.strides, fast.dtype, fast.device,
+                        fast.readonly) == (slow.ptr, slow.shape, slow.strides, slow.dtype,
+                                           slow.device, slow.readonly)
+                assert fast.owner is v
+                assert fast_waits == slow_waits, (stream_ctx, consumer, v.shape)
+    side.synchronize()
+    # values read through the attribute path
+    assert_same(T.as_tensor(base[:, 1:, :, ::2]).numpy(), cupy.asnumpy(base[:, 1:, :, ::2]))
+
+
+def test_cupy_export_version_2_orders_nothing(monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    util = pytest.importorskip("cupy._util")
+    monkeypatch.setattr(util, "CUDA_ARRAY_INTERFACE_EXPORT_VERSION", 2)
+    waits = []
+    monkeypatch.setattr(M, "stream_wait", lambda w, p: waits.append((w, p)))
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        c = cupy.ones((4, 4), cupy.float32)
+        t = T.as_tensor(c)  # the default stream would wait on side under version 3
+    side.synchronize()
+    assert t.ptr == c.data.ptr and waits == []
+
+
 # ---- PyTorch --------------------------------------------------------------------------------------
 
 def _torch():

@@ -17,7 +17,11 @@ never copy it.
    when it differs from the consumer's stream (``stream=`` of
    [`as_tensor()`][pycudnn.runtime.tensor.as_tensor], default the legacy default stream) the consumer waits
    on it through an event. CAI has no bfloat16 type
-   string: ``'<V2'`` is read as bfloat16 (and pycudnn exports bfloat16 as ``'<V2'``);
+   string: ``'<V2'`` is read as bfloat16 (and pycudnn exports bfloat16 as ``'<V2'``). A CuPy
+   ``ndarray`` (recognised when ``cupy`` is imported) is read through its attributes instead
+   (CuPy builds the interface dictionary on every access), with the interface's stream rule:
+   CuPy's current stream, its null stream as the default stream it exports, nothing under
+   ``CUPY_CUDA_ARRAY_INTERFACE_EXPORT_VERSION=2``;
 4. ``__dlpack__`` / ``__dlpack_device__`` (JAX, PyTorch, CuPy, ...): called with the consumer's
    stream (the legacy default stream is passed as 1, as the DLPack spec requires) and
    ``max_version=(1, 0)``, falling back to a legacy capsule. The producer's deleter runs when the
@@ -752,6 +756,55 @@ def _from_cai(obj: Any, cai: Any, consumer: int) -> Tensor:
     return Tensor._make(ptr, shape, strides, dtype, device, obj, readonly)
 
 
+_cupy_dtypes: dict[Any, np.dtype | None] = {}
+#: what CuPy's __cuda_array_interface__ reports as the stream of its null stream (the legacy or
+#: the per-thread default stream, fixed at CuPy's import), learnt from the first export read
+_cupy_null_stream: int | None = None
+
+
+def _from_cupy(obj: Any, cupy: Any, consumer: int) -> Tensor | None:
+    """A CuPy array read through its attributes, with the stream rule of the CUDA Array Interface
+    export it replaces (the dict CuPy builds per access and its checks cost ~3 us a call); None
+    where this path does not apply (a dtype or strides the interface path handles or refuses
+    with its own message, an export setting it does not know)."""
+    global _cupy_null_stream
+    npdt = obj.dtype
+    try:
+        dtype = _cupy_dtypes[npdt]
+    except KeyError:
+        dtype = _cupy_dtypes[npdt] = _typestr_dtype(npdt.str)
+    if dtype is None or not obj.size:  # (an empty array's strides are CuPy's zeros: the
+        return None                    # interface path gives its contiguous ones)
+    item = dtype.itemsize
+    strides = []
+    for s in obj.strides:
+        if s < 0 or s % item:
+            return None
+        strides.append(s // item)
+    shape = obj.shape
+    memory = obj.data
+    ptr = memory.ptr
+    if ptr % item or not ptr:
+        return None
+    # CAI v3 (CuPy's default export): the consumer waits for CuPy's current stream; version 2
+    # exports no stream (no ordering), as CUPY_CUDA_ARRAY_INTERFACE_EXPORT_VERSION=2 asks
+    version = getattr(getattr(cupy, "_util", None), "CUDA_ARRAY_INTERFACE_EXPORT_VERSION", None)
+    if version == 3:
+        producer = cupy.cuda.get_current_stream().ptr
+        if not producer:
+            producer = _cupy_null_stream
+            if producer is None:
+                exported = obj.__cuda_array_interface__.get("stream")
+                if type(exported) is not int:
+                    return None
+                producer = _cupy_null_stream = exported
+        if not _mem.same_stream(producer, consumer):
+            _mem.stream_wait(consumer, producer)
+    elif version != 2:
+        return None
+    return Tensor._make(ptr, shape, tuple(strides), dtype, memory.device_id, obj, False)
+
+
 def _typestr_name(typestr: Any) -> str:
     try:
         dt = np.dtype(typestr)
@@ -921,8 +974,15 @@ def as_tensor(obj: Any, *, stream: Any = None) -> Tensor:
         return obj
     consumer = 0 if stream is None else (stream if type(stream) is int else _mem.resolve_stream(stream))
     torch = sys.modules.get("torch")
-    # the class test first: isinstance() goes through torch's metaclass (~100 ns)
-    if torch is not None and (obj.__class__ is torch.Tensor or isinstance(obj, torch.Tensor)):
+    # the class tests first: isinstance() goes through torch's metaclass (~100 ns)
+    if torch is not None and obj.__class__ is torch.Tensor:
+        return _from_torch(obj, torch)
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and obj.__class__ is cupy.ndarray:
+        t = _from_cupy(obj, cupy, consumer)
+        if t is not None:
+            return t
+    if torch is not None and isinstance(obj, torch.Tensor):  # a subclass (nn.Parameter)
         return _from_torch(obj, torch)
     if isinstance(obj, Tensor):  # a subclass
         return obj
