@@ -290,6 +290,19 @@ def _check_conv_shapes(x: TensorSpec, w: TensorSpec, y: TensorSpec, pre: tuple[i
     return groups
 
 
+def _finalized_graph(handle: int, ops: Sequence[BackendDescriptor]) -> BackendDescriptor:
+    """The finalized operation-graph descriptor of ``ops`` (closed again if cuDNN refuses it)."""
+    g = BackendDescriptor(DescriptorType.OPERATIONGRAPH)
+    try:
+        g.set_handle(Attr.OPERATIONGRAPH_HANDLE, handle)
+        g.set_descriptors(Attr.OPERATIONGRAPH_OPS, ops)
+        g.finalize()
+    except BaseException:
+        g.close()
+        raise
+    return g
+
+
 def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: TensorSpec,
                             y: TensorSpec, padding: int | Sequence[int],
                             stride: int | Sequence[int], dilation: int | Sequence[int],
@@ -473,14 +486,7 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
                     desc_parts.append("relu")
                 cur = out
 
-        g = BackendDescriptor(DescriptorType.OPERATIONGRAPH)
-        try:
-            g.set_handle(Attr.OPERATIONGRAPH_HANDLE, handle)
-            g.set_descriptors(Attr.OPERATIONGRAPH_OPS, ops)
-            g.finalize()
-        except BaseException:
-            g.close()
-            raise
+        g = _finalized_graph(handle, ops)
     except CudnnError as exc:
         for d in keep:
             d.close()
@@ -571,14 +577,7 @@ def build_pointwise_graph(handle: int, tensors: Mapping[str, TensorSpec],
                     op.set_descriptor(attr, built[name])
             op.finalize()
             ops.append(op)
-        g = BackendDescriptor(DescriptorType.OPERATIONGRAPH)
-        try:
-            g.set_handle(Attr.OPERATIONGRAPH_HANDLE, handle)
-            g.set_descriptors(Attr.OPERATIONGRAPH_OPS, ops)
-            g.finalize()
-        except BaseException:
-            g.close()
-            raise
+        g = _finalized_graph(handle, ops)
     except CudnnError as exc:
         for d in keep:
             d.close()

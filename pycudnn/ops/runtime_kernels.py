@@ -91,21 +91,20 @@ def configure(*, enabled: bool | None = None, after_calls: int | None = None,
         min_bytes: the smallest input, in bytes, whose signature gets a compiled kernel; default
             `MIN_BYTES`. Applies to signatures seen after the change.
     """
+    for name, flag in (("enabled", enabled), ("background", background)):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"configure: {name} must be a bool, but got {flag!r}")
+    for name, count, least in (("after_calls", after_calls, 1), ("min_bytes", min_bytes, 0)):
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)
+                                  or count < least):
+            raise ValueError(f"configure: {name} must be an int >= {least}, but got {count!r}")
     if enabled is not None:
-        if not isinstance(enabled, bool):
-            raise TypeError(f"configure: enabled must be a bool, but got {enabled!r}")
         _settings.enabled = enabled
     if after_calls is not None:
-        if isinstance(after_calls, bool) or not isinstance(after_calls, int) or after_calls < 1:
-            raise ValueError(f"configure: after_calls must be an int >= 1, but got {after_calls!r}")
         _settings.after_calls = after_calls
     if background is not None:
-        if not isinstance(background, bool):
-            raise TypeError(f"configure: background must be a bool, but got {background!r}")
         _settings.background = background
     if min_bytes is not None:
-        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
-            raise ValueError(f"configure: min_bytes must be an int >= 0, but got {min_bytes!r}")
         _settings.min_bytes = min_bytes
 
 
