@@ -53,7 +53,7 @@ _EXPORTS: dict[str, str] = {
     "activation_forward": "ops.activation", "activation_backward": "ops.activation",
     "softmax_forward": "ops.softmax", "softmax_backward": "ops.softmax",
     "pooling_forward": "ops.pooling", "pooling_backward": "ops.pooling",
-    "PoolingDescriptor": "ops.pooling",
+    "PoolingDescriptor": "descriptors",
     "batch_norm_forward_training": "ops.batchnorm", "batch_norm_forward_inference": "ops.batchnorm",
     "batch_norm_backward": "ops.batchnorm", "batch_norm_add_relu_forward_training": "ops.batchnorm",
     "batch_norm_add_relu_backward": "ops.batchnorm", "BatchNormResult": "ops.batchnorm",
@@ -157,7 +157,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .api.conv import (conv_transpose, convolution, convolution_add_relu,
                            convolution_backward_data, convolution_backward_filter)
     from .cudnn.descriptors import (ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor,
-                                    TensorDescriptor)
+                                    PoolingDescriptor, TensorDescriptor)
     from .errors import *  # noqa: F403
     from .runtime.handle import device_count, get_handle
     from .dispatch.preloading import PreloadReport, preload
@@ -170,5 +170,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
                                 batch_norm_add_relu_forward_training, batch_norm_backward,
                                 batch_norm_forward_inference, batch_norm_forward_training)
     from .ops.dropout import DropoutReserve, DropoutState, dropout_backward, dropout_forward
-    from .ops.pooling import PoolingDescriptor, pooling_backward, pooling_forward
+    from .ops.pooling import pooling_backward, pooling_forward
     from .ops.softmax import softmax_backward, softmax_forward

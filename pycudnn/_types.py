@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 __all__ = [
     "Status", "DataType", "TensorFormat", "ConvolutionMode", "MathType", "Determinism",
-    "NanPropagation", "ActivationMode", "OpTensorOp", "FwdAlgo", "BwdDataAlgo", "BwdFilterAlgo",
+    "NanPropagation", "ActivationMode", "PoolingMode", "OpTensorOp", "FwdAlgo", "BwdDataAlgo", "BwdFilterAlgo",
     "ConvolutionFwdAlgoPerf", "ConvolutionBwdDataAlgoPerf", "ConvolutionBwdFilterAlgoPerf",
     "LibraryProperty", "dtype_to_cudnn", "normalize_dtype", "SUPPORTED_DTYPES",
 ]
@@ -125,6 +125,14 @@ class ActivationMode(IntEnum):
     ELU = 4
     IDENTITY = 5
     SWISH = 6
+
+
+class PoolingMode(IntEnum):
+    """``cudnnPoolingMode_t``"""
+    MAX = 0
+    AVERAGE_COUNT_INCLUDE_PADDING = 1
+    AVERAGE_COUNT_EXCLUDE_PADDING = 2
+    MAX_DETERMINISTIC = 3
 
 
 class OpTensorOp(IntEnum):

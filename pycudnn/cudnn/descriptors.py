@@ -44,12 +44,12 @@ import numpy as np
 
 from .._live import LiveCounter
 from .._types import (ActivationMode, ConvolutionMode, DataType, MathType, NanPropagation,
-                      OpTensorOp, TensorFormat, dtype_to_cudnn, normalize_dtype)
+                      OpTensorOp, PoolingMode, TensorFormat, dtype_to_cudnn, normalize_dtype)
 from ..ffi.library import lib, raise_status
 
 __all__ = [
     "TensorDescriptor", "FilterDescriptor", "ConvolutionDescriptor", "ActivationDescriptor",
-    "OpTensorDescriptor", "live_descriptor_count", "MIN_DIMS", "MAX_DIMS", "MAX_SPATIAL_DIMS",
+    "OpTensorDescriptor", "PoolingDescriptor", "live_descriptor_count", "MIN_DIMS", "MAX_DIMS", "MAX_SPATIAL_DIMS",
     "INT32_MAX",
 ]
 
@@ -870,3 +870,121 @@ class OpTensorDescriptor(Descriptor):
         op, ct, nan = self._query()
         return (f"op={c_enum_name(OpTensorOp, 'CUDNN_OP_TENSOR_', op)}, "
                 f"compute={_data_type_name(ct)}, nan={c_enum_name(NanPropagation, 'CUDNN_', nan)}")
+
+
+class PoolingDescriptor(Descriptor):
+    """A pooling window: size, padding and stride per spatial dim (1 to 6), and the mode.
+
+    Args:
+        window: the window's size per spatial dim, each >= 1.
+        padding: per spatial dim, each >= 0 (cuDNN itself accepts negative padding).
+        stride: per spatial dim, each >= 1.
+        mode: a `PoolingMode` (or its name, any case, or value).
+        nan_propagation: whether max pooling propagates NaN (`NanPropagation`).
+        validate: when False, skip the Python sign checks so that cuDNN's own apply.
+
+    Raises:
+        TypeError / ValueError: naming the parameter.
+        CudnnError: cuDNN refused the descriptor; its reason is in the message.
+    """
+
+    __slots__ = ("_window", "_padding", "_stride", "_mode", "_nan")
+    _create_name = "cudnnCreatePoolingDescriptor"
+    _destroy_name = "cudnnDestroyPoolingDescriptor"
+
+    def __init__(self, window: Sequence[int], padding: Sequence[int], stride: Sequence[int],
+                 mode: PoolingMode | int | str = PoolingMode.MAX,
+                 nan_propagation: NanPropagation | int | str = NanPropagation.NOT_PROPAGATE_NAN,
+                 *, validate: bool = True) -> None:
+        win_t = int_tuple(window, "window")
+        pad_t = int_tuple(padding, "padding")
+        stride_t = int_tuple(stride, "stride")
+        n = len(win_t)
+        if not 1 <= n <= MAX_SPATIAL_DIMS:
+            raise ValueError(f"window: expected 1 to {MAX_SPATIAL_DIMS} values (one per spatial "
+                             f"dim), got {n}: {win_t}")
+        for name, vals in (("padding", pad_t), ("stride", stride_t)):
+            if len(vals) != n:
+                raise ValueError(f"{name}: expected {n} values (one per spatial dim, as in "
+                                 f"window={win_t}), got {len(vals)}: {vals}")
+        check_int32(win_t, "window")
+        check_int32(pad_t, "padding")
+        check_int32(stride_t, "stride")
+        if validate:
+            if min(win_t) < 1:
+                raise ValueError(f"window: expected every value to be >= 1, got {win_t}")
+            if min(pad_t) < 0:
+                raise ValueError(f"padding: expected every value to be >= 0, got {pad_t}")
+            if min(stride_t) < 1:
+                raise ValueError(f"stride: expected every value to be >= 1, got {stride_t}")
+        mode_e = enum_member(PoolingMode, mode, "mode")
+        nan_e = enum_member(NanPropagation, nan_propagation, "nan_propagation")
+        L, destroy, h = self._create()
+        status = L.cudnnSetPoolingNdDescriptor(h, int(mode_e), int(nan_e), n, (c_int * n)(*win_t),
+                                               (c_int * n)(*pad_t), (c_int * n)(*stride_t))
+        if status:
+            fail_fresh(status, "cudnnSetPoolingNdDescriptor", destroy, h,
+                       f"while setting PoolingDescriptor(mode=CUDNN_POOLING_{mode_e.name}, "
+                       f"window={list(win_t)}, padding={list(pad_t)}, stride={list(stride_t)})")
+        self._window, self._padding, self._stride = win_t, pad_t, stride_t
+        self._mode, self._nan = mode_e, nan_e
+        self._adopt(destroy, h)
+
+    @property
+    def window(self) -> tuple[int, ...]:
+        return self._window
+
+    @property
+    def padding(self) -> tuple[int, ...]:
+        return self._padding
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        return self._stride
+
+    @property
+    def mode(self) -> PoolingMode:
+        return self._mode
+
+    @property
+    def nan_propagation(self) -> NanPropagation:
+        return self._nan
+
+    def output_shape(self, x_desc: TensorDescriptor) -> tuple[int, ...]:
+        """The forward output's shape for an input (``cudnnGetPoolingNdForwardOutputDim``).
+
+        Raises:
+            TypeError: ``x_desc`` is not a TensorDescriptor.
+            ValueError: its number of spatial dims is not the window's.
+            CudnnBadParamError: cuDNN refused (for instance a window larger than the padded
+                input, which cuDNN refuses without a reason).
+        """
+        if not isinstance(x_desc, TensorDescriptor):
+            raise TypeError(f"x_desc: expected a TensorDescriptor, got {type(x_desc).__name__}")
+        nd = x_desc.ndim
+        if nd != len(self._window) + 2:
+            raise ValueError(f"x_desc: expected {len(self._window) + 2} dims for a "
+                             f"{len(self._window)}-d pooling window, got {nd}: {x_desc.shape}")
+        out = (c_int * nd)()
+        status = lib().cudnnGetPoolingNdForwardOutputDim(self.handle, x_desc.handle, nd, out)
+        if status:
+            raise_status(status, "cudnnGetPoolingNdForwardOutputDim", f"input: {x_desc!r}",
+                              f"pooling: {self!r}")
+        return tuple(out)
+
+    def _query(self) -> tuple[int, int, list[int], list[int], list[int]]:
+        n = MAX_SPATIAL_DIMS
+        mode, nan, nb = c_int(), c_int(), c_int()
+        win, pad, stride = (c_int * n)(), (c_int * n)(), (c_int * n)()
+        status = lib().cudnnGetPoolingNdDescriptor(self.handle, n, byref(mode), byref(nan),
+                                                        byref(nb), win, pad, stride)
+        if status:
+            raise_status(status, "cudnnGetPoolingNdDescriptor")
+        k = nb.value
+        return mode.value, nan.value, list(win[:k]), list(pad[:k]), list(stride[:k])
+
+    def _describe(self) -> str:
+        mode, nan, win, pad, stride = self._query()
+        return (f"mode={c_enum_name(PoolingMode, 'CUDNN_POOLING_', mode)}, "
+                f"nan={c_enum_name(NanPropagation, 'CUDNN_', nan)}, window={win}, padding={pad}, "
+                f"stride={stride}")

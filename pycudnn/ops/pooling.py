@@ -1,5 +1,6 @@
-"""Max and average pooling through cuDNN's ``cudnnPoolingForward`` / ``cudnnPoolingBackward``,
-and the RAII `PoolingDescriptor`.
+"""Max and average pooling through cuDNN's ``cudnnPoolingForward`` / ``cudnnPoolingBackward``
+(the window's RAII descriptor, `PoolingDescriptor`, lives with the other descriptors in
+`pycudnn.cudnn.descriptors`; it and `PoolingMode` are importable from here too).
 
 2-D pooling takes 4-D tensors ``(N, C, H, W)``, 3-D pooling 5-D ones ``(N, C, D, H, W)``, with
 any strides (NCHW, channels-last or strided views). Modes: ``"max"``, ``"max_deterministic"``
@@ -21,24 +22,11 @@ smaller than the kernel).
 from __future__ import annotations
 
 import math
-from ctypes import byref, c_int
-from enum import IntEnum
 from typing import Any, Sequence
 
-from .._types import NanPropagation
-from ..cudnn.descriptors import (
-    INT32_MAX,
-    MAX_SPATIAL_DIMS,
-    TensorDescriptor,
-    c_enum_name,
-    check_int32,
-    Descriptor,
-    enum_member,
-    fail_fresh,
-    int_tuple,
-)
+from .._types import NanPropagation, PoolingMode
+from ..cudnn.descriptors import INT32_MAX, PoolingDescriptor, TensorDescriptor
 from ..cudnn.tensor_ops import transform
-from ..ffi import library as _lib
 from ..ops._common import (
     PlanCache,
     c_function,
@@ -66,14 +54,6 @@ __all__ = ["pooling_forward", "pooling_backward", "PoolingDescriptor", "PoolingM
            "output_size"]
 
 
-class PoolingMode(IntEnum):
-    """``cudnnPoolingMode_t``"""
-    MAX = 0
-    AVERAGE_COUNT_INCLUDE_PADDING = 1
-    AVERAGE_COUNT_EXCLUDE_PADDING = 2
-    MAX_DETERMINISTIC = 3
-
-
 #: the ``mode`` names the functions take
 MODES: dict[str, PoolingMode] = {
     "max": PoolingMode.MAX, "max_deterministic": PoolingMode.MAX_DETERMINISTIC,
@@ -83,124 +63,6 @@ MODES: dict[str, PoolingMode] = {
 
 
 # ---- the descriptor -------------------------------------------------------------------------------
-
-class PoolingDescriptor(Descriptor):
-    """A pooling window: size, padding and stride per spatial dim (1 to 6), and the mode.
-
-    Args:
-        window: the window's size per spatial dim, each >= 1.
-        padding: per spatial dim, each >= 0 (cuDNN itself accepts negative padding).
-        stride: per spatial dim, each >= 1.
-        mode: a `PoolingMode` (or its name, any case, or value).
-        nan_propagation: whether max pooling propagates NaN (`NanPropagation`).
-        validate: when False, skip the Python sign checks so that cuDNN's own apply.
-
-    Raises:
-        TypeError / ValueError: naming the parameter.
-        CudnnError: cuDNN refused the descriptor; its reason is in the message.
-    """
-
-    __slots__ = ("_window", "_padding", "_stride", "_mode", "_nan")
-    _create_name = "cudnnCreatePoolingDescriptor"
-    _destroy_name = "cudnnDestroyPoolingDescriptor"
-
-    def __init__(self, window: Sequence[int], padding: Sequence[int], stride: Sequence[int],
-                 mode: PoolingMode | int | str = PoolingMode.MAX,
-                 nan_propagation: NanPropagation | int | str = NanPropagation.NOT_PROPAGATE_NAN,
-                 *, validate: bool = True) -> None:
-        win_t = int_tuple(window, "window")
-        pad_t = int_tuple(padding, "padding")
-        stride_t = int_tuple(stride, "stride")
-        n = len(win_t)
-        if not 1 <= n <= MAX_SPATIAL_DIMS:
-            raise ValueError(f"window: expected 1 to {MAX_SPATIAL_DIMS} values (one per spatial "
-                             f"dim), got {n}: {win_t}")
-        for name, vals in (("padding", pad_t), ("stride", stride_t)):
-            if len(vals) != n:
-                raise ValueError(f"{name}: expected {n} values (one per spatial dim, as in "
-                                 f"window={win_t}), got {len(vals)}: {vals}")
-        check_int32(win_t, "window")
-        check_int32(pad_t, "padding")
-        check_int32(stride_t, "stride")
-        if validate:
-            if min(win_t) < 1:
-                raise ValueError(f"window: expected every value to be >= 1, got {win_t}")
-            if min(pad_t) < 0:
-                raise ValueError(f"padding: expected every value to be >= 0, got {pad_t}")
-            if min(stride_t) < 1:
-                raise ValueError(f"stride: expected every value to be >= 1, got {stride_t}")
-        mode_e = enum_member(PoolingMode, mode, "mode")
-        nan_e = enum_member(NanPropagation, nan_propagation, "nan_propagation")
-        L, destroy, h = self._create()
-        status = L.cudnnSetPoolingNdDescriptor(h, int(mode_e), int(nan_e), n, (c_int * n)(*win_t),
-                                               (c_int * n)(*pad_t), (c_int * n)(*stride_t))
-        if status:
-            fail_fresh(status, "cudnnSetPoolingNdDescriptor", destroy, h,
-                       f"while setting PoolingDescriptor(mode=CUDNN_POOLING_{mode_e.name}, "
-                       f"window={list(win_t)}, padding={list(pad_t)}, stride={list(stride_t)})")
-        self._window, self._padding, self._stride = win_t, pad_t, stride_t
-        self._mode, self._nan = mode_e, nan_e
-        self._adopt(destroy, h)
-
-    @property
-    def window(self) -> tuple[int, ...]:
-        return self._window
-
-    @property
-    def padding(self) -> tuple[int, ...]:
-        return self._padding
-
-    @property
-    def stride(self) -> tuple[int, ...]:
-        return self._stride
-
-    @property
-    def mode(self) -> PoolingMode:
-        return self._mode
-
-    @property
-    def nan_propagation(self) -> NanPropagation:
-        return self._nan
-
-    def output_shape(self, x_desc: TensorDescriptor) -> tuple[int, ...]:
-        """The forward output's shape for an input (``cudnnGetPoolingNdForwardOutputDim``).
-
-        Raises:
-            TypeError: ``x_desc`` is not a TensorDescriptor.
-            ValueError: its number of spatial dims is not the window's.
-            CudnnBadParamError: cuDNN refused (for instance a window larger than the padded
-                input, which cuDNN refuses without a reason).
-        """
-        if not isinstance(x_desc, TensorDescriptor):
-            raise TypeError(f"x_desc: expected a TensorDescriptor, got {type(x_desc).__name__}")
-        nd = x_desc.ndim
-        if nd != len(self._window) + 2:
-            raise ValueError(f"x_desc: expected {len(self._window) + 2} dims for a "
-                             f"{len(self._window)}-d pooling window, got {nd}: {x_desc.shape}")
-        out = (c_int * nd)()
-        status = _lib.lib().cudnnGetPoolingNdForwardOutputDim(self.handle, x_desc.handle, nd, out)
-        if status:
-            _lib.raise_status(status, "cudnnGetPoolingNdForwardOutputDim", f"input: {x_desc!r}",
-                              f"pooling: {self!r}")
-        return tuple(out)
-
-    def _query(self) -> tuple[int, int, list[int], list[int], list[int]]:
-        n = MAX_SPATIAL_DIMS
-        mode, nan, nb = c_int(), c_int(), c_int()
-        win, pad, stride = (c_int * n)(), (c_int * n)(), (c_int * n)()
-        status = _lib.lib().cudnnGetPoolingNdDescriptor(self.handle, n, byref(mode), byref(nan),
-                                                        byref(nb), win, pad, stride)
-        if status:
-            _lib.raise_status(status, "cudnnGetPoolingNdDescriptor")
-        k = nb.value
-        return mode.value, nan.value, list(win[:k]), list(pad[:k]), list(stride[:k])
-
-    def _describe(self) -> str:
-        mode, nan, win, pad, stride = self._query()
-        return (f"mode={c_enum_name(PoolingMode, 'CUDNN_POOLING_', mode)}, "
-                f"nan={c_enum_name(NanPropagation, 'CUDNN_', nan)}, window={win}, padding={pad}, "
-                f"stride={stride}")
-
 
 # ---- geometry -------------------------------------------------------------------------------------
 
