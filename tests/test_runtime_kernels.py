@@ -104,6 +104,15 @@ def test_which_activation_signatures_can_be_compiled():
     assert rk.activation_promotion("relu", 0.0, p, (p.strides,), False, True) is None
 
 
+def test_sigmoid_and_tanh_gradients_are_compiled_from_the_output():
+    x = view((2, 8, 5, 6))
+    for mode, from_y in (("sigmoid", True), ("tanh", True), ("relu", False), ("elu", False),
+                         ("swish", False), ("clipped_relu", False)):
+        p = rk.activation_promotion(mode, 1.0, x, (x.strides,) * 3, True, True)
+        assert p.reads_output is from_y, mode
+        assert rk.activation_promotion(mode, 1.0, x, (x.strides,), False, True).reads_output is False
+
+
 def test_which_batch_norm_signatures_can_be_compiled():
     nhwc = view((2, 8, 5, 6), "bfloat16", strides=(240, 1, 48, 8))
     assert isinstance(rk.batch_norm_inference_promotion(nhwc, np.float32, 1e-5), rk.Promotion)

@@ -268,10 +268,11 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
         dx = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev,
                                             s, s_ref)
         fast = plan.fast
-        if fast is not None and fast.plan is not None \
-                and not (dy.ptr | x.ptr | dx.ptr) % ALIGNMENT \
-                and fast.launch(handle, (dy.ptr, x.ptr, dx.ptr)):
-            return dx
+        if fast is not None and fast.plan is not None:
+            src = y if fast.reads_output else x
+            if not (dy.ptr | src.ptr | dx.ptr) % ALIGNMENT \
+                    and fast.launch(handle, (dy.ptr, src.ptr, dx.ptr)):
+                return dx
         target = dx
         if plan.stage:  # operands not in the one dense layout cuDNN is given
             st = plan.dense
@@ -322,6 +323,6 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Te
     plan.x = plan.y = plan.dy = plan.dx = d.handle
     plan.keep = (act, d)
     if not plan.stage:
-        plan.fast = runtime_kernels.activation_promotion(mode, c, x, (dy.strides, plan.strides),
-                                                         True, nan == _PROPAGATE)
+        plan.fast = runtime_kernels.activation_promotion(
+            mode, c, x, (y.strides, dy.strides, plan.strides), True, nan == _PROPAGATE)
     return plan
