@@ -13,7 +13,8 @@ import numpy.typing as npt
 
 __all__ = [
     "Status", "DataType", "TensorFormat", "ConvolutionMode", "MathType", "Determinism",
-    "NanPropagation", "ActivationMode", "PoolingMode", "OpTensorOp", "FwdAlgo", "BwdDataAlgo", "BwdFilterAlgo",
+    "NanPropagation", "ActivationMode", "PoolingMode", "OpTensorOp", "FwdAlgo", "BwdDataAlgo",
+    "BwdFilterAlgo",
     "ConvolutionFwdAlgoPerf", "ConvolutionBwdDataAlgoPerf", "ConvolutionBwdFilterAlgoPerf",
     "LibraryProperty", "dtype_to_cudnn", "normalize_dtype", "SUPPORTED_DTYPES",
 ]

@@ -62,8 +62,6 @@ MODES: dict[str, PoolingMode] = {
 }
 
 
-# ---- the descriptor -------------------------------------------------------------------------------
-
 # ---- geometry -------------------------------------------------------------------------------------
 
 def output_size(input_size: Sequence[int], kernel_size: Sequence[int], stride: Sequence[int],

@@ -192,6 +192,8 @@ class Promotion:
 
     def failed(self, exc: BaseException) -> None:
         """A launch of the compiled plan failed: the signature goes back to the legacy kernel."""
+        if self.plan is None:  # another thread's launch failed first
+            return
         self.plan = None
         self.calls = -(1 << 62)  # never asks again
         self.error = f"{type(exc).__name__}: {exc}"
@@ -201,7 +203,6 @@ class Promotion:
                      "kernel: %s", self.description, self.error)
 
     def _make(self) -> None:
-        graph = None
         try:
             handle = get_handle(self.device)
             graph = self._build(handle)
