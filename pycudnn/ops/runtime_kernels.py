@@ -234,8 +234,7 @@ def _forget(future: concurrent.futures.Future[None]) -> None:
 def dense(t: Tensor) -> bool:
     """Whether ``t``'s elements fill its span without gaps or overlap (a permutation of a
     contiguous layout)."""
-    return t.span_bytes == t.size * t.dtype.itemsize and not has_internal_overlap(t.shape,
-                                                                                  t.strides)
+    return t.span_bytes == t.nbytes and not has_internal_overlap(t.shape, t.strides)
 
 
 def flat_layout(n: int, itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -305,13 +304,12 @@ def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tu
     """
     if not propagate_nan or mode not in _ACTIVATIONS:
         return None
-    first = x
-    if (first.dtype not in _DTYPES or first.size == 0
-            or first.size * first.dtype.itemsize < _settings.min_bytes or not dense(first)):
+    if (x.dtype not in _DTYPES or x.size == 0 or x.nbytes < _settings.min_bytes
+            or not dense(x)):
         return None
     if not all(same_layout(x.shape, st, x.strides) for st in strides):
         return None
-    layout = flat_layout(first.size, first.dtype.itemsize)
+    layout = flat_layout(x.size, x.dtype.itemsize)
     if layout is None:
         return None
     fwd, bwd, param = _ACTIVATIONS[mode]
@@ -320,9 +318,9 @@ def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tu
         params = ((Attr.POINTWISE_RELU_LOWER_CLIP, 0.0), (Attr.POINTWISE_RELU_UPPER_CLIP, coef))
     elif param is not None:
         params = ((param, coef),)
-    dtype = first.dtype
+    dtype = x.dtype
     direction = "backward" if backward else "forward"
-    description = f"{mode} {direction} of {first.size} {dtype.name} elements"
+    description = f"{mode} {direction} of {x.size} {dtype.name} elements"
 
     from_output = backward and mode in _FROM_OUTPUT
 
@@ -341,7 +339,7 @@ def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tu
             step = PointwiseStep(fwd, x="x", y="y", params=params)
         return build_pointwise_graph(handle, tensors, [step], description)
 
-    return Promotion(first.device, description, build, from_output)
+    return Promotion(x.device, description, build, from_output)
 
 
 # ---- batch-norm inference -----------------------------------------------------------------------
@@ -351,7 +349,7 @@ def batch_norm_inference_promotion(x: Tensor, param_dtype: Any, eps: float) -> P
     rsqrt(var + eps) * weight + bias`` as one compiled kernel, for a dense channels-last 4-D
     ``x`` (the output in its layout) and float32 parameters of shape ``(C,)``."""
     if (x.ndim != 4 or x.dtype not in _DTYPES or x.size == 0
-            or x.size * x.dtype.itemsize < _settings.min_bytes or np.dtype(param_dtype) !=
+            or x.nbytes < _settings.min_bytes or np.dtype(param_dtype) !=
             np.float32 or not x.is_contiguous("channels_last") or x.shape[2] * x.shape[3] == 1):
         return None  # (1x1 spatial: the strides would not say channels-last to cuDNN)
     n, c, h, w = x.shape
