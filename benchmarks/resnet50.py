@@ -16,6 +16,8 @@ Parts (all when none is named):
 
 * ``--train``: steps/s of the eager training step, and the loss of the first 20 steps of both
   (same data) to show they train alike.
+* ``--loss``: the first 20 steps' loss of both in float32 with TF32 off and deterministic
+  algorithms (batch 32), where rounding differences grow slowly enough to compare the curves.
 * ``--graph``: the whole training step captured in a CUDA graph on both sides (PyTorch's recipe:
   warm-up on a side stream, ``torch.cuda.graph`` with static inputs), replays/s.
 * ``--first-step``: the first training step of a fresh process with an empty tuning database
@@ -113,14 +115,15 @@ DTYPE = torch.bfloat16
 CL = torch.channels_last
 
 
-def make_model(seed: int = 0) -> nn.Module:
+def make_model(seed: int = 0, dtype: torch.dtype = DTYPE) -> nn.Module:
     torch.manual_seed(seed)
-    return ResNet50().cuda().to(DTYPE, memory_format=CL)
+    return ResNet50().cuda().to(dtype, memory_format=CL)
 
 
-def make_data(batch: int, count: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_data(batch: int, count: int, seed: int = 1,
+              dtype: torch.dtype = DTYPE) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator(device="cuda").manual_seed(seed)
-    return [(torch.randn(batch, 3, 224, 224, device="cuda", generator=g).to(DTYPE, memory_format=CL),
+    return [(torch.randn(batch, 3, 224, 224, device="cuda", generator=g).to(dtype, memory_format=CL),
              torch.randint(0, 1000, (batch,), device="cuda", generator=g)) for _ in range(count)]
 
 
@@ -193,6 +196,45 @@ def part_train(args) -> dict:
     print(f"loss   largest relative difference over {len(losses['torch'])} steps: {diff:.2e} "
           f"(bfloat16: different algorithms round differently)", flush=True)
     return result
+
+
+def part_loss(args) -> dict:
+    """The loss curve in float32, TF32 off and deterministic algorithms on both sides: what is
+    left of the difference between the two is rounding order, not a different computation."""
+    import pycudnn
+
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.deterministic, pycudnn.config.allow_tf32,
+             pycudnn.config.deterministic)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    pycudnn.config.allow_tf32, pycudnn.config.deterministic = False, True
+    try:
+        base = make_model(dtype=torch.float32)
+        data = make_data(args.loss_batch, 4, dtype=torch.float32)
+        sides = {"torch": copy.deepcopy(base), "pycudnn": pycudnn_side(copy.deepcopy(base))}
+        del base
+        import pycudnn.torch as pt
+
+        routed = sum(isinstance(m, pt.Conv2d) for m in sides["pycudnn"].modules())
+        assert routed == 53, f"{routed} convolutions routed through pycudnn.torch, expected 53"
+        losses = {}
+        for name, model in sides.items():
+            opt = sgd(model)
+            losses[name] = [float(train_step(model, opt, *data[i % len(data)]).detach())
+                            for i in range(args.curve)]
+    finally:
+        (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+         torch.backends.cudnn.deterministic, pycudnn.config.allow_tf32,
+         pycudnn.config.deterministic) = saved
+    rel = [abs(a - b) / abs(b) for a, b in zip(losses["pycudnn"], losses["torch"])]
+    print(f"loss   float32, TF32 off, deterministic, batch {args.loss_batch}")
+    print("loss   step   torch       pycudnn     relative difference")
+    for i, (a, b, r) in enumerate(zip(losses["torch"], losses["pycudnn"], rel)):
+        print(f"       {i:4d}  {a:10.6f}  {b:10.6f}  {r:.1e}")
+    print(f"loss   largest relative difference over {len(rel)} steps: {max(rel):.2e}", flush=True)
+    return {"batch": args.loss_batch, "dtype": "float32", "tf32": False, "deterministic": True,
+            "losses": losses, "relative_difference": rel, "loss_max_rel_diff": max(rel)}
 
 
 def part_graph(args) -> dict:
@@ -361,13 +403,14 @@ def part_host(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for part in ("train", "graph", "first-step", "infer", "host"):
+    for part in ("train", "loss", "graph", "first-step", "infer", "host"):
         ap.add_argument(f"--{part}", action="store_true", help=f"run the {part} part")
     ap.add_argument("--quick", action="store_true", help="fewer steps and repeats")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile in --infer")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--infer-batch", type=int, default=128)
+    ap.add_argument("--loss-batch", type=int, default=32, help="batch of the --loss part")
     ap.add_argument("--first-step-child", choices=("torch", "pycudnn"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -379,7 +422,7 @@ def main(argv=None) -> int:
     args.infer_steps = 10 if args.quick else 30
     args.curve = 20
     torch.backends.cudnn.benchmark = True
-    parts = {"train": part_train, "graph": part_graph, "first_step": part_first_step,
+    parts = {"train": part_train, "loss": part_loss, "graph": part_graph, "first_step": part_first_step,
              "infer": part_infer, "host": part_host}
     chosen = [p for p in parts if getattr(args, p)] or list(parts)
     import pycudnn

@@ -18,6 +18,7 @@ import pycudnn  # noqa: E402
 from pycudnn.ops import runtime_kernels as rk  # noqa: E402
 from pycudnn.ops.activation import activation_backward, activation_forward  # noqa: E402
 from pycudnn.ops.batchnorm import batch_norm_forward_inference  # noqa: E402
+from pycudnn.runtime.handle import get_handle  # noqa: E402
 
 ACT = [("relu", 0.0), ("sigmoid", 0.0), ("tanh", 0.0), ("clipped_relu", 1.5), ("elu", 0.5),
        ("swish", 2.0)]
@@ -128,6 +129,42 @@ def test_background_build_switches_a_repeated_signature():
         assert rk.stats()["ready"] == before + 1 and rk.stats()["building"] == 0
         close(R.host(activation_forward(X, "sigmoid")), R.sigmoid(x.astype(np.float64)),
               "float32", "compiled")
+    finally:
+        rk.configure(after_calls=3)
+
+
+def test_a_build_during_another_threads_global_capture_leaves_both_intact():
+    """The build loads a module while this thread captures a CUDA graph in global mode (PyTorch's
+    default): the capture must stay valid and the build must succeed."""
+    torch = pytest.importorskip("torch")
+    rk.configure(after_calls=1, background=True)
+    try:
+        shape = fresh_shape()
+        x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
+        X = pycudnn.from_numpy(x, memory_format="channels_last")
+        promotion = rk.activation_promotion("tanh", 0.0, X, (X.strides,), False, True)
+        assert promotion is not None
+        a = torch.arange(64, device="cuda", dtype=torch.float32)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            b = a * 2  # warm-up outside the capture, as PyTorch's recipe does
+        torch.cuda.current_stream().wait_stream(side)
+        before = rk.stats()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="global"):
+            b = a * 3
+            promotion.tick()  # asks the worker for the build; it runs during the capture
+            assert rk.wait(timeout=120)
+        a += 1
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(b, a * 3)
+        assert promotion.plan is not None, promotion.error
+        assert rk.stats()["ready"] == before["ready"] + 1
+        Y = pycudnn.empty(shape, "float32", memory_format="channels_last")
+        assert promotion.launch(get_handle(X.device), (X.ptr, Y.ptr))
+        close(R.host(Y), np.tanh(x.astype(np.float64)), "float32", "built during a capture")
     finally:
         rk.configure(after_calls=3)
 

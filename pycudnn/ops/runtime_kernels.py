@@ -18,8 +18,9 @@ batch norm: channels-last input), 16-byte-aligned addresses (checked per call; a
 runs the legacy kernel), float32/float16/bfloat16 data, NaN propagated (the legacy kernels' mode
 the functions use). The compiled kernels' float32 transcendental functions (tanh, sigmoid,
 exp) are accurate to about 2e-5 relative, the legacy kernels' to 1e-5. Settings: `configure()`; `wait()` blocks until the
-builds asked for are done (before capturing a CUDA graph in global capture mode, say: a build
-loads a module, which such a capture forbids in every thread); `stats()` counts plans by state.
+builds asked for are done; `stats()` counts plans by state. The worker thread runs in CUDA's
+relaxed capture mode, so a build (it loads a module) may run while another thread captures a
+CUDA graph in global mode, PyTorch's default, without invalidating that capture.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..cudnn.graph import (ExecutionPlan, OperationGraph, PointwiseStep, TensorS
                            build_pointwise_graph, engine_configs, filter_candidates, first_plan)
 from ..ffi.backend import Attr, PointwiseMode
 from ..runtime.handle import get_handle
+from ..runtime.memory import relax_capture_mode
 from ..runtime.tensor import Tensor, has_internal_overlap
 from ._common import same_layout
 
@@ -135,8 +137,11 @@ def _worker() -> concurrent.futures.ThreadPoolExecutor:
     global _executor
     with _executor_lock:
         if _executor is None:
+            # the worker never queues GPU work: relaxed capture mode lets it load the compiled
+            # modules while another thread captures a CUDA graph in global mode
             _executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="pycudnn-runtime-kernels")
+                max_workers=1, thread_name_prefix="pycudnn-runtime-kernels",
+                initializer=relax_capture_mode)
         return _executor
 
 

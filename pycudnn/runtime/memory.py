@@ -33,7 +33,8 @@ __all__ = [
     "CudaError", "check_cuda", "device_count", "no_device_reason", "normalize_device",
     "current_device", "ensure_device", "device_guard", "callers_device", "restore_device",
     "DeviceBuffer", "allocate", "thread_token",
-    "mem_get_info", "stream_is_capturing", "synchronize", "stream_synchronize", "stream_wait",
+    "mem_get_info", "relax_capture_mode", "stream_is_capturing", "synchronize",
+    "stream_synchronize", "stream_wait",
     "resolve_stream", "copy_host_to_device", "copy_device_to_host", "memset", "pointer_device",
     "empty_cache", "MAX_ALLOCATION",
 ]
@@ -446,6 +447,24 @@ def stream_is_capturing(stream: Any) -> bool:
     if err:
         check_cuda(err, "cudaStreamIsCapturing")
     return int(status) != 0
+
+
+def relax_capture_mode() -> None:
+    """Put the calling thread in CUDA's relaxed stream-capture mode, for good.
+
+    While any thread captures a CUDA graph in global mode (PyTorch's default), CUDA refuses calls
+    it deems unsafe (module loads, some allocations) from every other thread in global mode, and
+    such a call invalidates that capture. A thread pycudnn owns that only builds plans and never
+    queues work on the capturing stream (the runtime-compiled kernels' worker) calls this first,
+    as PyTorch does around its own handle creation. Failures are ignored: without the mode, the
+    build still runs; it may fail during someone's capture and leave the legacy kernel in place.
+    """
+    rt = _rt or _runtime()
+    try:
+        rt.cudaThreadExchangeStreamCaptureMode(
+            rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed)
+    except Exception:  # an old driver or binding: the default mode stays
+        pass
 
 
 def synchronize(device: Any = None) -> None:
