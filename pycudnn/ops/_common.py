@@ -36,10 +36,37 @@ __all__ = ["tensor_arg", "stream_pair", "scalars", "check_match", "check_shape",
            "check_choice", "check_coef", "layout_strides", "checked_out", "check_out_reads",
            "new_output", "output", "meet", "span_bytes", "same_layout", "staged", "PlanCache",
            "callers_device", "restore_device", "raise_launch", "scalars_of", "c_function",
-           "INT32_MAX"]
+           "INT32_MAX", "Reserve"]
 
 #: cuDNN's legacy descriptors take sizes and strides as C ``int``
 INT32_MAX = 2**31 - 1
+
+
+class Reserve:
+    """Device memory a training forward pass fills for its backward pass (cuDNN's reserve
+    space): the base of batch norm's `ReserveSpace` and dropout's `DropoutReserve`.
+
+    Attributes:
+        nbytes: its size in bytes.
+        device: the CUDA device it is on.
+    """
+
+    __slots__ = ("_buffer", "nbytes", "device")
+
+    def __init__(self, buffer: Any, nbytes: int, device: int) -> None:
+        self._buffer = buffer  # None for an empty reserve (nothing to keep)
+        self.nbytes = nbytes
+        self.device = device
+
+    @property
+    def ptr(self) -> int:
+        """Its device address (0 when it is empty)."""
+        return int(self._buffer.ptr) if self._buffer is not None else 0
+
+    @property
+    def size(self) -> int:
+        """Its size in bytes (as the int8 array CuPy 13 returned)."""
+        return self.nbytes
 
 
 def tensor_arg(obj: Any, stream: Any) -> Tensor:

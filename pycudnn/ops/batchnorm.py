@@ -40,7 +40,7 @@ from ..dispatch.arguments import check_no_broadcast
 from ..errors import CudnnBadParamError, CudnnNotSupportedError
 from ..ffi import library as _lib
 from ..ops import runtime_kernels
-from ..ops._common import PlanCache, c_function, meet, scalars_of
+from ..ops._common import PlanCache, Reserve, c_function, meet, scalars_of
 from ..ops.runtime_kernels import ALIGNMENT
 from ..runtime.handle import get_handle
 from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
@@ -70,35 +70,24 @@ _OPS_BN, _OPS_ADD_RELU = 0, 2
 
 # ---- results --------------------------------------------------------------------------------------
 
-class ReserveSpace:
+class ReserveSpace(Reserve):
     """Device memory that cuDNN fills in a training forward pass and reads in its backward pass
     (for the fused batch norm + add + ReLU: the ReLU mask). Opaque: pass it to the backward
     function of the same call; keep it alive until then.
 
     Attributes:
-        nbytes: its size in bytes.
+        nbytes: its size in bytes (also ``size``, as the int8 array CuPy 13 returned).
+        ptr: its device address (0 when cuDNN needs none).
         device: the CUDA device it is on.
         fused: whether the fused batch norm + add + ReLU kernel wrote it.
     """
 
-    __slots__ = ("_buffer", "nbytes", "device", "fused", "_key")
+    __slots__ = ("fused", "_key")
 
     def __init__(self, buffer: Any, nbytes: int, device: int, fused: bool, key: tuple) -> None:
-        self._buffer = buffer
-        self.nbytes = nbytes
-        self.device = device
+        super().__init__(buffer, nbytes, device)
         self.fused = fused
         self._key = key
-
-    @property
-    def ptr(self) -> int:
-        """Its device address."""
-        return int(self._buffer.ptr) if self._buffer is not None else 0
-
-    @property
-    def size(self) -> int:
-        """Its size in bytes (as the int8 array CuPy 13 returned)."""
-        return self.nbytes
 
     def __repr__(self) -> str:
         return (f"ReserveSpace(nbytes={self.nbytes}, device={self.device}, "

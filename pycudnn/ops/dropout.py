@@ -33,7 +33,7 @@ from ..cudnn.descriptors import TensorDescriptor, Descriptor
 from ..cudnn.tensor_ops import transform
 from ..dispatch.arguments import check_no_broadcast
 from ..ffi import library as _lib
-from ..ops._common import PlanCache, c_function
+from ..ops._common import PlanCache, Reserve, c_function
 from ..runtime.handle import get_handle
 from ..runtime.memory import (
     allocate,
@@ -217,37 +217,28 @@ class DropoutState:
                 f"states_nbytes={self.states_nbytes})")
 
 
-class DropoutReserve:
+class DropoutReserve(Reserve):
     """The mask of one dropout forward pass (cuDNN's reserve space), for its backward pass.
 
     Attributes:
-        nbytes: its size in bytes (``cudnnDropoutGetReserveSpaceSize``).
+        nbytes: its size in bytes (``cudnnDropoutGetReserveSpaceSize``; also ``size``, as the
+            int8 array CuPy 13 returned).
+        ptr: its device address (0 for an empty input).
         shape: the forward input's shape.
         dtype: the forward input's dtype.
         device: the CUDA device.
         p: the probability the forward pass used.
     """
 
-    __slots__ = ("_buffer", "nbytes", "shape", "strides", "dtype", "device", "p")
+    __slots__ = ("shape", "strides", "dtype", "p")
 
     def __init__(self, buffer: Any, nbytes: int, shape: tuple[int, ...],
                  strides: tuple[int, ...], dtype: np.dtype, device: int, p: float) -> None:
-        self._buffer = buffer
-        self.nbytes = nbytes
+        super().__init__(buffer, nbytes, device)
         self.shape = shape
         self.strides = strides  # the element order the mask follows
         self.dtype = dtype
-        self.device = device
         self.p = p
-
-    @property
-    def ptr(self) -> int:
-        return int(self._buffer.ptr) if self._buffer is not None else 0
-
-    @property
-    def size(self) -> int:
-        """Its size in bytes (as the int8 array CuPy 13 returned)."""
-        return self.nbytes
 
     def __repr__(self) -> str:
         return (f"DropoutReserve(nbytes={self.nbytes}, shape={self.shape}, "

@@ -699,6 +699,16 @@ def _check_import(ptr: int, shape: tuple, strides: tuple, itemsize: int, source:
         raise ValueError(f"as_tensor: {source} is a null pointer for a non-empty array of shape {shape}")
 
 
+def _element_strides(byte_strides: Sequence[int], item: int) -> tuple[int, ...] | None:
+    """Byte strides in elements; None unless each is a non-negative multiple of ``item``."""
+    strides = []
+    for s in byte_strides:
+        if s < 0 or s % item:
+            return None
+        strides.append(s // item)
+    return tuple(strides)
+
+
 def _from_cai(obj: Any, cai: Any, consumer: int) -> Tensor:
     try:
         shape = cai["shape"]
@@ -738,11 +748,11 @@ def _from_cai(obj: Any, cai: Any, consumer: int) -> Tensor:
         if len(bstrides) != len(cai["strides"]):  # a float, a bool, or not a sequence at all
             raise TypeError(f"as_tensor: {source} strides must be a sequence of ints (bytes), got "
                             f"{cai['strides']!r}")
-        strides = tuple(s // item for s in bstrides)
-        for s in bstrides:
-            if s < 0 or s % item:
-                raise ValueError(f"as_tensor: unsupported strides {tuple(bstrides)} (bytes): cuDNN "
-                                 f"needs non-negative multiples of the element size {item}")
+        elements = _element_strides(bstrides, item)
+        if elements is None:
+            raise ValueError(f"as_tensor: unsupported strides {tuple(bstrides)} (bytes): cuDNN "
+                             f"needs non-negative multiples of the element size {item}")
+        strides = elements
     _check_import(ptr, shape, strides, item, source)
     if cai.get("version", 0) >= 3:
         producer = cai.get("stream")
@@ -776,11 +786,9 @@ def _from_cupy(obj: Any, cupy: Any, consumer: int) -> Tensor | None:
     if dtype is None or not obj.size:  # (an empty array's strides are CuPy's zeros: the
         return None                    # interface path gives its contiguous ones)
     item = dtype.itemsize
-    strides = []
-    for s in obj.strides:
-        if s < 0 or s % item:
-            return None
-        strides.append(s // item)
+    strides = _element_strides(obj.strides, item)
+    if strides is None:
+        return None
     shape = obj.shape
     memory = obj.data
     ptr = memory.ptr
@@ -802,7 +810,7 @@ def _from_cupy(obj: Any, cupy: Any, consumer: int) -> Tensor | None:
             _mem.stream_wait(consumer, producer)
     elif version != 2:
         return None
-    return Tensor._make(ptr, shape, tuple(strides), dtype, memory.device_id, obj, False)
+    return Tensor._make(ptr, shape, strides, dtype, memory.device_id, obj, False)
 
 
 def _typestr_name(typestr: Any) -> str:
