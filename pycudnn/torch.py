@@ -29,6 +29,11 @@ pycudnn's ``allow_tf32``) allow it, deterministic algorithms when
 ``torch.backends.cudnn.deterministic`` or ``torch.use_deterministic_algorithms(True)`` asks,
 and measured choices (``benchmark``) when ``torch.backends.cudnn.benchmark`` or pycudnn's
 ``benchmark`` flag is on.
+
+Higher-order gradients: a backward pass that autograd records to differentiate again
+(``create_graph=True``: gradient penalties, Hessian-vector products) computes the convolution's
+gradients with PyTorch's ``convolution_backward``, which has a derivative; every other backward
+pass runs pycudnn's backward-data and backward-filter convolutions.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ _bench: Callable[[], bool] = getattr(_C, "_get_cudnn_benchmark",
                                      lambda: bool(torch.backends.cudnn.benchmark))
 _grad_enabled = torch.is_grad_enabled
 _threshold_backward = torch.ops.aten.threshold_backward.default
+_convolution_backward = torch.ops.aten.convolution_backward.default
 _token = config.token
 _NO_FLAGS: dict[str, Any] = {}
 #: more than one GPU visible: launches give the caller's current device back (set on first calls)
@@ -532,25 +538,43 @@ def _dense_grad(gy: Any, fmt: Any) -> Any:
 
 # ---- autograd -------------------------------------------------------------------------------------
 
+def _differentiable_backward(gy: Any, x: Any, w: Any, geom: tuple[Any, ...], need_x: bool,
+                             need_w: bool) -> tuple[Any, Any]:
+    """``(grad_x, grad_w)`` through PyTorch's ``convolution_backward``, which autograd can
+    differentiate again: the backward pass of a graph built with ``create_graph=True``
+    (gradient penalties, Hessian-vector products). pycudnn's own launches would return
+    gradients with no history, and the second derivative would silently be left out."""
+    stride, padding, dilation, groups = geom
+    gx, gw, _ = _convolution_backward(gy, x, w, None, list(stride), list(padding),
+                                      list(dilation), False, [0, 0], groups,
+                                      [need_x, need_w, False])
+    return gx, gw
+
+
 class _Conv2dFunction(torch.autograd.Function):
     """conv2d with pycudnn's forward, backward-data and backward-filter convolutions."""
 
     @staticmethod
     def forward(ctx: Any, x: Any, w: Any, b: Any, geom: tuple[Any, ...]) -> Any:
         y, xd, wd, fmt = _forward("conv", x, w, b, None, 1.0, geom)
-        ctx.save_for_backward(xd, wd)
+        # the inputs themselves too (the same tensors unless a dense copy was made): a backward
+        # that is differentiated again must reach them
+        ctx.save_for_backward(xd, wd, x, w)
         ctx.geom, ctx.fmt = geom, fmt
         return y
 
     @staticmethod
     def backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
-        x, w = ctx.saved_tensors
+        xd, wd, x, w = ctx.saved_tensors
         geom, fmt = ctx.geom, ctx.fmt
-        gy = _dense_grad(gy, fmt)
         need_x, need_w, need_b, _ = ctx.needs_input_grad
-        gx = _backward_data(gy, w, x.shape, fmt, geom) if need_x else None
-        gw = _backward_filter(x, gy, w.shape, fmt, geom) if need_w else None
         gb = gy.sum((0, 2, 3)) if need_b else None
+        if _grad_enabled():  # create_graph=True
+            gx, gw = _differentiable_backward(gy, x, w, geom, need_x, need_w)
+            return gx, gw, gb, None
+        gy = _dense_grad(gy, fmt)
+        gx = _backward_data(gy, wd, xd.shape, fmt, geom) if need_x else None
+        gw = _backward_filter(xd, gy, wd.shape, fmt, geom) if need_w else None
         return gx, gw, gb, None
 
 
@@ -563,20 +587,24 @@ class _FusedFunction(torch.autograd.Function):
                 geom: tuple[Any, ...]) -> Any:
         op = "bias_relu" if z is None else "add_relu"
         y, xd, wd, fmt = _forward(op, x, w, b, z, alpha, geom)
-        ctx.save_for_backward(xd, wd, y)
+        ctx.save_for_backward(xd, wd, y, x, w)
         ctx.geom, ctx.alpha, ctx.fmt = geom, alpha, fmt
         return y
 
     @staticmethod
     def backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
-        x, w, y = ctx.saved_tensors
+        xd, wd, y, x, w = ctx.saved_tensors
         geom, fmt = ctx.geom, ctx.fmt
-        d = _dense_grad(_threshold_backward(gy, y, 0), fmt)  # grad * (y > 0)
+        d = _threshold_backward(gy, y, 0)  # grad * (y > 0)
         need_x, need_w, need_b, need_z, _, _ = ctx.needs_input_grad
-        gx = _backward_data(d, w, x.shape, fmt, geom) if need_x else None
-        gw = _backward_filter(x, d, w.shape, fmt, geom) if need_w else None
         gb = d.sum((0, 2, 3)) if need_b else None
         gz = (d if ctx.alpha == 1.0 else d * ctx.alpha) if need_z else None
+        if _grad_enabled():  # create_graph=True
+            gx, gw = _differentiable_backward(d, x, w, geom, need_x, need_w)
+            return gx, gw, gb, gz, None, None
+        d = _dense_grad(d, fmt)
+        gx = _backward_data(d, wd, xd.shape, fmt, geom) if need_x else None
+        gw = _backward_filter(xd, d, wd.shape, fmt, geom) if need_w else None
         return gx, gw, gb, gz, None, None
 
 
@@ -605,7 +633,8 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     weight is (PyTorch's rule), and is allocated by PyTorch's caching allocator; the work runs on
     PyTorch's current stream (CUDA-graph capture included, once the signature has run outside
     it). Backward computes only the gradients autograd asks for; the bias gradient is
-    ``grad.sum((0, 2, 3))``.
+    ``grad.sum((0, 2, 3))``. Twice differentiable: a backward recorded with
+    ``create_graph=True`` runs through PyTorch's ``convolution_backward``.
 
     Returns:
         The output, a torch tensor.

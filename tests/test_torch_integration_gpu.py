@@ -121,6 +121,52 @@ def test_gradcheck_float64():
                                     nondet_tol=1e-10)
 
 
+def test_second_derivatives_float64():
+    """create_graph=True (gradient penalties, Hessian-vector products): the backward pass is
+    itself differentiable, for the plain and the fused convolutions."""
+    g = torch.Generator(device=DEV).manual_seed(3)
+    opts = dict(device=DEV, dtype=torch.float64, generator=g)
+    x = torch.randn(2, 4, 7, 6, **opts).requires_grad_()
+    w = torch.randn(6, 2, 3, 3, **opts).requires_grad_()
+    b = torch.randn(6, **opts).requires_grad_()
+    z = torch.randn(2, 6, 4, 4, **opts).requires_grad_()
+    geometry = dict(stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+    check = dict(eps=1e-6, atol=1e-5, rtol=1e-3, nondet_tol=1e-10)
+    gx, gw = torch.autograd.grad(pt.conv2d(x, w, b, **geometry).pow(2).sum(), (x, w),
+                                 create_graph=True)
+    assert gx.requires_grad and gw.requires_grad  # the backward pass has a history
+    assert torch.autograd.gradgradcheck(lambda x_, w_, b_: pt.conv2d(x_, w_, b_, **geometry),
+                                        (x, w, b), **check)
+    assert torch.autograd.gradgradcheck(
+        lambda x_, w_, z_, b_: pt.conv2d_add_relu(x_, w_, z_, b_, 0.5, **geometry),
+        (x, w, z, b), **check)
+    assert torch.autograd.gradgradcheck(
+        lambda x_, w_, b_: pt.conv2d_bias_relu(x_, w_, b_, **geometry), (x, w, b), **check)
+
+
+def test_gradient_penalty_matches_pytorch():
+    """A WGAN-GP style penalty, ||d out / d x||^2, differentiated w.r.t. the weights: the same
+    through pycudnn.torch as through PyTorch's native convolutions."""
+    g = torch.Generator(device=DEV).manual_seed(4)
+    x = torch.randn(3, 4, 9, 9, device=DEV, generator=g)
+    w1 = torch.randn(8, 4, 3, 3, device=DEV, generator=g) * 0.3
+    w2 = torch.randn(1, 8, 3, 3, device=DEV, generator=g) * 0.3
+
+    def penalty_grads(conv):
+        xi = x.clone().requires_grad_()
+        a, c = w1.clone().requires_grad_(), w2.clone().requires_grad_()
+        out = conv(torch.tanh(conv(xi, a, None, 1, 1)), c, None, 2, 0).sum()
+        (gx,) = torch.autograd.grad(out, xi, create_graph=True)
+        gx.pow(2).sum().backward()
+        return a.grad, c.grad
+
+    with torch.backends.cudnn.flags(enabled=False):
+        ref = penalty_grads(F.conv2d)
+    ours = penalty_grads(pt.conv2d)
+    for got, want in zip(ours, ref):
+        assert got is not None and rel_err(got, want) < 1e-4
+
+
 def test_unbatched_input_same_padding_and_views():
     g = torch.Generator(device=DEV).manual_seed(1)
     w = torch.randn(5, 3, 4, 3, device=DEV, generator=g)
