@@ -30,6 +30,9 @@ pycudnn's ``allow_tf32``) allow it, deterministic algorithms when
 and measured choices (``benchmark``) when ``torch.backends.cudnn.benchmark`` or pycudnn's
 ``benchmark`` flag is on.
 
+Mixed precision: under ``torch.autocast("cuda")`` the functions cast their floating-point
+tensors (float64 excepted) to the autocast dtype, as PyTorch's convolutions do.
+
 Higher-order gradients: a backward pass that autograd records to differentiate again
 (``create_graph=True``: gradient penalties, Hessian-vector products) computes the convolution's
 gradients with PyTorch's ``convolution_backward``, which has a derivative; every other backward
@@ -38,6 +41,7 @@ pass runs pycudnn's backward-data and backward-filter convolutions.
 
 from __future__ import annotations
 
+import functools
 import operator
 import threading
 from typing import Any, Callable
@@ -80,6 +84,19 @@ _det_algos: Callable[[], bool] = getattr(_C, "_get_deterministic_algorithms",
 _bench: Callable[[], bool] = getattr(_C, "_get_cudnn_benchmark",
                                      lambda: bool(torch.backends.cudnn.benchmark))
 _grad_enabled = torch.is_grad_enabled
+
+
+def _autocast_readers() -> tuple[Callable[[], bool], Callable[[], Any]]:
+    """Whether autocast is on for CUDA, and its dtype (PyTorch 2.4 takes the device type)."""
+    try:
+        torch.is_autocast_enabled("cuda")
+    except TypeError:  # before PyTorch 2.4: the CUDA state without an argument
+        return torch.is_autocast_enabled, torch.get_autocast_gpu_dtype
+    return (functools.partial(torch.is_autocast_enabled, "cuda"),
+            functools.partial(torch.get_autocast_dtype, "cuda"))
+
+
+_autocast_enabled, _autocast_dtype = _autocast_readers()
 _threshold_backward = torch.ops.aten.threshold_backward.default
 _convolution_backward = torch.ops.aten.convolution_backward.default
 _token = config.token
@@ -608,6 +625,15 @@ class _FusedFunction(torch.autograd.Function):
         return gx, gw, gb, gz, None, None
 
 
+def _autocast(*tensors: Any) -> tuple[Any, ...]:
+    """The tensors as ``F.conv2d`` gets them under ``torch.autocast("cuda")``: floating-point
+    CUDA tensors other than float64 cast to the autocast dtype (a differentiable cast)."""
+    dtype = _autocast_dtype()
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_cuda
+                 and t.is_floating_point() and t.dtype is not torch.float64
+                 and t.dtype is not dtype else t for t in tensors)
+
+
 def _needs_grad(*tensors: Any) -> bool:
     if not _grad_enabled():
         return False
@@ -632,8 +658,9 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     float32, float16, bfloat16 or float64. The output is channels_last when the input or the
     weight is (PyTorch's rule), and is allocated by PyTorch's caching allocator; the work runs on
     PyTorch's current stream (CUDA-graph capture included, once the signature has run outside
-    it). Backward computes only the gradients autograd asks for; the bias gradient is
-    ``grad.sum((0, 2, 3))``. Twice differentiable: a backward recorded with
+    it). Under ``torch.autocast("cuda")`` the tensors are cast to the autocast dtype first, as
+    ``F.conv2d``'s are. Backward computes only the gradients autograd asks for; the bias
+    gradient is ``grad.sum((0, 2, 3))``. Twice differentiable: a backward recorded with
     ``create_graph=True`` runs through PyTorch's ``convolution_backward``.
 
     Returns:
@@ -643,6 +670,8 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
         TypeError: a tensor that is not on a CUDA device, or of an unsupported dtype.
         ValueError: shapes, groups or geometry that do not fit (PyTorch's wording).
     """
+    if _autocast_enabled():
+        input, weight, bias = _autocast(input, weight, bias)
     geom, pre_pad = _geometry(stride, padding, dilation, groups, weight)
     if isinstance(input, torch.Tensor) and input.dim() == 3:
         return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
@@ -660,6 +689,8 @@ def conv2d_bias_relu(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
     Arguments as [`conv2d`][pycudnn.torch.conv2d] (4-D input; ``bias=None`` adds nothing).
     Backward masks the gradient with ``y > 0`` and runs the convolution's backward.
     """
+    if _autocast_enabled():
+        input, weight, bias = _autocast(input, weight, bias)
     geom, pre_pad = _geometry(stride, padding, dilation, groups, weight)
     if pre_pad is not None:
         input = F.pad(input, pre_pad)
@@ -677,6 +708,8 @@ def conv2d_add_relu(input: Any, weight: Any, z: Any, bias: Any = None, alpha: fl
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"conv2d_add_relu: expected alpha to be a real number, got {alpha!r}")
+    if _autocast_enabled():
+        input, weight, z, bias = _autocast(input, weight, z, bias)
     geom, pre_pad = _geometry(stride, padding, dilation, groups, weight)
     if pre_pad is not None:
         input = F.pad(input, pre_pad)

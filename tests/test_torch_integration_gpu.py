@@ -167,6 +167,39 @@ def test_gradient_penalty_matches_pytorch():
         assert got is not None and rel_err(got, want) < 1e-4
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_autocast_casts_like_pytorch(dtype):
+    """Under torch.autocast the convolutions run in the autocast dtype, as F.conv2d's do: the
+    same output dtype and values, gradients back in the parameters' float32."""
+    g = torch.Generator(device=DEV).manual_seed(5)
+    x = torch.randn(2, 8, 9, 9, device=DEV, generator=g)
+    w = torch.randn(16, 8, 3, 3, device=DEV, generator=g) * 0.2
+    b = torch.randn(16, device=DEV, generator=g)
+    z = torch.randn(2, 16, 9, 9, device=DEV, generator=g)
+
+    def run(conv, fused):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        with torch.autocast("cuda", dtype=dtype):
+            y = conv(leaves[0], leaves[1], leaves[2], padding=1)
+            yf = fused(leaves[0], leaves[1], z, leaves[2], 1.0, padding=1)
+        (y.float().square().sum() + yf.float().sum()).backward()
+        return y, yf, [t.grad for t in leaves]
+
+    ref = run(F.conv2d, lambda x_, w_, z_, b_, a, padding: torch.relu(
+        F.conv2d(x_, w_, b_, padding=padding) + z_))
+    ours = run(pt.conv2d, pt.conv2d_add_relu)
+    assert ours[0].dtype == ref[0].dtype == dtype
+    assert ours[1].dtype == dtype  # the fused op is a convolution: the autocast dtype (PyTorch's
+    for got, want in zip(ours[:2], ref[:2]):  # unfused add promotes to z's float32)
+        assert rel_err(got, want) < 2e-2
+    for got, want in zip(ours[2], ref[2]):
+        assert got.dtype == torch.float32
+        assert rel_err(got, want) < 3e-2
+    x64 = x.double()
+    with torch.autocast("cuda", dtype=dtype):  # float64 is left alone, as autocast does
+        assert pt.conv2d(x64, w.double(), padding=1).dtype == torch.float64
+
+
 def test_unbatched_input_same_padding_and_views():
     g = torch.Generator(device=DEV).manual_seed(1)
     w = torch.randn(5, 3, 4, 3, device=DEV, generator=g)
