@@ -455,9 +455,8 @@ def relax_capture_mode() -> None:
     While any thread captures a CUDA graph in global mode (PyTorch's default), CUDA refuses calls
     it deems unsafe (module loads, some allocations) from every other thread in global mode, and
     such a call invalidates that capture. A thread pycudnn owns that only builds plans and never
-    queues work on the capturing stream (the runtime-compiled kernels' worker) calls this first,
-    as PyTorch does around its own handle creation. Failures are ignored: without the mode, the
-    build still runs; it may fail during someone's capture and leave the legacy kernel in place.
+    queues work on the capturing stream (the runtime-compiled kernels' worker) calls this first.
+    Failures are ignored: without the mode the worker still runs, as it did before.
     """
     rt = _rt or _runtime()
     try:
