@@ -31,13 +31,15 @@ How the parameters map onto pycudnn:
   algorithms.
 
 Differences that only widen what is accepted: inputs and outputs need not be C-contiguous (CuPy
-13 copied inputs and refused non-contiguous outputs), bfloat16 works, and errors are Python
-exceptions naming the bad argument (``ValueError`` / ``TypeError``) instead of assertion errors or
-cuDNN status errors.
+13 copied inputs and refused non-contiguous outputs; broadcast inputs, e.g. from
+``cupy.broadcast_to``, are copied here too), bfloat16 works, and errors are Python exceptions
+naming the bad argument (``ValueError`` / ``TypeError``) instead of assertion errors or cuDNN
+status errors.
 """
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from typing import Any, Sequence
 
@@ -45,7 +47,7 @@ import numpy as np
 
 from ._types import NanPropagation
 from .api import conv as _conv
-from .cudnn.tensor_ops import transform
+from .cudnn.tensor_ops import add_tensor, transform
 from .ops import activation as _act
 from .ops import batchnorm
 from .ops import pooling as _pooling
@@ -57,7 +59,8 @@ from .runtime.interop import current_stream
 from .runtime.tensor import Tensor, as_tensor, contiguous_strides, empty, tensor_from_pointer
 
 __all__ = ["convolution_forward", "convolution_backward_data", "convolution_backward_filter",
-           "get_max_workspace_size", "set_max_workspace_size", "CUDNN_TENSOR_NCHW",
+           "get_max_workspace_size", "set_max_workspace_size", "UNBOUNDED_WORKSPACE",
+           "CUDNN_TENSOR_NCHW",
            "CUDNN_TENSOR_NHWC"]
 
 CUDNN_TENSOR_NCHW = 0
@@ -70,27 +73,33 @@ _LAYOUT_NAMES = {CUDNN_TENSOR_NCHW: "CUDNN_TENSOR_NCHW", CUDNN_TENSOR_NHWC: "CUD
 _TENSOR_CORE_MODES = ("always", "auto", "never")
 
 _max_workspace_size: int | None = None
+#: what `get_max_workspace_size()` reports while no bound is set (an int, as CuPy's was)
+UNBOUNDED_WORKSPACE = 2**63 - 1
 
 
-def get_max_workspace_size() -> int | None:
+def get_max_workspace_size() -> int:
     """The workspace bound set by `set_max_workspace_size()`, in bytes.
 
-    ``None`` (the default) means no bound beyond the device's free memory; CuPy 13's default was
-    8 MiB.
+    By default there is no bound beyond the device's free memory, reported as
+    `UNBOUNDED_WORKSPACE` (an int, so that CuPy 13 code such as
+    ``set_max_workspace_size(get_max_workspace_size() * 4)`` keeps working); CuPy 13's default
+    was 8 MiB.
     """
-    return _max_workspace_size
+    return UNBOUNDED_WORKSPACE if _max_workspace_size is None else _max_workspace_size
 
 
 def set_max_workspace_size(size: int | None) -> None:
-    """Bound the workspace the functions of this module may use (bytes; ``None``: no bound).
+    """Bound the workspace the functions of this module may use (bytes; ``None`` or
+    `UNBOUNDED_WORKSPACE` and above: no bound).
 
     Only this module's functions are affected; pycudnn's own functions take
     ``workspace_limit=`` (or [`pycudnn.config`][pycudnn.configuration.config]).
     """
     global _max_workspace_size
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+    if size is not None and (isinstance(size, (bool, np.bool_))
+                             or not isinstance(size, numbers.Integral) or size < 0):
         raise ValueError(f"set_max_workspace_size: expected None or a non-negative int, got {size!r}")
-    _max_workspace_size = size
+    _max_workspace_size = None if size is None or size >= UNBOUNDED_WORKSPACE else int(size)
 
 
 def _layout(value: Any, name: str) -> int:
@@ -169,6 +178,27 @@ def _bias_view(b: Any, stream: int) -> Tensor | None:
     return tensor_from_pointer(t.ptr, (t.size,), t.dtype, device=t.device, owner=t)
 
 
+def _input(arr: Any, stream: int) -> Tensor:
+    """An input array as a pycudnn view; a broadcast one (stride-0 dims, as ``cupy.broadcast_to``
+    makes) as a C-contiguous copy, which cuDNN can read (CuPy 13 copied every input)."""
+    t = as_tensor(arr, stream=stream)
+    if all(st or n < 2 for n, st in zip(t.shape, t.strides)):
+        return t
+    if t.ndim > 5:
+        raise ValueError(f"an input of {t.ndim} dims with broadcast (stride-0) dims, shape "
+                         f"{list(t.shape)} strides {list(t.strides)}: pycudnn expands broadcast "
+                         f"inputs of up to 5 dims; pass a contiguous copy")
+    pad = (1,) * max(0, 4 - t.ndim)  # cudnnAddTensor takes 4-D and 5-D tensors
+    # the source without its broadcast dims (size 1 there), added into a dense array: cuDNN
+    # broadcasts size-1 dims of the source over the destination
+    src = tensor_from_pointer(
+        t.ptr, tuple(1 if st == 0 else n for n, st in zip(t.shape, t.strides)) + pad, t.dtype,
+        strides=tuple(st or 1 for st in t.strides) + pad, device=t.device, owner=t)
+    dense = empty(t.shape + pad, t.dtype, device=t.device, stream=stream)
+    add_tensor(get_handle(t.device, stream), src, dense, alpha=1.0, beta=0.0)
+    return tensor_from_pointer(dense.ptr, t.shape, t.dtype, device=t.device, owner=dense)
+
+
 def _stream_of(arr: Any) -> int:
 
     try:
@@ -204,9 +234,9 @@ def convolution_forward(x: Any, W: Any, b: Any, y: Any, pad: Sequence[int], stri
     d, w = _layout(d_layout, "d_layout"), _layout(w_layout, "w_layout")
     pad_t, stride_t, dil_t = _geometry(pad, stride, dilation)
     s = _stream_of(x)
-    xv, yv = _data_view(x, d, s), _data_view(y, d, s)
-    wv = _filter_view(W, w, s)
-    bv = _bias_view(b, s)
+    xv, yv = _data_view(_input(x, s), d, s), _data_view(y, d, s)
+    wv = _filter_view(_input(W, s), w, s)
+    bv = _bias_view(None if b is None else _input(b, s), s)
     _conv.convolution(xv, wv, bv, stride=stride_t, padding=pad_t, dilation=dil_t, groups=groups,
                       out=yv, stream=s, **flags)
 
@@ -240,9 +270,9 @@ def convolution_backward_data(W: Any, x: Any, b: Any, y: Any, pad: Sequence[int]
     d, w = _layout(d_layout, "d_layout"), _layout(w_layout, "w_layout")
     pad_t, stride_t, dil_t = _geometry(pad, stride, dilation)
     s = _stream_of(x)
-    gyv, gxv = _data_view(x, d, s), _data_view(y, d, s)
-    wv = _filter_view(W, w, s)
-    bv = _bias_view(b, s)
+    gyv, gxv = _data_view(_input(x, s), d, s), _data_view(y, d, s)
+    wv = _filter_view(_input(W, s), w, s)
+    bv = _bias_view(None if b is None else _input(b, s), s)
     if bv is None:
         _conv.convolution_backward_data(gyv, wv, gxv.shape, stride=stride_t, padding=pad_t,
                                         dilation=dil_t, groups=groups, out=gxv, stream=s, **flags)
@@ -295,7 +325,7 @@ def convolution_backward_filter(x: Any, gy: Any, gW: Any, pad: Sequence[int],
     d, w = _layout(d_layout, "d_layout"), _layout(w_layout, "w_layout")
     pad_t, stride_t, dil_t = _geometry(pad, stride, dilation)
     s = _stream_of(x)
-    xv, gyv = _data_view(x, d, s), _data_view(gy, d, s)
+    xv, gyv = _data_view(_input(x, s), d, s), _data_view(_input(gy, s), d, s)
     gwv = _filter_view(gW, w, s)
     _conv.convolution_backward_filter(xv, gyv, gwv.shape, stride=stride_t, padding=pad_t,
                                       dilation=dil_t, groups=groups, out=gwv, stream=s, **flags)
@@ -365,11 +395,12 @@ _POOLING_NAMES = {CUDNN_POOLING_MAX: "max",
 
 def _constant(value: Any, name: str, table: dict[int, str], c_type: str, fn: str) -> str:
     """The pycudnn name of a cuDNN enum value given as an int."""
-    if isinstance(value, bool) or not isinstance(value, int) or value not in table:
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral)
+            or value not in table):
         choices = ", ".join(f"{v} ({n})" for v, n in table.items())
         raise ValueError(f"{fn}: {name} must be a {c_type} value, one of {choices}, but got "
                          f"{name}={value!r}")
-    return table[value]
+    return table[int(value)]
 
 
 def _activation_mode(mode: Any, coef: Any, fn: str) -> str:
@@ -438,14 +469,17 @@ def _copy_contiguous(t: Tensor, stream: int) -> Tensor:
     return tensor_from_pointer(copy.ptr, t.shape, t.dtype, device=t.device, owner=copy)
 
 
-def _activation_views(fn: str, *named: tuple[str, Tensor]) -> list[Tensor]:
-    """The tensors as cuDNN takes them: as they are up to 5 dims, else C-contiguous ones as 4-D
-    ``(n, size / n, 1, 1)``, CuPy 13's view."""
+def _activation_views(fn: str, stream: int, *named: tuple[str, Tensor]) -> list[Tensor]:
+    """The tensors as cuDNN takes them: as they are up to 5 dims, else as 4-D
+    ``(n, size / n, 1, 1)``, CuPy 13's view, of C-contiguous copies where they are not (inputs
+    only: the outputs here are new C-contiguous arrays)."""
     ts = [t for _, t in named]
     if all(t.ndim <= 5 for t in ts):
         return ts
     out = []
     for name, t in named:
+        if not t.is_contiguous():
+            t = _copy_contiguous(t, stream)
         n = t.shape[0] if t.ndim else 1
         out.append(_flat(t, (n, t.size // n if n else 0, 1, 1), name, fn))
     return out
@@ -467,9 +501,9 @@ def activation_forward(x: Any, mode: int, coef: float = 0.0) -> Any:
     fn = "activation_forward"
     name = _activation_mode(mode, coef, fn)
     s = _stream_of(x)
-    xt = as_tensor(x, stream=s)
+    xt = _input(x, s)
     result, yt = _new_result(x, xt, xt.shape, s)
-    xv, yv = _activation_views(fn, ("x", xt), ("y", yt))
+    xv, yv = _activation_views(fn, s, ("x", xt), ("y", yt))
     _act.run_forward(xv, name, coef, yv, s, NanPropagation.NOT_PROPAGATE_NAN, fn)
     return result
 
@@ -491,13 +525,13 @@ def activation_backward(x: Any, y: Any, gy: Any, mode: int, coef: float = 0.0) -
     fn = "activation_backward"
     name = _activation_mode(mode, coef, fn)
     s = _stream_of(x)
-    xt, yt, gyt = as_tensor(x, stream=s), as_tensor(y, stream=s), as_tensor(gy, stream=s)
+    xt, yt, gyt = _input(x, s), _input(y, s), _input(gy, s)
     for t, n in ((yt, "y"), (gyt, "gy")):
         if t.shape != xt.shape:
             raise ValueError(f"{fn}: expected {n} of size {list(xt.shape)} (the shape of x), but "
                              f"got {n} of size {list(t.shape)}")
     result, gxt = _new_result(x, xt, xt.shape, s)
-    xv, yv, gyv, gxv = _activation_views(fn, ("x", xt), ("y", yt), ("gy", gyt), ("gx", gxt))
+    xv, yv, gyv, gxv = _activation_views(fn, s, ("x", xt), ("y", yt), ("gy", gyt), ("gx", gxt))
     _act.run_backward(yv, gyv, xv, name, coef, gxv, s, NanPropagation.NOT_PROPAGATE_NAN, fn)
     return result
 
@@ -517,8 +551,9 @@ def _softmax_view(t: Tensor, axis: int, stream: int, copy: bool = True) -> Tenso
 
 
 def _softmax_axis(axis: Any, ndim: int, fn: str) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, int):
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
         raise TypeError(f"{fn}: axis must be an int, but got {type(axis).__name__} {axis!r}")
+    axis = int(axis)
     if not -ndim <= axis < ndim:
         raise IndexError(f"{fn}: Dimension out of range (expected to be in range of "
                          f"[{-ndim}, {ndim - 1}], but got {axis})")
@@ -545,7 +580,7 @@ def softmax_forward(x: Any, axis: int, algorithm: int) -> Any:
     fn = "softmax_forward"
     algo = _constant(algorithm, "algorithm", _SOFTMAX_NAMES, "cudnnSoftmaxAlgorithm_t", fn)
     s = _stream_of(x)
-    xt = as_tensor(x, stream=s)
+    xt = _input(x, s)
     a = _softmax_axis(axis, xt.ndim, fn)
     result, yt = _new_result(x, xt, xt.shape, s)
     xv = _softmax_view(xt, a, s)
@@ -570,7 +605,7 @@ def softmax_backward(y: Any, gy: Any, axis: int, algorithm: int) -> Any:
     fn = "softmax_backward"
     algo = _constant(algorithm, "algorithm", _SOFTMAX_NAMES, "cudnnSoftmaxAlgorithm_t", fn)
     s = _stream_of(y)
-    yt, gyt = as_tensor(y, stream=s), as_tensor(gy, stream=s)
+    yt, gyt = _input(y, s), _input(gy, s)
     a = _softmax_axis(axis, yt.ndim, fn)
     if gyt.shape != yt.shape:
         raise ValueError(f"{fn}: expected gy of size {list(yt.shape)} (the shape of y), but got "
@@ -601,6 +636,27 @@ def _pooling_args(xt: Tensor, ksize: Any, stride: Any, pad: Any, mode: Any,
     return k, st, p, name
 
 
+def _pooling_rule(xt: Tensor, yt: Tensor, k: tuple[int, ...], st: tuple[int, ...],
+                  p: tuple[int, ...], fn: str, name: str) -> str:
+    """The padding and output-size rule ``yt``'s size asks for: ``"window"`` for
+    ``(i + 2p - k) // s + 1`` (the pooling layers of CuPy 13 era code), ``"window_cover_all"``
+    for Chainer's ``cover_all=True`` size ``(i + 2p - k + s - 1) // s + 1`` (``max_pooling_2d``'s
+    default), which CuPy 13 passed to cuDNN as given."""
+    if not (xt.ndim in (4, 5) and len(k) == xt.ndim - 2
+            and all(isinstance(v, int) and v > 0 for v in k + st)):
+        return "window"  # the pooling's own checks name what is wrong
+    floor = xt.shape[:2] + _pooling.output_size(xt.shape[2:], k, st, p)
+    cover = xt.shape[:2] + _pooling.output_size(xt.shape[2:], k, st, p, cover_all=True)
+    if yt.shape == floor or min(floor) <= 0:
+        return "window"
+    if yt.shape == cover:
+        return "window_cover_all"
+    sizes = (f"{list(floor)}" if floor == cover
+             else f"{list(floor)} (or {list(cover)}, Chainer's cover_all=True)")
+    raise ValueError(f"{fn}: expected {name} of size {sizes} for x {list(xt.shape)}, "
+                     f"ksize={k}, stride={st}, pad={p}, but got {name} of size {list(yt.shape)}")
+
+
 def pooling_forward(x: Any, y: Any, ksize: Sequence[int], stride: Sequence[int],
                     pad: Sequence[int], mode: int) -> Any:
     """Pooling of ``x`` into the preallocated ``y``: CuPy 13's ``cupyx.cudnn.pooling_forward``.
@@ -608,7 +664,8 @@ def pooling_forward(x: Any, y: Any, ksize: Sequence[int], stride: Sequence[int],
     Args:
         x: ``(N, C, H, W)`` or ``(N, C, D, H, W)``, any strides.
         y: the preallocated, C-contiguous output ``(N, C, *out)`` with
-            ``out = (i + 2 * pad - ksize) // stride + 1``; overwritten.
+            ``out = (i + 2 * pad - ksize) // stride + 1``, or Chainer's ``cover_all=True`` size
+            ``(i + 2 * pad - ksize + stride - 1) // stride + 1``; overwritten.
         ksize: the window, one int per spatial dim.
         stride: one int per spatial dim.
         pad: one int per spatial dim, smaller than ``ksize`` (every window holds an input
@@ -621,19 +678,13 @@ def pooling_forward(x: Any, y: Any, ksize: Sequence[int], stride: Sequence[int],
 
     fn = "pooling_forward"
     s = _stream_of(x)
-    xt, yt = as_tensor(x, stream=s), as_tensor(y, stream=s)
+    xt, yt = _input(x, s), as_tensor(y, stream=s)
     k, st, p, name = _pooling_args(xt, ksize, stride, pad, mode, fn)
     if not yt.is_contiguous():
         raise ValueError(f"{fn}: pooling_forward supports c-contiguous y only, but got y with "
                          f"strides {list(yt.strides)} (in elements) for size {list(yt.shape)}")
-    if xt.ndim in (4, 5) and len(k) == xt.ndim - 2 and all(
-            isinstance(v, int) and v > 0 for v in k + st):
-        expected = xt.shape[:2] + _pooling.output_size(xt.shape[2:], k, st, p)
-        if yt.shape != expected and min(expected) > 0:
-            raise ValueError(f"{fn}: expected y of size {list(expected)} for x {list(xt.shape)}, "
-                             f"ksize={k}, stride={st}, pad={p}, but got y of size "
-                             f"{list(yt.shape)}")
-    _pooling.run_forward(xt, k, st, p, name, yt, s, NanPropagation.NOT_PROPAGATE_NAN, "window", fn,
+    rule = _pooling_rule(xt, yt, k, st, p, fn, "y")
+    _pooling.run_forward(xt, k, st, p, name, yt, s, NanPropagation.NOT_PROPAGATE_NAN, rule, fn,
                          out_name="y")
     return y
 
@@ -657,14 +708,15 @@ def pooling_backward(x: Any, y: Any, gy: Any, ksize: Sequence[int], stride: Sequ
 
     fn = "pooling_backward"
     s = _stream_of(x)
-    xt, yt, gyt = as_tensor(x, stream=s), as_tensor(y, stream=s), as_tensor(gy, stream=s)
+    xt, yt, gyt = _input(x, s), _input(y, s), _input(gy, s)
     k, st, p, name = _pooling_args(xt, ksize, stride, pad, mode, fn)
     if yt.shape != gyt.shape:
         raise ValueError(f"{fn}: expected gy of size {list(yt.shape)} (the shape of y), but got "
                          f"gy of size {list(gyt.shape)}")
+    rule = _pooling_rule(xt, yt, k, st, p, fn, "y")
     result, gxt = _new_result(x, xt, xt.shape, s)
     _pooling.run_backward(yt, gyt, xt, k, st, p, name, gxt, s, NanPropagation.NOT_PROPAGATE_NAN,
-                          "window", fn)
+                          rule, fn)
     return result
 
 
@@ -786,7 +838,8 @@ def _bn_write_back(tmp: Tensor, original: Tensor, stream: int) -> None:
 
 def _bn_flags(eps: Any, decay: Any | None, is_for_conv2d: Any, cudnn_mode: Any) -> None:
     if decay is not None:
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
+        if (isinstance(decay, (bool, np.bool_)) or not isinstance(decay, numbers.Real)
+                or not 0 <= float(decay) <= 1):
             raise ValueError(f"decay: expected a number in [0, 1] (the weight of the running "
                              f"value; pycudnn's momentum is 1 - decay), got {decay!r}")
     if cudnn_mode not in (CUDNN_BATCHNORM_PER_ACTIVATION, CUDNN_BATCHNORM_SPATIAL,
@@ -805,7 +858,7 @@ def _bn_debug(debug: Any, cudnn_mode: int, device: int, stream: int) -> None:
     status = _bn_module()._query_runtime_error(get_handle(device, stream))
     if status:
         warnings.warn(f"A numerical overflow might have happened in cuDNN batch normalization "
-                      f"(status:{status})", RuntimeWarning, stacklevel=3)
+                      f"(status:{status})", stacklevel=3)  # a UserWarning, as CuPy 13's
 
 
 def _bn_forward_training(x: Any, gamma: Any, beta: Any, running_mean: Any, running_var: Any,
@@ -816,10 +869,10 @@ def _bn_forward_training(x: Any, gamma: Any, beta: Any, running_mean: Any, runni
     _bn_flags(eps, decay, is_for_conv2d, cudnn_mode)
     bn = _bn_module()
     s = _stream_of(x)
-    xv, shape = _bn_data(x, is_for_conv2d, d_layout, s)
+    xv, shape = _bn_data(_input(x, s), is_for_conv2d, d_layout, s)
     pdt = _bn_param_dtype(xv)
-    g, _ = _bn_param(gamma, pdt, s)
-    b, _ = _bn_param(beta, pdt, s)
+    g, _ = _bn_param(_input(gamma, s), pdt, s)
+    b, _ = _bn_param(_input(beta, s), pdt, s)
     rm, rm_orig = _bn_param(running_mean, pdt, s)
     rv, rv_orig = _bn_param(running_var, pdt, s)
     sm = si = None
@@ -935,10 +988,10 @@ def batch_normalization_forward_inference(
     _bn_flags(eps, None, is_for_conv2d, cudnn_mode)
     bn = _bn_module()
     s = _stream_of(x)
-    xv, shape = _bn_data(x, is_for_conv2d, d_layout, s)
+    xv, shape = _bn_data(_input(x, s), is_for_conv2d, d_layout, s)
     pdt = _bn_param_dtype(xv)
-    g, b = _bn_param(gamma, pdt, s)[0], _bn_param(beta, pdt, s)[0]
-    m, v = _bn_param(mean, pdt, s)[0], _bn_param(var, pdt, s)[0]
+    g, b = _bn_param(_input(gamma, s), pdt, s)[0], _bn_param(_input(beta, s), pdt, s)[0]
+    m, v = _bn_param(_input(mean, s), pdt, s)[0], _bn_param(_input(var, s), pdt, s)[0]
     y = _bn_new(shape, xv.dtype, xv, s)
     yv, _ = _bn_data(y, is_for_conv2d, d_layout, s, "y")
     bn.batch_norm_forward_inference(xv, g, b, m, v, eps=eps, mode=int(cudnn_mode), out=yv,
@@ -951,7 +1004,8 @@ def batch_normalization_backward(
         cudnn_mode: int, debug: bool, d_layout: int = CUDNN_TENSOR_NCHW, *,
         reserve_space: Any = None) -> tuple[Any, Any, Any]:
     """CuPy 13's ``cupyx.cudnn.batch_normalization_backward``: ``(gx, ggamma, gbeta)``, new
-    arrays; ``ggamma`` and ``gbeta`` have ``gamma``'s shape and dtype.
+    arrays; ``ggamma`` and ``gbeta`` have ``gamma``'s shape, and cuDNN's parameter dtype (float32,
+    or float64 for float64 ``x``) when ``gamma`` has it, else ``x``'s dtype, as CuPy 13 gave.
 
     Args:
         x: the forward input.
@@ -969,20 +1023,22 @@ def batch_normalization_backward(
     _bn_flags(eps, None, is_for_conv2d, cudnn_mode)
     bn = _bn_module()
     s = _stream_of(x)
-    xv, shape = _bn_data(x, is_for_conv2d, d_layout, s)
-    gyv, _ = _bn_data(gy, is_for_conv2d, d_layout, s, "gy")
+    xv, shape = _bn_data(_input(x, s), is_for_conv2d, d_layout, s)
+    gyv, _ = _bn_data(_input(gy, s), is_for_conv2d, d_layout, s, "gy")
     pdt = _bn_param_dtype(xv)
-    g, g_orig = _bn_param(gamma, pdt, s)
-    m, v = _bn_param(mean, pdt, s)[0], _bn_param(inv_std, pdt, s)[0]
+    g, g_orig = _bn_param(_input(gamma, s), pdt, s)
+    m, v = _bn_param(_input(mean, s), pdt, s)[0], _bn_param(_input(inv_std, s), pdt, s)[0]
     gx = _bn_new(shape, xv.dtype, xv, s)
     gxv, _ = _bn_data(gx, is_for_conv2d, d_layout, s, "gx")
     _, dg, db = bn.batch_norm_backward(xv, gyv, g, m, v, eps=eps, mode=int(cudnn_mode), out=gxv,
                                        reserve=reserve_space, stream=s)
     _bn_debug(debug, cudnn_mode, xv.device, s)
     g_t = as_tensor(gamma, stream=s)
+    # CuPy 13: cuDNN's parameter dtype, or x's where gamma came in another dtype
+    g_dtype = pdt if g_t.dtype == pdt else xv.dtype
     outs = []
     for d in (dg, db):
-        r = _bn_new(g_t.shape, g_t.dtype, g_t, s)
+        r = _bn_new(g_t.shape, g_dtype, g_t, s)
         _bn_write_back(d, r, s)
         outs.append(_bn_result(r, x))
     return _bn_result(gx, x), outs[0], outs[1]
@@ -1016,7 +1072,7 @@ class DropoutStates:
 
         self._state.p = dropout_ratio
         s = _stream_of(x)
-        xv = as_tensor(x, stream=s)
+        xv = _input(x, s)
         y = _bn_new(xv.shape, xv.dtype, xv, s)
         _, reserve = dropout_forward(xv, self._state, out=y, stream=s)
         return reserve, _bn_result(y, x)
@@ -1027,7 +1083,7 @@ class DropoutStates:
 
         self._state.p = dropout_ratio
         s = _stream_of(dy)
-        dyv = as_tensor(dy, stream=s)
+        dyv = _input(dy, s)
         dx = _bn_new(dyv.shape, dyv.dtype, dyv, s)
         dropout_backward(dyv, self._state, reserve_space, out=dx, stream=s)
         return _bn_result(dx, dy)

@@ -176,3 +176,21 @@ def test_dropout_states():
     a.set_dropout_ratio(0.1)
     _, y2 = a.forward(None, x, 0.1)
     assert abs((cupy.asnumpy(y2) == 0).mean() - 0.1) < 0.01
+
+
+@pytest.mark.parametrize("x_dtype,gamma_dtype,expected", [
+    ("float32", "float16", "float32"),  # gamma converted: the result in x's dtype
+    ("float64", "float32", "float64"),
+    ("float16", "float32", "float32"),  # gamma in cuDNN's parameter dtype: kept
+])
+def test_backward_parameter_gradients_take_cupy13s_dtype(x_dtype, gamma_dtype, expected):
+    x = cupy.asarray(host((4, 8, 3, 3), 15).astype(x_dtype))
+    g = cupy.ones(8, gamma_dtype)
+    pdt = "float64" if x_dtype == "float64" else "float32"
+    mean, inv_std = x.astype(pdt).mean(axis=(0, 2, 3)), cupy.ones(8, pdt)
+    gy = cupy.ones_like(x)
+    _, gg, gb = cc.batch_normalization_backward(x, g, gy, mean, inv_std, 1e-5, True,
+                                                cc.CUDNN_BATCHNORM_SPATIAL, False)
+    assert gg.dtype == expected and gb.dtype == expected and gg.shape == (8,)
+    close(gb, np.full(8, 4 * 3 * 3.0), "float16" if "float16" in (x_dtype, expected) else "float32",
+          "gbeta")

@@ -5,6 +5,8 @@ CuPy's current stream."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,91 @@ def test_runs_on_cupys_current_stream():
         side.synchronize()
     R.close(got, R.pool_ref(R.sigmoid(x.astype(np.float64)), (2, 2), (2, 2), (0, 0), "max"),
             "float32")
+
+
+def _cover_all_windows(shape, k, s, p):
+    """Chainer's cover_all=True windows: one more per dim where the floor size leaves input out."""
+    out = [(i + 2 * pi - ki + si - 1) // si + 1 for i, ki, si, pi in zip(shape, k, s, p)]
+    for o in itertools.product(*map(range, out)):
+        ranges = [range(oi * si - pi, oi * si - pi + ki) for oi, si, pi, ki in zip(o, s, p, k)]
+        yield o, [q for q in itertools.product(*ranges)
+                  if all(0 <= qi < n for qi, n in zip(q, shape))]
+
+
+@pytest.mark.parametrize("mode", [cc.CUDNN_POOLING_MAX, cc.CUDNN_POOLING_MAX_DETERMINISTIC])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_max_pooling_into_chainers_cover_all_size(mode, dtype):
+    """Chainer's max_pooling_2d (cover_all=True by default) preallocates y one window larger
+    where the floor size leaves input out; CuPy 13 passed it to cuDNN as given."""
+    shape, k, s, p = (2, 3, 8, 8), (3, 3), (2, 2), (1, 1)
+    x = R.distinct(shape, 7)
+    windows = list(_cover_all_windows(shape[2:], k, s, p))
+    y_ref = np.zeros((2, 3, 5, 5))  # the floor size would be 4 x 4
+    gy = R.rounded(np.random.default_rng(8).standard_normal(y_ref.shape), dtype)
+    gx_ref = np.zeros(shape)
+    for o, inside in windows:
+        vals = np.stack([x[(slice(None), slice(None)) + q] for q in inside], axis=-1)
+        y_ref[(slice(None), slice(None)) + o] = vals.max(axis=-1)
+        arg = vals.argmax(axis=-1)
+        for j, q in enumerate(inside):
+            gx_ref[(slice(None), slice(None)) + q] += np.where(
+                arg == j, gy[(slice(None), slice(None)) + o], 0.0)
+    xd = dev(x, dtype)
+    y = cupy.full(y_ref.shape, np.nan, dtype)
+    assert cc.pooling_forward(xd, y, k, s, p, mode) is y
+    check(y, y_ref, dtype, "forward")
+    check(cc.pooling_backward(xd, y, dev(gy, dtype), k, s, p, mode), gx_ref, dtype, "backward")
+    with pytest.raises(ValueError, match=r"\[2, 3, 4, 4\] \(or \[2, 3, 5, 5\], Chainer's cover_all"):
+        cc.pooling_forward(xd, cupy.empty((2, 3, 6, 6), dtype), k, s, p, mode)
+
+
+def test_broadcast_inputs_are_read_like_contiguous_ones():
+    """cupy.broadcast_to views (stride-0 dims), e.g. the gradient of a sum: CuPy 13 copied its
+    inputs to contiguous arrays, so every function takes them."""
+    rng = np.random.default_rng(9)
+    row = cupy.asarray(rng.standard_normal((1, 3, 1, 5)).astype(np.float32))
+    b = cupy.broadcast_to(row, (2, 3, 4, 5))
+    dense = cupy.ascontiguousarray(b)
+    assert 0 in b.strides
+    x = cupy.asarray(rng.standard_normal((2, 3, 4, 5)).astype(np.float32))
+    relu = cc.CUDNN_ACTIVATION_RELU
+    y = cc.activation_forward(x, relu)
+    assert cupy.array_equal(cc.activation_backward(x, y, b, relu),
+                            cc.activation_backward(x, y, dense, relu))
+    assert cupy.array_equal(cc.activation_forward(b, relu), cc.activation_forward(dense, relu))
+    assert cupy.array_equal(cc.softmax_forward(b, 1, cc.CUDNN_SOFTMAX_ACCURATE),
+                            cc.softmax_forward(dense, 1, cc.CUDNN_SOFTMAX_ACCURATE))
+    pooled = [cupy.empty((2, 3, 2, 2), cupy.float32) for _ in range(2)]
+    for src, out in zip((b, dense), pooled):
+        cc.pooling_forward(src, out, (2, 2), (2, 2), (0, 0), cc.CUDNN_POOLING_MAX)
+    assert cupy.array_equal(*pooled)
+    w = cupy.asarray(rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    convs = [cupy.empty((2, 4, 2, 3), cupy.float32) for _ in range(2)]
+    for src, out in zip((b, dense), convs):
+        cc.convolution_forward(src, w, None, out, (0, 0), (1, 1), (1, 1), 1, auto_tune=False,
+                               tensor_core="never")
+    assert cupy.array_equal(*convs)
+    gamma = cupy.broadcast_to(cupy.asarray(np.float32(2.0)), (3,))
+    zeros, ones = cupy.zeros(3, cupy.float32), cupy.ones(3, cupy.float32)
+    bn = [cc.batch_normalization_forward_inference(b, g, zeros, zeros, ones, 1e-5, True,
+                                                   cc.CUDNN_BATCHNORM_SPATIAL)
+          for g in (gamma, cupy.full(3, 2.0, cupy.float32))]
+    assert cupy.array_equal(*bn)
+    states = cc.DropoutStates(None, 3)
+    reserve, _ = states.forward(None, x, 0.5)
+    assert cupy.array_equal(states.backward(None, b, 0.5, reserve),
+                            states.backward(None, dense, 0.5, reserve))
+
+
+def test_numpy_scalars_are_taken_as_cupy13_took_them():
+    x = cupy.asarray(np.random.default_rng(10).standard_normal((2, 3, 4, 5)).astype(np.float32))
+    assert cupy.array_equal(cc.activation_forward(x, np.int64(cc.CUDNN_ACTIVATION_RELU)),
+                            cc.activation_forward(x, cc.CUDNN_ACTIVATION_RELU))
+    assert cupy.array_equal(cc.softmax_forward(x, np.int64(1), np.int32(cc.CUDNN_SOFTMAX_LOG)),
+                            cc.softmax_forward(x, 1, cc.CUDNN_SOFTMAX_LOG))
+    rm, rv = cupy.zeros(3, cupy.float32), cupy.ones(3, cupy.float32)
+    cc.batch_normalization_forward_training(
+        x, cupy.ones(3, cupy.float32), cupy.zeros(3, cupy.float32), rm, rv, None, None, 1e-5,
+        np.float32(0.5), True, np.int64(cc.CUDNN_BATCHNORM_SPATIAL), False)
+    mean = cupy.asnumpy(x).astype(np.float64).mean(axis=(0, 2, 3))
+    R.close(cupy.asnumpy(rm), 0.5 * mean, "float32", "running mean, decay 0.5")

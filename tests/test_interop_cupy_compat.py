@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+import numpy
 import pytest
 
 import pycudnn
@@ -190,9 +191,18 @@ def test_backward_filter(rec, restore_workspace_bound):
     assert kw["workspace_limit"] == 1 << 20 and kw["deterministic"] is True
     assert kw["allow_tf32"] is False
     cc.set_max_workspace_size(None)
-    assert cc.get_max_workspace_size() is None
+    assert cc.get_max_workspace_size() == cc.UNBOUNDED_WORKSPACE  # an int, as CuPy's
+    cc.set_max_workspace_size(cc.get_max_workspace_size() * 4)  # CuPy 13 code does this
+    assert cc.get_max_workspace_size() == cc.UNBOUNDED_WORKSPACE
+    cc.convolution_backward_filter(x, gy, gw, (1, 1), (1, 1), (1, 1), 1, deterministic=False,
+                                   auto_tune=False, tensor_core="auto", d_layout=1)
+    assert "workspace_limit" not in rec.calls[-1][2]  # no bound
+    cc.set_max_workspace_size(numpy.int64(1 << 21))  # NumPy integers, as CuPy's size_t took
+    assert cc.get_max_workspace_size() == 1 << 21
     with pytest.raises(ValueError):
         cc.set_max_workspace_size(-1)
+    with pytest.raises(ValueError):
+        cc.set_max_workspace_size(1.5)
 
 
 def test_argument_errors(rec):

@@ -65,9 +65,12 @@ MODES: dict[str, PoolingMode] = {
 # ---- geometry -------------------------------------------------------------------------------------
 
 def output_size(input_size: Sequence[int], kernel_size: Sequence[int], stride: Sequence[int],
-                padding: Sequence[int]) -> tuple[int, ...]:
-    """Spatial output sizes of a pooling: ``(i + 2p - k) // s + 1`` per dim."""
-    return tuple((i + 2 * p - k) // s + 1
+                padding: Sequence[int], cover_all: bool = False) -> tuple[int, ...]:
+    """Spatial output sizes of a pooling: ``(i + 2p - k) // s + 1`` per dim; with
+    ``cover_all`` (Chainer's rule, for the CuPy 13 drop-in) ``(i + 2p - k + s - 1) // s + 1``,
+    one more window where the last one would otherwise leave input elements out."""
+    extra = 1 if cover_all else 0
+    return tuple((i + 2 * p - k + (s - 1) * extra) // s + 1
                  for i, k, s, p in zip(input_size, kernel_size, stride, padding))
 
 
@@ -86,10 +89,17 @@ def _spatial(name: str, value: Any, nd: int, fn: str) -> tuple[int, ...]:
         f"got {name}={value!r}")
 
 
+#: the CuPy 13 drop-in's rule for an output one window larger (Chainer's ``cover_all=True``):
+#: padding smaller than the window, ``output_size(..., cover_all=True)``
+_COVER_ALL = "window_cover_all"
+
+
 def _geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
               padding_rule: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
                                           tuple[int, ...]]:
-    """(kernel, stride, padding, output shape) after PyTorch's checks."""
+    """(kernel, stride, padding, output shape) after PyTorch's checks (``padding_rule``:
+    ``"half"``, PyTorch's; ``"window"``, CuPy 13's; ``_COVER_ALL``, CuPy 13's with Chainer's
+    larger output)."""
     nd = x.ndim - 2
     if min(x.shape[2:]) < 1:
         raise ValueError(f"{fn}: expected x to have non-zero spatial sizes (only the batch and "
@@ -111,10 +121,10 @@ def _geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
     if padding_rule == "half" and any(2 * pi > ki for pi, ki in zip(p, k)):
         raise ValueError(f"{fn}: pad should be at most half of kernel size, but got "
                          f"padding={p} and kernel_size={k}")
-    if padding_rule == "window" and any(pi >= ki for pi, ki in zip(p, k)):
+    if padding_rule != "half" and any(pi >= ki for pi, ki in zip(p, k)):
         raise ValueError(f"{fn}: pad should be smaller than kernel size (every window must hold "
                          f"an input element), but got padding={p} and kernel_size={k}")
-    out = output_size(x.shape[2:], k, s, p)
+    out = output_size(x.shape[2:], k, s, p, padding_rule == _COVER_ALL)
     if min(out) < 1:
         given = "x".join(map(str, x.shape[1:]))
         calc = "x".join(map(str, (x.shape[1],) + out))
@@ -267,7 +277,7 @@ def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: 
     pool = PoolingDescriptor(k, p, st, m, nan)
     xd = TensorDescriptor(x.shape, x.dtype, x.strides)
     yd = TensorDescriptor(shape, x.dtype, plan.strides)
-    if pool.output_shape(xd) != shape:  # pragma: no cover - cuDNN and PyTorch agree on 9.x
+    if rule != _COVER_ALL and pool.output_shape(xd) != shape:  # pragma: no cover - they agree
         raise ValueError(f"{fn}: cuDNN computes the output size {list(pool.output_shape(xd))} "
                          f"for x {list(x.shape)}, where the pooling gives {list(shape)}")
     plan.pool, plan.x, plan.y = pool.handle, xd.handle, yd.handle
