@@ -41,13 +41,17 @@ pass runs pycudnn's backward-data and backward-filter convolutions.
 
 from __future__ import annotations
 
+import copy
 import functools
 import operator
 import threading
 from typing import Any, Callable
 
+import numpy as np
+
 try:
     import torch
+    import torch.autograd.forward_ad as _forward_ad
     import torch.nn.functional as F
 except ImportError as _exc:  # pragma: no cover - exercised in a process without PyTorch
     raise ImportError(
@@ -62,10 +66,20 @@ from pycudnn.runtime.memory import callers_device, restore_device
 from pycudnn.runtime.tensor import Tensor, tensor_from_pointer
 
 __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_add_relu", "Conv2d", "FusedConv2d", "convert",
-           "fuse_for_inference", "clear_cache", "CACHE_MAX"]
+           "revert", "fuse_for_inference", "clear_cache", "CACHE_MAX", "ConvolutionValueError",
+           "ConvolutionTypeError"]
 
 #: bound of each map from call signatures to prepared launches (oldest entries go first)
 CACHE_MAX = 4096
+
+
+class ConvolutionValueError(ValueError, RuntimeError):
+    """An argument value PyTorch's convolutions refuse: a ``ValueError``, as pycudnn's checks
+    raise, and a ``RuntimeError``, as PyTorch's do (code written for either catches it)."""
+
+
+class ConvolutionTypeError(TypeError, RuntimeError):
+    """An argument type PyTorch's convolutions refuse: a ``TypeError`` and a ``RuntimeError``."""
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                 torch.float64: "float64"}
@@ -75,8 +89,21 @@ _CONTIG = torch.contiguous_format
 # PyTorch's flag readers: the C functions behind torch.backends.cudnn's properties (those
 # properties cost several times more per read)
 _C = torch._C
-_tf32: Callable[[], bool] = getattr(_C, "_get_cudnn_allow_tf32",
-                                    lambda: bool(torch.backends.cudnn.allow_tf32))
+_legacy_tf32: Callable[[], bool] = getattr(_C, "_get_cudnn_allow_tf32",
+                                           lambda: bool(torch.backends.cudnn.allow_tf32))
+_precision_getter = getattr(_C, "_get_fp32_precision_getter", None)
+
+
+def _tf32() -> bool:
+    """Whether PyTorch lets cuDNN's float32 convolutions use TF32. The legacy reader answers
+    unless PyTorch's per-operator ``fp32_precision`` settings (2.9 and later) give convolutions
+    and RNNs different answers; then it raises, and the convolutions' own setting decides."""
+    try:
+        return _legacy_tf32()
+    except RuntimeError:
+        if _precision_getter is None:
+            raise
+        return bool(_precision_getter("cuda", "conv") == "tf32")
 _det: Callable[[], bool] = getattr(_C, "_get_cudnn_deterministic",
                                    lambda: bool(torch.backends.cudnn.deterministic))
 _det_algos: Callable[[], bool] = getattr(_C, "_get_deterministic_algorithms",
@@ -84,6 +111,18 @@ _det_algos: Callable[[], bool] = getattr(_C, "_get_deterministic_algorithms",
 _bench: Callable[[], bool] = getattr(_C, "_get_cudnn_benchmark",
                                      lambda: bool(torch.backends.cudnn.benchmark))
 _grad_enabled = torch.is_grad_enabled
+_tracing_state = _C._get_tracing_state
+_functorch_active: Callable[[], bool] = getattr(_C, "_are_functorch_transforms_active",
+                                               lambda: False)
+
+
+def _pytorch_only() -> bool:
+    """Whether a call must run through PyTorch's own convolution: under ``torch.jit.trace``
+    (a launch through raw pointers would leave the traced graph without the convolution),
+    ``torch.func`` transforms (``grad``, ``vmap``, ``jacrev``: wrapped tensors have no
+    pointers) and forward-mode AD (a dual level is open: tangents must flow)."""
+    return (_forward_ad._current_level >= 0 or _functorch_active()
+            or _tracing_state() is not None)
 
 
 def _autocast_readers() -> tuple[Callable[[], bool], Callable[[], Any]]:
@@ -180,26 +219,30 @@ def _zero_bias(k: int, dtype: Any, device: Any) -> Any:
 
 def _check_tensor(fn: str, name: str, t: Any, dims: tuple[int, ...] | None = None) -> None:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{fn}: expected {name} to be a torch.Tensor, got {type(t).__name__}")
+        raise ConvolutionTypeError(f"{fn}: expected {name} to be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda":
-        raise TypeError(f"{fn}: expected {name} on a CUDA device, but got {name} on {t.device} "
+        raise ConvolutionTypeError(f"{fn}: expected {name} on a CUDA device, but got {name} on {t.device} "
                         f"(pycudnn runs on NVIDIA GPUs; move it with .cuda())")
     if t.layout is not torch.strided:
-        raise TypeError(f"{fn}: expected a strided (dense) {name}, got layout {t.layout}")
+        raise ConvolutionTypeError(f"{fn}: expected a strided (dense) {name}, got layout {t.layout}")
     if t.dtype not in _DTYPE_NAMES:
-        raise TypeError(f"{fn}: expected {name} of dtype torch.float32, torch.float16, "
+        raise ConvolutionTypeError(f"{fn}: expected {name} of dtype torch.float32, torch.float16, "
                         f"torch.bfloat16 or torch.float64, but got {t.dtype}")
     if dims is not None and t.dim() not in dims:
+        if fn == "conv2d" and name == "input":  # PyTorch's wording (3-D input was unsqueezed)
+            raise ConvolutionValueError(f"Expected 3D (unbatched) or 4D (batched) input to "
+                                        f"conv2d, but got input of size: {list(t.shape)}")
         want = " or ".join(f"{d}-D" for d in dims)
-        raise ValueError(f"{fn}: expected {want} {name}, but got {name} of size {list(t.shape)}")
+        raise ConvolutionValueError(f"{fn}: expected {want} {name}, but got {name} of size "
+                                    f"{list(t.shape)}")
 
 
 def _check_same(fn: str, x: Any, name: str, t: Any) -> None:
     if t.dtype != x.dtype:
-        raise TypeError(f"{fn}: expected input and {name} to have the same dtype, but got input "
+        raise ConvolutionTypeError(f"{fn}: expected input and {name} to have the same dtype, but got input "
                         f"of dtype {x.dtype} and {name} of dtype {t.dtype}")
     if t.device != x.device:
-        raise ValueError(f"{fn}: expected input and {name} on the same device, but got input on "
+        raise ConvolutionValueError(f"{fn}: expected input and {name} on the same device, but got input on "
                          f"{x.device} and {name} on {t.device}")
 
 
@@ -212,18 +255,18 @@ def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) 
     n, c, h, wd = x.shape
     k, cg, r, s = w.shape
     if w.shape[0] % groups:
-        raise ValueError(f"{fn}: given groups={groups}, expected weight to be divisible by {groups} "
+        raise ConvolutionValueError(f"{fn}: given groups={groups}, expected weight to be divisible by {groups} "
                          f"at dimension 0, but got weight of size {list(w.shape)} instead")
     if c != cg * groups:
-        raise ValueError(f"{fn}: given groups={groups}, weight of size {list(w.shape)}, expected "
+        raise ConvolutionValueError(f"{fn}: given groups={groups}, weight of size {list(w.shape)}, expected "
                          f"input{list(x.shape)} to have {cg * groups} channels, but got {c} "
                          f"channels instead")
     if min(w.shape) < 1:
-        raise ValueError(f"{fn}: expected weight to have positive sizes, got {list(w.shape)}")
+        raise ConvolutionValueError(f"{fn}: expected weight to have positive sizes, got {list(w.shape)}")
     out = [(i + 2 * p - d * (kk - 1) - 1) // st + 1
            for i, kk, st, p, d in zip((h, wd), (r, s), stride, padding, dilation)]
     if min(out) < 1:
-        raise ValueError(
+        raise ConvolutionValueError(
             f"{fn}: calculated padded input size per channel: ({h + 2 * padding[0]} x "
             f"{wd + 2 * padding[1]}). Kernel size: ({dilation[0] * (r - 1) + 1} x "
             f"{dilation[1] * (s - 1) + 1}). Kernel size can't be greater than actual input size")
@@ -232,29 +275,41 @@ def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) 
         _check_tensor(fn, "bias", b)
         _check_same(fn, x, "bias", b)
         if tuple(b.shape) != (k,):
-            raise ValueError(f"{fn}: given weight of size {list(w.shape)}, expected bias to be "
+            raise ConvolutionValueError(f"{fn}: given weight of size {list(w.shape)}, expected bias to be "
                              f"1-dimensional with {k} elements, but got bias of size "
                              f"{list(b.shape)} instead")
     if z is not None:
         _check_tensor(fn, "z", z)
         _check_same(fn, x, "z", z)
         if tuple(z.shape) != shape:
-            raise ValueError(f"{fn}: expected z of the output's size {list(shape)}, but got z of "
+            raise ConvolutionValueError(f"{fn}: expected z of the output's size {list(shape)}, but got z of "
                              f"size {list(z.shape)}")
     return shape
 
 
 def _pair(name: str, value: Any, minimum: int, what: str) -> tuple[int, int]:
-    if isinstance(value, bool) or not isinstance(value, (int, tuple, list, torch.Size)):
-        raise TypeError(f"conv2d: expected {name} to be an int or a tuple of 2 ints, got "
-                        f"{type(value).__name__} {value!r}")
-    values = (value, value) if isinstance(value, int) else tuple(value)
-    if len(values) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
-        raise ValueError(f"expected {name} to be a single integer value or a list of 2 values to "
-                         f"match the convolution dimensions, but got {name}={list(values)}")
-    if min(values) < minimum:
-        raise ValueError(f"{what}, but got {name}={list(values)}")
-    return values[0], values[1]
+    """An int or a sequence of one or two ints (NumPy integers and 0-d tensors too, as PyTorch
+    takes them) as a pair of Python ints."""
+    if isinstance(value, (tuple, list, torch.Size)):
+        values = tuple(value)
+        if len(values) == 1:  # nn.Conv2d(stride=(2,)) keeps (2,); F.conv2d expands it
+            values *= 2
+    else:
+        values = (value, value)
+    try:
+        if any(isinstance(v, (bool, np.bool_)) for v in values):
+            raise TypeError
+        ints = tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise ConvolutionTypeError(f"conv2d: expected {name} to be an int or a tuple of 2 ints, "
+                                   f"got {type(value).__name__} {value!r}") from None
+    if len(ints) != 2:
+        raise ConvolutionValueError(f"expected {name} to be a single integer value or a list of 2 "
+                                    f"values to match the convolution dimensions, but got "
+                                    f"{name}={list(values)}")
+    if min(ints) < minimum:
+        raise ConvolutionValueError(f"{what}, but got {name}={list(ints)}")
+    return ints[0], ints[1]
 
 
 _GEOM: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
@@ -276,24 +331,28 @@ def _geometry(stride: Any, padding: Any, dilation: Any, groups: Any,
         return hit
     st = _pair("stride", stride, 1, "non-positive stride is not supported")
     dil = _pair("dilation", dilation, 1, "dilation should be greater than zero")
-    if isinstance(groups, bool) or not isinstance(groups, int):
-        raise TypeError(f"conv2d: expected groups to be an int, got {groups!r}")
+    try:
+        if isinstance(groups, (bool, np.bool_)):
+            raise TypeError
+        groups = operator.index(groups)
+    except TypeError:
+        raise ConvolutionTypeError(f"conv2d: expected groups to be an int, got {groups!r}") from None
     if groups < 1:
-        raise ValueError(f"non-positive groups is not supported, but got groups={groups}")
+        raise ConvolutionValueError(f"non-positive groups is not supported, but got groups={groups}")
     pre_pad = None
     if isinstance(padding, str):
         if padding == "valid":
             pad = (0, 0)
         elif padding == "same":
             if st != (1, 1):
-                raise ValueError("padding='same' is not supported for strided convolutions")
+                raise ConvolutionValueError("padding='same' is not supported for strided convolutions")
             total = [d * (k - 1) for d, k in zip(dil, weight.shape[2:])]
             pad = (total[0] // 2, total[1] // 2)
             extra = [t - 2 * (t // 2) for t in total]
             if any(extra):
                 pre_pad = (0, extra[1], 0, extra[0])  # F.pad: last dim first, (left, right)
         else:
-            raise ValueError(f"Invalid padding string {padding!r}, should be one of "
+            raise ConvolutionValueError(f"Invalid padding string {padding!r}, should be one of "
                              f"['valid', 'same']")
     else:
         pad = _pair("padding", padding, 0, "negative padding is not supported")
@@ -670,6 +729,8 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
         TypeError: a tensor that is not on a CUDA device, or of an unsupported dtype.
         ValueError: shapes, groups or geometry that do not fit (PyTorch's wording).
     """
+    if _pytorch_only():
+        return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
     if _autocast_enabled():
         input, weight, bias = _autocast(input, weight, bias)
     geom, pre_pad = _geometry(stride, padding, dilation, groups, weight)
@@ -689,6 +750,8 @@ def conv2d_bias_relu(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
     Arguments as [`conv2d`][pycudnn.torch.conv2d] (4-D input; ``bias=None`` adds nothing).
     Backward masks the gradient with ``y > 0`` and runs the convolution's backward.
     """
+    if _pytorch_only():
+        return torch.relu(F.conv2d(input, weight, bias, stride, padding, dilation, groups))
     if _autocast_enabled():
         input, weight, bias = _autocast(input, weight, bias)
     geom, pre_pad = _geometry(stride, padding, dilation, groups, weight)
@@ -708,6 +771,9 @@ def conv2d_add_relu(input: Any, weight: Any, z: Any, bias: Any = None, alpha: fl
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"conv2d_add_relu: expected alpha to be a real number, got {alpha!r}")
+    if _pytorch_only():
+        y = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+        return torch.relu(y + z if alpha == 1.0 else y + alpha * z)
     if _autocast_enabled():
         input, weight, z, bias = _autocast(input, weight, z, bias)
     geom, pre_pad = _geometry(stride, padding, dilation, groups, weight)
@@ -752,6 +818,19 @@ def convert(module: Any) -> Any:
     for m in module.modules():
         if type(m) is torch.nn.Conv2d:
             m.__class__ = Conv2d
+    return module
+
+
+def revert(module: Any) -> Any:
+    """Undo [`convert`][pycudnn.torch.convert]: every [`pycudnn.torch.Conv2d`][pycudnn.torch.Conv2d]
+    in ``module`` (itself included) becomes a ``torch.nn.Conv2d`` again, in place; returns
+    ``module``. For tools that test for ``torch.nn.Conv2d`` exactly (quantization's module
+    fusion, ``torch.fx.experimental.optimization.fuse``)."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"revert: expected a torch.nn.Module, got {type(module).__name__}")
+    for m in module.modules():
+        if type(m) is Conv2d:
+            m.__class__ = torch.nn.Conv2d
     return module
 
 
@@ -849,8 +928,10 @@ def fuse_for_inference(model: Any) -> Any:
     * ``conv -> [bn]`` otherwise: one convolution with the folded bias.
 
     A part of the model that fx cannot trace is searched module by module instead; what matches
-    no pattern stays as it is. The result is a ``torch.fx.GraphModule`` (or ``model`` itself when
-    nothing matched); the original model is not modified.
+    no pattern stays as it is. The result is a copy (``model`` itself when nothing matched): a
+    ``torch.fx.GraphModule``, or a copy of ``model``'s own class where fx could not trace it as
+    a whole; the original model is not modified and shares no parameters with it. A convolution
+    module called more than once is fused separately for each call.
 
     Raises:
         ValueError: the model is in training mode (BatchNorm's batch statistics cannot be folded).
@@ -861,25 +942,39 @@ def fuse_for_inference(model: Any) -> Any:
     if model.training:
         raise ValueError("fuse_for_inference: the model is in training mode; call model.eval() "
                          "first (BatchNorm is folded with its running statistics)")
-    return _fuse(model)
+    # a copy: the parts fx cannot trace are rewritten in place, and the fused modules must not
+    # share weights with a model that may go on training
+    fused = _fuse(copy.deepcopy(model))
+    return model if fused is None else fused
 
 
 _RELU_FUNCTIONS = {F.relu, F.relu_, torch.relu, torch.relu_}
 _ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
 
 
-def _fuse(module: Any) -> Any:
+def _fuse(module: Any) -> Any | None:
+    """``module`` with its patterns fused: a GraphModule, or ``module`` itself with fused
+    children where fx cannot trace it; None where nothing matched."""
     import torch.fx
 
+    class Tracer(torch.fx.Tracer):
+        """fx's tracer, with pycudnn's modules as leaves (like torch.nn's own): tracing into
+        ``Conv2d._conv_forward`` would stop at its device test."""
+
+        def is_leaf_module(self, m: Any, qualname: str) -> bool:
+            return isinstance(m, (Conv2d, FusedConv2d)) or super().is_leaf_module(m, qualname)
+
     try:
-        gm = torch.fx.symbolic_trace(module)
+        gm = torch.fx.GraphModule(module, Tracer().trace(module), type(module).__name__)
     except Exception:  # dynamic control flow, ...: look inside its children instead
+        changed = False
         for name, child in list(module.named_children()):
             fused = _fuse(child)
-            if fused is not child:
+            if fused is not None:
                 setattr(module, name, fused)
-        return module
-    return gm if _rewrite(gm) else module
+                changed = True
+        return module if changed else None
+    return gm if _rewrite(gm) else None
 
 
 def _users(node: Any) -> list[Any]:
@@ -941,7 +1036,12 @@ def _rewrite(gm: Any) -> bool:
             continue  # a lone convolution: nothing to fuse
         fused = FusedConv2d(weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups,
                             relu=relu_node is not None, residual=add_node is not None)
-        name = f"{node.target}_fused"  # beside the convolution it replaces
+        name = base = f"{node.target}_fused"  # beside the convolution it replaces
+        again = 1
+        while name in modules:  # the same convolution called again: a name per call
+            again += 1
+            name = f"{base}{again}"
+        modules[name] = fused
         gm.add_submodule(name, fused)
         last = relu_node if relu_node is not None else tail
         with graph.inserting_after(last):

@@ -209,9 +209,55 @@ def test_fuse_searches_inside_what_fx_cannot_trace():
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     expected = model(x)
     fused = pt.fuse_for_inference(model)
-    assert fused is model and isinstance(fused.block, torch.fx.GraphModule)
+    assert type(fused) is Dynamic and isinstance(fused.block, torch.fx.GraphModule)
     assert [m.relu for m in _fused_modules(fused.block)] == [True]
     torch.testing.assert_close(fused(x), expected, rtol=1e-10, atol=1e-10)
+    # the original is untouched and shares no parameter with the copy (it may go on training)
+    assert type(model.block) is nn.Sequential and len(model.block) == 3
+    assert not {p.data_ptr() for p in model.parameters()} & {
+        p.data_ptr() for p in fused.parameters()}
+
+
+@needs_torch
+def test_fuse_fuses_each_call_of_a_shared_convolution_separately():
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.bn1, self.bn2 = nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return F.relu(self.bn1(self.conv(x))), self.bn2(self.conv(x))
+
+    torch.manual_seed(1)
+    model = randomize_batchnorm(Shared()).double().eval()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    expected = model(x)
+    fused = pt.fuse_for_inference(model)
+    assert sorted(m.relu for m in _fused_modules(fused)) == [False, True]
+    for got, want in zip(fused(x), expected):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@needs_torch
+def test_fuse_takes_a_converted_model():
+    torch.manual_seed(2)
+    model = pt.convert(randomize_batchnorm(
+        nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())).double().eval())
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    fused = pt.fuse_for_inference(model)
+    assert [m.relu for m in _fused_modules(fused)] == [True]
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in fused.modules())
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-10, atol=1e-10)
+
+
+@needs_torch
+def test_revert_undoes_convert():
+    model = pt.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()))
+    assert type(model[0]) is pt.Conv2d
+    assert pt.revert(model) is model and type(model[0]) is nn.Conv2d
+    with pytest.raises(TypeError, match="expected a torch.nn.Module"):
+        pt.revert(3)
 
 
 @needs_torch

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -198,6 +199,77 @@ def test_autocast_casts_like_pytorch(dtype):
     x64 = x.double()
     with torch.autocast("cuda", dtype=dtype):  # float64 is left alone, as autocast does
         assert pt.conv2d(x64, w.double(), padding=1).dtype == torch.float64
+
+
+def test_pytorchs_fp32_precision_settings_are_followed():
+    """PyTorch 2.9's per-operator fp32_precision (the legacy allow_tf32 reader raises once conv
+    and RNN differ): calls keep working and follow the convolutions' own setting."""
+    conv_settings = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
+    if conv_settings is None:
+        pytest.skip("this PyTorch has no per-operator fp32_precision")
+    g = torch.Generator(device=DEV).manual_seed(7)
+    x = torch.randn(2, 64, 16, 16, device=DEV, generator=g)
+    w = torch.randn(64, 64, 3, 3, device=DEV, generator=g)
+    ref = reference(lambda x_, w_: F.conv2d(x_, w_, padding=1), x, w)[0]
+    saved = torch.backends.cudnn.conv.fp32_precision
+    try:
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        assert rel_err(pt.conv2d(x, w, padding=1), ref) < 1e-5  # full float32
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        assert rel_err(pt.conv2d(x, w, padding=1), ref) < 1e-2
+    finally:
+        torch.backends.cudnn.conv.fp32_precision = saved
+
+
+def test_argument_forms_pytorch_takes():
+    g = torch.Generator(device=DEV).manual_seed(8)
+    x = torch.randn(2, 4, 9, 9, device=DEV, generator=g)
+    w = torch.randn(6, 2, 3, 3, device=DEV, generator=g)
+    ref = F.conv2d(x, w, stride=2, padding=1, groups=2)
+    for kwargs in (dict(stride=(2,), padding=[1], groups=np.int64(2)),
+                   dict(stride=np.int64(2), padding=(np.int64(1), 1), groups=2),
+                   dict(stride=torch.Size([2, 2]), padding=1, groups=2)):
+        assert rel_err(pt.conv2d(x, w, **kwargs), ref) < 1e-5, kwargs
+    m = pt.Conv2d(4, 6, 3, stride=(2,), padding=np.int64(1), groups=2).cuda()
+    with torch.no_grad():
+        assert rel_err(m(x), F.conv2d(x, m.weight, m.bias, 2, 1, 1, 2)) < 1e-5
+
+
+def test_errors_are_the_runtime_errors_pytorch_raises_too():
+    x = torch.randn(2, 4, 9, 9, device=DEV)
+    for call in (lambda: pt.conv2d(x, torch.randn(6, 3, 3, 3, device=DEV)),  # channels
+                 lambda: pt.conv2d(x, torch.randn(6, 4, 3, 3, device=DEV).half()),  # dtype
+                 lambda: pt.conv2d(x, torch.randn(6, 4, 11, 11, device=DEV)),  # kernel > input
+                 lambda: pt.conv2d(x, torch.randn(6, 4, 3, 3, device=DEV), stride=0),
+                 lambda: pt.conv2d(x[0, 0], torch.randn(6, 4, 3, 3, device=DEV))):  # 2-D
+        with pytest.raises(RuntimeError):
+            call()
+        with pytest.raises((ValueError, TypeError)):  # pycudnn's own classes, as before
+            call()
+    with pytest.raises(RuntimeError, match=r"Expected 3D \(unbatched\) or 4D \(batched\) input"):
+        pt.conv2d(x[0, 0], torch.randn(6, 4, 3, 3, device=DEV))
+
+
+def test_tracing_forward_ad_and_torch_func_see_a_convolution():
+    """jit.trace records PyTorch's convolution (a launch through raw pointers would leave it
+    out of the traced graph), forward-mode AD carries tangents, torch.func transforms work."""
+    g = torch.Generator(device=DEV).manual_seed(9)
+    x = torch.randn(2, 4, 8, 8, device=DEV, generator=g)
+    w = torch.randn(6, 4, 3, 3, device=DEV, generator=g)
+    model = pt.convert(nn.Sequential(nn.Conv2d(4, 6, 3, padding=1))).cuda()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, x)
+        x2 = torch.randn(2, 4, 8, 8, device=DEV, generator=g)
+        assert rel_err(traced(x2), model(x2)) < 1e-5
+    import torch.autograd.forward_ad as fwad
+    t = torch.randn_like(w)
+    with fwad.dual_level():
+        tangent = fwad.unpack_dual(pt.conv2d(x, fwad.make_dual(w, t), padding=1)).tangent
+    assert tangent is not None and rel_err(tangent, F.conv2d(x, t, padding=1)) < 1e-5
+    grad = torch.func.grad(lambda w_: pt.conv2d(x, w_, padding=1).square().sum())(w)
+    w_ref = w.clone().requires_grad_()
+    F.conv2d(x, w_ref, padding=1).square().sum().backward()
+    assert rel_err(grad, w_ref.grad) < 1e-5
 
 
 def test_unbatched_input_same_padding_and_views():
