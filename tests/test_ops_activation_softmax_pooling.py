@@ -95,7 +95,7 @@ CASES = [
     (pooling_forward, (X, True), {}, TypeError, r"kernel_size must be a single int"),
     (pooling_forward, (X, 2.0), {}, TypeError, r"kernel_size must be a single int"),
     (pooling_forward, (X, 3), {"stride": 0}, ValueError, r"stride should be greater than zero"),
-    (pooling_forward, (X, 3), {"stride": (1,)}, ValueError, r"stride must be a single int or a tuple of 2"),
+    (pooling_forward, (X, 3), {"stride": (1, 1, 1)}, ValueError, r"stride must be a single int or a tuple of 2"),
     (pooling_forward, (X, 3), {"padding": -1}, ValueError, r"pad must be non-negative"),
     (pooling_forward, (X, 3), {"padding": 2}, ValueError, r"pad should be at most half of kernel size, but got padding=\(2, 2\) and kernel_size=\(3, 3\)"),
     (pooling_forward, (X, 3), {"padding": (1, 2)}, ValueError, r"pad should be at most half"),
@@ -501,6 +501,8 @@ def _as_tuple(v, nd):
     """The oracle's reading of a geometry argument: a tuple, or the parameter's violation."""
     if type(v) is int:
         return (v,) * nd
+    if isinstance(v, (tuple, list)) and len(v) == 1 and type(v[0]) is int:
+        return (v[0],) * nd  # PyTorch's one value for every dim
     if isinstance(v, (tuple, list)) and len(v) == nd and all(type(e) is int for e in v):
         return tuple(v)
     return None
@@ -515,7 +517,7 @@ def pooling_violations(shape, kernel, stride, padding, mode):
         return ["non-zero spatial sizes"]
     out = []
     k = _as_tuple(kernel, nd)
-    s = k if stride is None else _as_tuple(stride, nd)
+    s = k if stride is None or stride in ((), []) else _as_tuple(stride, nd)
     p = _as_tuple(padding, nd)
     if k is None:
         out.append("kernel_size must be")
@@ -544,7 +546,7 @@ def pooling_violations(shape, kernel, stride, padding, mode):
 def _expected_shape(shape, kernel, stride, padding):
     nd = len(shape) - 2
     k = _as_tuple(kernel, nd)
-    s = k if stride is None else _as_tuple(stride, nd)
+    s = k if stride is None or stride in ((), []) else _as_tuple(stride, nd)
     p = _as_tuple(padding, nd)
     return shape[:2] + tuple((i + 2 * pi - ki) // si + 1 for i, ki, si, pi in zip(shape[2:], k, s, p))
 

@@ -395,6 +395,11 @@ def test_planned_batch_norm_calls_still_check_addresses_and_read_only_outputs(mo
     shared = pycudnn.tensor_from_pointer(rm.ptr + 4, (3,), "float32")
     with pytest.raises(ValueError, match="running_mean and running_var overlap"):
         fwd(x, w, b, rm, shared)
+    # updated in place, so never one of the inputs (one ``ones`` as weight and running_var)
+    with pytest.raises(ValueError, match="running_var: it overlaps weight"):
+        fwd(x, w, b, rm, pycudnn.tensor_from_pointer(w.ptr, (3,), "float32"))
+    with pytest.raises(ValueError, match="running_mean: it overlaps bias"):
+        fwd(x, w, b, pycudnn.tensor_from_pointer(b.ptr, (3,), "float32"), rv)
     on_x = pycudnn.tensor_from_pointer(x.ptr, x.shape, "float32")
     with pytest.raises(ValueError, match="out: it overlaps input"):
         fwd(x, w, b, rm, rv, out=on_x, save_mean=sm, save_invstd=si)
@@ -422,6 +427,24 @@ def test_planned_batch_norm_backward_hands_a_foreign_reserve_to_the_full_checks(
             (bn.ReserveSpace(None, 16, 1, False, ()), ValueError, "expected reserve on cuda:0")]:
         with pytest.raises(exc, match=words):
             bn.batch_norm_backward(x, dy, w, None, None, reserve=reserve)
+    # a reserve of another call is refused by the checks, before any GPU work (here that would
+    # be a NoDeviceError): another shape, another mode, the fused forward's
+    key = ((4, 3, 5, 5), (75, 25, 5, 1), np.dtype("float32"), bn.MODES["spatial"], 0)
+    for bad in (((2,) + key[0][1:],) + key[1:], key[:3] + (bn.MODES["spatial_persistent"], 0),
+                key[:4] + (2,)):
+        with pytest.raises(ValueError, match="reserve was made by a forward pass of another"):
+            bn.batch_norm_backward(x, dy, w, None, None,
+                                   reserve=bn.ReserveSpace(None, 16, 0, bad[4] == 2, bad))
+    with pytest.raises(ValueError, match="reserve comes from a batch norm without the fused"):
+        bn.batch_norm_add_relu_backward(x, x, dy, w, w, None, None,
+                                        reserve=bn.ReserveSpace(None, 16, 0, False, key))
+
+
+def test_dropout_p_that_rounds_to_one_in_float32_is_refused():
+    with pytest.raises(ValueError, match="rounds to 1.0"):
+        dr.DropoutState(1 - 1e-8, seed=0)
+    with pytest.raises(ValueError, match=r"has to be in \[0, 1\)"):
+        dr.DropoutState(10**400, seed=0)
 
 
 @no_gpu_only

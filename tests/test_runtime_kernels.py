@@ -102,12 +102,19 @@ def test_which_activation_signatures_can_be_compiled():
     assert rk.activation_promotion("relu", 0.0, x, ((240, 1, 48, 8),), False, True) is None
     p = view((13,))
     assert rk.activation_promotion("relu", 0.0, p, (p.strides,), False, True) is None
+    # backward where the legacy and compiled kernels differ at a kink: kept on the legacy one
+    both = (x.strides, x.strides)
+    assert rk.activation_promotion("clipped_relu", 6.0, x, both, True, True) is None
+    assert rk.activation_promotion("elu", 0.5, x, both, True, True) is None
+    assert isinstance(rk.activation_promotion("elu", 1.0, x, both, True, True), rk.Promotion)
+    assert isinstance(rk.activation_promotion("clipped_relu", 6.0, x, (x.strides,), False, True),
+                      rk.Promotion)
 
 
 def test_sigmoid_and_tanh_gradients_are_compiled_from_the_output():
     x = view((2, 8, 5, 6))
     for mode, from_y in (("sigmoid", True), ("tanh", True), ("relu", False), ("elu", False),
-                         ("swish", False), ("clipped_relu", False)):
+                         ("swish", False)):  # (clipped relu's backward is not compiled)
         p = rk.activation_promotion(mode, 1.0, x, (x.strides,) * 3, True, True)
         assert p.reads_output is from_y, mode
         assert rk.activation_promotion(mode, 1.0, x, (x.strides,), False, True).reads_output is False
@@ -158,3 +165,28 @@ def test_background_build_failure_is_counted_and_waited_for(monkeypatch):
     assert rk.wait(timeout=30)
     assert rk.stats()["failed"] == before["failed"] + 1 and rk.stats()["building"] == 0
     assert "no GPU here" in p.error
+
+
+def test_a_signature_past_its_count_builds_once_the_settings_allow_it(monkeypatch):
+    """Disabled while a signature passed its count, or after_calls lowered below a signature's
+    count: the next call asks for the build (once), not never."""
+    monkeypatch.setattr(rk, "get_handle", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("no GPU here")))  # a build fails here: counted as failed, i.e. asked for
+    rk.configure(after_calls=3, background=False, enabled=False)
+    x = view((2, 8, 5, 8))
+    p = rk.activation_promotion("relu", 0.0, x, (x.strides,), False, True)
+    before = rk.stats()
+    for _ in range(5):
+        p.tick()
+    assert rk.stats() == before  # disabled: nothing asked
+    rk.configure(enabled=True)
+    p.tick()
+    assert rk.stats()["failed"] == before["failed"] + 1
+    p.tick()
+    assert rk.stats()["failed"] == before["failed"] + 1  # once
+    q = rk.activation_promotion("sigmoid", 0.0, x, (x.strides,), False, True)
+    q.tick()
+    q.tick()
+    rk.configure(after_calls=2)
+    q.tick()
+    assert rk.stats()["failed"] == before["failed"] + 2

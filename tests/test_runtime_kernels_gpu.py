@@ -82,9 +82,32 @@ def test_activation_on_the_compiled_kernel(compile_at_first_call, mode, coef, dt
     close(R.host(Y), R.act_ref(x, mode, coef), dtype, "forward, compiled kernel")
     if layout == "nhwc":
         assert Y.memory_format == "channels_last"
-    ready_after(lambda: activation_backward(Y, DY, X, mode, coef=coef))
+    if mode == "clipped_relu" or (mode == "elu" and coef != 1.0):  # kept on the legacy kernel
+        before = rk.stats()
+        activation_backward(Y, DY, X, mode, coef=coef)
+        assert rk.stats() == before
+    else:
+        ready_after(lambda: activation_backward(Y, DY, X, mode, coef=coef))
     DX = activation_backward(Y, DY, X, mode, coef=coef)
     close(R.host(DX), R.act_grad_ref(x, dy, mode, coef), dtype, "backward, compiled kernel")
+
+
+@pytest.mark.parametrize("mode,coef", [("relu", 0.0), ("clipped_relu", 6.0), ("elu", 0.5),
+                                       ("elu", 1.0)])
+def test_gradients_at_the_kinks_do_not_change_when_a_signature_switches(mode, coef):
+    """At x == 0 and x == coef cuDNN's legacy and compiled kernels take different one-sided
+    derivatives for clipped relu and elu: a signature gives the same gradient on every call."""
+    rk.configure(after_calls=2, background=False)
+    x = np.tile(np.array([-1.0, 0.0, 3.0, coef or 5.0, 7.0], np.float32), 2 * 8 * 5 * 8)
+    x = x.reshape(2, 8, 5, 40)
+    X = pycudnn.from_numpy(x, memory_format="channels_last")
+    DY = pycudnn.from_numpy(np.ones_like(x), memory_format="channels_last")
+    Y = activation_forward(X, mode, coef=coef)
+    grads = [R.host(activation_backward(Y, DY, X, mode, coef=coef)) for _ in range(4)]
+    for g in grads[1:]:
+        assert np.array_equal(g, grads[0])
+    if mode == "relu":  # PyTorch's convention: no gradient at 0
+        assert (grads[0][x == 0] == 0).all()
 
 
 def test_nan_propagates_and_in_place_on_the_compiled_kernel(compile_at_first_call):

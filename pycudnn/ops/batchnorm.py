@@ -398,13 +398,21 @@ def _alloc(shape: tuple[int, ...], dtype: np.dtype, device: int, s: int, sref: A
     return Tensor._make(buf.ptr, shape, tuple(reversed(strides)), dtype, device, buf)
 
 
-def _dense_input(handle: int, x4: Tensor, s: int, sref: Any) -> Tensor:
-    """``x4`` where it is dense in its memory format, else a dense copy in that format."""
+def _dense_strides(x4: Tensor) -> tuple[int, ...]:
+    """The strides cuDNN gets ``x4`` in: its own where it is dense in its memory format, else
+    those of a dense copy in that format."""
     fmt = _format(x4)
     if x4.is_contiguous(fmt):
-        return x4
-    strides = channels_last_strides(x4.shape) if fmt == "channels_last" else \
+        return x4.strides
+    return channels_last_strides(x4.shape) if fmt == "channels_last" else \
         contiguous_strides(x4.shape)
+
+
+def _dense_input(handle: int, x4: Tensor, s: int, sref: Any) -> Tensor:
+    """``x4`` where it is dense in its memory format, else a dense copy in that format."""
+    strides = _dense_strides(x4)
+    if strides == x4.strides:
+        return x4
     buf = allocate_fast(x4.size * x4.itemsize, x4.device, s, sref)
     tmp = Tensor._make(buf.ptr, x4.shape, strides, x4.dtype, x4.device, buf)
     transform(handle, x4, tmp)
@@ -537,8 +545,9 @@ def _prologue(fn: str, x: Any, mode: Any, stream: Any, training: bool) -> _Call:
     return _Call(fn, xt, m, stream)
 
 
-def _check_stats(fn: str, running_mean: Any, running_var: Any, call: _Call,
-                 stream: Any) -> tuple[Tensor | None, Tensor | None]:
+def _check_stats(fn: str, running_mean: Any, running_var: Any, call: _Call, stream: Any,
+                 reads: Sequence[tuple[str, Tensor | None]]) -> tuple[Tensor | None,
+                                                                    Tensor | None]:
     if (running_mean is None) != (running_var is None):
         missing = "running_var" if running_var is None else "running_mean"
         raise ValueError(f"{fn}: expected running_mean and running_var both given or both None, "
@@ -549,6 +558,10 @@ def _check_stats(fn: str, running_mean: Any, running_var: Any, call: _Call,
     rv = _param(running_var, "running_var", call.x, call.mode, fn, stream, writable=True)
     if rm.size and views_overlap(rm, rv):
         raise ValueError(f"{fn}: running_mean and running_var overlap; pass separate tensors")
+    # updated in place: sharing memory with what the call reads (one ``ones`` tensor as weight
+    # and running_var, say) would change that input mid-call
+    _no_overlap(rm, f"{fn}: running_mean", reads)
+    _no_overlap(rv, f"{fn}: running_var", reads)
     return rm, rv
 
 
@@ -750,9 +763,14 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
         if rm.readonly or rv.readonly:
             check_writable(rm, "running_mean")
             check_writable(rv, "running_var")
-        if meet(rm, plan.p_nbytes, rv, plan.p_nbytes):
+        pn = plan.p_nbytes
+        if meet(rm, pn, rv, pn):
             raise ValueError("batch_norm_forward_training: running_mean and running_var overlap; "
                              "pass separate tensors")
+        for name, t in (("running_mean", rm), ("running_var", rv)):
+            for read, r, span in (("input", xt, plan.nbytes), ("weight", w, pn), ("bias", b, pn)):
+                if meet(t, pn, r, span):
+                    _no_overlap(t, f"batch_norm_forward_training: {name}", ((read, r),))
     if o is not None or sm is not None or si is not None:
         _check_written("batch_norm_forward_training", o, sm, si,
                        [("input", xt), ("weight", w), ("bias", b), ("running_mean", rm),
@@ -810,7 +828,8 @@ def _training_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_va
         e = _eps(eps, fn)
         w = _param(weight, "weight", call.x, call.mode, fn, stream)
         b = _param(bias, "bias", call.x, call.mode, fn, stream)
-        rm, rv = _check_stats(fn, running_mean, running_var, call, stream)
+        rm, rv = _check_stats(fn, running_mean, running_var, call, stream,
+                              [("input", call.x), ("weight", w), ("bias", b)])
         reads: list[tuple[str, Tensor | None]] = [("input", call.x), ("weight", w), ("bias", b),
                                                   ("running_mean", rm), ("running_var", rv)]
         o = _check_out(out, "out", call.x, fn, stream, reads) if out is not None else None
@@ -959,7 +978,7 @@ def _check_saved(fn: str, save_mean: Any, save_invstd: Any, call: _Call,
             _param(save_invstd, "save_invstd", call.x, call.mode, fn, stream))
 
 
-def _check_reserve(fn: str, reserve: Any, call: _Call) -> ReserveSpace | None:
+def _check_reserve(fn: str, reserve: Any, call: _Call, ops: int) -> ReserveSpace | None:
     if reserve is None:
         return None
     if not isinstance(reserve, ReserveSpace):
@@ -968,6 +987,14 @@ def _check_reserve(fn: str, reserve: Any, call: _Call) -> ReserveSpace | None:
     if reserve.device != call.device:
         raise ValueError(f"{fn}: expected reserve on cuda:{call.device} (the input's device), but "
                          f"got cuda:{reserve.device}")
+    if ops == _OPS_ADD_RELU and not reserve.fused:
+        raise ValueError(f"{fn}: reserve comes from a batch norm without the fused add + ReLU;"
+                         f" pass the reserve batch_norm_add_relu_forward_training returned")
+    x4 = call.x4  # as call.start() will make it
+    if reserve._key != (x4.shape, _dense_strides(x4), x4.dtype, call.mode, ops):
+        raise ValueError(f"{fn}: reserve was made by a forward pass of another shape, layout, "
+                         f"dtype, mode or kind (fused add + ReLU or not) than this call's; pass "
+                         f"the reserve of the forward pass of this input")
     return reserve
 
 
@@ -1097,7 +1124,7 @@ def _backward_full(x: Any, dy: Any, weight: Any, save_mean: Any, save_invstd: An
         _check_like(dyt, "grad_output", call.x, fn)
         w = _param(weight, "weight", call.x, call.mode, fn, stream)
         sm, si = _check_saved(fn, save_mean, save_invstd, call, stream)
-        res = _check_reserve(fn, reserve, call)
+        res = _check_reserve(fn, reserve, call, _OPS_BN)
         reads: list[tuple[str, Tensor | None]] = [("input", call.x), ("grad_output", dyt),
                                                   ("weight", w), ("save_mean", sm),
                                                   ("save_invstd", si)]
@@ -1169,7 +1196,8 @@ def batch_norm_add_relu_forward_training(
         _check_like(zt, "z", call.x, fn)
         w = _param(weight, "weight", call.x, call.mode, fn, stream)
         b = _param(bias, "bias", call.x, call.mode, fn, stream)
-        rm, rv = _check_stats(fn, running_mean, running_var, call, stream)
+        rm, rv = _check_stats(fn, running_mean, running_var, call, stream,
+                              [("input", call.x), ("z", zt), ("weight", w), ("bias", b)])
         reads: list[tuple[str, Tensor | None]] = [("input", call.x), ("z", zt), ("weight", w),
                                                   ("bias", b), ("running_mean", rm),
                                                   ("running_var", rv)]
@@ -1257,10 +1285,7 @@ def batch_norm_add_relu_backward(
         w = _param(weight, "weight", call.x, call.mode, fn, stream)
         b = _param(bias, "bias", call.x, call.mode, fn, stream)
         sm, si = _check_saved(fn, save_mean, save_invstd, call, stream)
-        res = _check_reserve(fn, reserve, call)
-        if res is not None and not res.fused:
-            raise ValueError(f"{fn}: reserve comes from a batch norm without the fused add + ReLU;"
-                             f" pass the reserve batch_norm_add_relu_forward_training returned")
+        res = _check_reserve(fn, reserve, call, _OPS_ADD_RELU)
         reads: list[tuple[str, Tensor | None]] = [("input", call.x), ("y", yt),
                                                   ("grad_output", dyt), ("weight", w),
                                                   ("bias", b), ("save_mean", sm),

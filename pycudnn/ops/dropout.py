@@ -100,10 +100,17 @@ class DropoutDescriptor(Descriptor):
 def _probability(p: Any, what: str) -> float:
     if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
         raise TypeError(f"{what}: expected p to be a real number, but got {type(p).__name__} {p!r}")
-    value = float(p)
+    try:
+        value = float(p)
+    except OverflowError:  # an int beyond float's range
+        value = math.inf
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{what}: dropout probability has to be in [0, 1) for cuDNN (it scales "
                          f"the kept elements by 1 / (1 - p)), but got p={p!r}")
+    if np.float32(value) >= 1.0:  # cuDNN takes p as a C float
+        raise ValueError(f"{what}: dropout probability has to be in [0, 1) for cuDNN, and cuDNN "
+                         f"takes it as a float32, in which p={p!r} rounds to 1.0; pass "
+                         f"p <= {float(np.nextafter(np.float32(1), np.float32(0)))!r}")
     return value
 
 

@@ -77,6 +77,8 @@ def output_size(input_size: Sequence[int], kernel_size: Sequence[int], stride: S
 def _spatial(name: str, value: Any, nd: int, fn: str) -> tuple[int, ...]:
     if type(value) is int:
         return (value,) * nd
+    if isinstance(value, (tuple, list)) and len(value) == 1:  # PyTorch's (3,) for every dim
+        value = tuple(value) * nd
     if isinstance(value, (tuple, list)) and len(value) == nd and all(
             type(v) is int or (not isinstance(v, bool) and hasattr(v, "__index__")
                                and type(v).__module__ == "numpy") for v in value):
@@ -105,7 +107,9 @@ def _geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
         raise ValueError(f"{fn}: expected x to have non-zero spatial sizes (only the batch and "
                          f"channel dims may be 0), but got x of size {list(x.shape)}")
     k = _spatial("kernel_size", kernel_size, nd, fn)
-    s = k if stride is None else _spatial("stride", stride, nd, fn)
+    # stride None or empty: the kernel size (PyTorch's default)
+    s = k if stride is None or (isinstance(stride, (tuple, list)) and not stride) else \
+        _spatial("stride", stride, nd, fn)
     p = _spatial("padding", padding, nd, fn)
     if min(k) < 1:
         raise ValueError(f"{fn}: kernel size should be greater than zero, but got "
@@ -197,9 +201,10 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
         x: ``(N, C, H, W)`` for 2-D or ``(N, C, D, H, W)`` for 3-D pooling, anything
             [`pycudnn.as_tensor()`][pycudnn.runtime.tensor.as_tensor] accepts, any strides; float32,
             float16, bfloat16 or float64.
-        kernel_size: the window: an int or one int per spatial dim.
-        stride: the step between windows: an int or one int per spatial dim; default
-            ``kernel_size``.
+        kernel_size: the window: an int, or one int per spatial dim (a one-element sequence
+            counts for every dim, as in PyTorch).
+        stride: the step between windows: like ``kernel_size``; default (None or an empty
+            sequence) ``kernel_size``.
         padding: added on both sides of each spatial dim (never part of a maximum; counted by
             ``"average_include_padding"``): an int or one per spatial dim, at most half the
             kernel.

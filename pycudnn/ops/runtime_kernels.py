@@ -18,9 +18,9 @@ batch norm: channels-last input), 16-byte-aligned addresses (checked per call; a
 runs the legacy kernel), float32/float16/bfloat16 data, NaN propagated (the legacy kernels' mode
 the functions use). The compiled kernels' float32 transcendental functions (tanh, sigmoid,
 exp) are accurate to about 2e-5 relative, the legacy kernels' to 1e-5. Settings: `configure()`; `wait()` blocks until the
-builds asked for are done; `stats()` counts plans by state. The worker thread runs in CUDA's
-relaxed capture mode, so a build (it loads a module) may run while another thread captures a
-CUDA graph in global mode, PyTorch's default, without invalidating that capture.
+builds asked for are done; `stats()` counts plans by state. A build runs in CUDA's relaxed
+capture mode, so the module it loads cannot invalidate a CUDA-graph capture in global mode
+(PyTorch's default), another thread's or, for an inline build, the caller's own.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ..cudnn.graph import (ExecutionPlan, OperationGraph, PointwiseStep, TensorS
                            build_pointwise_graph, engine_configs, filter_candidates, first_plan)
 from ..ffi.backend import Attr, PointwiseMode
 from ..runtime.handle import get_handle
-from ..runtime.memory import relax_capture_mode
+from ..runtime.memory import relaxed_capture_mode
 from ..runtime.tensor import Tensor, has_internal_overlap
 from ._common import same_layout
 
@@ -137,11 +137,8 @@ def _worker() -> concurrent.futures.ThreadPoolExecutor:
     global _executor
     with _executor_lock:
         if _executor is None:
-            # the worker never queues GPU work: relaxed capture mode lets it load the compiled
-            # modules while another thread captures a CUDA graph in global mode
             _executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="pycudnn-runtime-kernels",
-                initializer=relax_capture_mode)
+                max_workers=1, thread_name_prefix="pycudnn-runtime-kernels")
         return _executor
 
 
@@ -155,12 +152,14 @@ class Promotion:
     candidate that finalizes without needing a workspace.
     """
 
-    __slots__ = ("plan", "calls", "device", "description", "_build", "error", "reads_output")
+    __slots__ = ("plan", "calls", "requested", "device", "description", "_build", "error",
+                 "reads_output")
 
     def __init__(self, device: int, description: str, build: Callable[[int], OperationGraph],
                  reads_output: bool = False) -> None:
         self.plan: ExecutionPlan | None = None
         self.calls = 0
+        self.requested = False  # the build was asked for (it runs once per signature)
         self.device = device
         self.description = description
         self._build = build
@@ -170,17 +169,23 @@ class Promotion:
         self.reads_output = reads_output
 
     def tick(self) -> None:
-        """Count a legacy launch; the ``after_calls``-th asks for the build."""
+        """Count a legacy launch; the ``after_calls``-th (or the first after settings that make
+        the count enough) asks for the build, once."""
         self.calls += 1
-        if self.calls == _settings.after_calls and _settings.enabled:
-            _count("building", 1)
-            if _settings.background:
-                future = _worker().submit(self._make)
-                with _counts_lock:
-                    _pending.add(future)
-                future.add_done_callback(_forget)
-            else:
-                self._make()
+        if self.requested or self.calls < _settings.after_calls or not _settings.enabled:
+            return
+        with _counts_lock:  # one request, whichever threads tick at once
+            if self.requested:
+                return
+            self.requested = True
+        _count("building", 1)
+        if _settings.background:
+            future = _worker().submit(self._make)
+            with _counts_lock:
+                _pending.add(future)
+            future.add_done_callback(_forget)
+        else:
+            self._make()
 
     def launch(self, handle: int, pointers: tuple[int, ...]) -> bool:
         """Launch the compiled plan; False (and back to the legacy kernel for good) if cuDNN
@@ -199,8 +204,7 @@ class Promotion:
         """A launch of the compiled plan failed: the signature goes back to the legacy kernel."""
         if self.plan is None:  # another thread's launch failed first
             return
-        self.plan = None
-        self.calls = -(1 << 62)  # never asks again
+        self.plan = None  # requested stays True: never asks again
         self.error = f"{type(exc).__name__}: {exc}"
         _count("ready", -1)
         _count("failed", 1)
@@ -208,6 +212,13 @@ class Promotion:
                      "kernel: %s", self.description, self.error)
 
     def _make(self) -> None:
+        # a build queues no GPU work, but finalizing loads a module: in relaxed capture mode
+        # that cannot invalidate a CUDA-graph capture, another thread's or (an inline build)
+        # this thread's own
+        with relaxed_capture_mode():
+            self._build_plan()
+
+    def _build_plan(self) -> None:
         try:
             handle = get_handle(self.device)
             graph = self._build(handle)
@@ -308,6 +319,11 @@ def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tu
     must address the elements as ``x``'s do, ``x`` being dense.
     """
     if not propagate_nan or mode not in _ACTIVATIONS:
+        return None
+    if backward and (mode == "clipped_relu" or (mode == "elu" and coef != 1.0)):
+        # at the kinks (x == coef; x == 0 with alpha != 1) cuDNN's legacy kernel passes the
+        # gradient of the upper piece and the compiled one that of the lower (as PyTorch):
+        # measured on an H200. A signature keeps one convention: these stay on the legacy kernel
         return None
     if (x.dtype not in _DTYPES or x.size == 0 or x.nbytes < _settings.min_bytes
             or not dense(x)):

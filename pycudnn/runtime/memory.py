@@ -20,12 +20,13 @@ are used, and cuda.core is imported on the first allocation (it takes ~0.4 s to 
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import threading
 import weakref
 from ctypes import addressof as _addressof
 from ctypes import c_uint64 as _c_uint64
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..errors import NoDeviceError, OutOfMemoryError, PycudnnError
 
@@ -33,7 +34,7 @@ __all__ = [
     "CudaError", "check_cuda", "device_count", "no_device_reason", "normalize_device",
     "current_device", "ensure_device", "device_guard", "callers_device", "restore_device",
     "DeviceBuffer", "allocate", "thread_token",
-    "mem_get_info", "relax_capture_mode", "stream_is_capturing", "synchronize",
+    "mem_get_info", "relaxed_capture_mode", "stream_is_capturing", "synchronize",
     "stream_synchronize", "stream_wait",
     "resolve_stream", "copy_host_to_device", "copy_device_to_host", "memset", "pointer_device",
     "empty_cache", "MAX_ALLOCATION",
@@ -449,21 +450,29 @@ def stream_is_capturing(stream: Any) -> bool:
     return int(status) != 0
 
 
-def relax_capture_mode() -> None:
-    """Put the calling thread in CUDA's relaxed stream-capture mode, for good.
+@contextlib.contextmanager
+def relaxed_capture_mode() -> Iterator[None]:
+    """A block in which the calling thread is in CUDA's relaxed stream-capture mode.
 
-    While any thread captures a CUDA graph in global mode (PyTorch's default), CUDA refuses calls
-    it deems unsafe (module loads, some allocations) from every other thread in global mode, and
-    such a call invalidates that capture. A thread pycudnn owns that only builds plans and never
-    queues work on the capturing stream (the runtime-compiled kernels' worker) calls this first.
-    Failures are ignored: without the mode the worker still runs, as it did before.
+    While a thread captures a CUDA graph in global mode (PyTorch's default), CUDA refuses calls
+    it deems unsafe (a module load, some allocations) from every thread in global mode, that
+    one included, and such a call invalidates the capture. Code that only builds (cuDNN's
+    runtime-compiled plans load a module when they are finalized) and queues no work runs in
+    this block so it cannot break someone's capture. The thread's earlier mode is restored at
+    the end. Without the mode (an old binding) the block runs as it is.
     """
     rt = _rt or _runtime()
     try:
-        rt.cudaThreadExchangeStreamCaptureMode(
+        err, previous = rt.cudaThreadExchangeStreamCaptureMode(
             rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed)
+        swapped = not err
     except Exception:  # an old driver or binding: the default mode stays
-        pass
+        swapped = False
+    try:
+        yield
+    finally:
+        if swapped:
+            rt.cudaThreadExchangeStreamCaptureMode(previous)
 
 
 def synchronize(device: Any = None) -> None:
