@@ -104,8 +104,10 @@ def test_gradients_at_the_kinks_do_not_change_when_a_signature_switches(mode, co
     DY = pycudnn.from_numpy(np.ones_like(x), memory_format="channels_last")
     Y = activation_forward(X, mode, coef=coef)
     grads = [R.host(activation_backward(Y, DY, X, mode, coef=coef)) for _ in range(4)]
+    kinks = (x == 0) | (x == coef)
     for g in grads[1:]:
-        assert np.array_equal(g, grads[0])
+        assert np.array_equal(g[kinks], grads[0][kinks])  # exactly: a one-sided derivative
+        close(g, grads[0], "float32", "away from the kinks")  # the kernels round alike
     if mode == "relu":  # PyTorch's convention: no gradient at 0
         assert (grads[0][x == 0] == 0).all()
 
@@ -190,6 +192,31 @@ def test_a_build_during_another_threads_global_capture_leaves_both_intact():
         close(R.host(Y), np.tanh(x.astype(np.float64)), "float32", "built during a capture")
     finally:
         rk.configure(after_calls=3)
+
+
+def test_an_inline_build_inside_this_threads_own_capture_leaves_it_intact():
+    """background=False: the build runs in the calling thread, here while that thread captures a
+    CUDA graph in global mode; the capture must stay valid and replay the legacy launch."""
+    torch = pytest.importorskip("torch")
+    rk.configure(after_calls=1, background=False)
+    try:
+        shape = fresh_shape()
+        x = np.random.default_rng(11).standard_normal(shape).astype(np.float32)
+        X = pycudnn.from_numpy(x, memory_format="channels_last")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        before = rk.stats()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="global"):
+            Y = activation_forward(X, "tanh", stream=side.cuda_stream)  # legacy, then the build
+        assert rk.stats()["ready"] == before["ready"] + 1
+        graph.replay()
+        torch.cuda.synchronize()
+        close(R.host(Y), np.tanh(x.astype(np.float64)), "float32", "replayed")
+        close(R.host(activation_forward(X, "tanh")), np.tanh(x.astype(np.float64)), "float32",
+              "compiled, after the capture")
+    finally:
+        rk.configure(after_calls=3, background=True)
 
 
 def test_disabled_builds_nothing(compile_at_first_call):
