@@ -595,7 +595,14 @@ class V7Search(Engine):
             workspace.close(args.stream)
             if scratch is not None:
                 scratch.close(args.stream)
-        return self.valid_algorithms(p, perf, count.value, "find")
+        try:
+            return self.valid_algorithms(p, perf, count.value, "find")
+        except NoAlgorithmError as exc:
+            # seen rarely with 16 threads searching cold keys at once (every row of one
+            # backward-data Find failed): the heuristics' candidates, which try_all runs in
+            # order with its fallbacks, instead of failing the call
+            log.warning("%s; falling back to cuDNN's heuristics for this key", exc)
+            return self.valid_algorithms(p, *self._heuristics(args), "heuristics")
 
     @staticmethod
     def valid_algorithms(p: ConvolutionParams, perf: ctypes.Array[Any], count: int,
@@ -611,9 +618,11 @@ class V7Search(Engine):
         pycudnn requires cuDNN >= 9, where that bug is fixed, so there is nothing to block.
         """
         out = []
+        failed: list[str] = []
         for i in range(count):
             r = perf[i]
             if r.status != Status.SUCCESS:
+                failed.append(f"algo {int(r.algo)}: status {int(r.status)}")
                 continue
             deterministic = r.determinism == Determinism.DETERMINISTIC
             if p.deterministic and not deterministic:
@@ -626,7 +635,8 @@ class V7Search(Engine):
             raise NoAlgorithmError(
                 f"no valid convolution algorithms available in cuDNN for {p.short()} "
                 f"({count} returned by {source}, none successful"
-                f"{' and deterministic' if p.deterministic else ''})")
+                f"{' and deterministic' if p.deterministic else ''}"
+                f"{'; ' + ', '.join(failed) if failed else ''})")
         return out
 
     def default_candidates(self, args: ConvolutionArgs) -> list[AlgoRecord]:
