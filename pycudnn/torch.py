@@ -81,6 +81,7 @@ class ConvolutionValueError(ValueError, RuntimeError):
 class ConvolutionTypeError(TypeError, RuntimeError):
     """An argument type PyTorch's convolutions refuse: a ``TypeError`` and a ``RuntimeError``."""
 
+
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                 torch.float64: "float64"}
 _CL = torch.channels_last
@@ -104,6 +105,8 @@ def _tf32() -> bool:
         if _precision_getter is None:
             raise
         return bool(_precision_getter("cuda", "conv") == "tf32")
+
+
 _det: Callable[[], bool] = getattr(_C, "_get_cudnn_deterministic",
                                    lambda: bool(torch.backends.cudnn.deterministic))
 _det_algos: Callable[[], bool] = getattr(_C, "_get_deterministic_algorithms",
@@ -219,15 +222,19 @@ def _zero_bias(k: int, dtype: Any, device: Any) -> Any:
 
 def _check_tensor(fn: str, name: str, t: Any, dims: tuple[int, ...] | None = None) -> None:
     if not isinstance(t, torch.Tensor):
-        raise ConvolutionTypeError(f"{fn}: expected {name} to be a torch.Tensor, got {type(t).__name__}")
+        raise ConvolutionTypeError(
+            f"{fn}: expected {name} to be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda":
-        raise ConvolutionTypeError(f"{fn}: expected {name} on a CUDA device, but got {name} on {t.device} "
-                        f"(pycudnn runs on NVIDIA GPUs; move it with .cuda())")
+        raise ConvolutionTypeError(
+            f"{fn}: expected {name} on a CUDA device, but got {name} on {t.device} "
+            f"(pycudnn runs on NVIDIA GPUs; move it with .cuda())")
     if t.layout is not torch.strided:
-        raise ConvolutionTypeError(f"{fn}: expected a strided (dense) {name}, got layout {t.layout}")
+        raise ConvolutionTypeError(
+            f"{fn}: expected a strided (dense) {name}, got layout {t.layout}")
     if t.dtype not in _DTYPE_NAMES:
-        raise ConvolutionTypeError(f"{fn}: expected {name} of dtype torch.float32, torch.float16, "
-                        f"torch.bfloat16 or torch.float64, but got {t.dtype}")
+        raise ConvolutionTypeError(
+            f"{fn}: expected {name} of dtype torch.float32, torch.float16, "
+            f"torch.bfloat16 or torch.float64, but got {t.dtype}")
     if dims is not None and t.dim() not in dims:
         if fn == "conv2d" and name == "input":  # PyTorch's wording (3-D input was unsqueezed)
             raise ConvolutionValueError(f"Expected 3D (unbatched) or 4D (batched) input to "
@@ -239,11 +246,13 @@ def _check_tensor(fn: str, name: str, t: Any, dims: tuple[int, ...] | None = Non
 
 def _check_same(fn: str, x: Any, name: str, t: Any) -> None:
     if t.dtype != x.dtype:
-        raise ConvolutionTypeError(f"{fn}: expected input and {name} to have the same dtype, but got input "
-                        f"of dtype {x.dtype} and {name} of dtype {t.dtype}")
+        raise ConvolutionTypeError(
+            f"{fn}: expected input and {name} to have the same dtype, but got input "
+            f"of dtype {x.dtype} and {name} of dtype {t.dtype}")
     if t.device != x.device:
-        raise ConvolutionValueError(f"{fn}: expected input and {name} on the same device, but got input on "
-                         f"{x.device} and {name} on {t.device}")
+        raise ConvolutionValueError(
+            f"{fn}: expected input and {name} on the same device, but got input on "
+            f"{x.device} and {name} on {t.device}")
 
 
 def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -> tuple[int, ...]:
@@ -255,14 +264,17 @@ def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) 
     n, c, h, wd = x.shape
     k, cg, r, s = w.shape
     if w.shape[0] % groups:
-        raise ConvolutionValueError(f"{fn}: given groups={groups}, expected weight to be divisible by {groups} "
-                         f"at dimension 0, but got weight of size {list(w.shape)} instead")
+        raise ConvolutionValueError(
+            f"{fn}: given groups={groups}, expected weight to be divisible by {groups} "
+            f"at dimension 0, but got weight of size {list(w.shape)} instead")
     if c != cg * groups:
-        raise ConvolutionValueError(f"{fn}: given groups={groups}, weight of size {list(w.shape)}, expected "
-                         f"input{list(x.shape)} to have {cg * groups} channels, but got {c} "
-                         f"channels instead")
+        raise ConvolutionValueError(
+            f"{fn}: given groups={groups}, weight of size {list(w.shape)}, expected "
+            f"input{list(x.shape)} to have {cg * groups} channels, but got {c} "
+            f"channels instead")
     if min(w.shape) < 1:
-        raise ConvolutionValueError(f"{fn}: expected weight to have positive sizes, got {list(w.shape)}")
+        raise ConvolutionValueError(
+            f"{fn}: expected weight to have positive sizes, got {list(w.shape)}")
     out = [(i + 2 * p - d * (kk - 1) - 1) // st + 1
            for i, kk, st, p, d in zip((h, wd), (r, s), stride, padding, dilation)]
     if min(out) < 1:
@@ -275,15 +287,17 @@ def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) 
         _check_tensor(fn, "bias", b)
         _check_same(fn, x, "bias", b)
         if tuple(b.shape) != (k,):
-            raise ConvolutionValueError(f"{fn}: given weight of size {list(w.shape)}, expected bias to be "
-                             f"1-dimensional with {k} elements, but got bias of size "
-                             f"{list(b.shape)} instead")
+            raise ConvolutionValueError(
+                f"{fn}: given weight of size {list(w.shape)}, expected bias to be "
+                f"1-dimensional with {k} elements, but got bias of size "
+                f"{list(b.shape)} instead")
     if z is not None:
         _check_tensor(fn, "z", z)
         _check_same(fn, x, "z", z)
         if tuple(z.shape) != shape:
-            raise ConvolutionValueError(f"{fn}: expected z of the output's size {list(shape)}, but got z of "
-                             f"size {list(z.shape)}")
+            raise ConvolutionValueError(
+                f"{fn}: expected z of the output's size {list(shape)}, but got z of "
+                f"size {list(z.shape)}")
     return shape
 
 
@@ -336,24 +350,28 @@ def _geometry(stride: Any, padding: Any, dilation: Any, groups: Any,
             raise TypeError
         groups = operator.index(groups)
     except TypeError:
-        raise ConvolutionTypeError(f"conv2d: expected groups to be an int, got {groups!r}") from None
+        raise ConvolutionTypeError(
+            f"conv2d: expected groups to be an int, got {groups!r}") from None
     if groups < 1:
-        raise ConvolutionValueError(f"non-positive groups is not supported, but got groups={groups}")
+        raise ConvolutionValueError(
+            f"non-positive groups is not supported, but got groups={groups}")
     pre_pad = None
     if isinstance(padding, str):
         if padding == "valid":
             pad = (0, 0)
         elif padding == "same":
             if st != (1, 1):
-                raise ConvolutionValueError("padding='same' is not supported for strided convolutions")
+                raise ConvolutionValueError(
+                    "padding='same' is not supported for strided convolutions")
             total = [d * (k - 1) for d, k in zip(dil, weight.shape[2:])]
             pad = (total[0] // 2, total[1] // 2)
             extra = [t - 2 * (t // 2) for t in total]
             if any(extra):
                 pre_pad = (0, extra[1], 0, extra[0])  # F.pad: last dim first, (left, right)
         else:
-            raise ConvolutionValueError(f"Invalid padding string {padding!r}, should be one of "
-                             f"['valid', 'same']")
+            raise ConvolutionValueError(
+                f"Invalid padding string {padding!r}, should be one of "
+                f"['valid', 'same']")
     else:
         pad = _pair("padding", padding, 0, "negative padding is not supported")
     result = ((st, pad, dil, groups), pre_pad)
@@ -726,8 +744,10 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
         The output, a torch tensor.
 
     Raises:
-        TypeError: a tensor that is not on a CUDA device, or of an unsupported dtype.
-        ValueError: shapes, groups or geometry that do not fit (PyTorch's wording).
+        ConvolutionTypeError: a tensor that is not on a CUDA device, or of an unsupported dtype
+            (a ``TypeError`` and a ``RuntimeError``, as PyTorch raises).
+        ConvolutionValueError: shapes, groups or geometry that do not fit (PyTorch's wording;
+            a ``ValueError`` and a ``RuntimeError``).
     """
     if _pytorch_only():
         return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
