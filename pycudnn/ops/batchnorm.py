@@ -767,10 +767,17 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
         if meet(rm, pn, rv, pn):
             raise ValueError("batch_norm_forward_training: running_mean and running_var overlap; "
                              "pass separate tensors")
-        for name, t in (("running_mean", rm), ("running_var", rv)):
-            for read, r, span in (("input", xt, plan.nbytes), ("weight", w, pn), ("bias", b, pn)):
-                if meet(t, pn, r, span):
-                    _no_overlap(t, f"batch_norm_forward_training: {name}", ((read, r),))
+        # the statistics are written: never into input, weight or bias (one range test for
+        # the common case, where nothing lies between or across them)
+        lo, hi = min(rm.ptr, rv.ptr), max(rm.ptr, rv.ptr) + pn
+        xp, wp, bp = xt.ptr, w.ptr, b.ptr
+        if (xp < hi and lo < xp + plan.nbytes) or (wp < hi and lo < wp + pn) \
+                or (bp < hi and lo < bp + pn):
+            for name, t in (("running_mean", rm), ("running_var", rv)):
+                for read, r, span in (("input", xt, plan.nbytes), ("weight", w, pn),
+                                      ("bias", b, pn)):
+                    if meet(t, pn, r, span):
+                        _no_overlap(t, f"batch_norm_forward_training: {name}", ((read, r),))
     if o is not None or sm is not None or si is not None:
         _check_written("batch_norm_forward_training", o, sm, si,
                        [("input", xt), ("weight", w), ("bias", b), ("running_mean", rm),
