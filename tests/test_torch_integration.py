@@ -48,6 +48,7 @@ except ImportError:  # the tests below need it; the two above run without it
 needs_torch = pytest.mark.skipif(torch is None, reason="could not import 'torch' (not installed)")
 if torch is not None:
     import pycudnn.torch as pt
+    from pycudnn.torch import calls
     from torch_models import SmallResNet, randomize_batchnorm
 
     nn = torch.nn
@@ -327,7 +328,7 @@ def test_alpha_must_be_a_number():
 def test_cache_is_bounded_and_clearable():
     assert pt.CACHE_MAX >= 1024
     pt.clear_cache()
-    assert not pt._FWD and not pt._BWD
+    assert not calls._FWD and not calls._BWD
 
 
 @needs_torch
@@ -342,4 +343,11 @@ def test_channels_last_rule_is_pytorchs():
         pytest.skip("this PyTorch has no Python suggest_memory_format to compare with")
     for t in cases:
         expected = prims.suggest_memory_format(t) == torch.channels_last
-        assert pt._strides_like_cl(tuple(t.shape), t.stride()) == expected, (t.shape, t.stride())
+        assert calls._strides_like_cl(tuple(t.shape), t.stride()) == expected, (t.shape, t.stride())
+
+
+@needs_torch
+def test_set_routing_refuses_unknown_modes():
+    with pytest.raises(ValueError, match=r"expected mode to be one of \['auto', 'pycudnn'\], got 'fast'"):
+        pt.set_routing("fast")
+    assert pt.routing.routing() in ("auto", "pycudnn")

@@ -18,6 +18,7 @@ if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
     pytest.skip("PyTorch has no CUDA here", allow_module_level=True)
 
 import pycudnn.torch as pt  # noqa: E402
+from pycudnn.torch import calls  # noqa: E402
 from torch_models import SmallResNet, randomize_batchnorm  # noqa: E402
 
 nn = torch.nn
@@ -35,7 +36,10 @@ def _strict_flags():
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
+    routing = pt.routing.routing()
+    pt.set_routing("pycudnn")  # these tests are of pycudnn's own launches (routing: its own file)
     yield
+    pt.set_routing(routing)
     (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
      torch.backends.cudnn.benchmark) = saved
 
@@ -95,12 +99,12 @@ def test_only_the_gradients_asked_for_are_computed():
     x = torch.randn(2, 4, 8, 8, device=DEV)
     w = torch.randn(6, 4, 3, 3, device=DEV, requires_grad=True)
     pt.conv2d(x, w).sum().backward()
-    assert [k[0] for k in pt._BWD] == ["filter"]  # no backward-data convolution ran
+    assert [k[0] for k in calls._BWD] == ["filter"]  # no backward-data convolution ran
     x.requires_grad_(True)
     w.requires_grad_(False)
     pt.clear_cache()
     pt.conv2d(x, w).sum().backward()
-    assert [k[0] for k in pt._BWD] == ["data"]
+    assert [k[0] for k in calls._BWD] == ["data"]
     with torch.no_grad():
         y = pt.conv2d(x, w)
     assert y.grad_fn is None
@@ -421,7 +425,7 @@ def test_fused_operations_forward_and_backward(case, fmt):
     if fmt is CL:  # the fused graph ran as one remembered launch (no separate epilogue)
         op = "bias_relu" if case.startswith("bias_relu") else "add_relu"
         assert any(k[0] == op and k[5] == torch.float16 and e[0] is not None
-                   for k, e in pt._FWD.items())
+                   for k, e in calls._FWD.items())
 
 
 def test_fused_bfloat16_channels_last():
@@ -455,7 +459,7 @@ def test_fuse_for_inference_matches_the_unfused_model(dtype, fmt):
     assert rel_err(got, expected) < 5e-2
     assert torch.equal(got, again)
     if fmt is CL:  # each fused kind ran as one remembered launch
-        ops = sorted({k[0] for k, e in pt._FWD.items() if e[0] is not None})
+        ops = sorted({k[0] for k, e in calls._FWD.items() if e[0] is not None})
         assert ops == ["add_relu", "bias_relu", "conv"]
 
 

@@ -1,0 +1,662 @@
+"""A call signature's remembered launch: what ``pycudnn.torch`` does on every convolution call.
+
+The first call with a new signature (shapes, strides, dtype, device, geometry, flags) runs
+pycudnn's public function, which validates, chooses the algorithm and prepares it; the prepared
+launcher is kept under that signature in a bounded dict here. Every later call is: build the key
+from the torch tensors' attributes, one dict lookup, ``torch.empty`` for the output, the device
+pointers, one launch. Also here: PyTorch's flag readers, its argument checks (first call of a
+signature only) and the normalization of the geometry arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+import torch
+import torch.autograd.forward_ad as _forward_ad
+import torch.nn.functional as F
+
+from pycudnn.api import conv as _conv
+from pycudnn.configuration import config
+from pycudnn.runtime.handle import get_handle
+from pycudnn.runtime.memory import callers_device, restore_device
+from pycudnn.runtime.tensor import Tensor, tensor_from_pointer
+
+from . import routing
+
+
+#: bound of each map from call signatures to prepared launches (oldest entries go first)
+CACHE_MAX = 4096
+
+
+class ConvolutionValueError(ValueError, RuntimeError):
+    """An argument value PyTorch's convolutions refuse: a ``ValueError``, as pycudnn's checks
+    raise, and a ``RuntimeError``, as PyTorch's do (code written for either catches it)."""
+
+
+class ConvolutionTypeError(TypeError, RuntimeError):
+    """An argument type PyTorch's convolutions refuse: a ``TypeError`` and a ``RuntimeError``."""
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+                torch.float64: "float64"}
+_CL = torch.channels_last
+_CONTIG = torch.contiguous_format
+
+# PyTorch's flag readers: the C functions behind torch.backends.cudnn's properties (those
+# properties cost several times more per read)
+_C = torch._C
+_legacy_tf32: Callable[[], bool] = getattr(_C, "_get_cudnn_allow_tf32",
+                                           lambda: bool(torch.backends.cudnn.allow_tf32))
+_precision_getter = getattr(_C, "_get_fp32_precision_getter", None)
+
+
+def _tf32() -> bool:
+    """Whether PyTorch lets cuDNN's float32 convolutions use TF32. The legacy reader answers
+    unless PyTorch's per-operator ``fp32_precision`` settings (2.9 and later) give convolutions
+    and RNNs different answers; then it raises, and the convolutions' own setting decides."""
+    try:
+        return _legacy_tf32()
+    except RuntimeError:
+        if _precision_getter is None:
+            raise
+        return bool(_precision_getter("cuda", "conv") == "tf32")
+
+
+_det: Callable[[], bool] = getattr(_C, "_get_cudnn_deterministic",
+                                   lambda: bool(torch.backends.cudnn.deterministic))
+_det_algos: Callable[[], bool] = getattr(_C, "_get_deterministic_algorithms",
+                                         torch.are_deterministic_algorithms_enabled)
+_bench: Callable[[], bool] = getattr(_C, "_get_cudnn_benchmark",
+                                     lambda: bool(torch.backends.cudnn.benchmark))
+grad_enabled = torch.is_grad_enabled
+_tracing_state = _C._get_tracing_state
+_functorch_active: Callable[[], bool] = getattr(_C, "_are_functorch_transforms_active",
+                                               lambda: False)
+
+
+def pytorch_only() -> bool:
+    """Whether a call must run through PyTorch's own convolution: under ``torch.jit.trace``
+    (a launch through raw pointers would leave the traced graph without the convolution),
+    ``torch.func`` transforms (``grad``, ``vmap``, ``jacrev``: wrapped tensors have no
+    pointers) and forward-mode AD (a dual level is open: tangents must flow)."""
+    return (_forward_ad._current_level >= 0 or _functorch_active()
+            or _tracing_state() is not None)
+
+
+def _autocast_readers() -> tuple[Callable[[], bool], Callable[[], Any]]:
+    """Whether autocast is on for CUDA, and its dtype (PyTorch 2.4 takes the device type)."""
+    try:
+        torch.is_autocast_enabled("cuda")
+    except TypeError:  # before PyTorch 2.4: the CUDA state without an argument
+        return torch.is_autocast_enabled, torch.get_autocast_gpu_dtype
+    return (functools.partial(torch.is_autocast_enabled, "cuda"),
+            functools.partial(torch.get_autocast_dtype, "cuda"))
+
+
+autocast_enabled, autocast_dtype = _autocast_readers()
+threshold_backward = torch.ops.aten.threshold_backward.default
+convolution_backward = torch.ops.aten.convolution_backward.default
+_token = config.token
+_NO_FLAGS: dict[str, Any] = {}
+#: more than one GPU visible: launches give the caller's current device back (set on first calls)
+_multi_gpu = False
+
+
+def _stream_fn() -> Callable[[int], int]:
+    raw = getattr(_C, "_cuda_getCurrentRawStream", None)  # an int, without a Stream object
+    if raw is not None:
+        return raw  # type: ignore[no-any-return,unused-ignore]
+    return lambda device: int(torch.cuda.current_stream(device).cuda_stream)
+
+
+_stream = _stream_fn()
+
+
+def _flags_key() -> tuple[Any, ...]:
+    """What decides the flags of a call: pycudnn's (``config.token``) and PyTorch's."""
+    return (_token(_NO_FLAGS), _tf32(), _det() or _det_algos(), _bench())
+
+
+def _flags(fkey: tuple[Any, ...]) -> dict[str, Any]:
+    """The pycudnn flags for a key from `_flags_key()`: the stricter of PyTorch's and pycudnn's."""
+    flags: dict[str, Any] = {}
+    if not fkey[1]:
+        flags["allow_tf32"] = False
+    if fkey[2]:
+        flags["deterministic"] = True
+    if fkey[3]:
+        flags["benchmark"] = True
+    return flags
+
+
+# ---- the caches -----------------------------------------------------------------------------------
+# key -> entry. An entry is a tuple (launch, out_shape, memory_format, device, zero_bias_ptr),
+# or (None, kind) where kind is _DENSE (make the inputs dense in the memory format first, as
+# PyTorch does, and look again), _PUBLIC (not replayable as one launch: call the public
+# function each time) or _TORCH (measured faster through PyTorch's own convolution).
+
+_DENSE = "dense"
+_PUBLIC = "public"
+_TORCH = "torch"  # routed to PyTorch's own convolution (see routing.py); forward entry (None, _TORCH, fmt)
+_FWD: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_BWD: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_lock = threading.Lock()
+_zero_biases: dict[tuple[Any, ...], Any] = {}
+
+
+def _remember(table: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...],
+              entry: tuple[Any, ...]) -> None:
+    with _lock:
+        table[key] = entry
+        while len(table) > CACHE_MAX:
+            del table[next(iter(table))]
+
+
+def _forget(table: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...]) -> None:
+    with _lock:
+        table.pop(key, None)
+
+
+def clear_cache() -> None:
+    """Forget every remembered call signature of this module (``pycudnn.clear_caches()`` clears
+    pycudnn's own caches; call both to start from nothing)."""
+    with _lock:
+        _FWD.clear()
+        _BWD.clear()
+        torch_layers.clear()
+
+
+def _zero_bias(k: int, dtype: Any, device: Any) -> Any:
+    """A bias of ``k`` zeros (kept: a remembered launch reads its address)."""
+    key = (k, dtype, device)
+    z = _zero_biases.get(key)
+    if z is None:
+        z = _zero_biases[key] = torch.zeros(k, dtype=dtype, device=device)
+    return z
+
+
+# ---- checks (first call of a signature only) ------------------------------------------------------
+
+def _check_tensor(fn: str, name: str, t: Any, dims: tuple[int, ...] | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ConvolutionTypeError(
+            f"{fn}: expected {name} to be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ConvolutionTypeError(
+            f"{fn}: expected {name} on a CUDA device, but got {name} on {t.device} "
+            f"(pycudnn runs on NVIDIA GPUs; move it with .cuda())")
+    if t.layout is not torch.strided:
+        raise ConvolutionTypeError(
+            f"{fn}: expected a strided (dense) {name}, got layout {t.layout}")
+    if t.dtype not in _DTYPE_NAMES:
+        raise ConvolutionTypeError(
+            f"{fn}: expected {name} of dtype torch.float32, torch.float16, "
+            f"torch.bfloat16 or torch.float64, but got {t.dtype}")
+    if dims is not None and t.dim() not in dims:
+        if fn == "conv2d" and name == "input":  # PyTorch's wording (3-D input was unsqueezed)
+            raise ConvolutionValueError(f"Expected 3D (unbatched) or 4D (batched) input to "
+                                        f"conv2d, but got input of size: {list(t.shape)}")
+        want = " or ".join(f"{d}-D" for d in dims)
+        raise ConvolutionValueError(f"{fn}: expected {want} {name}, but got {name} of size "
+                                    f"{list(t.shape)}")
+
+
+def _check_same(fn: str, x: Any, name: str, t: Any) -> None:
+    if t.dtype != x.dtype:
+        raise ConvolutionTypeError(
+            f"{fn}: expected input and {name} to have the same dtype, but got input "
+            f"of dtype {x.dtype} and {name} of dtype {t.dtype}")
+    if t.device != x.device:
+        raise ConvolutionValueError(
+            f"{fn}: expected input and {name} on the same device, but got input on "
+            f"{x.device} and {name} on {t.device}")
+
+
+def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -> tuple[int, ...]:
+    """PyTorch's checks of a 2-D convolution; the output's shape."""
+    _check_tensor(fn, "input", x, (4,))
+    _check_tensor(fn, "weight", w, (4,))
+    _check_same(fn, x, "weight", w)
+    stride, padding, dilation, groups = geom
+    n, c, h, wd = x.shape
+    k, cg, r, s = w.shape
+    if w.shape[0] % groups:
+        raise ConvolutionValueError(
+            f"{fn}: given groups={groups}, expected weight to be divisible by {groups} "
+            f"at dimension 0, but got weight of size {list(w.shape)} instead")
+    if c != cg * groups:
+        raise ConvolutionValueError(
+            f"{fn}: given groups={groups}, weight of size {list(w.shape)}, expected "
+            f"input{list(x.shape)} to have {cg * groups} channels, but got {c} "
+            f"channels instead")
+    if min(w.shape) < 1:
+        raise ConvolutionValueError(
+            f"{fn}: expected weight to have positive sizes, got {list(w.shape)}")
+    out = [(i + 2 * p - d * (kk - 1) - 1) // st + 1
+           for i, kk, st, p, d in zip((h, wd), (r, s), stride, padding, dilation)]
+    if min(out) < 1:
+        raise ConvolutionValueError(
+            f"{fn}: calculated padded input size per channel: ({h + 2 * padding[0]} x "
+            f"{wd + 2 * padding[1]}). Kernel size: ({dilation[0] * (r - 1) + 1} x "
+            f"{dilation[1] * (s - 1) + 1}). Kernel size can't be greater than actual input size")
+    shape = (n, k, out[0], out[1])
+    if b is not None:
+        _check_tensor(fn, "bias", b)
+        _check_same(fn, x, "bias", b)
+        if tuple(b.shape) != (k,):
+            raise ConvolutionValueError(
+                f"{fn}: given weight of size {list(w.shape)}, expected bias to be "
+                f"1-dimensional with {k} elements, but got bias of size "
+                f"{list(b.shape)} instead")
+    if z is not None:
+        _check_tensor(fn, "z", z)
+        _check_same(fn, x, "z", z)
+        if tuple(z.shape) != shape:
+            raise ConvolutionValueError(
+                f"{fn}: expected z of the output's size {list(shape)}, but got z of "
+                f"size {list(z.shape)}")
+    return shape
+
+
+def _pair(name: str, value: Any, minimum: int, what: str) -> tuple[int, int]:
+    """An int or a sequence of one or two ints (NumPy integers and 0-d tensors too, as PyTorch
+    takes them) as a pair of Python ints."""
+    if isinstance(value, (tuple, list, torch.Size)):
+        values = tuple(value)
+        if len(values) == 1:  # nn.Conv2d(stride=(2,)) keeps (2,); F.conv2d expands it
+            values *= 2
+    else:
+        values = (value, value)
+    try:
+        if any(isinstance(v, (bool, np.bool_)) for v in values):
+            raise TypeError
+        ints = tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise ConvolutionTypeError(f"conv2d: expected {name} to be an int or a tuple of 2 ints, "
+                                   f"got {type(value).__name__} {value!r}") from None
+    if len(ints) != 2:
+        raise ConvolutionValueError(f"expected {name} to be a single integer value or a list of 2 "
+                                    f"values to match the convolution dimensions, but got "
+                                    f"{name}={list(values)}")
+    if min(ints) < minimum:
+        raise ConvolutionValueError(f"{what}, but got {name}={list(ints)}")
+    return ints[0], ints[1]
+
+
+_GEOM: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+
+
+def geometry(stride: Any, padding: Any, dilation: Any, groups: Any,
+              weight: Any) -> tuple[tuple[Any, ...], Any]:
+    """``((stride, padding, dilation, groups), pre_pad)`` normalized (``pre_pad``: the extra
+    right/bottom padding ``F.pad`` adds first for ``padding="same"`` with an odd total)."""
+    try:
+        key: tuple[Any, ...] = (stride, padding, dilation, groups, type(stride), type(padding),
+                                type(dilation), type(groups))
+        if type(padding) is str:
+            key += (tuple(weight.shape[2:]),)
+        hit = _GEOM.get(key)
+    except TypeError:  # a list somewhere: normalize without caching
+        key, hit = (), None
+    if hit is not None:
+        return hit
+    st = _pair("stride", stride, 1, "non-positive stride is not supported")
+    dil = _pair("dilation", dilation, 1, "dilation should be greater than zero")
+    try:
+        if isinstance(groups, (bool, np.bool_)):
+            raise TypeError
+        groups = operator.index(groups)
+    except TypeError:
+        raise ConvolutionTypeError(
+            f"conv2d: expected groups to be an int, got {groups!r}") from None
+    if groups < 1:
+        raise ConvolutionValueError(
+            f"non-positive groups is not supported, but got groups={groups}")
+    pre_pad = None
+    if isinstance(padding, str):
+        if padding == "valid":
+            pad = (0, 0)
+        elif padding == "same":
+            if st != (1, 1):
+                raise ConvolutionValueError(
+                    "padding='same' is not supported for strided convolutions")
+            total = [d * (k - 1) for d, k in zip(dil, weight.shape[2:])]
+            pad = (total[0] // 2, total[1] // 2)
+            extra = [t - 2 * (t // 2) for t in total]
+            if any(extra):
+                pre_pad = (0, extra[1], 0, extra[0])  # F.pad: last dim first, (left, right)
+        else:
+            raise ConvolutionValueError(
+                f"Invalid padding string {padding!r}, should be one of "
+                f"['valid', 'same']")
+    else:
+        pad = _pair("padding", padding, 0, "negative padding is not supported")
+    result = ((st, pad, dil, groups), pre_pad)
+    if key:
+        with _lock:
+            if len(_GEOM) > CACHE_MAX:
+                _GEOM.clear()
+            _GEOM[key] = result
+    return result
+
+
+def _memory_format(x: Any, w: Any) -> Any:
+    """PyTorch's ``cudnn_conv_suggest_memory_format``: channels_last when the input's or the
+    weight's strides look channels-last, except for float64."""
+    if x.dtype is torch.float64:
+        return _CONTIG
+    if _strides_like_cl(tuple(x.shape), x.stride()) or _strides_like_cl(tuple(w.shape), w.stride()):
+        return _CL
+    return _CONTIG
+
+
+def _strides_like_cl(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """c10's ``is_channels_last_strides_2d_s4`` (strides ordered C < W < H < N)."""
+    if strides[1] == 0:
+        return False
+    minimum = 0
+    for d in (1, 3, 2, 0):
+        if shape[d] == 0 or strides[d] < minimum:
+            return False
+        if d == 0 and minimum == strides[1]:
+            return False
+        minimum = strides[d]
+        if shape[d] > 1:
+            minimum *= shape[d]
+    return True
+
+
+def _signature(x: Any, w: Any, geom: tuple[Any, ...]) -> str:
+    """A readable name of a convolution for reports: shapes, dtype, memory format, geometry."""
+    fmt = "channels_last" if _memory_format(x, w) is _CL else "contiguous"
+    (sh, sw), (ph, pw), (dh, dw), g = geom
+    return (f"x{list(x.shape)} w{list(w.shape)} {_DTYPE_NAMES[x.dtype]} {fmt} stride=({sh}, {sw}) "
+            f"padding=({ph}, {pw}) dilation=({dh}, {dw}) groups={g}")
+
+
+#: forward keys of layers whose forward and backward were both measured faster through PyTorch:
+#: conv2d calls F.conv2d for them directly (no pycudnn autograd function)
+torch_layers: dict[tuple[Any, ...], bool] = {}
+
+
+def route_layer_to_torch(key: tuple[Any, ...]) -> None:
+    with _lock:
+        torch_layers[key] = True
+        while len(torch_layers) > CACHE_MAX:
+            del torch_layers[next(iter(torch_layers))]
+
+
+def _note_devices() -> None:
+    global _multi_gpu
+    _multi_gpu = torch.cuda.device_count() > 1
+
+
+def _view(t: Any) -> Tensor:
+    """A pycudnn view of a (checked) torch CUDA tensor; ``t`` is kept as its owner."""
+    return tensor_from_pointer(t.data_ptr(), tuple(t.shape), _DTYPE_NAMES[t.dtype],
+                               strides=tuple(t.stride()), device=t.get_device(), owner=t)
+
+
+def _aligned(*tensors: Any) -> bool:
+    m = 0
+    for t in tensors:
+        if t is not None:
+            m |= t.data_ptr()
+    return not m & 15
+
+
+# ---- forward: conv, conv + bias + relu, conv + alpha * z + bias + relu ----------------------------
+
+def forward_key(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
+                geom: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The call signature of a forward op (AttributeError when an argument is not a tensor)."""
+    return (op, x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.get_device(),
+            w.get_device(), None if b is None else (b.shape, b.stride(), b.dtype, b.get_device()),
+            None if z is None else (z.shape, z.stride(), z.dtype, z.get_device()), alpha, geom,
+            _flags_key())
+
+
+def run_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
+                geom: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any]:
+    """Run forward op ``op`` ("conv", "bias_relu", "add_relu"); returns ``(y, x, w, fmt, key)``:
+    the output, the (dense) input and weight it read, the memory format it computed in, and the
+    signature's key when PyTorch's convolution ran it (routing), else None."""
+    try:
+        key = forward_key(op, x, w, b, z, alpha, geom)
+    except AttributeError:  # not a tensor: the checks name it
+        _check_conv(_OP_NAMES[op], x, w, b, z, geom)
+        raise
+    e = _FWD.get(key)
+    if e is None:
+        return _forward_first(key, op, x, w, b, z, alpha, geom)
+    launch = e[0]
+    if launch is None:
+        if e[1] is _TORCH:
+            return F.conv2d(x, w, b, *geom), x, w, e[2], key
+        return _forward_other(e[1], key, op, x, w, b, z, alpha, geom)
+    dev = e[3].index
+    y = torch.empty(e[1], dtype=x.dtype, device=e[3], memory_format=e[2])
+    xp, wp, yp = x.data_ptr(), w.data_ptr(), y.data_ptr()
+    bp = b.data_ptr() if b is not None else e[4]
+    if z is None:
+        ptrs: tuple[int, ...] = (xp, wp, yp) if bp == 0 else (xp, wp, yp, bp)
+        m = xp | wp | bp
+    else:
+        zp = z.data_ptr()
+        ptrs = (xp, wp, yp, zp, bp)
+        m = xp | wp | bp | zp
+    if m & 15:  # a view not 16-byte aligned: the prepared plan promised 16
+        return _forward_public(op, x, w, b, z, alpha, geom, y, key[-1]), x, w, e[2], None
+    prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
+    try:
+        s = _stream(dev)
+        launch(get_handle(dev, s), ptrs, s)
+    except Exception:
+        # out of memory, a cuDNN error...: forget it, the public function has every fallback
+        _forget(_FWD, key)
+        _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
+    finally:
+        restore_device(prev)
+    return y, x, w, e[2], None
+
+
+def _forward_other(kind: str, key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any,
+                   alpha: float, geom: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any]:
+    if kind == _DENSE:
+        fmt = _memory_format(x, w)
+        return run_forward(op, x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt),
+                        None if b is None else b.contiguous(),
+                        None if z is None else z.contiguous(memory_format=fmt), alpha, geom)
+    shape = _check_conv(_OP_NAMES[op], x, w, b, z, geom)
+    fmt = _memory_format(x, w)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
+    return y, x, w, fmt, None
+
+
+_OP_NAMES = {"conv": "conv2d", "bias_relu": "conv2d_bias_relu", "add_relu": "conv2d_add_relu"}
+
+
+def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
+                   geom: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any]:
+    fn = _OP_NAMES[op]
+    shape = _check_conv(fn, x, w, b, z, geom)
+    _note_devices()
+    fmt = _memory_format(x, w)
+    if (not x.is_contiguous(memory_format=fmt) or not w.is_contiguous(memory_format=fmt)
+            or (b is not None and not b.is_contiguous())
+            or (z is not None and not z.is_contiguous(memory_format=fmt))):
+        _remember(_FWD, key, (None, _DENSE))
+        return _forward_other(_DENSE, key, op, x, w, b, z, alpha, geom)
+    tdev = x.device
+    y = torch.empty(shape, dtype=x.dtype, device=tdev, memory_format=fmt)
+    zero = 0
+    if b is None and op != "conv":
+        zb = _zero_bias(shape[1], x.dtype, tdev)
+        zero = zb.data_ptr()
+    prepared = None
+    if _aligned(x, w, y, b, z) and 0 not in shape and x.numel():
+        prepared = _forward_public(op, x, w, b, z, alpha, geom, y, key[-1], want_prepared=True)
+    else:
+        _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
+    if prepared is not None:
+        _remember(_FWD, key, (prepared.launcher, shape, fmt, tdev, zero))
+        if op == "conv" and z is None and routing.should_measure(key[-1][3], key[-1][1], key[-1][2]):
+            dev = tdev.index
+            if not routing.pycudnn_wins(
+                    _signature(x, w, geom), "forward",
+                    lambda: run_forward(op, x, w, b, z, alpha, geom),
+                    lambda: F.conv2d(x, w, b, *geom), dev, _stream(dev)):
+                _remember(_FWD, key, (None, _TORCH, fmt))
+    else:
+        _remember(_FWD, key, (None, _PUBLIC))
+    return y, x, w, fmt, None
+
+
+def _forward_public(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float, geom: tuple[Any, ...],
+                    y: Any, fkey: tuple[Any, ...], want_prepared: bool = False) -> Any:
+    """The op through pycudnn's public path into ``y`` (validation, search, every fallback);
+    returns what it prepared when ``want_prepared``, else ``y``."""
+    stride, padding, dilation, groups = geom
+    s = _stream(x.get_device())
+    flags = _flags(fkey)
+    X, W, Y = _view(x), _view(w), _view(y)
+    B = _view(b) if b is not None else None
+    if B is None and op != "conv":
+        B = _view(_zero_bias(w.shape[0], x.dtype, x.device))
+    if op == "add_relu":
+        _, prepared = _conv.convolution_add_relu_and_prepared(
+            X, W, _view(z), alpha, B, stride, padding, dilation, groups, Y, s, flags)
+    else:
+        _, prepared = _conv.convolution_and_prepared(
+            X, W, B, stride, padding, dilation, groups, "relu" if op == "bias_relu" else None, Y,
+            s, flags)
+    return prepared if want_prepared else y
+
+
+# ---- backward data and backward filter ------------------------------------------------------------
+
+def run_backward_data(gy: Any, w: Any, x: Any, fmt: Any, geom: tuple[Any, ...]) -> tuple[Any, bool]:
+    """``(grad_x, through_torch)``: the input's gradient for ``gy`` (``x``, the dense input the
+    forward read, gives its shape), and whether PyTorch's convolution computed it (routing)."""
+    dev = gy.get_device()
+    key = ("data", gy.shape, gy.stride(), w.shape, w.stride(), gy.dtype, dev, x.shape, fmt, geom,
+           _flags_key())
+    e = _BWD.get(key)
+    if e is None or e[0] is None:
+        return _backward_first(key, "data", gy, w, x, fmt, geom)
+    dx = torch.empty(e[1], dtype=gy.dtype, device=e[3], memory_format=fmt)
+    gp, wp = gy.data_ptr(), w.data_ptr()
+    if (gp | wp) & 15:
+        return _backward_public("data", gy, w, dx, geom, key[-1]), False
+    prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
+    try:
+        s = _stream(dev)
+        launch = e[0]
+        launch(get_handle(dev, s), (dx.data_ptr(), wp, gp), s)  # forward roles: x, w, y
+    except Exception:
+        _forget(_BWD, key)
+        _backward_public("data", gy, w, dx, geom, key[-1])
+    finally:
+        restore_device(prev)
+    return dx, False
+
+
+def run_backward_filter(x: Any, gy: Any, w: Any, fmt: Any, geom: tuple[Any, ...]) -> tuple[Any, bool]:
+    """``(grad_w, through_torch)``: the weight's gradient for ``gy`` (``w`` gives its shape)."""
+    dev = gy.get_device()
+    key = ("filter", x.shape, x.stride(), gy.shape, gy.stride(), gy.dtype, dev, w.shape, fmt, geom,
+           _flags_key())
+    e = _BWD.get(key)
+    if e is None or e[0] is None:
+        return _backward_first(key, "filter", x, gy, w, fmt, geom)
+    dw = torch.empty(e[1], dtype=gy.dtype, device=e[3], memory_format=fmt)
+    xp, gp = x.data_ptr(), gy.data_ptr()
+    if (xp | gp) & 15:
+        return _backward_public("filter", x, gy, dw, geom, key[-1]), False
+    prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
+    try:
+        s = _stream(dev)
+        launch = e[0]
+        launch(get_handle(dev, s), (xp, dw.data_ptr(), gp), s)
+    except Exception:
+        _forget(_BWD, key)
+        _backward_public("filter", x, gy, dw, geom, key[-1])
+    finally:
+        restore_device(prev)
+    return dw, False
+
+
+def _torch_backward(direction: str, a: Any, b: Any, other: Any, geom: tuple[Any, ...]) -> Any:
+    """One direction through PyTorch's ``convolution_backward`` (``a, b, other`` as in
+    `_backward_first`)."""
+    stride, padding, dilation, groups = geom
+    if direction == "data":  # a, b = gy, w; other = x
+        return convolution_backward(a, other, b, None, list(stride), list(padding), list(dilation),
+                                    False, [0, 0], groups, [True, False, False])[0]
+    # a, b = x, gy; other = w
+    return convolution_backward(b, a, other, None, list(stride), list(padding), list(dilation),
+                                False, [0, 0], groups, [False, True, False])[1]
+
+
+def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other: Any, fmt: Any,
+                    geom: tuple[Any, ...]) -> tuple[Any, bool]:
+    """First call of a backward signature (``a, b``: ``gy, w`` for data, ``x, gy`` for filter;
+    ``other``: the input x for data, the weight for filter, whose shape the result has), or one
+    that is not replayable as one launch."""
+    e = _BWD.get(key)
+    if e is not None and e[1] is _TORCH:
+        return _torch_backward(direction, a, b, other, geom), True
+    _note_devices()
+    shape = other.shape
+    out = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
+    if e is not None:  # (None, _PUBLIC)
+        _backward_public(direction, a, b, out, geom, key[-1])
+        return out, False
+    prepared = None
+    if _aligned(a, b, out) and out.numel() and a.numel() and b.numel():
+        prepared = _backward_public(direction, a, b, out, geom, key[-1], want_prepared=True)
+    else:
+        _backward_public(direction, a, b, out, geom, key[-1])
+    if prepared is None:
+        _remember(_BWD, key, (None, _PUBLIC))
+        return out, False
+    _remember(_BWD, key, (prepared.launcher, tuple(shape), fmt, a.device, 0))
+    fk = key[-1]
+    if routing.should_measure(fk[3], fk[1], fk[2]):
+        dev = a.get_device()
+        if direction == "data":
+            x, w = other, b
+            ours: Callable[[], Any] = lambda: run_backward_data(a, w, x, fmt, geom)
+        else:
+            x, w = a, other
+            ours = lambda: run_backward_filter(x, b, w, fmt, geom)
+        if not routing.pycudnn_wins(_signature(x, w, geom), f"backward {direction}", ours,
+                                    lambda: _torch_backward(direction, a, b, other, geom), dev,
+                                    _stream(dev)):
+            _remember(_BWD, key, (None, _TORCH))
+    return out, False
+
+
+def _backward_public(direction: str, a: Any, b: Any, out: Any, geom: tuple[Any, ...],
+                     fkey: tuple[Any, ...], want_prepared: bool = False) -> Any:
+    stride, padding, dilation, groups = geom
+    s = _stream(a.get_device())
+    A, B, O = _view(a), _view(b), _view(out)
+    core = (_conv.backward_data_and_prepared if direction == "data"
+            else _conv.backward_filter_and_prepared)
+    _, prepared = core(A, B, tuple(out.shape), stride, padding, dilation, groups, O, s,
+                       _flags(fkey))
+    return prepared if want_prepared else out
+
+
+def dense_grad(gy: Any, fmt: Any) -> Any:
+    # autograd may hand over an expanded (stride-0) or otherwise strided gradient
+    return gy if gy.is_contiguous(memory_format=fmt) else gy.contiguous(memory_format=fmt)
+

@@ -1,0 +1,112 @@
+"""pycudnn.torch's routing on a GPU: in benchmark mode a new call signature is timed against
+PyTorch's own convolution and runs on the faster side. Whichever side runs it, results equal
+PyTorch's native (non-cuDNN) float64 convolution; a layer whose forward and backward both went to
+PyTorch no longer passes through pycudnn's autograd function."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
+    pytest.skip("PyTorch has no CUDA here", allow_module_level=True)
+
+import pycudnn.torch as pt  # noqa: E402
+from pycudnn.torch import calls, routing  # noqa: E402
+
+F = torch.nn.functional
+DEV = torch.device("cuda", 0)
+
+
+@pytest.fixture(autouse=True)
+def _benchmark_mode(monkeypatch):
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    pt.set_routing("auto")
+    pt.clear_cache()
+    routing.clear_report()
+    yield
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = saved
+    pt.clear_cache()
+
+
+def _tensors(dtype, fmt, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(4, 16, 12, 12, device=DEV, dtype=dtype, generator=g)
+    w = torch.randn(24, 16, 3, 3, device=DEV, dtype=dtype, generator=g) / 12
+    b = torch.randn(24, device=DEV, dtype=dtype, generator=g)
+    x, w = x.to(memory_format=fmt), w.to(memory_format=fmt)
+    return [t.requires_grad_(True) for t in (x, w, b)]
+
+
+def _reference(x, w, b, gy):
+    xd, wd, bd = (t.detach().double().requires_grad_(True) for t in (x, w, b))
+    with torch.backends.cudnn.flags(enabled=False):
+        y = F.conv2d(xd, wd, bd, 1, 1)
+        y.backward(gy.double())
+    return y, xd.grad, wd.grad, bd.grad
+
+
+def _err(got, ref):
+    return float((got.double() - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.parametrize("forced", ["torch", "measured"])
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+def test_routed_convolutions_match_float64(forced, fmt, monkeypatch):
+    if forced == "torch":
+        monkeypatch.setattr(routing, "MARGIN", 1.0)  # pycudnn would need a GPU time of 0: never
+    for step in range(3):
+        x, w, b = _tensors(torch.float32, fmt, seed=step)
+        y = pt.conv2d(x, w, b, 1, 1)
+        gy = torch.randn_like(y)
+        y.backward(gy)
+        ref_y, gx, gw, gb = _reference(x, w, b, gy)
+        for got, ref in ((y, ref_y), (x.grad, gx), (w.grad, gw), (b.grad, gb)):
+            assert _err(got, ref) < 1e-4
+    decisions = pt.routing_report()
+    assert {d["direction"] for d in decisions} == {"forward", "backward data", "backward filter"}
+    assert len(decisions) == 3  # one decision per signature, not one per call
+    for d in decisions:
+        assert d["winner"] in ("pycudnn", "torch") and d["reason"]
+        assert d["pycudnn_gpu_us"] > 0 and d["torch_gpu_us"] > 0
+        assert d["pycudnn_call_us"] > 0 and d["torch_call_us"] > 0
+        assert "x[4, 16, 12, 12] w[24, 16, 3, 3] float32" in d["signature"]
+    if forced == "torch":
+        assert all(d["winner"] == "torch" for d in decisions)
+        assert len(calls.torch_layers) == 1
+        y = pt.conv2d(x, w, b, 1, 1)
+        assert type(y.grad_fn).__name__ == "ConvolutionBackward0"  # PyTorch's node, not ours
+
+
+def test_routing_off_keeps_every_signature_in_pycudnn(monkeypatch):
+    monkeypatch.setattr(routing, "MARGIN", 1.0)
+    pt.set_routing("pycudnn")
+    x, w, b = _tensors(torch.float32, torch.channels_last, seed=7)
+    y = pt.conv2d(x, w, b, 1, 1)
+    y.backward(torch.ones_like(y))
+    assert pt.routing_report() == []
+    assert all(e[0] is not None for e in calls._FWD.values())
+    assert type(y.grad_fn).__name__ == "_Conv2dFunction"
+
+
+def test_no_routing_without_benchmark_mode(monkeypatch):
+    monkeypatch.setattr(routing, "MARGIN", 1.0)
+    torch.backends.cudnn.benchmark = False
+    x, w, b = _tensors(torch.float32, torch.channels_last, seed=8)
+    pt.conv2d(x, w, b, 1, 1).sum().backward()
+    assert pt.routing_report() == []
+
+
+def test_pycudnn_determinism_is_kept(monkeypatch):
+    """pycudnn's own deterministic=True, which PyTorch's flags do not ask for: never routed."""
+    import pycudnn
+
+    monkeypatch.setattr(routing, "MARGIN", 1.0)
+    x, w, b = _tensors(torch.float32, torch.channels_last, seed=9)
+    monkeypatch.setattr(pycudnn.config, "deterministic", True)  # global: the backward thread too
+    pt.conv2d(x, w, b, 1, 1).sum().backward()
+    assert pt.routing_report() == []
