@@ -49,6 +49,9 @@ BENCHMARK_TIME_BUDGET_S = 10.0
 _TRIALS, _REPS = 3, 3
 #: gated timing: rounds over all candidates, and the GPU time (ms) each candidate's runs span
 _ROUNDS, _GATED_SPAN_MS = 3, 0.1
+#: a candidate whose first gated run took more than this times the fastest one's is not timed
+#: further (one run behind the gate has no launch gap: a 1.5x difference is not noise)
+PRUNE_FACTOR = 1.5
 #: a precompiled plan this much slower than a runtime-compiled best is preferred (see _measure)
 PRECOMPILED_PREFERENCE = 0.03
 
@@ -447,8 +450,10 @@ class GraphSearch(Engine):
         Every candidate runs once first (CUDA loads its kernels then: a kernel loaded while the
         stream is held could wait on the held stream). Then, with the stream held on the GPU
         (`pycudnn.runtime.gate`), one run of each gives its time without launch gaps, which sets
-        how many runs each timing takes (about 100 us of GPU time, 3 to 25 runs); then
-        `_ROUNDS` rounds, each in another candidate order, and the median per candidate.
+        how many runs each timing takes (about 100 us of GPU time, 3 to 25 runs) and drops those
+        more than `PRUNE_FACTOR` times slower than the fastest (that run is their time); then
+        `_ROUNDS` rounds of the others, each in another candidate order, and the median per
+        candidate.
         Without a gate (a GPU that cannot wait on host memory) the runs are timed back to back.
         """
         if not ready:
@@ -478,8 +483,18 @@ class GraphSearch(Engine):
             else:
                 first = self._batched(args, gate, [(ready[i], 1) for i in ok], ptrs, wptr)
                 reps = {i: max(3, min(25, int(_GATED_SPAN_MS / max(t, 1e-4)))) for i, t in zip(ok, first)}
+                # candidates far slower than the best one in that run cannot win: their one run
+                # ranks them, and the rounds time the rest (a depthwise layer's slow kernels
+                # took most of a search's time)
+                best = max(min(first), 0.002)  # ms: below what one event pair resolves
+                contenders = [i for i, t in zip(ok, first) if t <= PRUNE_FACTOR * best]
+                for i, t in zip(ok, first):
+                    if i not in contenders:
+                        times[i].append(t)
                 for r in range(_ROUNDS):
-                    order = ok[r % len(ok):] + ok[:r % len(ok)] if r % 2 == 0 else list(reversed(ok))
+                    n = len(contenders)
+                    order = (contenders[r % n:] + contenders[:r % n] if r % 2 == 0
+                             else list(reversed(contenders)))
                     got = self._batched(args, gate, [(ready[i], reps[i]) for i in order], ptrs, wptr)
                     for i, t in zip(order, got):
                         times[i].append(t)
