@@ -351,3 +351,28 @@ def test_set_routing_refuses_unknown_modes():
     with pytest.raises(ValueError, match=r"expected mode to be one of \['auto', 'pycudnn'\], got 'fast'"):
         pt.set_routing("fast")
     assert pt.routing.routing() in ("auto", "pycudnn")
+
+
+@needs_torch
+def test_conversion_report_says_what_was_left_to_pytorch_and_why(caplog):
+    class MyConv(nn.Conv2d):
+        pass
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv1d(3, 4, 3), nn.ConvTranspose2d(4, 3, 2),
+                          MyConv(4, 4, 1), nn.Sequential(nn.Conv2d(4, 4, 1), nn.Linear(2, 2)))
+    before = pt.conversion_report(model)
+    assert [r["converted"] for r in before] == [False] * 5
+    assert before[0]["reason"] == "not converted yet (call convert)"
+    with caplog.at_level("INFO", logger="pycudnn"):
+        assert pt.convert(model) is model
+    rows = {r["name"]: r for r in pt.conversion_report(model)}
+    assert list(rows) == ["0", "1", "2", "3", "4.0"]
+    assert rows["0"]["converted"] and rows["4.0"]["converted"] and rows["0"]["reason"] == ""
+    assert rows["0"]["type"] == "pycudnn.torch.modules.Conv2d"
+    assert rows["1"]["reason"] == "Conv1d: pycudnn.torch converts 2-D convolutions only"
+    assert rows["2"]["reason"] == "ConvTranspose2d: transposed convolutions stay in PyTorch"
+    assert rows["3"]["reason"].startswith("MyConv: a subclass of a torch.nn convolution")
+    assert ("pycudnn.torch.convert: 2 of 5 convolution modules run in pycudnn; 1 left to PyTorch: "
+            "Conv1d") in caplog.text
+    with pytest.raises(TypeError, match="conversion_report: expected a torch.nn.Module, got int"):
+        pt.conversion_report(3)

@@ -52,10 +52,10 @@ except ImportError as _exc:  # pragma: no cover - exercised in a process without
 from .calls import CACHE_MAX, ConvolutionTypeError, ConvolutionValueError, clear_cache
 from .functional import conv2d, conv2d_add_relu, conv2d_bias_relu
 from .fusion import fold_batchnorm, fuse_for_inference
-from .modules import Conv2d, FusedConv2d, convert, revert
+from .modules import Conv2d, FusedConv2d, conversion_report, convert, revert
 from .routing import report as routing_report
 from .routing import set_routing
 
 __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_add_relu", "Conv2d", "FusedConv2d", "convert",
            "revert", "fuse_for_inference", "fold_batchnorm", "clear_cache", "CACHE_MAX",
-           "ConvolutionValueError", "ConvolutionTypeError", "set_routing", "routing_report"]
+           "ConvolutionValueError", "ConvolutionTypeError", "set_routing", "routing_report", "conversion_report"]

@@ -3,6 +3,7 @@ inference block ``FusedConv2d``."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 import torch
@@ -10,6 +11,8 @@ import torch.nn.functional as F
 
 from .calls import geometry
 from .functional import conv2d, conv2d_add_relu, conv2d_bias_relu
+
+log = logging.getLogger("pycudnn")
 
 
 # ---- modules --------------------------------------------------------------------------------------
@@ -38,14 +41,62 @@ def convert(module: Any) -> Any:
 
     Only modules whose type is exactly ``torch.nn.Conv2d`` change (subclasses may compute
     something else); they stay the same objects, so their parameters, buffers, hooks and an
-    optimizer that holds them are unaffected.
+    optimizer that holds them are unaffected. What was converted and what was left to PyTorch,
+    and why, is logged on the ``pycudnn`` logger (INFO) and listed by
+    [`conversion_report`][pycudnn.torch.conversion_report].
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert: expected a torch.nn.Module, got {type(module).__name__}")
     for m in module.modules():
         if type(m) is torch.nn.Conv2d:
             m.__class__ = Conv2d
+    if log.isEnabledFor(logging.INFO):
+        rows = conversion_report(module)
+        left: dict[str, int] = {}
+        for r in rows:
+            if not r["converted"]:
+                left[r["reason"]] = left.get(r["reason"], 0) + 1
+        log.info("pycudnn.torch.convert: %d of %d convolution modules run in pycudnn%s",
+                 sum(r["converted"] for r in rows), len(rows),
+                 "".join(f"; {n} left to PyTorch: {why}" for why, n in left.items()))
     return module
+
+
+#: why convert leaves a convolution module to PyTorch, by type
+_NOT_CONVERTED = {
+    torch.nn.Conv1d: "Conv1d: pycudnn.torch converts 2-D convolutions only",
+    torch.nn.Conv3d: "Conv3d: pycudnn.torch converts 2-D convolutions only",
+    torch.nn.ConvTranspose1d: "ConvTranspose1d: transposed convolutions stay in PyTorch",
+    torch.nn.ConvTranspose2d: "ConvTranspose2d: transposed convolutions stay in PyTorch",
+    torch.nn.ConvTranspose3d: "ConvTranspose3d: transposed convolutions stay in PyTorch",
+}
+
+
+def conversion_report(module: Any) -> list[dict[str, Any]]:
+    """Every convolution module of ``module`` (``torch.nn`` convolutions and their subclasses,
+    in ``named_modules`` order): ``{"name", "type", "converted", "reason"}``, where ``reason``
+    says why one is left to PyTorch ("" for those [`convert`][pycudnn.torch.convert] made
+    pycudnn's)."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"conversion_report: expected a torch.nn.Module, got "
+                        f"{type(module).__name__}")
+    rows = []
+    for name, m in module.named_modules():
+        if not isinstance(m, torch.nn.modules.conv._ConvNd):
+            continue
+        t = type(m)
+        if t is Conv2d:
+            converted, reason = True, ""
+        elif t is torch.nn.Conv2d:
+            converted, reason = False, "not converted yet (call convert)"
+        elif t in _NOT_CONVERTED:
+            converted, reason = False, _NOT_CONVERTED[t]
+        else:
+            converted, reason = False, (f"{t.__name__}: a subclass of a torch.nn convolution "
+                                        "(it may compute something else)")
+        rows.append({"name": name, "type": f"{t.__module__}.{t.__qualname__}",
+                     "converted": converted, "reason": reason})
+    return rows
 
 
 def revert(module: Any) -> Any:
