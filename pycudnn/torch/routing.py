@@ -114,7 +114,8 @@ def should_measure(benchmark: bool, torch_tf32: bool, torch_deterministic: bool)
 
 def _time(fn: Callable[[], Any], device: int, stream: int) -> tuple[float, float]:
     """(GPU us per call with the stream held, us per call back to back) of ``fn``."""
-    sync = torch.cuda.current_stream(device).synchronize
+    cs = torch.cuda.current_stream(device)  # the tensors' device, whichever device is current
+    sync = cs.synchronize
     fn()
     sync()
     t0 = time.perf_counter()
@@ -137,10 +138,10 @@ def _time(fn: Callable[[], Any], device: int, stream: int) -> tuple[float, float
     try:
         generation = gate.hold(stream)
         timer = gate.watchdog(generation)
-        start.record()
+        start.record(cs)
         for _ in range(n):
             fn()
-        end.record()
+        end.record(cs)
     finally:
         if generation is not None:
             gate.open(generation)
