@@ -94,7 +94,7 @@ def test_no_device_message():
         pytest.skip("this machine has a GPU")
     with pytest.raises(pycudnn.NoDeviceError) as info:
         pycudnn.from_numpy(np.zeros(4, np.float32))
-    if "cudaErrorInsufficientDriver" not in str(info.value):
+    if "no NVIDIA driver found" not in str(info.value):
         pytest.skip(f"another reason here: {info.value}")
     assert str(info.value) in TROUBLE
 

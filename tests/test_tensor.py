@@ -515,10 +515,12 @@ def test_resolve_stream_cuda_core():
     assert M.resolve_stream(core.LEGACY_DEFAULT_STREAM) == 1
 
 
-def test_check_cuda_mapping():
+def test_check_cuda_mapping(monkeypatch):
     M.check_cuda(0, "nothing")
     M.check_cuda((0, 5), "nothing")
-    with pytest.raises(NoDeviceError, match="cudaErrorInsufficientDriver"):
+    # with a driver library present, error 35 means an old driver: the runtime's words and a hint
+    monkeypatch.setattr(M, "_driver_found", True)
+    with pytest.raises(NoDeviceError, match="cudaErrorInsufficientDriver.*older than this CUDA"):
         M.check_cuda(35, "cudaFoo")
     with pytest.raises(NoDeviceError, match="no CUDA-capable device"):
         M.check_cuda(100, "cudaFoo")
@@ -556,7 +558,7 @@ class TestWithoutGPU:
             assert M.no_device_reason().split(":")[0] in str(info.value)
 
     def test_allocate_and_copies_raise_no_device(self):
-        with pytest.raises(NoDeviceError, match="no usable CUDA device"):
+        with pytest.raises(NoDeviceError, match="no (usable CUDA device|NVIDIA driver found)"):
             M.allocate(1024)
         with pytest.raises(NoDeviceError):
             T.empty((2, 3))
@@ -577,9 +579,25 @@ class TestWithoutGPU:
             with pytest.raises(NoDeviceError) as info:
                 call()
             message = str(info.value)
-            assert message.startswith(f"{name}: no usable CUDA device: "), message
+            if M.driver_found():  # a driver without a usable device: the runtime's reason
+                assert message.startswith(f"{name}: no usable CUDA device: "), message
+                assert "run `pycudnn info` to see why" in message
+            else:  # no driver at all: says so first, in one short line, then what to do
+                first, advice = message.split("\n")
+                assert first == f"{name}: no NVIDIA driver found (libcuda.so.1)", message
+                assert "NVIDIA GPU and its driver" in advice and "pycudnn info" in advice
+                assert "InsufficientDriver" not in message
             assert "allocate" not in message
-            assert "run `pycudnn info` to see why" in message
+
+    def test_no_driver_is_named_as_such(self):
+        if M.driver_found():
+            pytest.skip("libcuda.so.1 loads here: the no-driver case cannot be seen")
+        assert M.no_device_reason() == "no NVIDIA driver found (libcuda.so.1)"
+        for code in (35, 100, 3):  # whatever the runtime says, the missing driver comes first
+            with pytest.raises(NoDeviceError) as info:
+                M.check_cuda(code, "cudaGetDevice")
+            assert str(info.value).split("\n")[0] == \
+                "cudaGetDevice: no NVIDIA driver found (libcuda.so.1)"
 
 
 # ---- handle pool logic, with cuDNN and the device replaced by fakes --------------------------------

@@ -160,10 +160,9 @@ def get_handle(device: Any = None, stream: Any = None) -> int:
         try:
             device = _mem.current_device()
         except NoDeviceError as exc:
-            reason = _mem.no_device_reason()
-            raise NoDeviceError(f"get_handle: no usable CUDA device: {reason}{_mem.NO_DEVICE_ADVICE}"
-                                if reason
-                                else f"get_handle: {exc}") from None
+            if _mem.no_device_reason():
+                raise _mem.no_device_error("get_handle") from None
+            raise NoDeviceError(f"get_handle: {exc}") from None
     handle = state.handles.get(device) if type(device) is int else None
     if handle is None:
         device, handle = _acquire(device, state)

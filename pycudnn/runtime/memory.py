@@ -113,9 +113,35 @@ _OOM_CODE = 2  # cudaErrorMemoryAllocation
 _INVALID_DEVICE = 101  # cudaErrorInvalidDevice
 
 _HINTS = {
-    35: " (no NVIDIA driver (libcuda.so.1) was found, or it is older than this CUDA runtime)",
+    35: " (the NVIDIA driver is older than this CUDA runtime: install a newer driver, or the "
+        "cuda-python of the driver's CUDA major, e.g. pycudnn-ctypes[cu12] for a 12.x driver)",
     34: " (the process loaded the CUDA driver stub library instead of the real driver)",
 }
+
+#: The first line of every "no device" error where the NVIDIA driver library itself is absent (a
+#: machine without an NVIDIA GPU, a container started without GPU access): the CUDA runtime's own
+#: words for it ("cudaErrorInsufficientDriver: CUDA driver version is insufficient ...") mislead.
+NO_DRIVER = "no NVIDIA driver found (libcuda.so.1)"
+#: ... and its second line: what to do.
+NO_DRIVER_ADVICE = ("this call needs an NVIDIA GPU and its driver: run it on a machine that has "
+                    "both (start a container with GPU access, e.g. `docker run --gpus all`); "
+                    "descriptors, shapes and argument checks work without a GPU, and "
+                    "`pycudnn info` shows what pycudnn found")
+_driver_found: bool | None = None
+
+
+def driver_found() -> bool:
+    """Whether the NVIDIA driver library (``libcuda.so.1``) loads in this process (asked once)."""
+    global _driver_found
+    if _driver_found is None:
+        import ctypes
+
+        try:
+            ctypes.CDLL("libcuda.so.1")
+            _driver_found = True
+        except OSError:
+            _driver_found = False
+    return _driver_found
 
 
 def _no_device_set() -> frozenset[int]:
@@ -150,6 +176,8 @@ def cuda_error(err: Any, what: str) -> Exception:
     code = int(err)
     text = error_text(code)
     if code in _no_device_set():
+        if not driver_found():
+            return NoDeviceError(f"{what}: {NO_DRIVER}\n{NO_DRIVER_ADVICE}")
         return NoDeviceError(f"{what}: no usable CUDA device: {text}{_HINTS.get(code, '')}")
     if code == _INVALID_DEVICE:
         return NoDeviceError(f"{what}: {text} (this machine has {device_count()} CUDA device(s))")
@@ -183,6 +211,8 @@ visible_devices: int | None = None
 
 
 def _probe_devices() -> tuple[int, str | None]:
+    if not driver_found():
+        return 0, NO_DRIVER
     try:
         err, n = _runtime().cudaGetDeviceCount()
     except Exception as exc:  # e.g. cuda.pathfinder failing to find libcuda
@@ -207,8 +237,9 @@ def device_count() -> int:
 
 
 def no_device_reason() -> str | None:
-    """None when a CUDA device is usable, else the driver's reason (e.g.
-    ``"cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"``)."""
+    """None when a CUDA device is usable, else why not, in one line: `NO_DRIVER` where there is
+    no NVIDIA driver at all, else the CUDA runtime's reason (e.g. ``"cudaErrorNoDevice: no
+    CUDA-capable device is detected"``)."""
     if visible_devices:
         return None
     return _probe_devices()[1]
@@ -216,6 +247,16 @@ def no_device_reason() -> str | None:
 
 NO_DEVICE_ADVICE = ("; run `pycudnn info` to see why (descriptors and argument checks work "
                     "without a GPU)")
+
+
+def no_device_error(what: str) -> NoDeviceError:
+    """The error for a GPU call (``what``, the public call the user made) on a machine with no
+    usable device: without a driver, `NO_DRIVER` then `NO_DRIVER_ADVICE` on a second line; else
+    the runtime's reason and `NO_DEVICE_ADVICE`."""
+    reason = no_device_reason()
+    if reason == NO_DRIVER:
+        return NoDeviceError(f"{what}: {NO_DRIVER}\n{NO_DRIVER_ADVICE}")
+    return NoDeviceError(f"{what}: no usable CUDA device: {reason}{NO_DEVICE_ADVICE}")
 
 
 def require_device(what: str = "pycudnn") -> int:
@@ -226,7 +267,7 @@ def require_device(what: str = "pycudnn") -> int:
     do next."""
     n = visible_devices or device_count()
     if not n:
-        raise NoDeviceError(f"{what}: no usable CUDA device: {no_device_reason()}{NO_DEVICE_ADVICE}")
+        raise no_device_error(what)
     return n
 
 
