@@ -1,0 +1,37 @@
+"""README.md stays what CI and the package index need: the commands .ci/run marks as README's
+are README's own, and every link is absolute (README is also the package's long description,
+where a relative link leads nowhere)."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_ci_runs_the_commands_readme_gives():
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    marked = [(line.strip(), lines[i + 1].strip()) for i, line in enumerate(lines)
+              if line.strip().startswith("# --- README: ")]
+    assert {m for m, _ in marked} >= {"# --- README: install ---", "# --- README: test ---",
+                                      "# --- README: type check ---", "# --- README: docs ---"}
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.S))
+    commands = {line.split("  #")[0].strip() for line in blocks.splitlines()}
+    for marker, command in marked:
+        command = command.replace("pip install -q ", "pip install ")  # CI installs quietly
+        assert command in commands, f"{marker}: README.md has no command {command!r}"
+
+
+def test_readme_user_install_comes_first():
+    install = README.index('pip install "pycudnn-ctypes[cu12]"')
+    assert install < README.index("## Quick start") < README.index("## Performance") \
+        < README.index("## Development")
+
+
+def test_readme_links_are_absolute():
+    links = re.findall(r"\]\(([^)]+)\)", README)
+    assert links
+    relative = [link for link in links if not re.match(r"https://", link)]
+    assert not relative, f"relative links in README.md (broken on the package index): {relative}"
