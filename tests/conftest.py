@@ -1,10 +1,12 @@
 """Shared test set-up: the ``gpu`` marker skips cleanly where no CUDA device is usable, and the
-run's summary counts those skips in one line instead of listing each."""
+run ends with one summary block: those skips counted in one line, the other skips once per
+reason, and the fuzz suites' counts."""
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import tempfile
 
 import pytest
@@ -26,7 +28,13 @@ def gpu_reason() -> str | None:
     except Exception as exc:
         return f"cudaGetDeviceCount raised {type(exc).__name__}: {exc}"
     if int(err) != 0:
-        return f"no usable CUDA driver/device ({err.name})"
+        try:  # pycudnn's own words for it ("no NVIDIA driver found (libcuda.so.1)", ...)
+            from pycudnn.runtime.memory import no_device_reason
+
+            reason = no_device_reason()
+        except Exception:
+            reason = None
+        return reason or f"no usable CUDA driver/device ({err.name})"
     if count < 1:
         return "no CUDA device"
     return None
@@ -49,15 +57,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_NOT_INSTALLED = re.compile(r"could not import '([\w.]+)': No module named '([\w.]+)'$")
+
+
 def _skip_reason(report) -> str:
+    """The reason a test was skipped, one spelling per reason: pytest.importorskip's "could not
+    import 'x': No module named 'x'" reads as the suite's own "could not import 'x' (not
+    installed)"."""
     longrepr = report.longrepr
     reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
-    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+    reason = reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+    missing = _NOT_INSTALLED.match(reason)
+    if missing and missing.group(1) == missing.group(2):
+        return f"could not import '{missing.group(1)}' (not installed)"
+    return reason
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """One line for the tests skipped for want of a GPU, one per other reason (pyproject's
-    ``-r`` options leave skips out of pytest's own summary, which lists each test's reason)."""
+    """The run's one summary block: the tests skipped for want of a GPU in one line, the other
+    skips once per reason (pyproject's ``-r`` options leave skips out of pytest's own summary,
+    which lists each test's reason), then the lines of every plugin that has a
+    ``summary_lines()`` method (the fuzz suites' counts, the GPU reliability figures)."""
     reasons: dict[str, int] = {}
     gpu = 0
     no_gpu = gpu_reason() is not None
@@ -67,11 +87,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             gpu += 1
         else:
             reasons[reason] = reasons.get(reason, 0) + 1
-    if not gpu and not reasons:
-        return
-    terminalreporter.section("skipped", sep="-")
+    lines = []
     if gpu:
-        terminalreporter.write_line(f"{gpu} GPU tests skipped ({GPU_SKIP}{gpu_reason()}); they "
-                                    f"run on a machine with one")
+        lines.append(f"{gpu} GPU tests skipped ({GPU_SKIP}{gpu_reason()}); they run on a machine "
+                     f"with one")
     for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
-        terminalreporter.write_line(f"{n} skipped: {reason}")
+        lines.append(f"{n} skipped: {reason}")
+    for plugin in config.pluginmanager.get_plugins():
+        summary = getattr(plugin, "summary_lines", None)
+        if callable(summary) and not isinstance(plugin, type):
+            lines.extend(summary())
+    if not lines:
+        return
+    terminalreporter.section("pycudnn summary", sep="-")
+    for line in lines:
+        terminalreporter.write_line(line)

@@ -1,5 +1,6 @@
-"""conftest.py's end-of-run summary: GPU skips in one line, other skips once per reason, and
-skipped modules (collection reports) handled too."""
+"""conftest.py's end-of-run summary: one block, GPU skips in one line, other skips once per reason
+and in one spelling, skipped modules (collection reports) handled too, and the lines of plugins
+with a ``summary_lines()`` method (the fuzz counts) folded in."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ def test_skip_summary(tmp_path):
         "def test_ok():\n    pass\n")
     (tmp_path / "test_module_skip.py").write_text(
         "import pytest\npytest.importorskip('no_such_module_anywhere')\n")
+    (tmp_path / "test_own_skip.py").write_text(  # the suite's own spelling of the same reason
+        "import pytest\n@pytest.mark.skipif(True, reason=\"could not import 'no_such_module_anywhere'"
+        " (not installed)\")\ndef test_needs_it():\n    pass\n")
+    (tmp_path / "test_counts.py").write_text(  # a plugin with summary lines, as test_fuzz.py's
+        "import pytest\nclass Counts:\n    def summary_lines(self):\n        return ['fuzz: 3 cases']\n"
+        "@pytest.fixture(autouse=True)\ndef _register(request):\n"
+        "    pm = request.config.pluginmanager\n"
+        "    if not pm.has_plugin('counts'):\n        pm.register(Counts(), 'counts')\n"
+        "def test_counted():\n    pass\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-rfExX", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
                           timeout=120)
@@ -31,9 +41,14 @@ def test_skip_summary(tmp_path):
     assert proc.returncode == 0, out + proc.stderr
     assert "INTERNALERROR" not in out and "SKIPPED [" not in out
     assert "1 skipped: no widget here" in out
-    assert "1 skipped: could not import 'no_such_module_anywhere'" in out
+    assert "2 skipped: could not import 'no_such_module_anywhere' (not installed)" in out
+    assert "No module named" not in out
+    block = out[out.index(" pycudnn summary "):]
+    assert out.count(" pycudnn summary ") == 1 and "fuzz: 3 cases" in block
+    assert "1 skipped: no widget here" in block
     if has_gpu():
         assert "GPU tests skipped" not in out
     else:
         lines = [line for line in out.splitlines() if "GPU tests skipped" in line]
         assert len(lines) == 1 and lines[0].startswith("5 GPU tests skipped (needs a CUDA GPU: ")
+        assert lines[0] in block

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.gpu
 
 EXAMPLES = int(os.environ.get("PYCUDNN_FUZZ_GPU_EXAMPLES", "25") or 25)
 SLACK = 256  # bytes before and after every buffer, compared too
-REPORT = F.FuzzReport("pycudnn fuzz summary (GPU, real buffers)", "pycudnn/fuzz_gpu")
+REPORT = F.FuzzReport("fuzz (GPU, real buffers)", "pycudnn/fuzz_gpu")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -47,12 +47,13 @@ FIGURES: dict[str, object] = {}
 
 
 class _FiguresPlugin:
+    def summary_lines(self) -> list[str]:
+        """Folded into the run's one summary block by conftest.py."""
+        return [f"reliability: {k}: {v}" for k, v in FIGURES.items()]
+
     def pytest_terminal_summary(self, terminalreporter, config) -> None:
         if not FIGURES:
             return
-        terminalreporter.write_sep("-", "pycudnn reliability figures")
-        for k, v in FIGURES.items():
-            terminalreporter.write_line(f"{k}: {v}")
         try:
             config.cache.set("pycudnn/reliability", FIGURES)
         except Exception:
