@@ -35,3 +35,15 @@ def test_readme_links_are_absolute():
     assert links
     relative = [link for link in links if not re.match(r"https://", link)]
     assert not relative, f"relative links in README.md (broken on the package index): {relative}"
+
+
+def test_quick_start_is_the_same_in_readme_and_docs_index():
+    def quick_start(text: str) -> str:
+        found = re.search(r"## Quick start\n\n```python\n(.*?)```", text, re.S)
+        assert found, "no Quick start section with a Python block"
+        return found.group(1)
+
+    code = quick_start(README)
+    assert code == quick_start((ROOT / "docs" / "index.md").read_text())
+    assert len([line for line in code.splitlines() if line.strip()]) <= 12
+    compile(code, "quick start", "exec")
