@@ -19,7 +19,9 @@ def test_mkdocs_config_is_offline_material():
     config = (ROOT / "mkdocs.yml").read_text()
     assert re.search(r"^theme:\n  name: material$", config, re.M)
     assert re.search(r"^  font: false$", config, re.M), "web fonts come from a CDN"
-    assert "extra_javascript" not in config and "extra_css" not in config
+    assert "extra_javascript" not in config
+    for sheet in re.findall(r"^extra_css:\n((?:  - .*\n)+)", config, re.M)[0].split("- ")[1:]:
+        assert (ROOT / "docs" / sheet.strip()).is_file(), f"extra_css {sheet.strip()} is not local"
     for section in ("Getting started", "Guides", "Reference", "Performance"):
         assert re.search(rf"^  - {section}:$", config, re.M), section
 

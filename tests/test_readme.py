@@ -7,6 +7,8 @@ from __future__ import annotations
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
@@ -47,3 +49,22 @@ def test_quick_start_is_the_same_in_readme_and_docs_index():
     assert code == quick_start((ROOT / "docs" / "index.md").read_text())
     assert len([line for line in code.splitlines() if line.strip()]) <= 12
     compile(code, "quick start", "exec")
+
+
+@pytest.mark.gpu
+def test_quick_start_runs_on_a_gpu():
+    """README's quick start as a user runs it (CuPy arrays in), checked against PyTorch's CPU
+    convolution in float64."""
+    cp = pytest.importorskip("cupy")
+    torch = pytest.importorskip("torch")
+    code = re.search(r"## Quick start\n\n```python\n(.*?)```", README, re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "README quick start", "exec"), scope)
+    x = torch.from_numpy(cp.asnumpy(scope["x"]).astype("float64"))
+    w = torch.from_numpy(cp.asnumpy(scope["w"]).astype("float64"))
+    ref = torch.nn.functional.conv2d(x, w, padding=1).numpy()
+    y = cp.asnumpy(cp.asarray(scope["y"])).astype("float64")
+    assert y.shape == ref.shape == (8, 128, 56, 56)
+    # TF32 may be allowed by default: float32 inputs, 576-term sums
+    assert abs(y - ref).max() <= 2e-2 * abs(ref).max()
+    assert tuple(scope["gx"].shape) == (8, 64, 56, 56) and tuple(scope["gw"].shape) == (128, 64, 3, 3)
