@@ -78,7 +78,7 @@ def test_annotations_resolve(module):
             typing.get_type_hints(obj)  # raises on a misspelt or missing name
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="could not import 'mypy' (not installed)")
 def test_mypy_passes():
     proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
