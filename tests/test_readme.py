@@ -14,7 +14,10 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_ci_runs_the_commands_readme_gives():
-    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = ROOT / ".ci" / "run"
+    if not ci.is_file():
+        pytest.skip("no .ci/run here (a source distribution carries no CI script)")
+    lines = ci.read_text().splitlines()
     marked = [(line.strip(), lines[i + 1].strip()) for i, line in enumerate(lines)
               if line.strip().startswith("# --- README: ")]
     assert {m for m, _ in marked} >= {"# --- README: install ---", "# --- README: test ---",
