@@ -51,9 +51,10 @@ def _layers(opts):
 def phase_pycudnn(opts) -> dict:
     t0 = time.perf_counter()
     import pycudnn
-    from pycudnn import algos, tuning_db
+    from pycudnn.dispatch.engines import strategy_for
+    from pycudnn.search import algos, tuning_db
     from pycudnn.cli import DTYPES
-    from pycudnn.memory import synchronize
+    from pycudnn.runtime.memory import synchronize
 
     t_import = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -91,7 +92,7 @@ def phase_pycudnn(opts) -> dict:
     # database lookup, graph, plan); the rest is the launch itself, including CUDA loading the
     # engine's kernels on their first use in the process (lazy module loading).
     rebuild = [0.0]
-    for strategy in (algos.strategy_for("graph"), algos.strategy_for("v7")):
+    for strategy in (strategy_for("graph"), strategy_for("v7")):
         original = strategy.restore
 
         def timed(args, data, _orig=original):
@@ -241,7 +242,7 @@ def main(argv=None) -> int:
     env = dict(os.environ, PYCUDNN_CACHE_DIR=cache_dir, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PYCUDNN_TUNING_DB", None)
     try:
-        from pycudnn.memory import no_device_reason
+        from pycudnn.runtime.memory import no_device_reason
 
         if no_device_reason() is not None:
             print(f"second_process.py needs a GPU: {no_device_reason()}", file=sys.stderr)

@@ -36,6 +36,7 @@ from .ffi import library as _lib
 from .ffi.backend import BehaviorNote, NumericalNote
 from .runtime.memory import check_cuda, device_count, device_guard, empty_cache, no_device_reason
 from .search import algos, tuning_db
+from .dispatch.engines import strategy_for
 
 __all__ = ["main", "build_parser", "Layer", "MODELS", "MODEL_BATCH", "parse_shape", "model_layers",
            "UsageError", "RunError", "layers_from_args", "options_from_args", "ROW_FIELDS", "new_row",
@@ -775,7 +776,7 @@ def _store_winners(direction: str, strategy: Any) -> None:
     if not tuning_db.enabled():
         return
     for params, record in algos.caches[direction].items():
-        if getattr(record, "source", "") in ("measured", "find"):
+        if record.source in ("measured", "find"):
             try:
                 tuning_db.store(params, strategy.serialize(record))
             except OSError as exc:
@@ -803,7 +804,7 @@ def run_layer(layer: Layer, direction: str, bufs: _Buffers, opts: dict[str, Any]
     import pycudnn
 
 
-    strategy = algos.strategy_for(opts["engine"])
+    strategy = strategy_for(opts["engine"])
     row = new_row(layer, direction)
     pycudnn.clear_caches()
     fn = _pycudnn_fn(layer, direction, bufs, opts["flags"])

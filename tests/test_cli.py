@@ -468,7 +468,8 @@ class _ScriptedV7(ScriptedEngine):
 def scripted(db, monkeypatch):
     """run_layer against the real caches, iterator and database, with a scripted engine."""
     from pycudnn.dispatch import engines
-    from pycudnn.search.algos import ConvolutionArgs, try_all
+    from pycudnn.search.algos import try_all
+    from pycudnn.search.problem import ConvolutionArgs
 
     strategy = _ScriptedV7()
     monkeypatch.setitem(engines.ENGINES, "scripted", strategy)

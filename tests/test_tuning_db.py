@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from pycudnn.search import algos, tuning_db
-from pycudnn.search.algos import ConvolutionArgs, ConvolutionParams, try_all
+from pycudnn.search.algos import try_all
+from pycudnn.search.problem import ConvolutionArgs, ConvolutionParams
 from pycudnn.configuration import config, flags
 from pycudnn.errors import CudnnNotSupportedError, NoDeviceError
 from scripted_engine import ScriptedEngine
@@ -105,7 +106,7 @@ def test_enabled_follows_config_and_flags(db):
 def test_env_zero_turns_it_off(tmp_path):
     code = (
         "import os, json\n"
-        "from pycudnn import tuning_db, algos, config\n"
+        "from pycudnn import config\nfrom pycudnn.search import tuning_db\n"
         "tuning_db.device_identity = lambda d: {'name': 'X', 'compute_capability': [9, 0], 'sm_count': 1}\n"
         "import sys; sys.path.insert(0, 'tests')\n"
         "from test_algos import make_params\n"
@@ -292,7 +293,7 @@ def test_miss_sees_a_record_another_process_stored(db, tmp_path):
     assert db.lookup(p) is None  # this process has read the (empty) file
     code = (
         "import sys; sys.path.insert(0, 'tests')\n"
-        "from pycudnn import tuning_db\n"
+        "from pycudnn.search import tuning_db\n"
         f"tuning_db.device_identity = lambda d: {H200!r}\n"
         "from test_algos import make_params\n"
         "tuning_db.store(make_params(groups=2, weight_shape=(8, 2, 3, 3)),\n"

@@ -77,7 +77,7 @@ import time
 import warnings
 from typing import Any, Iterable, Iterator
 
-from .. import __version__
+from .._version import __version__
 from .._types import BwdDataAlgo, BwdFilterAlgo, FwdAlgo, MathType
 from ..configuration import config
 from ..runtime.memory import check_cuda
