@@ -35,7 +35,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pycudnn import cli
+from pycudnn.cli import program
 from pycudnn.search import tuning_db
 from pycudnn.configuration import config
 from test_algos import make_params
@@ -382,7 +382,7 @@ def run_cli(*args: str) -> tuple[int, str, str]:
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(["--debug", *args])
+        rc = program.main(["--debug", *args])
     out.flush()
     err.flush()
     return rc, out.buffer.getvalue().decode(), err.buffer.getvalue().decode()  # type: ignore[attr-defined]
