@@ -110,9 +110,9 @@ HIDE_PATHFINDER = "import sys\nsys.modules['cuda.pathfinder'] = None"
 def test_info_without_libcudnn_says_what_to_install(tmp_path):
     proc = run_cli("info", cache=tmp_path, prelude=HIDE_PATHFINDER,
                    PYCUDNN_LIBRARY="/nonexistent/dir/libcudnn.so.9", LD_LIBRARY_PATH="")
-    assert proc.returncode == 0, proc.stderr
     if "cuDNN        not found" not in proc.stdout:
         pytest.skip(f"a libcudnn is on the system's default search path:\n{proc.stdout}")
+    assert proc.returncode == 1, proc.stderr  # the full report, then: pycudnn cannot run here
     assert 'pip install "pycudnn-ctypes[cu12]"' in proc.stdout
     assert "tried PYCUDNN_LIBRARY=/nonexistent/dir/libcudnn.so.9" in proc.stdout
     assert "tuning DB" in proc.stdout and "Traceback" not in proc.stderr
@@ -234,6 +234,37 @@ def test_unexpected_error_is_one_line_unless_debug(monkeypatch, capsys):
 
 # ---- cache ----------------------------------------------------------------------------------------
 
+def test_cache_show_creates_nothing(db, capsys):
+    rc, out, _ = call(capsys, "cache", "show")
+    assert rc == 0 and out.strip() == f"{db.path()}: 0 records"
+    assert not os.path.lexists(os.path.dirname(db.path()))  # no directory, no lock file
+    db.store(make_params(), {"algo": 1, "math_type": 0, "workspace": 0})
+    os.remove(db.path() + ".lock")  # the store's
+    for args in (("cache", "show"), ("cache", "show", "--json"), ("info",)):
+        rc, out, _ = call(capsys, *args)
+        assert rc == 0
+        assert "(1 records)" in out or ": 1 records" in out or len(json.loads(out)["entries"]) == 1
+        assert sorted(os.listdir(os.path.dirname(db.path()))) == [os.path.basename(db.path())]
+
+
+def test_cache_show_leaves_an_unusable_database_where_it_is(db, capsys):
+    os.makedirs(os.path.dirname(db.path()), mode=0o700)
+    with open(db.path(), "w") as f:
+        f.write('{"not json')
+    os.chmod(db.path(), 0o600)
+    for args in (("cache", "show"), ("info",)):
+        rc, out, err = call(capsys, *args)
+        assert rc == 0 and "0 records" in out
+        assert sorted(os.listdir(os.path.dirname(db.path()))) == [os.path.basename(db.path())]
+        with open(db.path()) as f:
+            assert f.read() == '{"not json'
+    rc, out, err = call(capsys, "cache", "show")
+    assert err.startswith(f"pycudnn cache show: pycudnn tuning database {db.path()} is unusable (not "
+                          "JSON") and err.rstrip().endswith("left as it is")
+    rc, out, _ = call(capsys, "info")
+    assert "warning      pycudnn tuning database" in out and "left as it is" in out
+
+
 def test_cache_show_clear_export_import(db, capsys, tmp_path):
     rc, out, _ = call(capsys, "cache", "show")
     assert rc == 0 and out.strip() == f"{db.path()}: 0 records"
@@ -335,6 +366,29 @@ def test_options_map_dtypes_to_flags():
     assert o["fmt"] == "contiguous"
     o = options.options_from_args(parser.parse_args(["bench", "--dtype", "tf32", "--no-tuning-db"]))
     assert o["flags"]["allow_tf32"] is True and o["use_db"] is False
+
+
+@pytest.mark.parametrize("spelling, dtype, tf32", [
+    ("fp16", "float16", None), ("half", "float16", None), ("FLOAT16", "float16", None),
+    ("bf16", "bfloat16", None), ("BFloat16", "bfloat16", None), ("fp32", "float32", False),
+    ("Float32", "float32", False), ("TF32", "float32", True), ("fp64", "float64", None)])
+def test_dtype_takes_the_usual_spellings(spelling, dtype, tf32):
+    o = options.options_from_args(program.build_parser().parse_args(["bench", "--dtype", spelling]))
+    assert o["dtype"] == dtype and o["flags"].get("allow_tf32") is tf32
+
+
+@pytest.mark.parametrize("spelling, fmt", [("NHWC", "channels_last"), ("nhwc", "channels_last"),
+                                           ("NCHW", "contiguous"), ("Nchw", "contiguous")])
+def test_layout_in_any_case(spelling, fmt):
+    o = options.options_from_args(program.build_parser().parse_args(["tune", "--layout", spelling]))
+    assert o["fmt"] == fmt
+
+
+def test_an_unknown_dtype_or_layout_is_a_usage_error(capsys):
+    rc, _, err = call(capsys, "bench", "--dtype", "fp8")
+    assert rc == 2 and "argument --dtype: invalid choice: 'fp8'" in err and "bfloat16" in err
+    rc, _, err = call(capsys, "bench", "--layout", "NDHWC")
+    assert rc == 2 and "argument --layout: invalid choice: 'ndhwc'" in err and "nchw" in err
 
 
 def test_progress_plain_text(capsys):

@@ -82,17 +82,7 @@ def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
     if action == "show" and args.file:
         return _show_file(args, tuning_db)
     if action == "show":
-        rows = tuning_db.entries()
-        if args.json:  # json.dumps escapes every control and non-ASCII character
-            print(json.dumps({"path": tuning_db.path(), "entries": rows}, indent=1))
-            return 0
-        why = tuning_db.refused()
-        state = ("" if tuning_db.enabled() else " (turned off: PYCUDNN_TUNING_DB=0)") + (
-            f" (refused: {why})" if why else "")
-        print(terminal_safe(f"{tuning_db.path()}: {len(rows)} records{state}"))
-        if rows:
-            print(text_table(_CACHE_COLUMNS, _summaries(rows), {8}))
-        return 0
+        return _show_database(args, tuning_db)
     if action == "clear":
         n = tuning_db.clear()
         print(terminal_safe(f"removed {n} records from {tuning_db.path()}"))
@@ -128,6 +118,28 @@ def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
         notes.append(refused)
     print(terminal_safe(f"merged {report.merged} records from {args.file} into {tuning_db.path()}"
                 + "".join(f"; {n}" for n in notes)))
+    return 0
+
+
+def _show_database(args: argparse.Namespace, tuning_db: Any) -> int:
+    """``cache show``: the database's valid entries, read only (no lock file is made, an unusable
+    file is named on stderr and left where it is)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", tuning_db.TuningDatabaseWarning)
+        warnings.filterwarnings("ignore", message=r"pycudnn tuning database .* refused: ",
+                                category=tuning_db.TuningDatabaseWarning)  # shown as the state
+        rows = tuning_db.entries(set_aside=False)
+    if args.json:  # json.dumps escapes every control and non-ASCII character
+        print(json.dumps({"path": tuning_db.path(), "entries": rows}, indent=1))
+    else:
+        why = tuning_db.refused()
+        state = ("" if tuning_db.enabled() else " (turned off: PYCUDNN_TUNING_DB=0)") + (
+            f" (refused: {why})" if why else "")
+        print(terminal_safe(f"{tuning_db.path()}: {len(rows)} records{state}"))
+        if rows:
+            print(text_table(_CACHE_COLUMNS, _summaries(rows), {8}))
+    for w in caught:
+        print(f"pycudnn cache show: {terminal_safe(w.message)}", file=sys.stderr)
     return 0
 
 

@@ -1,26 +1,27 @@
-"""``pycudnn info``: versions, where libcudnn came from, devices, the tuning database (no GPU needed).
-"""
+"""``pycudnn info``: versions, where libcudnn came from, devices, the tuning database (no GPU
+needed; status 1 when libcudnn cannot load)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import warnings
 from typing import Any
 
 from ..errors import CudnnNotFoundError
 from ..ffi import library as _lib
 from ..search import tuning_db
 from .environment import cuda_mismatches, cuda_text, dist_version, list_devices, version_text
-from .report import format_bytes
+from .report import format_bytes, terminal_safe
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """Versions, libcudnn, devices and the tuning database; works without a GPU or libcudnn."""
+    """Versions, libcudnn, devices and the tuning database; works without a GPU or libcudnn, and
+    exits with status 1 (after the report) when libcudnn cannot load."""
     import platform
 
     import pycudnn
-
 
     info: dict[str, Any] = {"pycudnn": pycudnn.__version__,
                             "pycudnn_path": os.path.dirname(os.path.abspath(pycudnn.__file__)),
@@ -48,7 +49,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["no_gpu_reason"] = reason
     db: dict[str, Any] = {"path": tuning_db.path(), "enabled": tuning_db.enabled()}
     try:
-        db["entries"] = len(tuning_db.entries())
+        with warnings.catch_warnings(record=True) as caught:  # shown in the report below
+            warnings.simplefilter("always", tuning_db.TuningDatabaseWarning)
+            db["entries"] = len(tuning_db.entries(set_aside=False))  # info changes nothing
+        if caught:
+            db["warnings"] = [str(w.message) for w in caught]
     except OSError as exc:
         db["error"] = str(exc)
     info["tuning_db"] = db
@@ -57,9 +62,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         "nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "torch", "cupy-cuda12x", "cupy-cuda13x")}
     info["cuda_mismatch"] = cuda_mismatches(info)
 
+    # a machine where libcudnn cannot load cannot run pycudnn: the report, then status 1
+    status = 1 if "error" in info["cudnn"] else 0
     if args.json:
         print(json.dumps(info, indent=2))
-        return 0
+        return status
     out = [f"pycudnn      {info['pycudnn']} ({info['pycudnn_path']}), Python {info['python']}"]
     c = info["cudnn"]
     cuda = []
@@ -89,7 +96,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     state = "" if db["enabled"] else " [disabled: PYCUDNN_TUNING_DB=0 or config.tuning_db=False]"
     count = f"{db['entries']} records" if "entries" in db else f"unreadable: {db.get('error')}"
     out.append(f"tuning DB    {db['path']} ({count}){state}")
+    out.extend(f"warning      {terminal_safe(w)}" for w in db.get("warnings", ()))
     pk = ", ".join(f"{k} {v}" for k, v in info["packages"].items() if v)
     out.append(f"packages     {pk}")
     print("\n".join(out))
-    return 0
+    return status

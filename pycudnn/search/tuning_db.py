@@ -1052,15 +1052,33 @@ def drop(params: Any) -> None:
 
 # ---- the public API ---------------------------------------------------------------------------------
 
-def entries() -> list[dict[str, Any]]:
+def entries(*, set_aside: bool = True) -> list[dict[str, Any]]:
     """Every valid entry of the database file (fresh from disk, copies; empty when there is none
-    or the database was refused). Entries that do not validate are left out and logged."""
+    or the database was refused). Entries that do not validate are left out and logged.
+
+    Args:
+        set_aside: False makes it a reading only (``pycudnn cache show``, ``pycudnn info``): no
+            lock file is made and nothing on disk changes; a file unusable as a whole (not
+            JSON, say) gives a TuningDatabaseWarning and no entries, and stays where it is.
+            True: such a file is set aside, as every other function of this module does.
+    """
     st = _state()
     if st.file in _refused:
         return []
     try:
         with _thread_lock:
-            return [copy.deepcopy(e) for e in _load(st).values()]
+            if set_aside:
+                return [copy.deepcopy(e) for e in _load(st).values()]
+            try:
+                text, _ = _read(st.file)
+                found = {} if text is None else _parse(text, st.file)[0]
+            except _Corrupt as exc:
+                _warn(f"pycudnn tuning database {st.file} is unusable ({exc}); left as it is")
+                return []
+            except OSError as exc:
+                log.warning("tuning database %s is unreadable (%s)", st.file, exc)
+                return []
+            return [copy.deepcopy(e) for e in found.values()]
     except _Refused as exc:
         _refuse(st.file, str(exc))
         return []
