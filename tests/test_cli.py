@@ -16,6 +16,7 @@ from conftest import has_gpu
 from pycudnn.cli import bench, models, options, program, report, timing
 from pycudnn.search import tuning_db
 from pycudnn.configuration import config
+from pycudnn.errors import TuningDatabaseWarning
 from scripted_engine import ScriptedEngine
 from test_algos import make_params
 
@@ -694,7 +695,7 @@ def test_cache_show_file_validates_and_escapes_the_untrusted_file(db, tmp_path):
     assert "\\x1b]0;pwned\\x07" in proc.stdout
     assert "dropping entry 1" in proc.stderr
     assert f"pycudnn cache show: {f}: left out 1 entry that did not validate" in proc.stderr
-    with pytest.warns(tuning_db.TuningDatabaseWarning, match="left out 1 entry"):
+    with pytest.warns(TuningDatabaseWarning, match="left out 1 entry"):
         assert [e["schema"] for e in tuning_db.read_file(f)] == [1, 2]
 
 

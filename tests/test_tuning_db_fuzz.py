@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pycudnn.cli import program
-from pycudnn.search import tuning_db
+from pycudnn.search import tuning_db, tuning_records
 from pycudnn.configuration import config
 from test_algos import make_params
 
@@ -65,9 +65,9 @@ def good_record(params: Any, time_ms: float = 0.25) -> dict[str, Any]:
 
 def good_entry(params: Any, record: dict[str, Any] | None = None,
                gpu: dict[str, Any] = H200) -> dict[str, Any]:
-    return {"schema": tuning_db.SCHEMA_VERSION, "gpu": copy.deepcopy(gpu),
+    return {"schema": tuning_records.SCHEMA_VERSION, "gpu": copy.deepcopy(gpu),
             "cudnn_version": params.cudnn_version, "engine": params.engine,
-            "params": tuning_db.params_to_dict(params),
+            "params": tuning_records.params_to_dict(params),
             "record": good_record(params) if record is None else record,
             "created": "2025-01-01T00:00:00+00:00", "pycudnn": "0.1.0"}
 
@@ -176,7 +176,7 @@ class Raw(str):
 
 raw_values = st.sampled_from(RAW_TOKENS).map(Raw)
 
-_PARAM_FIELDS = list(tuning_db.params_to_dict(KEYS[0]))
+_PARAM_FIELDS = list(tuning_records.params_to_dict(KEYS[0]))
 _RECORD_FIELDS = ["algo", "math_type", "workspace", "time_ms", "deterministic", "graph",
                   "engine_id", "knobs", "tag", "plan_json", "extra"]
 

@@ -10,6 +10,7 @@ import sys
 import warnings
 from typing import Any
 
+from ..errors import TuningDatabaseWarning
 from ..search import tuning_db
 from .environment import version_text
 from .errors import RunError, UsageError
@@ -69,7 +70,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     try:
         with warnings.catch_warnings():  # a refusal is in the output or the error below
             warnings.filterwarnings("ignore", message=r"pycudnn tuning database .* refused: ",
-                                    category=tuning_db.TuningDatabaseWarning)
+                                    category=TuningDatabaseWarning)
             return _cache_action(args, tuning_db)
     except PermissionError as exc:  # the database was refused: another user's, or open to others
         raise RunError(f"pycudnn cache {action}: {terminal_safe(first_line(exc))}") from None
@@ -100,7 +101,7 @@ def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
     try:
         with warnings.catch_warnings():  # the count is printed below
             warnings.filterwarnings("ignore", message=r".*: refused \d+ entr",
-                                    category=tuning_db.TuningDatabaseWarning)
+                                    category=TuningDatabaseWarning)
             report = tuning_db.import_file(args.file, prefer="imported" if args.replace else "local")
     except ValueError as exc:
         raise UsageError(terminal_safe(first_line(exc))) from None
@@ -125,9 +126,9 @@ def _show_database(args: argparse.Namespace, tuning_db: Any) -> int:
     """``cache show``: the database's valid entries, read only (no lock file is made, an unusable
     file is named on stderr and left where it is)."""
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", tuning_db.TuningDatabaseWarning)
+        warnings.simplefilter("always", TuningDatabaseWarning)
         warnings.filterwarnings("ignore", message=r"pycudnn tuning database .* refused: ",
-                                category=tuning_db.TuningDatabaseWarning)  # shown as the state
+                                category=TuningDatabaseWarning)  # shown as the state
         rows = tuning_db.entries(set_aside=False)
     if args.json:  # json.dumps escapes every control and non-ASCII character
         print(json.dumps({"path": tuning_db.path(), "entries": rows}, indent=1))
@@ -150,7 +151,7 @@ def _show_file(args: argparse.Namespace, tuning_db: Any) -> int:
         raise UsageError(f"{terminal_safe(args.file)} does not exist")
     try:
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", tuning_db.TuningDatabaseWarning)
+            warnings.simplefilter("always", TuningDatabaseWarning)
             rows = tuning_db.read_file(args.file)
     except (ValueError, FileNotFoundError) as exc:
         raise UsageError(terminal_safe(first_line(exc))) from None

@@ -9,7 +9,7 @@ import os
 import warnings
 from typing import Any
 
-from ..errors import CudnnNotFoundError
+from ..errors import CudnnNotFoundError, TuningDatabaseWarning
 from ..ffi import library as _lib
 from ..search import tuning_db
 from .environment import cuda_mismatches, cuda_text, dist_version, list_devices, version_text
@@ -50,7 +50,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     db: dict[str, Any] = {"path": tuning_db.path(), "enabled": tuning_db.enabled()}
     try:
         with warnings.catch_warnings(record=True) as caught:  # shown in the report below
-            warnings.simplefilter("always", tuning_db.TuningDatabaseWarning)
+            warnings.simplefilter("always", TuningDatabaseWarning)
             db["entries"] = len(tuning_db.entries(set_aside=False))  # info changes nothing
         if caught:
             db["warnings"] = [str(w.message) for w in caught]
