@@ -41,7 +41,8 @@ def _module_name(path: Path) -> str:
 
 
 MODULES = sorted(_module_name(p) for p in PKG.rglob("*.py"))
-FOLDERS = sorted({m.split(".")[0] for m in MODULES if "." in m})
+#: every package inside pycudnn (a layer's folder, or a package within one, e.g. runtime.tensor)
+PACKAGES = sorted(_module_name(p) for p in PKG.rglob("__init__.py") if p.parent != PKG)
 
 
 def _layer(module: str) -> int:
@@ -58,7 +59,7 @@ def _resolve(base: list[str], names: list[str]) -> list[str]:
     for name in names:
         parts = base + [name]
         dotted = ".".join(parts)
-        if (PKG / (dotted.replace(".", "/") + ".py")).exists() or dotted in FOLDERS:
+        if (PKG / (dotted.replace(".", "/") + ".py")).exists() or dotted in PACKAGES:
             out.append(dotted)
         elif base:
             out.append(".".join(base) or "__init__")
@@ -161,7 +162,7 @@ def test_architecture_doc_lists_every_module_in_its_layer():
     for layer, cell in rows:
         for m in re.findall(r"`([\w/]+)\.py`", cell):
             documented[m.replace("/", ".")] = int(layer)
-    modules = {m: _layer(m) for m in MODULES if m not in FOLDERS}
+    modules = {m: _layer(m) for m in MODULES if m not in PACKAGES}
     assert documented == modules, {m: (documented.get(m), modules.get(m))
                                    for m in set(documented) | set(modules)
                                    if documented.get(m) != modules.get(m)}
