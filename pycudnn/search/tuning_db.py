@@ -72,7 +72,7 @@ import errno
 import logging
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from ..configuration import config
 from ..runtime.memory import check_cuda
@@ -236,6 +236,19 @@ def _write_locked(st: _State, entries_: dict[str, dict[str, Any]]) -> None:
     st.entries, st.signature = entries_, file_signature(st.file)
 
 
+def _edit(st: _State, change: Callable[[dict[str, dict[str, Any]]], bool]) -> None:
+    """Under the write lock: ``change`` edits a copy of the file's entries and returns whether it
+    changed them; changed entries are written back.
+
+    Raises:
+        RefusedFile, OSError: as `tuning_files.locked` and `_load_locked`.
+    """
+    with locked(st.file):
+        entries_ = dict(_load_locked(st))
+        if change(entries_):
+            _write_locked(st, entries_)
+
+
 def forget() -> None:
     """Forget what this process holds in memory about the database: its copies of the files,
     the files it refused and the device identities it asked for; what a later process would see.
@@ -307,11 +320,12 @@ def store(params: Any, record: dict) -> None:
     st = _state()
     if st.file in _refused:
         return
+    def put(entries_: dict[str, dict[str, Any]]) -> bool:
+        entries_[key] = entry
+        return True
+
     try:
-        with locked(st.file):
-            entries_ = dict(_load_locked(st))
-            entries_[key] = entry
-            _write_locked(st, entries_)
+        _edit(st, put)
     except RefusedFile as exc:
         _refuse(st.file, str(exc))
         return
@@ -333,10 +347,7 @@ def drop(params: Any) -> None:
     if st.file in _refused:
         return
     try:
-        with locked(st.file):
-            entries_ = dict(_load_locked(st))
-            if entries_.pop(key, None) is not None:
-                _write_locked(st, entries_)
+        _edit(st, lambda entries_: entries_.pop(key, None) is not None)
     except RefusedFile as exc:
         _refuse(st.file, str(exc))
     except Exception as exc:  # noqa: BLE001
