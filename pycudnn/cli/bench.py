@@ -16,7 +16,7 @@ from ..ffi import library as _lib
 from ..search import tuning_db
 from .environment import cuda_text, dist_version, list_devices, require_gpu, version_text
 from .errors import UsageError
-from .models import Layer, SHORT, layers_from_args, parse_directions
+from .models import SHORT, Layer, layers_from_args, parse_directions
 from .options import DTYPES, options_from_args
 from .report import check_output_path, first_line, format_bytes, format_number, text_table
 from .timing import ROW_FIELDS, run_all
@@ -113,11 +113,13 @@ def _bench_table(rows: list[dict[str, Any]], torch_on: bool, candidates: bool) -
     for r in rows:
         line = [r["layer"], SHORT[r["direction"]], format_number(r["ms"], 4), format_number(r["tflops"], 1)]
         if torch_on:
-            line += [format_number(r["torch_ms"], 4), format_number(r["torch_tflops"], 1), format_number(r["torch_over_pycudnn"], 2)]
+            line += [format_number(r["torch_ms"], 4), format_number(r["torch_tflops"], 1),
+                     format_number(r["torch_over_pycudnn"], 2)]
         choice = r["choice"] or "-"
         if r["error"]:
             choice = "ERROR " + r["error"]
-        line += [choice, format_bytes(r["workspace"]), r["source"] or "-", format_number(r["first_call_ms"], 1)]
+        line += [choice, format_bytes(r["workspace"]), r["source"] or "-",
+                 format_number(r["first_call_ms"], 1)]
         body.append(line)
     right = {2, 3} | ({4, 5, 6} if torch_on else set())
     right.add(len(headers) - 1)
@@ -130,7 +132,8 @@ def _bench_table(rows: list[dict[str, Any]], torch_on: bool, candidates: bool) -
                 continue
             parts.append(f"\n{r['layer']} {SHORT[r['direction']]}: {len(cands)} candidates")
             parts.append(text_table(["#", "choice", "ms", "workspace", "notes"], [
-                [i + 1, c["choice"], format_number(c["time_ms"], 4) if c["time_ms"] is not None else "untimed",
+                [i + 1, c["choice"],
+                 format_number(c["time_ms"], 4) if c["time_ms"] is not None else "untimed",
                  format_bytes(c["workspace"]), ",".join(c["notes"])] for i, c in enumerate(cands)],
                 {0, 2}))
         text = "\n".join(parts)

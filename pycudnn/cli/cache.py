@@ -15,7 +15,14 @@ from ..search import tuning_db
 from .environment import version_text
 from .errors import RunError, UsageError
 from .models import SHORT
-from .report import check_output_path, first_line, format_bytes, format_number, terminal_safe, text_table
+from .report import (
+    check_output_path,
+    first_line,
+    format_bytes,
+    format_number,
+    terminal_safe,
+    text_table,
+)
 
 
 def _entry_summary(e: dict[str, Any]) -> list[str]:

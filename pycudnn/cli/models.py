@@ -12,7 +12,6 @@ from typing import Any
 
 from .errors import UsageError
 
-
 DIRECTIONS = {"fwd": "forward", "dgrad": "backward_data", "wgrad": "backward_filter"}
 
 

@@ -11,7 +11,6 @@ from ..configuration import config
 from ..search import tuning_db
 from .models import DIRECTIONS, MODELS, SHAPE_FORMAT
 
-
 #: --dtype -> (pycudnn dtype, allow_tf32 to pass; None leaves pycudnn.config's)
 DTYPES: dict[str, tuple[str, bool | None]] = {
     "bfloat16": ("bfloat16", None), "float16": ("float16", None), "tf32": ("float32", True),

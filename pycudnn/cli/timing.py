@@ -17,7 +17,7 @@ from ..dispatch.engines import strategy_for
 from ..ffi.backend import BehaviorNote, NumericalNote
 from ..runtime.memory import check_cuda, device_guard, empty_cache
 from ..search import algos, tuning_db
-from .models import Layer, SHORT
+from .models import SHORT, Layer
 from .report import Progress, first_line
 
 
