@@ -117,6 +117,9 @@ def test_info_without_libcudnn_says_what_to_install(tmp_path):
     assert 'pip install "pycudnn-ctypes[cu12]"' in proc.stdout
     assert "tried PYCUDNN_LIBRARY=/nonexistent/dir/libcudnn.so.9" in proc.stdout
     assert "tuning DB" in proc.stdout and "Traceback" not in proc.stderr
+    proc = run_cli("info", "--json", cache=tmp_path, prelude=HIDE_PATHFINDER,
+                   PYCUDNN_LIBRARY="/nonexistent/dir/libcudnn.so.9", LD_LIBRARY_PATH="")
+    assert proc.returncode == 1 and json.loads(proc.stdout)["cudnn"]["error"] == "not found"
 
 
 @needs_no_gpu
