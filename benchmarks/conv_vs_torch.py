@@ -20,7 +20,7 @@ an earlier run), TF32 allowed on both for float32 (``torch.backends.cudnn.allow_
 * pycudnn: ``pycudnn.convolution(x, w, ...)``, ``pycudnn.convolution_backward_data(dy, w,
   x.shape, ...)``, ``pycudnn.convolution_backward_filter(x, dy, w.shape, ...)``, no ``out=``.
 
-Layers: ResNet-50's 23 distinct convolutions (``pycudnn.cli.MODELS["resnet50"]``) at batch 32;
+Layers: ResNet-50's 23 distinct convolutions (``pycudnn.cli.models.MODELS["resnet50"]``) at batch 32;
 configs ``bf16-nhwc`` (channels_last) and ``fp32-nchw-tf32`` by default (also ``fp16-nhwc``,
 ``fp32-nchw``); forward, backward data, backward filter. Batches of the two sides alternate and
 each round the other side goes first. After warm-up, ``torch.profiler`` records one call of each
@@ -57,8 +57,8 @@ FULL = {"reps": 100, "batches": 6}
 
 
 def resnet50_layers(batch: int) -> list[Any]:
-    """ResNet-50's 23 distinct convolution layers (``pycudnn.cli.Layer``) at ``batch``."""
-    from pycudnn.cli import model_layers
+    """ResNet-50's 23 distinct convolution layers (``pycudnn.cli.models.Layer``) at ``batch``."""
+    from pycudnn.cli.models import model_layers
 
     return model_layers("resnet50", batch)
 

@@ -195,7 +195,7 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
 
     info: dict[str, Any] = {"config": repr(pycudnn.config), "flags": sorted(configuration.FLAG_NAMES)}
     try:
-        from pycudnn import graph_engine
+        from pycudnn.search import graph_engine
 
         info["benchmark_time_budget_s"] = getattr(graph_engine, "BENCHMARK_TIME_BUDGET_S", None)
     except Exception:  # noqa: BLE001 - informational only

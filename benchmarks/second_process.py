@@ -1,6 +1,6 @@
 """Issue 5's target: what a *second* process pays per layer before its first convolution returns.
 
-A first process runs the built-in ResNet-50 layers (``pycudnn.cli.MODELS["resnet50"]``: the 23
+A first process runs the built-in ResNet-50 layers (``pycudnn.cli.models.MODELS["resnet50"]``: the 23
 distinct layers of torchvision's ResNet-50 v1.5) with ``benchmark=True`` and fills a fresh tuning
 database. A second, fresh process with the same ``PYCUDNN_CACHE_DIR`` runs the same layers with
 ``benchmark=True``: each layer's first call should find its record and skip the search. The
@@ -41,7 +41,7 @@ WARMUP_SHAPE = "1,16,16,16,16,3,3,1,1"  # not in any model: loads cuDNN's sub-li
 # ---- phases (each in a fresh interpreter) ---------------------------------------------------------
 
 def _layers(opts):
-    from pycudnn.cli import DIRECTIONS, model_layers, parse_shape
+    from pycudnn.cli.models import DIRECTIONS, model_layers, parse_shape
 
     layers = model_layers(opts["model"], opts["batch"])
     directions = list(DIRECTIONS.values()) if opts["direction"] == "all" else [DIRECTIONS[opts["direction"]]]
@@ -51,9 +51,10 @@ def _layers(opts):
 def phase_pycudnn(opts) -> dict:
     t0 = time.perf_counter()
     import pycudnn
-    from pycudnn import algos, tuning_db
-    from pycudnn.cli import DTYPES
-    from pycudnn.memory import synchronize
+    from pycudnn.dispatch.engines import strategy_for
+    from pycudnn.search import algos, tuning_db
+    from pycudnn.cli.options import DTYPES
+    from pycudnn.runtime.memory import synchronize
 
     t_import = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -91,7 +92,7 @@ def phase_pycudnn(opts) -> dict:
     # database lookup, graph, plan); the rest is the launch itself, including CUDA loading the
     # engine's kernels on their first use in the process (lazy module loading).
     rebuild = [0.0]
-    for strategy in (algos.strategy_for("graph"), algos.strategy_for("v7")):
+    for strategy in (strategy_for("graph"), strategy_for("v7")):
         original = strategy.restore
 
         def timed(args, data, _orig=original):
@@ -140,7 +141,7 @@ def phase_torch(opts) -> dict:
 
     t_import = time.perf_counter() - t0
     torch.backends.cudnn.benchmark = True
-    from pycudnn.cli import DTYPES
+    from pycudnn.cli.options import DTYPES
 
     dtype_name, tf32 = DTYPES[opts["dtype"]]
     torch.backends.cudnn.allow_tf32 = True if tf32 is None else tf32
@@ -227,7 +228,8 @@ def main(argv=None) -> int:
         return 0
 
     sys.path.insert(0, REPO)
-    from pycudnn.cli import DTYPES, MODELS
+    from pycudnn.cli.models import MODELS
+    from pycudnn.cli.options import DTYPES
 
     if args.model not in MODELS or args.dtype not in DTYPES:
         print(f"unknown --model or --dtype (models: {', '.join(MODELS)}; dtypes: {', '.join(DTYPES)})",
@@ -241,7 +243,7 @@ def main(argv=None) -> int:
     env = dict(os.environ, PYCUDNN_CACHE_DIR=cache_dir, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PYCUDNN_TUNING_DB", None)
     try:
-        from pycudnn.memory import no_device_reason
+        from pycudnn.runtime.memory import no_device_reason
 
         if no_device_reason() is not None:
             print(f"second_process.py needs a GPU: {no_device_reason()}", file=sys.stderr)

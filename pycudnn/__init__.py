@@ -3,20 +3,17 @@
 Importing pycudnn is cheap: no submodule with heavy imports and no libcudnn is loaded until a
 name that needs it is first used (PEP 562 module ``__getattr__``).
 
-Two versions: ``pycudnn.__version__`` is pycudnn's own (the one place it is written; the package
-metadata reads it), and [`cudnn_version()`][pycudnn.cudnn_version] is the loaded cuDNN library's.
+Two versions: ``pycudnn.__version__`` is pycudnn's own (written once, in ``pycudnn/_version.py``,
+which the package metadata reads), and [`cudnn_version()`][pycudnn.cudnn_version] is the loaded cuDNN library's.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
 import os as _os
-import sys as _sys
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"  # the only place pycudnn's version is written (pyproject.toml reads it)
+from ._version import __version__
 
 # public name -> module (inside pycudnn) that defines it
 _EXPORTS: dict[str, str] = {
@@ -30,10 +27,10 @@ _EXPORTS: dict[str, str] = {
     "CudnnNotFoundError": "errors", "NoDeviceError": "errors", "NoAlgorithmError": "errors",
     "StreamCaptureError": "errors",
     # descriptors
-    "TensorDescriptor": "descriptors", "FilterDescriptor": "descriptors",
-    "ConvolutionDescriptor": "descriptors", "ActivationDescriptor": "descriptors",
+    "TensorDescriptor": "cudnn.descriptors", "FilterDescriptor": "cudnn.descriptors",
+    "ConvolutionDescriptor": "cudnn.descriptors", "ActivationDescriptor": "cudnn.descriptors",
     # tensors
-    "Tensor": "tensor", "as_tensor": "runtime.tensor", "tensor_from_pointer": "runtime.tensor", "empty": "runtime.tensor",
+    "Tensor": "runtime.tensor", "as_tensor": "runtime.tensor", "tensor_from_pointer": "runtime.tensor", "empty": "runtime.tensor",
     "zeros": "runtime.tensor", "from_numpy": "runtime.tensor",
     # handles and streams
     "get_handle": "runtime.handle", "device_count": "runtime.handle", "current_stream": "runtime.interop",
@@ -41,11 +38,11 @@ _EXPORTS: dict[str, str] = {
     "config": "configuration", "flags": "configuration",
     # algorithm search and caches
     "benchmark_cache": "dispatch.engines", "clear_caches": "dispatch.engines", "set_cache_limit": "dispatch.engines",
-    "ConvolutionParams": "problem",
+    "ConvolutionParams": "search.problem",
     # the tuning database's records made ready ahead of the first call
-    "preload": "dispatch.preloading", "PreloadReport": "preloading",
+    "preload": "dispatch.preloading", "PreloadReport": "dispatch.preloading",
     # prepared convolutions
-    "prepare_convolution": "api.conv", "PreparedConvolution": "prepared",
+    "prepare_convolution": "api.conv", "PreparedConvolution": "dispatch.prepared",
     # convolutions
     "convolution": "api.conv", "conv_transpose": "api.conv", "convolution_backward_data": "api.conv",
     "convolution_backward_filter": "api.conv", "convolution_add_relu": "api.conv",
@@ -53,7 +50,7 @@ _EXPORTS: dict[str, str] = {
     "activation_forward": "ops.activation", "activation_backward": "ops.activation",
     "softmax_forward": "ops.softmax", "softmax_backward": "ops.softmax",
     "pooling_forward": "ops.pooling", "pooling_backward": "ops.pooling",
-    "PoolingDescriptor": "descriptors",
+    "PoolingDescriptor": "cudnn.descriptors",
     "batch_norm_forward_training": "ops.batchnorm", "batch_norm_forward_inference": "ops.batchnorm",
     "batch_norm_backward": "ops.batchnorm", "batch_norm_add_relu_forward_training": "ops.batchnorm",
     "batch_norm_add_relu_backward": "ops.batchnorm", "BatchNormResult": "ops.batchnorm",
@@ -62,58 +59,6 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted([*_EXPORTS, "cudnn_version"]) + ["__version__"]
-
-#: modules that moved into the layer folders: their earlier import paths (``pycudnn.search.algos``,
-#: ``pycudnn.api.conv``, ...) still import, as the same module object (so monkeypatching either
-#: name patches both)
-_MOVED_MODULES: dict[str, str] = {
-    "_lib": "ffi.library",
-    "backend": "ffi.backend",
-    "memory": "runtime.memory",
-    "handle": "runtime.handle",
-    "tensor": "runtime.tensor",
-    "interop": "runtime.interop",
-    "descriptors": "cudnn.descriptors",
-    "graph": "cudnn.graph",
-    "tensor_ops": "cudnn.tensor_ops",
-    "problem": "search.problem",
-    "engine": "search.engine",
-    "tuning_db": "search.tuning_db",
-    "algos": "search.algos",
-    "graph_engine": "search.graph_engine",
-    "engines": "dispatch.engines",
-    "prepared": "dispatch.prepared",
-    "preloading": "dispatch.preloading",
-    "arguments": "dispatch.arguments",
-    "conv": "api.conv",
-    "repro": "api.repro",
-}
-
-
-class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Resolves ``pycudnn.<old name>`` to the module at its new path."""
-
-    real_specs: dict[str, Any] = {}  # old name -> the module's own spec (imports of one name are serialized)
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        package, _, name = fullname.partition(".")
-        if package != __name__ or name not in _MOVED_MODULES:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: Any) -> Any:
-        module = importlib.import_module(f"{__name__}.{_MOVED_MODULES[spec.name.partition('.')[2]]}")
-        self.real_specs[spec.name] = module.__spec__
-        return module
-
-    def exec_module(self, module: Any) -> None:
-        # already executed at its new path; the import system has just set its __spec__ to the
-        # old name's: give it back its own (relative imports inside it read it)
-        module.__spec__ = self.real_specs[module.__spec__.name]
-
-
-if not any(isinstance(f, _MovedModuleFinder) for f in _sys.meta_path):
-    _sys.meta_path.append(_MovedModuleFinder())
 
 if _os.environ.get("PYCUDNN_LOG"):  # a stderr handler on the "pycudnn" logger (see _logging)
     from ._logging import configure_from_env as _configure_logging

@@ -26,6 +26,7 @@ __all__ = [
     "NoDeviceError",
     "NoAlgorithmError",
     "StreamCaptureError",
+    "TuningDatabaseWarning",
     "error_class_for_status",
 ]
 
@@ -141,6 +142,10 @@ class NoAlgorithmError(PycudnnError):
 
 class StreamCaptureError(PycudnnError):
     """A benchmark (measuring) search was asked for while the stream is being captured."""
+
+
+class TuningDatabaseWarning(UserWarning):
+    """A tuning database file was unusable (set aside) or its directory was refused."""
 
 
 def error_class_for_status(status: int) -> type[CudnnError]:

@@ -13,8 +13,9 @@ import time
 import pytest
 
 from pycudnn.search import algos
-from pycudnn.search.algos import (AlgoRecord, BenchmarkCache, ConvolutionArgs, ConvolutionParams,
-                           check_precision, try_all)
+from pycudnn.dispatch import engines
+from pycudnn.search.algos import AlgoRecord, BenchmarkCache, check_precision, try_all
+from pycudnn.search.problem import ConvolutionArgs, ConvolutionParams
 from scripted_engine import ScriptedEngine
 from pycudnn.errors import (CudnnBadParamError, CudnnNotSupportedError, NoAlgorithmError,
                             OutOfMemoryError, PycudnnError)
@@ -236,16 +237,16 @@ def test_cache_is_bounded_and_clearable():
 
 
 def test_benchmark_cache_listing_and_clear_caches():
-    algos.clear_caches()
+    engines.clear_caches()
     p = make_params(epilogue="add_relu")
     algos.caches["forward"].insert(p, AlgoRecord(1, 0, 128, 0.5, True, "forward", "find"))
-    rows = algos.benchmark_cache()
+    rows = engines.benchmark_cache()
     assert len(rows) == 1
     row = rows[0]
     assert row["direction"] == "forward" and row["fused"] is True and row["workspace"] == 128
     assert "IMPLICIT_PRECOMP_GEMM" in row["choice"] and "0.5000 ms" in row["choice"]
-    algos.clear_caches()
-    assert algos.benchmark_cache() == []
+    engines.clear_caches()
+    assert engines.benchmark_cache() == []
 
 
 # ---- v7 rules that need no GPU ----------------------------------------------------------------------

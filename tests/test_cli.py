@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from conftest import has_gpu
-from pycudnn import cli
+from pycudnn.cli import bench, models, options, program, report, timing
 from pycudnn.search import tuning_db
 from pycudnn.configuration import config
+from pycudnn.errors import TuningDatabaseWarning
 from scripted_engine import ScriptedEngine
 from test_algos import make_params
 
@@ -62,7 +63,7 @@ def db(tmp_path, monkeypatch):
 
 
 def call(capsys, *args: str) -> tuple[int, str, str]:
-    rc = cli.main(list(args))
+    rc = program.main(list(args))
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -110,12 +111,15 @@ HIDE_PATHFINDER = "import sys\nsys.modules['cuda.pathfinder'] = None"
 def test_info_without_libcudnn_says_what_to_install(tmp_path):
     proc = run_cli("info", cache=tmp_path, prelude=HIDE_PATHFINDER,
                    PYCUDNN_LIBRARY="/nonexistent/dir/libcudnn.so.9", LD_LIBRARY_PATH="")
-    assert proc.returncode == 0, proc.stderr
     if "cuDNN        not found" not in proc.stdout:
         pytest.skip(f"a libcudnn is on the system's default search path:\n{proc.stdout}")
+    assert proc.returncode == 1, proc.stderr  # the full report, then: pycudnn cannot run here
     assert 'pip install "pycudnn-ctypes[cu12]"' in proc.stdout
     assert "tried PYCUDNN_LIBRARY=/nonexistent/dir/libcudnn.so.9" in proc.stdout
     assert "tuning DB" in proc.stdout and "Traceback" not in proc.stderr
+    proc = run_cli("info", "--json", cache=tmp_path, prelude=HIDE_PATHFINDER,
+                   PYCUDNN_LIBRARY="/nonexistent/dir/libcudnn.so.9", LD_LIBRARY_PATH="")
+    assert proc.returncode == 1 and json.loads(proc.stdout)["cudnn"]["error"] == "not found"
 
 
 @needs_no_gpu
@@ -215,7 +219,7 @@ def test_plot_without_matplotlib_says_so_before_running(capsys, tmp_path):
 @pytest.mark.parametrize("sub", ["info", "bench", "tune", "cache"])
 def test_help_of_every_command(sub, capsys):
     with pytest.raises(SystemExit) as exc:
-        cli.main([sub, "--help"])
+        program.main([sub, "--help"])
     assert exc.value.code == 0
     assert sub in capsys.readouterr().out
 
@@ -224,15 +228,46 @@ def test_unexpected_error_is_one_line_unless_debug(monkeypatch, capsys):
     def boom(args):
         raise RuntimeError("something broke\nsecond line")
 
-    monkeypatch.setattr(cli, "cmd_cache", boom)  # build_parser binds it on each main()
+    monkeypatch.setattr(program, "cmd_cache", boom)  # build_parser binds it on each main()
     rc, _, err = call(capsys, "cache", "show")
     assert rc == 1 and err.strip() == ("pycudnn cache: RuntimeError: something broke (run with "
                                        "--debug for the traceback)")
     with pytest.raises(RuntimeError):
-        cli.main(["--debug", "cache", "show"])
+        program.main(["--debug", "cache", "show"])
 
 
 # ---- cache ----------------------------------------------------------------------------------------
+
+def test_cache_show_creates_nothing(db, capsys):
+    rc, out, _ = call(capsys, "cache", "show")
+    assert rc == 0 and out.strip() == f"{db.path()}: 0 records"
+    assert not os.path.lexists(os.path.dirname(db.path()))  # no directory, no lock file
+    db.store(make_params(), {"algo": 1, "math_type": 0, "workspace": 0})
+    os.remove(db.path() + ".lock")  # the store's
+    for args in (("cache", "show"), ("cache", "show", "--json"), ("info",)):
+        rc, out, _ = call(capsys, *args)
+        assert rc == 0
+        assert "(1 records)" in out or ": 1 records" in out or len(json.loads(out)["entries"]) == 1
+        assert sorted(os.listdir(os.path.dirname(db.path()))) == [os.path.basename(db.path())]
+
+
+def test_cache_show_leaves_an_unusable_database_where_it_is(db, capsys):
+    os.makedirs(os.path.dirname(db.path()), mode=0o700)
+    with open(db.path(), "w") as f:
+        f.write('{"not json')
+    os.chmod(db.path(), 0o600)
+    for args in (("cache", "show"), ("info",)):
+        rc, out, err = call(capsys, *args)
+        assert rc == 0 and "0 records" in out
+        assert sorted(os.listdir(os.path.dirname(db.path()))) == [os.path.basename(db.path())]
+        with open(db.path()) as f:
+            assert f.read() == '{"not json'
+    rc, out, err = call(capsys, "cache", "show")
+    assert err.startswith(f"pycudnn cache show: pycudnn tuning database {db.path()} is unusable (not "
+                          "JSON") and err.rstrip().endswith("left as it is")
+    rc, out, _ = call(capsys, "info")
+    assert "warning      pycudnn tuning database" in out and "left as it is" in out
+
 
 def test_cache_show_clear_export_import(db, capsys, tmp_path):
     rc, out, _ = call(capsys, "cache", "show")
@@ -283,62 +318,85 @@ def test_cache_commands_in_a_subprocess(tmp_path):
 # ---- layers ---------------------------------------------------------------------------------------
 
 def test_parse_shape():
-    layer = cli.parse_shape("8,64,28,28,128,3,3,2,1")
+    layer = models.parse_shape("8,64,28,28,128,3,3,2,1")
     assert (layer.x_shape, layer.w_shape, layer.y_shape) == ((8, 64, 28, 28), (128, 64, 3, 3), (8, 128, 14, 14))
     assert layer.flops == 2 * 8 * 128 * 64 * 9 * 14 * 14
-    g = cli.parse_shape(" 8, 32,56,56,32,3,3,1,2,2,32 ")
+    g = models.parse_shape(" 8, 32,56,56,32,3,3,1,2,2,32 ")
     assert (g.dilation, g.groups, g.w_shape, g.out_spatial) == (2, 32, (32, 1, 3, 3), (56, 56))
     assert g.flops == 2 * 8 * 32 * 1 * 9 * 56 * 56
-    assert dataclasses.replace(cli.parse_shape(g.shape_string()), name="") == dataclasses.replace(g, name="")
+    assert dataclasses.replace(models.parse_shape(g.shape_string()), name="") == dataclasses.replace(g, name="")
 
 
-@pytest.mark.parametrize("model", sorted(cli.MODELS))
+@pytest.mark.parametrize("model", sorted(models.MODELS))
 def test_built_in_models_are_valid_and_distinct(model):
-    layers = cli.model_layers(model)
+    layers = models.model_layers(model)
     keys = {(l.c, l.spatial, l.k, l.kernel, l.stride, l.pad, l.dilation, l.groups) for l in layers}
     assert len(keys) == len(layers)
     for layer in layers:
-        assert layer.n == cli.MODEL_BATCH[model]
+        assert layer.n == models.MODEL_BATCH[model]
         assert all(o >= 1 for o in layer.out_spatial) and layer.c % layer.groups == 0
         if layer.nd == 2:
-            assert cli.parse_shape(layer.shape_string()).x_shape == layer.x_shape
+            assert models.parse_shape(layer.shape_string()).x_shape == layer.x_shape
     if model == "mobilenet":
         assert all(l.groups == l.c == l.k for l in layers)
     if model == "resnet50":
         assert len(layers) == 23 and layers[0].out_spatial == (112, 112)
         assert layers[-1].y_shape == (32, 512, 7, 7)
-    assert all(l.n == 4 for l in cli.model_layers(model, 4))
+    assert all(l.n == 4 for l in models.model_layers(model, 4))
 
 
 def test_layer_selection(tmp_path):
-    parser = cli.build_parser()
+    parser = program.build_parser()
     a = parser.parse_args(["bench"])
-    assert [l.name for l in cli.layers_from_args(a)] == [l.name for l in cli.MODELS["resnet50"]]
+    assert [l.name for l in models.layers_from_args(a)] == [l.name for l in models.MODELS["resnet50"]]
     a = parser.parse_args(["bench", "--shape", "8,64,28,28,64,3,3,1,1", "--shape", "8,64,28,28,64,3,3,1,1"])
-    assert len(cli.layers_from_args(a)) == 1  # distinct layers only
+    assert len(models.layers_from_args(a)) == 1  # distinct layers only
     a = parser.parse_args(["bench", "--model", "vgg16", "--shape", "8,64,28,28,64,3,3,1,1", "--batch", "4"])
-    layers = cli.layers_from_args(a)
+    layers = models.layers_from_args(a)
     assert len(layers) == 10 and {l.n for l in layers} == {4}
     f = tmp_path / "s.txt"
     f.write_text("8,64,28,28,64,3,3,1,1\n8,64,28,28,64,1,1,1,0  # 1x1\n")
     a = parser.parse_args(["tune", "--shapes-file", str(f)])
-    assert [l.kernel for l in cli.layers_from_args(a)] == [(3, 3), (1, 1)]
+    assert [l.kernel for l in models.layers_from_args(a)] == [(3, 3), (1, 1)]
 
 
 def test_options_map_dtypes_to_flags():
-    parser = cli.build_parser()
-    o = cli.options_from_args(parser.parse_args(["bench"]))
+    parser = program.build_parser()
+    o = options.options_from_args(parser.parse_args(["bench"]))
     assert o["dtype"] == "bfloat16" and o["fmt"] == "channels_last"
     assert o["flags"] == {"benchmark": True, "engine": config.engine}  # like a default program
-    o = cli.options_from_args(parser.parse_args(["bench", "--dtype", "float32", "--layout", "nchw", "--engine", "v7"]))
+    o = options.options_from_args(parser.parse_args(["bench", "--dtype", "float32", "--layout", "nchw", "--engine", "v7"]))
     assert o["flags"] == {"benchmark": True, "engine": "v7", "allow_tf32": False}
     assert o["fmt"] == "contiguous"
-    o = cli.options_from_args(parser.parse_args(["bench", "--dtype", "tf32", "--no-tuning-db"]))
+    o = options.options_from_args(parser.parse_args(["bench", "--dtype", "tf32", "--no-tuning-db"]))
     assert o["flags"]["allow_tf32"] is True and o["use_db"] is False
 
 
+@pytest.mark.parametrize("spelling, dtype, tf32", [
+    ("fp16", "float16", None), ("half", "float16", None), ("FLOAT16", "float16", None),
+    ("bf16", "bfloat16", None), ("BFloat16", "bfloat16", None), ("fp32", "float32", False),
+    ("Float32", "float32", False), ("TF32", "float32", True), ("fp64", "float64", None)])
+def test_dtype_takes_the_usual_spellings(spelling, dtype, tf32):
+    o = options.options_from_args(program.build_parser().parse_args(["bench", "--dtype", spelling]))
+    assert o["dtype"] == dtype and o["flags"].get("allow_tf32") is tf32
+
+
+@pytest.mark.parametrize("spelling, fmt", [("NHWC", "channels_last"), ("nhwc", "channels_last"),
+                                           ("NCHW", "contiguous"), ("Nchw", "contiguous")])
+def test_layout_in_any_case(spelling, fmt):
+    o = options.options_from_args(program.build_parser().parse_args(["tune", "--layout", spelling]))
+    assert o["fmt"] == fmt
+
+
+def test_an_unknown_dtype_or_layout_is_a_usage_error(capsys):
+    rc, _, err = call(capsys, "bench", "--dtype", "fp8")
+    assert rc == 2 and "argument --dtype: invalid choice: 'fp8'" in err and "bfloat16" in err
+    rc, _, err = call(capsys, "bench", "--layout", "NDHWC")
+    assert rc == 2 and "argument --layout: invalid choice: 'ndhwc'" in err and "nchw" in err
+
+
 def test_progress_plain_text(capsys):
-    p = cli._Progress(2, "bench")
+    p = report.Progress(2, "bench")
     p._bar = None  # plain text even where tqdm is installed
     p.step("conv1 fwd")
     p.done()
@@ -359,20 +417,20 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
 
     import pycudnn.runtime.memory
 
-    monkeypatch.setattr(cli, "_require_gpu", lambda command, device=0: None)
-    monkeypatch.setattr(cli, "_torch_available", lambda args: (True, None))
-    monkeypatch.setattr(cli, "_dist_version", lambda name: "9.9")
-    monkeypatch.setattr(cli, "_meta", lambda args, opts, layers, directions: {
+    monkeypatch.setattr(bench, "require_gpu", lambda command, device=0: None)
+    monkeypatch.setattr(bench, "_torch_available", lambda args: (True, None))
+    monkeypatch.setattr(bench, "dist_version", lambda name: "9.9")
+    monkeypatch.setattr(bench, "_meta", lambda args, opts, layers, directions: {
         "pycudnn": "0", "cudnn": "9.28.0", "cuda_runtime": "12.9", "tuning_db": db.path(),
         "device": {"index": 0, "name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132},
         "settings": {"dtype": args.dtype, "layout": args.layout, "engine": opts["engine"],
-                     "layers": len(layers), "directions": [cli.SHORT[d] for d in directions]}})
-    monkeypatch.setattr(cli, "device_guard", lambda device: contextlib.nullcontext())
+                     "layers": len(layers), "directions": [models.SHORT[d] for d in directions]}})
+    monkeypatch.setattr(timing, "device_guard", lambda device: contextlib.nullcontext())
     seen = []
 
     def fake_run_layer(layer, direction, bufs, opts, torch_on, measure=True):
         seen.append((layer.name, direction, torch_on, measure, opts["flags"]))
-        row = cli.new_row(layer, direction)
+        row = timing.new_row(layer, direction)
         row.update(ms=0.5, tflops=layer.flops / 0.5e-3 / 1e12, first_call_ms=40.0, choice="eng41",
                    workspace=1 << 20, source="measured", searches=1, torch_ms=0.6,
                    torch_tflops=layer.flops / 0.6e-3 / 1e12, torch_over_pycudnn=1.2,
@@ -384,7 +442,7 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
             row.update(ms=None, tflops=None, error="NoAlgorithmError: nothing fits", torch_over_pycudnn=None)
         return row
 
-    monkeypatch.setattr(cli, "run_layer", fake_run_layer)
+    monkeypatch.setattr(timing, "run_layer", fake_run_layer)
     j, c = tmp_path / "out.json", tmp_path / "out.csv"
     rc, out, err = call(capsys, "bench", "--shape", "8,64,28,28,64,3,3,1,1", "--direction", "all",
                         "--json", str(j), "--csv", str(c), "--all-candidates", "--quiet")
@@ -398,7 +456,7 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
     assert "torch/pycudnn geometric mean 1.200" in out
     result = json.loads(j.read_text())
     assert [r["direction"] for r in result["rows"]] == ["forward", "backward_data", "backward_filter"]
-    assert set(cli.ROW_FIELDS) <= set(result["rows"][0])
+    assert set(timing.ROW_FIELDS) <= set(result["rows"][0])
     assert result["rows"][0]["shape"]["shape"] == "8,64,28,28,64,3,3,1,1"
     rows = c.read_text().splitlines()
     assert rows[0].split(",")[:3] == ["layer", "shape", "direction"] and len(rows) == 4
@@ -407,10 +465,10 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
 def test_candidate_row_of_a_v7_record():
     from pycudnn.search.algos import AlgoRecord
 
-    row = cli.candidate_row(AlgoRecord(1, 1, 4096, 0.25, True, "forward", "find"))
+    row = timing.candidate_row(AlgoRecord(1, 1, 4096, 0.25, True, "forward", "find"))
     assert row["choice"] == "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH"
     assert row["time_ms"] == 0.25 and row["workspace"] == 4096 and row["notes"] == ["deterministic"]
-    row = cli.candidate_row(AlgoRecord(0, 0, 0, -1.0, False, "backward_filter", "heuristics"))
+    row = timing.candidate_row(AlgoRecord(0, 0, 0, -1.0, False, "backward_filter", "heuristics"))
     assert row["time_ms"] is None and row["notes"] == ["non-deterministic"]
 
 
@@ -468,18 +526,19 @@ class _ScriptedV7(ScriptedEngine):
 def scripted(db, monkeypatch):
     """run_layer against the real caches, iterator and database, with a scripted engine."""
     from pycudnn.dispatch import engines
-    from pycudnn.search.algos import ConvolutionArgs, try_all
+    from pycudnn.search.algos import try_all
+    from pycudnn.search.problem import ConvolutionArgs
 
     strategy = _ScriptedV7()
     monkeypatch.setitem(engines.ENGINES, "scripted", strategy)
-    monkeypatch.setattr(cli, "_CudaTimer", _FakeTimer)
+    monkeypatch.setattr(timing, "_CudaTimer", _FakeTimer)
     params = make_params()  # v7 parameters (the database takes the engines it knows only)
 
     def fake_fn(layer, direction, bufs, flags):
         return lambda: try_all(ConvolutionArgs(params, 0, 0, 0, 0, 0, benchmark=flags["benchmark"]),
                                strategy)
 
-    monkeypatch.setattr(cli, "_pycudnn_fn", fake_fn)
+    monkeypatch.setattr(timing, "_pycudnn_fn", fake_fn)
     yield strategy, params
     engines.clear_caches()
 
@@ -493,37 +552,37 @@ def _opts(**over):
 
 def test_run_layer_searches_then_reuses_the_database(scripted, db):
     strategy, params = scripted
-    layer = cli.parse_shape("2,4,8,8,8,3,3,1,1")
-    row = cli.run_layer(layer, "forward", None, _opts(), torch_on=False)
+    layer = models.parse_shape("2,4,8,8,8,3,3,1,1")
+    row = timing.run_layer(layer, "forward", None, _opts(), torch_on=False)
     assert row["error"] is None and row["searches"] == 1 and row["source"] == "find"
     assert row["choice"] == "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH" and row["workspace"] == 4096
     assert row["choice_ms"] == 0.20 and row["ms"] > 0 and row["tflops"] > 0
     assert db.lookup(params)["algo"] == 1
     db.forget()  # as a later process would
-    row = cli.run_layer(layer, "forward", None, _opts(), torch_on=False)
+    row = timing.run_layer(layer, "forward", None, _opts(), torch_on=False)
     assert row["searches"] == 0 and row["source"] == "tuning-db" and row["choice_ms"] == 0.20
 
 
 def test_run_layer_all_candidates_searches_fresh_and_stores_the_winner(scripted, db):
     strategy, params = scripted
     db.store(params, {"algo": 0, "math_type": 1, "workspace": 0, "time_ms": 9.0})  # stale
-    layer = cli.parse_shape("2,4,8,8,8,3,3,1,1")
-    row = cli.run_layer(layer, "forward", None, _opts(all_candidates=True), torch_on=False)
+    layer = models.parse_shape("2,4,8,8,8,3,3,1,1")
+    row = timing.run_layer(layer, "forward", None, _opts(all_candidates=True), torch_on=False)
     assert row["searches"] == 1 and row["source"] == "find"
     assert [c["choice"] for c in row["candidates"]] == ["IMPLICIT_GEMM TENSOR_OP_MATH",
                                                          "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH"]
     assert [c["time_ms"] for c in row["candidates"]] == [0.10, 0.20]
     assert db.lookup(params)["algo"] == 1  # the fresh winner replaced the stale record
-    assert "candidates" not in cli.run_layer(layer, "forward", None, _opts(), torch_on=False)
+    assert "candidates" not in timing.run_layer(layer, "forward", None, _opts(), torch_on=False)
 
 
 def test_run_layer_without_the_database(scripted, db):
     strategy, params = scripted
     from pycudnn.configuration import flags
 
-    layer = cli.parse_shape("2,4,8,8,8,3,3,1,1")
+    layer = models.parse_shape("2,4,8,8,8,3,3,1,1")
     with flags(tuning_db=False):
-        row = cli.run_layer(layer, "forward", None, _opts(use_db=False, fresh=True), torch_on=False)
+        row = timing.run_layer(layer, "forward", None, _opts(use_db=False, fresh=True), torch_on=False)
     assert row["searches"] == 1 and db.entries() == []
 
 
@@ -531,7 +590,7 @@ def test_run_layer_reports_a_failure_in_its_row(scripted, db, monkeypatch):
     strategy, _ = scripted
     monkeypatch.setattr(strategy, "run", lambda args, record: (_ for _ in ()).throw(
         __import__("pycudnn").errors.OutOfMemoryError("out of memory\nmore")))
-    row = cli.run_layer(cli.parse_shape("2,4,8,8,8,3,3,1,1"), "forward", None, _opts(), torch_on=False)
+    row = timing.run_layer(models.parse_shape("2,4,8,8,8,3,3,1,1"), "forward", None, _opts(), torch_on=False)
     assert row["error"].startswith("NoAlgorithmError: ") and row["ms"] is None
 
 
@@ -639,7 +698,7 @@ def test_cache_show_file_validates_and_escapes_the_untrusted_file(db, tmp_path):
     assert "\\x1b]0;pwned\\x07" in proc.stdout
     assert "dropping entry 1" in proc.stderr
     assert f"pycudnn cache show: {f}: left out 1 entry that did not validate" in proc.stderr
-    with pytest.warns(tuning_db.TuningDatabaseWarning, match="left out 1 entry"):
+    with pytest.warns(TuningDatabaseWarning, match="left out 1 entry"):
         assert [e["schema"] for e in tuning_db.read_file(f)] == [1, 2]
 
 
@@ -712,5 +771,5 @@ def test_cache_commands_on_a_directory_others_may_write(tmp_path):
 
 
 def test_safe_text_escapes_control_and_invisible_characters():
-    assert cli.terminal_safe("NVIDIA H200 (9.0)") == "NVIDIA H200 (9.0)"
-    assert cli.terminal_safe("a\x1b[2Jb\x07\n\u202ec\u00e9") == "a\\x1b[2Jb\\x07\\n\\u202ecé"
+    assert report.terminal_safe("NVIDIA H200 (9.0)") == "NVIDIA H200 (9.0)"
+    assert report.terminal_safe("a\x1b[2Jb\x07\n\u202ec\u00e9") == "a\\x1b[2Jb\\x07\\n\\u202ecé"

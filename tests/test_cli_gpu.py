@@ -106,7 +106,7 @@ CHILD = r"""
 import json, sys, time
 import pycudnn
 from pycudnn.search import algos
-from pycudnn.cli import parse_shape
+from pycudnn.cli.models import parse_shape
 from pycudnn.runtime.memory import synchronize
 
 t0 = time.perf_counter()
@@ -162,7 +162,7 @@ def test_tune_then_a_second_process_does_not_search(tmp_path):
 
 
 def test_four_tune_processes_share_one_database(tmp_path):
-    from pycudnn.cli import parse_shape
+    from pycudnn.cli.models import parse_shape
 
     cache = tmp_path / "db"
     shapes = ["4,32,16,16,32,3,3,1,1", "4,32,16,16,64,1,1,1,0", "4,64,8,8,64,3,3,1,1",

@@ -10,18 +10,18 @@ import sys
 import pytest
 
 import pycudnn
-from pycudnn import cli
+from pycudnn.cli import environment, program
 
 
 def call(capsys, *args):
-    rc = cli.main(list(args))
+    rc = program.main(list(args))
     out, err = capsys.readouterr()
     return rc, out, err
 
 
 def test_version_is_pycudnns_own(capsys):
     with pytest.raises(SystemExit) as exc:
-        cli.main(["--version"])
+        program.main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.strip() == f"pycudnn {pycudnn.__version__}"
 
@@ -63,26 +63,26 @@ def info(cudnn=None, bindings=None, driver=None, **packages):
 
 
 def test_matching_majors_say_nothing():
-    assert cli.cuda_mismatches(info("12.9", "12.9", "13.0")) == []
-    assert cli.cuda_mismatches(info("13.0", "13.0", "13.1")) == []
-    assert cli.cuda_mismatches(info("12.9", "12.9", None)) == []  # no driver: the GPU line says so
-    assert cli.cuda_mismatches(info(None, "12.9", "12.4")) == []
+    assert environment.cuda_mismatches(info("12.9", "12.9", "13.0")) == []
+    assert environment.cuda_mismatches(info("13.0", "13.0", "13.1")) == []
+    assert environment.cuda_mismatches(info("12.9", "12.9", None)) == []  # no driver: the GPU line says so
+    assert environment.cuda_mismatches(info(None, "12.9", "12.4")) == []
 
 
 def test_cudnn_from_another_major_than_cuda_bindings():
-    (line,) = cli.cuda_mismatches(info("13.0", "12.9", "13.0"))
+    (line,) = environment.cuda_mismatches(info("13.0", "12.9", "13.0"))
     assert "cuDNN is built for CUDA 13 but cuda-bindings is for CUDA 12" in line
     assert "[cu13]" in line and "[cu12]" in line
 
 
 def test_driver_older_than_the_libraries():
-    (line,) = cli.cuda_mismatches(info("13.0", "13.0", "12.8"))
+    (line,) = environment.cuda_mismatches(info("13.0", "13.0", "12.8"))
     assert "driver supports CUDA 12.8, older than CUDA 13 that cuDNN needs" in line
     assert "update the NVIDIA driver" in line and "[cu12]" in line
 
 
 def test_both_cudnn_wheels_installed():
-    lines = cli.cuda_mismatches(info("13.0", "12.9", "13.0", nvidia_cudnn_cu12="9.1",
+    lines = environment.cuda_mismatches(info("13.0", "12.9", "13.0", nvidia_cudnn_cu12="9.1",
                                       nvidia_cudnn_cu13="9.1"))
     assert len(lines) == 2
     assert "nvidia-cudnn-cu12 and nvidia-cudnn-cu13 are both installed" in lines[0]
@@ -91,14 +91,14 @@ def test_both_cudnn_wheels_installed():
 def test_the_install_command_fits_where_pycudnn_comes_from(monkeypatch):
     import os
 
-    text = cli.pip_install_command("cu12")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
+    text = environment.pip_install_command("cu12")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(environment.__file__))))
     if os.path.isfile(os.path.join(root, "pyproject.toml")):
         assert text == f'pip install -e "{root}[cu12]"'
     else:
         assert text == 'pip install "pycudnn-ctypes[cu12]"'
     monkeypatch.setattr(os.path, "isfile", lambda p: False)
-    assert cli.pip_install_command("cu13") == 'pip install "pycudnn-ctypes[cu13]"'
+    assert environment.pip_install_command("cu13") == 'pip install "pycudnn-ctypes[cu13]"'
 
 
 def test_python_m_pycudnn_version():

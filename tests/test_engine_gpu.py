@@ -41,9 +41,9 @@ def _check(y, ref, tol=2e-5):
 
 def _inject(monkeypatch, engine, failures):
     """Make the strategy's run() raise the given exceptions on its first calls, then behave."""
-    from pycudnn.search import algos
+    from pycudnn.dispatch.engines import strategy_for
 
-    strategy = algos.strategy_for(engine)
+    strategy = strategy_for(engine)
     real = strategy.run
     calls = []
 

@@ -2,10 +2,9 @@
 imports have no cycle, and docs/architecture.md lists every module in the layer it is in here.
 
 A folder of the package is one layer; the modules at the top are the foundation (below every
-folder) or the entry points (above every folder). Imports are read from the source (ast),
-top-level and inside functions alike; the only upward imports allowed are the compatibility shims
-that keep earlier import paths working (a module ``__getattr__`` that imports the new home of a
-moved name on first use).
+folder) or the entry points (above every folder). Imports are read from the source (ast):
+``import``, ``from ... import`` and ``importlib.import_module("...")`` with a literal name, at the
+top of a module and inside functions alike. No upward import is allowed, not even a lazy one.
 """
 
 from __future__ import annotations
@@ -22,14 +21,14 @@ PKG = ROOT / "pycudnn"
 #: bottom to top: (layer, top-level modules, folders); a module may import from its own layer
 #: and the layers below
 LAYERS: list[tuple[str, list[str], list[str]]] = [
-    ("foundation", ["errors", "_logging", "_live", "_types", "configuration"], []),
+    ("foundation", ["errors", "_logging", "_live", "_types", "_version", "configuration"], []),
     ("C boundary", [], ["ffi"]),
     ("CUDA resources and views", [], ["runtime"]),
     ("cuDNN objects", [], ["cudnn"]),
     ("the problem, engines and search", [], ["search"]),
     ("registry, replay and preloading", [], ["dispatch"]),
     ("operations", [], ["api", "ops"]),
-    ("entry points", ["cupy_compat", "cli", "__main__", "__init__"], ["torch"]),
+    ("entry points", ["cupy_compat", "__main__", "__init__"], ["torch", "cli"]),
 ]
 
 
@@ -42,7 +41,8 @@ def _module_name(path: Path) -> str:
 
 
 MODULES = sorted(_module_name(p) for p in PKG.rglob("*.py"))
-FOLDERS = sorted({m.split(".")[0] for m in MODULES if "." in m})
+#: every package inside pycudnn (a layer's folder, or a package within one, e.g. runtime.tensor)
+PACKAGES = sorted(_module_name(p) for p in PKG.rglob("__init__.py") if p.parent != PKG)
 
 
 def _layer(module: str) -> int:
@@ -53,58 +53,48 @@ def _layer(module: str) -> int:
     raise KeyError(module)
 
 
-def _moved() -> dict[str, str]:
-    """Earlier flat module names -> their folder paths (pycudnn's import alias)."""
-    import pycudnn
-
-    return dict(pycudnn._MOVED_MODULES)
-
-
 def _resolve(base: list[str], names: list[str]) -> list[str]:
     """Modules an import of ``names`` from package ``base`` (path parts inside pycudnn) reaches."""
-    moved = _moved()
     out = []
     for name in names:
         parts = base + [name]
         dotted = ".".join(parts)
-        if dotted in moved:
-            dotted = moved[dotted]
-        if (PKG / (dotted.replace(".", "/") + ".py")).exists() or dotted in FOLDERS:
+        if (PKG / (dotted.replace(".", "/") + ".py")).exists() or dotted in PACKAGES:
             out.append(dotted)
         elif base:
-            b = ".".join(base)
-            out.append(moved.get(b, b) or "__init__")
+            out.append(".".join(base) or "__init__")
         else:
             out.append("__init__")
     return out
 
 
-def _imports(path: Path) -> list[tuple[str, int, bool]]:
-    """(imported pycudnn module, line, inside a module-level __getattr__ shim) for each import."""
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """(imported pycudnn module, line) for each import."""
     tree = ast.parse(path.read_text())
-    shim_nodes: set[int] = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
-            shim_nodes.update(id(n) for n in ast.walk(node))
     here = list(path.relative_to(PKG).parts[:-1])  # the package this module is in
     out = []
     for node in ast.walk(tree):
-        shim = id(node) in shim_nodes
         if isinstance(node, ast.ImportFrom) and node.level >= 1:
             base = here[:len(here) - (node.level - 1)] if node.level > 1 else here
             mod = node.module.split(".") if node.module else []
-            names = [a.name for a in node.names if a.name != "__version__"]
+            names = [a.name for a in node.names]
             targets = _resolve(base + mod[:-1], [mod[-1]]) if mod else _resolve(base, names)
             if mod and names:  # 'from .pkg import module' reaches the module
                 sub = _resolve(base + mod, names)
                 targets = [t for t in sub if t != ".".join(base + mod)] or targets
-            out += [(t, node.lineno, shim) for t in targets]
+            out += [(t, node.lineno) for t in targets]
         elif isinstance(node, ast.ImportFrom) and node.module and (
                 node.module == "pycudnn" or node.module.startswith("pycudnn.")):
             mod = node.module.split(".")[1:]
             names = [a.name for a in node.names]
             targets = _resolve(mod[:-1], [mod[-1]]) if mod else _resolve([], names)
-            out += [(t, node.lineno, shim) for t in targets]
+            out += [(t, node.lineno) for t in targets]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                mod = alias.name.split(".")
+                if mod[0] == "pycudnn":
+                    out += [(t, node.lineno) for t in
+                            (_resolve(mod[1:-1], [mod[-1]]) if len(mod) > 1 else ["__init__"])]
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant)):
             spec = str(node.args[0].value)
@@ -114,8 +104,8 @@ def _imports(path: Path) -> list[tuple[str, int, bool]]:
             if spec.startswith("pycudnn."):
                 base, mod = [], mod[1:]
             if mod != [""]:
-                out += [(t, node.lineno, shim) for t in _resolve(base + mod[:-1], [mod[-1]])]
-    return [(m, line, shim) for m, line, shim in out if m != _module_name(path)]
+                out += [(t, node.lineno) for t in _resolve(base + mod[:-1], [mod[-1]])]
+    return [(m, line) for m, line in out if m != _module_name(path)]
 
 
 def test_every_module_has_a_layer():
@@ -131,9 +121,7 @@ def test_every_module_has_a_layer():
 @pytest.mark.parametrize("module", MODULES)
 def test_imports_go_down_the_layers(module):
     upward = []
-    for target, line, shim in _imports(_path(module)):
-        if shim or target == "__init__":
-            continue
+    for target, line in _imports(_path(module)):
         if _layer(target) > _layer(module) and module != "__init__":
             upward.append(f"{module}:{line} imports {target} "
                           f"({LAYERS[_layer(target)][0]} is above {LAYERS[_layer(module)][0]})")
@@ -146,7 +134,7 @@ def _path(module: str) -> Path:
 
 
 def test_no_import_cycles():
-    graph = {m: {t for t, _, shim in _imports(_path(m)) if not shim}
+    graph = {m: {t for t, _ in _imports(_path(m))}
              for m in MODULES if m != "__init__"}
     graph = {m: deps - {"__init__"} for m, deps in graph.items()}
     state: dict[str, int] = {}
@@ -174,17 +162,10 @@ def test_architecture_doc_lists_every_module_in_its_layer():
     for layer, cell in rows:
         for m in re.findall(r"`([\w/]+)\.py`", cell):
             documented[m.replace("/", ".")] = int(layer)
-    modules = {m: _layer(m) for m in MODULES if m not in FOLDERS}
+    modules = {m: _layer(m) for m in MODULES if m not in PACKAGES}
     assert documented == modules, {m: (documented.get(m), modules.get(m))
                                    for m in set(documented) | set(modules)
                                    if documented.get(m) != modules.get(m)}
-
-
-def test_old_flat_import_paths_are_the_moved_modules():
-    import importlib
-
-    for old, new in _moved().items():
-        assert importlib.import_module(f"pycudnn.{old}") is importlib.import_module(f"pycudnn.{new}")
 
 
 def _private_uses(path: Path) -> list[str]:
@@ -203,7 +184,7 @@ def _private_uses(path: Path) -> list[str]:
                     if not (PKG / (target.replace(".", "/") + ".py")).exists():
                         out.append(f"{here}:{node.lineno} imports {alias.name} from {node.module}")
                 if (PKG / (((node.module or "").replace(".", "/") + "/" if node.module else "")
-                           + alias.name + ".py")).exists() or alias.name in _moved() \
+                           + alias.name + ".py")).exists() \
                         or (PKG / alias.name).is_dir():
                     modules.add(name)
     for node in ast.walk(tree):

@@ -27,7 +27,9 @@ from pycudnn import cupy_compat as cc
 from pycudnn.cudnn.descriptors import TensorDescriptor, live_descriptor_count
 from pycudnn.ffi import library as _lib
 from pycudnn.ops.activation import activation_backward, activation_forward
-from pycudnn.ops.pooling import PoolingDescriptor, PoolingMode, pooling_backward, pooling_forward
+from pycudnn._types import PoolingMode
+from pycudnn.cudnn.descriptors import PoolingDescriptor
+from pycudnn.ops.pooling import pooling_backward, pooling_forward
 from pycudnn.ops.softmax import softmax_backward, softmax_forward
 from pycudnn.runtime.tensor import contiguous_strides
 

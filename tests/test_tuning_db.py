@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from pycudnn.search import algos, tuning_db
-from pycudnn.search.algos import ConvolutionArgs, ConvolutionParams, try_all
+from pycudnn.search import algos, tuning_db, tuning_files, tuning_records
+from pycudnn.search.algos import try_all
+from pycudnn.search.problem import ConvolutionArgs, ConvolutionParams
 from pycudnn.configuration import config, flags
-from pycudnn.errors import CudnnNotSupportedError, NoDeviceError
+from pycudnn.errors import CudnnNotSupportedError, NoDeviceError, TuningDatabaseWarning
 from scripted_engine import ScriptedEngine
 from test_algos import make_params
 
@@ -105,7 +106,7 @@ def test_enabled_follows_config_and_flags(db):
 def test_env_zero_turns_it_off(tmp_path):
     code = (
         "import os, json\n"
-        "from pycudnn import tuning_db, algos, config\n"
+        "from pycudnn import config\nfrom pycudnn.search import tuning_db\n"
         "tuning_db.device_identity = lambda d: {'name': 'X', 'compute_capability': [9, 0], 'sm_count': 1}\n"
         "import sys; sys.path.insert(0, 'tests')\n"
         "from test_algos import make_params\n"
@@ -146,7 +147,7 @@ def test_graph_record_kept_verbatim_with_metadata(db):
     [entry] = db.entries()
     assert entry["record"] == GRAPH_RECORD
     assert entry["gpu"] == H200 and entry["engine"] == "graph"
-    assert entry["cudnn_version"] == p.cudnn_version and entry["schema"] == db.SCHEMA_VERSION
+    assert entry["cudnn_version"] == p.cudnn_version and entry["schema"] == tuning_records.SCHEMA_VERSION
     assert entry["pycudnn"] == pycudnn.__version__ and entry["created"]
     # every field of the parameters, tuples as lists
     assert set(entry["params"]) == {f.name for f in dataclasses.fields(ConvolutionParams)}
@@ -242,7 +243,7 @@ def test_device_ordinal_of_an_identical_gpu_shares_records(db, identity):
 def test_schema_version_separates(db, monkeypatch):
     db.store(make_params(), V7_RECORD)
     new_process()
-    monkeypatch.setattr(tuning_db, "SCHEMA_VERSION", tuning_db.SCHEMA_VERSION + 1)
+    monkeypatch.setattr(tuning_records, "SCHEMA_VERSION", tuning_records.SCHEMA_VERSION + 1)
     assert db.lookup(make_params()) is None
     db.store(make_params(), dict(V7_RECORD, algo=2))  # both schemas live side by side
     assert len(db.entries()) == 2
@@ -292,7 +293,7 @@ def test_miss_sees_a_record_another_process_stored(db, tmp_path):
     assert db.lookup(p) is None  # this process has read the (empty) file
     code = (
         "import sys; sys.path.insert(0, 'tests')\n"
-        "from pycudnn import tuning_db\n"
+        "from pycudnn.search import tuning_db\n"
         f"tuning_db.device_identity = lambda d: {H200!r}\n"
         "from test_algos import make_params\n"
         "tuning_db.store(make_params(groups=2, weight_shape=(8, 2, 3, 3)),\n"
@@ -317,7 +318,7 @@ def test_miss_sees_a_record_another_process_stored(db, tmp_path):
 def test_corrupt_file_is_set_aside_and_the_program_carries_on(db, content):
     os.makedirs(os.path.dirname(db.path()), exist_ok=True)
     Path(db.path()).write_bytes(content)
-    with pytest.warns(tuning_db.TuningDatabaseWarning, match="moved it aside"):
+    with pytest.warns(TuningDatabaseWarning, match="moved it aside"):
         assert db.lookup(make_params()) is None
     aside = glob.glob(db.path() + ".corrupt-*")
     assert len(aside) == 1 and Path(aside[0]).read_bytes() == content
@@ -333,7 +334,7 @@ def test_truncated_file_is_set_aside_when_storing(db):
     data = Path(db.path()).read_bytes()
     Path(db.path()).write_bytes(data[: len(data) // 2])
     new_process()
-    with pytest.warns(tuning_db.TuningDatabaseWarning):
+    with pytest.warns(TuningDatabaseWarning):
         db.store(grouped(4), V7_RECORD)
     assert len(glob.glob(db.path() + ".corrupt-*")) == 1
     assert [e["params"]["groups"] for e in db.entries()] == [4]
@@ -593,11 +594,11 @@ def test_params_from_dict_inverts_params_to_dict(field):
     from pycudnn.dispatch.preloading import params_from_dict
 
     p = make_params(**ROUND_TRIP[field]) if field else make_params()
-    data = json.loads(json.dumps(tuning_db.params_to_dict(p)))  # as read back from the file
+    data = json.loads(json.dumps(tuning_records.params_to_dict(p)))  # as read back from the file
     q = params_from_dict(data, p.device)
     assert q == p and hash(q) == hash(p)  # the same benchmark-cache key as the call's
     assert params_from_dict(data, 3) == dataclasses.replace(p, device=3)
-    assert tuning_db.params_from_dict(data, 0) == p
+    assert tuning_records.params_from_dict(data, 0) == p
 
 
 #: values a call never gives, one field at a time (on make_params(); "graph:" on graph_params())
@@ -638,7 +639,7 @@ def test_params_from_dict_refuses_what_no_call_writes(case):
     field, *rest = case
     graph = field.startswith("graph:")
     field = field.removeprefix("graph:")
-    data = tuning_db.params_to_dict(graph_params() if graph else make_params())
+    data = tuning_records.params_to_dict(graph_params() if graph else make_params())
     if field.startswith("pop "):
         data.pop(field[4:])
     elif len(rest) == 1:
@@ -721,7 +722,7 @@ def test_a_deeply_nested_file_is_set_aside_by_every_function(db, tmp_path, call)
             ConvolutionArgs(params=p, handle=0, stream=0, x=0, w=0, y=0, benchmark=True),
             Serializing(), object()),
     }[call]
-    with pytest.warns(tuning_db.TuningDatabaseWarning, match="(RecursionError|nested more than 32 deep).*moved it aside"):
+    with pytest.warns(TuningDatabaseWarning, match="(RecursionError|nested more than 32 deep).*moved it aside"):
         run()  # no RecursionError
     [aside] = glob.glob(db.path() + ".corrupt-*")
     assert Path(aside).read_text() == DEEP
@@ -743,8 +744,8 @@ def test_an_oversized_file_is_set_aside_unread(db, monkeypatch):
     db.store(make_params(), V7_RECORD)
     size = os.path.getsize(db.path())
     new_process()
-    monkeypatch.setattr(tuning_db, "MAX_FILE_BYTES", size - 1)
-    with pytest.warns(tuning_db.TuningDatabaseWarning, match=f"{size} bytes, more than"):
+    monkeypatch.setattr(tuning_files, "MAX_FILE_BYTES", size - 1)
+    with pytest.warns(TuningDatabaseWarning, match=f"{size} bytes, more than"):
         assert db.lookup(make_params()) is None
     assert len(glob.glob(db.path() + ".corrupt-*")) == 1
 
@@ -863,7 +864,7 @@ def test_an_unsafe_directory_or_file_turns_the_database_off_with_one_warning(db,
         db.store(grouped(2), V7_RECORD)
         db.drop(p)
         assert db.entries() == []
-    msgs = [str(w.message) for w in caught if issubclass(w.category, tuning_db.TuningDatabaseWarning)]
+    msgs = [str(w.message) for w in caught if issubclass(w.category, TuningDatabaseWarning)]
     assert len(msgs) == 1 and "refused" in msgs[0] and why in msgs[0], msgs
     assert db.path() in msgs[0]
     assert why in db.refused()
@@ -991,7 +992,7 @@ def test_import_validates_every_entry_and_counts_the_refused(db, tmp_path, caplo
     doc["entries"].append({"schema": 1, "gpu": {"name": "\x1b]0;pwned\x07"}, "cudnn_version": "9.2"})
     out.write_text(json.dumps(doc))
     with caplog.at_level("WARNING", logger="pycudnn"), \
-            pytest.warns(tuning_db.TuningDatabaseWarning, match="refused 2 entries"):
+            pytest.warns(TuningDatabaseWarning, match="refused 2 entries"):
         report = db.import_file(out)
     assert report == db.MergeReport(added=1, replaced=0, kept=0, refused=2)
     assert f"tuning database {out}: dropping entry 1" in caplog.text

@@ -35,8 +35,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pycudnn import cli
-from pycudnn.search import tuning_db
+from pycudnn.cli import program
+from pycudnn.search import tuning_db, tuning_records
 from pycudnn.configuration import config
 from test_algos import make_params
 
@@ -65,9 +65,9 @@ def good_record(params: Any, time_ms: float = 0.25) -> dict[str, Any]:
 
 def good_entry(params: Any, record: dict[str, Any] | None = None,
                gpu: dict[str, Any] = H200) -> dict[str, Any]:
-    return {"schema": tuning_db.SCHEMA_VERSION, "gpu": copy.deepcopy(gpu),
+    return {"schema": tuning_records.SCHEMA_VERSION, "gpu": copy.deepcopy(gpu),
             "cudnn_version": params.cudnn_version, "engine": params.engine,
-            "params": tuning_db.params_to_dict(params),
+            "params": tuning_records.params_to_dict(params),
             "record": good_record(params) if record is None else record,
             "created": "2025-01-01T00:00:00+00:00", "pycudnn": "0.1.0"}
 
@@ -119,7 +119,7 @@ def record_problem(record: Any, params: Any) -> str | None:
 
 def entry_problem(entry: Any) -> str | None:
     """Why an entry that entries() gave back is not well formed (None when it is)."""
-    from pycudnn.search.algos import ConvolutionParams
+    from pycudnn.search.problem import ConvolutionParams
 
     if not isinstance(entry, dict):
         return f"entry is a {type(entry).__name__}"
@@ -176,7 +176,7 @@ class Raw(str):
 
 raw_values = st.sampled_from(RAW_TOKENS).map(Raw)
 
-_PARAM_FIELDS = list(tuning_db.params_to_dict(KEYS[0]))
+_PARAM_FIELDS = list(tuning_records.params_to_dict(KEYS[0]))
 _RECORD_FIELDS = ["algo", "math_type", "workspace", "time_ms", "deterministic", "graph",
                   "engine_id", "knobs", "tag", "plan_json", "extra"]
 
@@ -382,7 +382,7 @@ def run_cli(*args: str) -> tuple[int, str, str]:
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(["--debug", *args])
+        rc = program.main(["--debug", *args])
     out.flush()
     err.flush()
     return rc, out.buffer.getvalue().decode(), err.buffer.getvalue().decode()  # type: ignore[attr-defined]

@@ -17,8 +17,8 @@ import pytest
 
 from pycudnn.search import algos
 from pycudnn._types import BwdFilterAlgo, Determinism, MathType, Status
-from pycudnn.search.algos import (AlgoRecord, BenchmarkCache, ConvolutionArgs, ConvolutionParams,
-                           V7Search, try_all)
+from pycudnn.search.algos import AlgoRecord, BenchmarkCache, V7Search, try_all
+from pycudnn.search.problem import ConvolutionArgs, ConvolutionParams
 from pycudnn.errors import NoAlgorithmError
 from scripted_engine import ScriptedEngine
 

@@ -25,7 +25,7 @@ from ..runtime.handle import get_handle
 from ..runtime.memory import (allocate, callers_device, ensure_device, mem_get_info,
                               normalize_device, restore_device, stream_synchronize)
 from ..runtime.tensor import span_elements
-from ..search import tuning_db
+from ..search import tuning_db, tuning_records
 from ..search.algos import caches
 from ..search.problem import ConvolutionArgs, ConvolutionParams, role_bytes
 from .engines import strategy_for
@@ -68,18 +68,18 @@ class PreloadReport:
 
 def params_from_dict(data: dict[str, Any], device: int) -> ConvolutionParams:
     """The [`ConvolutionParams`][pycudnn.search.algos.ConvolutionParams] of a database entry's ``params``
-    (the inverse of `pycudnn.search.tuning_db.params_to_dict()`), on device ``device``.
+    (the inverse of `pycudnn.search.tuning_records.params_to_dict()`), on device ``device``.
 
     The entry is untrusted input: every field is parsed as strictly as a call's arguments are,
     and only values a call can produce are accepted (see
-    `pycudnn.search.tuning_db.params_from_dict()`), so scratch sizes and launches never rest on a
+    `pycudnn.search.tuning_records.params_from_dict()`), so scratch sizes and launches never rest on a
     value no call would give (``"double"`` for ``"float64"``, a negative size, an output shape
     the geometry does not give, ...).
 
     Raises:
         TypeError, ValueError: a field is missing, unknown, of the wrong kind or out of range.
     """
-    return tuning_db.params_from_dict(data, device)
+    return tuning_records.params_from_dict(data, device)
 
 
 def _scratch_bytes(p: ConvolutionParams) -> list[int]:
@@ -165,7 +165,7 @@ def preload(device: Any = None, *, launch: bool = True, max_bytes: int | None = 
             max_bytes = min(DEFAULT_MAX_BYTES, mem_get_info(dev)[0] // 4)
         handle = get_handle(dev, 0)
         for entry in tuning_db.entries():
-            if (entry.get("schema") != tuning_db.SCHEMA_VERSION or entry.get("gpu") != ident
+            if (entry.get("schema") != tuning_records.SCHEMA_VERSION or entry.get("gpu") != ident
                     or entry.get("cudnn_version") != version):
                 continue
             counts["applicable"] += 1

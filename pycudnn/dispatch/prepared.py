@@ -301,13 +301,3 @@ def clear_fast_calls() -> None:
     """Forget every remembered call signature (``pycudnn.clear_caches()`` calls this)."""
     with _fast_lock:
         _fast.clear()
-
-
-def __getattr__(name: str) -> Any:
-    # prepare_convolution runs the public functions, so it lives with them in pycudnn.api.conv; this
-    # keeps the earlier import path working without an import cycle
-    if name == "prepare_convolution":
-        import importlib
-
-        return importlib.import_module("..api.conv", __package__).prepare_convolution
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,7 +40,7 @@ from ..errors import (CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnErr
 from ..ffi import library as _lib
 from ..runtime.memory import allocate, mem_get_info, stream_is_capturing
 from . import tuning_db
-from .engine import Engine, release, workspace
+from .engine import Engine, Record, release, workspace
 from .problem import (DIRECTION, DIRECTIONS, ConvolutionArgs, ConvolutionParams, EpilogueKind,
                       written_bytes)
 
@@ -120,7 +120,7 @@ class BenchmarkCache:
     def __init__(self, direction: str, maxsize: int | None = 4096) -> None:
         self.direction = direction
         self.maxsize = maxsize
-        self._map: OrderedDict[ConvolutionParams, Any] = OrderedDict()
+        self._map: OrderedDict[ConvolutionParams, Record] = OrderedDict()
         self._lock = threading.Lock()
         self._search_locks: dict[ConvolutionParams, _SearchLock] = {}
         self.searches = 0  # number of searches run (tests assert one per key)
@@ -179,7 +179,7 @@ class BenchmarkCache:
             self._map.clear()
             self.searches = 0
 
-    def items(self) -> list[tuple[ConvolutionParams, Any]]:
+    def items(self) -> list[tuple[ConvolutionParams, Record]]:
         with self._lock:
             return list(self._map.items())
 
@@ -701,18 +701,3 @@ def _plain_int(value: Any, name: str) -> int:
     if type(value) is not int:
         raise ValueError(f"{name}: expected an int, got {value!r}")
     return value
-
-
-# ---- earlier import paths ----------------------------------------------------------------------------
-# The registry and the functions acting on every engine live in pycudnn.dispatch.engines (above both
-# engines); these names stay importable from here for code written against earlier releases.
-_MOVED_TO_ENGINES = ("strategy_for", "register_strategy", "clear_caches", "set_cache_limit",
-                     "benchmark_cache")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_ENGINES:
-        import importlib
-
-        return getattr(importlib.import_module("..dispatch.engines", __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

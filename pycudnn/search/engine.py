@@ -33,7 +33,10 @@ class Record(Protocol):
     def workspace(self) -> int:
         """Bytes of workspace it needs (0 where not known yet)."""
 
+    #: measured time of one launch in milliseconds (-1.0 where not measured)
     time_ms: float
+    #: how it was chosen: "heuristics", "default", or measured ("find" for v7, "measured" for the
+    #: graph engine); a measured choice is what the tuning database keeps
     source: str
 
     def describe(self) -> str:

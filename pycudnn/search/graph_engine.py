@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from .._types import MathType
-from ..cudnn.graph import (EngineConfig, Epilogue, ExecutionPlan, OperationGraph, TensorSpec,
-                           bias_spec, build_convolution_graph, engine_configs, filter_candidates,
-                           nchw_strides, nhwc_strides)
+from ..cudnn.graph.build import (Epilogue, OperationGraph, TensorSpec, bias_spec,
+                                 build_convolution_graph, nchw_strides, nhwc_strides)
+from ..cudnn.graph.plan import EngineConfig, ExecutionPlan, engine_configs, filter_candidates
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..runtime.gate import MAX_QUEUED, StreamGate, gate_for
 from ..runtime.memory import allocate, check_cuda, mem_get_info

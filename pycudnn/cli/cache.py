@@ -1,0 +1,173 @@
+"""``pycudnn cache show [FILE]|clear|export FILE|import FILE [--replace]``: the tuning database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+from ..errors import TuningDatabaseWarning
+from ..search import tuning_db
+from .environment import version_text
+from .errors import RunError, UsageError
+from .models import SHORT
+from .report import (
+    check_output_path,
+    first_line,
+    format_bytes,
+    format_number,
+    terminal_safe,
+    text_table,
+)
+
+
+def _entry_summary(e: dict[str, Any]) -> list[str]:
+    """One row of ``cache show`` (every cell escaped: the entry may come from another machine;
+    entries of another pycudnn's schema hold anything, so nothing here assumes a type)."""
+    def obj(v: Any) -> dict[str, Any]:
+        return v if isinstance(v, dict) else {}
+
+    p, rec, gpu = obj(e.get("params")), obj(e.get("record")), obj(e.get("gpu"))
+    cc = gpu.get("compute_capability", [])
+    cc = ".".join(map(str, cc)) if isinstance(cc, list) else str(cc)
+    choice = rec.get("tag") or (f"algo {rec['algo']} math {rec.get('math_type')}" if "algo" in rec else "?")
+    ep = f"+{p['epilogue']}" if p.get("epilogue") else ""
+    groups = p.get("groups", 1)
+    layer = (f"x{p.get('input_shape')} w{p.get('weight_shape')} s{p.get('stride')} p{p.get('padding')}"
+             f"{'' if groups == 1 else ' g' + str(groups)}")
+    direction = p.get("direction")
+    t = rec.get("time_ms")
+    ms = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else -1.0
+    version = e.get("cudnn_version")
+    ws = rec.get("workspace")
+    row = [f"{gpu.get('name')} ({cc}, {gpu.get('sm_count')} SMs)",
+           version_text(version) if type(version) is int else str(version), str(e.get("engine")),
+           (SHORT.get(direction, direction) if isinstance(direction, str) else str(direction)) + ep,
+           str(p.get("dtype")), str(p.get("weight_format")), layer, str(choice),
+           format_number(ms, 4) if ms >= 0 else "-",
+           format_bytes(ws) if type(ws) is int else "-", str(e.get("created", ""))]
+    return [terminal_safe(c) for c in row]
+
+
+_CACHE_COLUMNS = ["gpu", "cuDNN", "engine", "dir", "dtype", "fmt", "layer", "choice", "ms",
+                  "workspace", "created"]
+
+
+def _summaries(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The rows of ``cache show``; an entry that cannot be summarized (of another pycudnn's schema)
+    shows as such instead of failing the listing."""
+    out = []
+    for e in rows:
+        try:
+            out.append(_entry_summary(e))
+        except Exception as exc:  # noqa: BLE001 - one odd entry must not hide the others
+            out.append([terminal_safe(f"(unreadable entry of schema {e.get('schema')!r}: "
+                              f"{type(exc).__name__})")] + ["-"] * (len(_CACHE_COLUMNS) - 1))
+    return out
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """show [FILE] | clear | export FILE | import FILE [--replace]."""
+
+    action = args.action
+    try:
+        with warnings.catch_warnings():  # a refusal is in the output or the error below
+            warnings.filterwarnings("ignore", message=r"pycudnn tuning database .* refused: ",
+                                    category=TuningDatabaseWarning)
+            return _cache_action(args, tuning_db)
+    except PermissionError as exc:  # the database was refused: another user's, or open to others
+        raise RunError(f"pycudnn cache {action}: {terminal_safe(first_line(exc))}") from None
+
+
+def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
+    action = args.action
+    if args.replace and action != "import":
+        raise UsageError("--replace goes with cache import")
+    if action == "show" and args.file:
+        return _show_file(args, tuning_db)
+    if action == "show":
+        return _show_database(args, tuning_db)
+    if action == "clear":
+        n = tuning_db.clear()
+        print(terminal_safe(f"removed {n} records from {tuning_db.path()}"))
+        return 0
+    if not args.file:
+        raise UsageError(f"cache {action} needs a FILE")
+    if action == "export":
+        check_output_path("cache export", args.file)
+        n = tuning_db.export(args.file)
+        print(f"exported {n} records to {terminal_safe(args.file)}")
+        return 0
+    # import
+    if not os.path.isfile(args.file):
+        raise UsageError(f"{terminal_safe(args.file)} does not exist")
+    try:
+        with warnings.catch_warnings():  # the count is printed below
+            warnings.filterwarnings("ignore", message=r".*: refused \d+ entr",
+                                    category=TuningDatabaseWarning)
+            report = tuning_db.import_file(args.file, prefer="imported" if args.replace else "local")
+    except ValueError as exc:
+        raise UsageError(terminal_safe(first_line(exc))) from None
+    notes = []
+    refused = (f"refused {report.refused} entr{'y' if report.refused == 1 else 'ies'} that did "
+               f"not validate")
+    if not (report.merged or report.kept):  # nothing valid in it: no merge, no write
+        print(terminal_safe(f"{args.file} holds no records; {tuning_db.path()} is unchanged"
+                    + (f"; {refused}" if report.refused else "")))
+        return 0
+    if report.kept:
+        notes.append(f"kept {report.kept} local record{'s' if report.kept != 1 else ''} "
+                     + ("unchanged" if args.replace else "(--replace replaces them)"))
+    if report.refused:
+        notes.append(refused)
+    print(terminal_safe(f"merged {report.merged} records from {args.file} into {tuning_db.path()}"
+                + "".join(f"; {n}" for n in notes)))
+    return 0
+
+
+def _show_database(args: argparse.Namespace, tuning_db: Any) -> int:
+    """``cache show``: the database's valid entries, read only (no lock file is made, an unusable
+    file is named on stderr and left where it is)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TuningDatabaseWarning)
+        warnings.filterwarnings("ignore", message=r"pycudnn tuning database .* refused: ",
+                                category=TuningDatabaseWarning)  # shown as the state
+        rows = tuning_db.entries(set_aside=False)
+    if args.json:  # json.dumps escapes every control and non-ASCII character
+        print(json.dumps({"path": tuning_db.path(), "entries": rows}, indent=1))
+    else:
+        why = tuning_db.refused()
+        state = ("" if tuning_db.enabled() else " (turned off: PYCUDNN_TUNING_DB=0)") + (
+            f" (refused: {why})" if why else "")
+        print(terminal_safe(f"{tuning_db.path()}: {len(rows)} records{state}"))
+        if rows:
+            print(text_table(_CACHE_COLUMNS, _summaries(rows), {8}))
+    for w in caught:
+        print(f"pycudnn cache show: {terminal_safe(w.message)}", file=sys.stderr)
+    return 0
+
+
+def _show_file(args: argparse.Namespace, tuning_db: Any) -> int:
+    """``cache show FILE``: the valid entries of FILE (an export, say), read as an import reads
+    it; nothing is changed. Entries that do not validate are left out (stderr names them)."""
+    if not os.path.lexists(args.file):
+        raise UsageError(f"{terminal_safe(args.file)} does not exist")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TuningDatabaseWarning)
+            rows = tuning_db.read_file(args.file)
+    except (ValueError, FileNotFoundError) as exc:
+        raise UsageError(terminal_safe(first_line(exc))) from None
+    if args.json:  # json.dumps escapes every control and non-ASCII character
+        print(json.dumps({"path": args.file, "entries": rows}, indent=1))
+    else:
+        print(terminal_safe(f"{args.file}: {len(rows)} records"))
+        if rows:
+            print(text_table(_CACHE_COLUMNS, _summaries(rows), {8}))
+    for w in caught:  # how many entries were left out, after the listing
+        print(f"pycudnn cache show: {terminal_safe(w.message)}", file=sys.stderr)
+    return 0
