@@ -11,10 +11,14 @@ benchmark = True``; pycudnn routes each convolution signature to the faster side
 
 * ``train``: eager training steps/s (SGD, cross entropy over 1000 classes, synthetic data) at each
   ``--batch``; "pycudnn" is the model after ``pycudnn.torch.convert``. The first steps of each side
-  (their searches) are timed as ``first_steps_s`` and then kept out: timed blocks alternate
+  (their searches; PyTorch's side first, so pycudnn's finds PyTorch's own search done) are
+  timed as ``warmup_s`` and then kept out: timed blocks alternate
   between the sides after warm-up, and each side's figure is the median block.
 * ``infer``: inference img/s at ``--infer-batch``, eval mode: PyTorch eager against
   ``pycudnn.torch.fuse_for_inference`` (BatchNorm folded, Conv-BN-ReLU fused).
+* ``first``: the first training step of a fresh process with an empty tuning database
+  (``PYCUDNN_CACHE_DIR`` a new temporary folder), each side in its own subprocess, timed from
+  the step's start (CUDA context, model and data already made) to its end.
 * ``check``: float32 with TF32 off, batch 4: the logits, the loss and the first convolution's
   weight gradient of the converted model against PyTorch's, each as a relative error next to
   PyTorch's own distance from a float64 run (the bound a pycudnn error should stay within).
@@ -115,7 +119,7 @@ def part_train(name: str, args) -> dict:
         it = {k: iter(range(10**9)) for k in sides}
         fns = {k: (lambda k=k: step(sides[k], opts[k], *batches[next(it[k]) % 2])) for k in sides}
         per = alternate(fns, args.steps, args.rounds)
-        row = {k: {"steps_per_s": 1 / per[k], "first_steps_s": first[k]} for k in sides}
+        row = {k: {"steps_per_s": 1 / per[k], "warmup_s": first[k]} for k in sides}
         row["pycudnn_over_torch"] = per["torch"] / per["pycudnn"]
         routed = pt.routing_report()
         row["routed_to_torch"] = sum(d["winner"] == "torch" for d in routed)
@@ -123,7 +127,7 @@ def part_train(name: str, args) -> dict:
         out[f"batch{batch}"] = row
         print(f"{name:20} train b{batch:<4} torch {row['torch']['steps_per_s']:7.2f} steps/s  "
               f"pycudnn {row['pycudnn']['steps_per_s']:7.2f}  ratio {row['pycudnn_over_torch']:.3f}  "
-              f"(first {args.warmup} steps {first['torch']:.1f} s / {first['pycudnn']:.1f} s; "
+              f"(warm-up {args.warmup} steps {first['torch']:.1f} s / {first['pycudnn']:.1f} s; "
               f"signatures to torch {row['routed_to_torch']}, kept {row['kept_in_pycudnn']})",
               flush=True)
         del sides, opts
@@ -192,7 +196,43 @@ def part_check(name: str, args) -> dict:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-PARTS = {"train": part_train, "infer": part_infer, "check": part_check}
+def first_step_child(name: str, side: str, batch: int) -> None:
+    """In a fresh process: one training step of ``side``, its seconds printed as JSON."""
+    torch.backends.cudnn.benchmark = True
+    model = make(name, torch.bfloat16)
+    if side == "pycudnn":
+        import pycudnn.torch as pt
+
+        pt.convert(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    (x, y), = data(batch, torch.bfloat16, count=1)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step(model, opt, x, y)
+    torch.cuda.synchronize()
+    print(json.dumps({"first_step_s": time.perf_counter() - t0}))
+
+
+def part_first(name: str, args) -> dict:
+    import tempfile
+
+    row: dict = {}
+    for side in ("torch", "pycudnn"):
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, PYCUDNN_CACHE_DIR=cache)
+            out = subprocess.run([sys.executable, __file__, "--first-child", side, "--models", name,
+                                  "--batch", str(args.batch[0])], env=env, capture_output=True,
+                                 text=True, timeout=600)
+            if out.returncode:
+                raise RuntimeError(f"{side} child failed: {out.stderr.strip().splitlines()[-1:]}")
+            row[side] = json.loads(out.stdout.strip().splitlines()[-1])["first_step_s"]
+    row["pycudnn_over_torch_time"] = row["pycudnn"] / row["torch"]
+    print(f"{name:20} first step b{args.batch[0]:<4} torch {row['torch']:6.2f} s  pycudnn "
+          f"{row['pycudnn']:6.2f} s", flush=True)
+    return row
+
+
+PARTS = {"train": part_train, "infer": part_infer, "check": part_check, "first": part_first}
 
 
 def main(argv=None) -> int:
@@ -206,10 +246,14 @@ def main(argv=None) -> int:
     ap.add_argument("--infer-steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3, help="timed blocks per side")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--first-child", choices=("torch", "pycudnn"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.batch = [int(b) for b in args.batch.split(",")]
     if not torch.cuda.is_available():
         sys.exit("zoo.py needs a CUDA build of PyTorch and an NVIDIA GPU")
+    if args.first_child:
+        first_step_child(args.models, args.first_child, args.batch[0])
+        return 0
     torch.backends.cudnn.benchmark = True
     import pycudnn
 

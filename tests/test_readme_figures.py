@@ -1,0 +1,48 @@
+"""README's model table is generated from a benchmarks/zoo.py results file and must say what that
+file says (benchmarks/readme_table.py writes it; this checks it, with no GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _table_module():
+    spec = importlib.util.spec_from_file_location("readme_table", ROOT / "benchmarks" / "readme_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_table_matches_its_results_file():
+    mod = _table_module()
+    found = mod.current((ROOT / "README.md").read_text())
+    assert found is not None, "README.md lost its generated model table"
+    block, results = found
+    if not (ROOT / results).is_file() and not (ROOT / ".git").exists():
+        pytest.skip("the measured results stay in the repository (the sdist does not carry them)")
+    assert (ROOT / results).is_file(), f"README's table names {results}, which is not here"
+    assert block == mod.render(results), (
+        f"README.md's model table is stale: run python3 benchmarks/readme_table.py {results}")
+
+
+def test_render_states_every_model_its_commit_and_missing_figures(tmp_path):
+    mod = _table_module()
+    data = {"commit": "abc1234", "device": "NVIDIA H200", "torch": "2.11", "cudnn": 91900,
+            "command": "benchmarks/zoo.py", "models": {
+                "resnet50": {"train": {"batch64": {"pycudnn_over_torch": 1.25}},
+                             "infer": {"fused_over_torch": 2.0},
+                             "first": {"pycudnn": 2.0, "torch": 4.0}},
+                "densenet121": {"train": {"error": "RuntimeError: boom"}}}}
+    f = tmp_path / "zoo.json"
+    f.write_text(json.dumps(data))
+    text = mod.render(str(f))
+    assert "| resnet50 | 1.25x | 2.00x | 2.0 s / 4.0 s |" in text
+    assert "| densenet121 | not measured | not measured | not measured |" in text
+    assert "| geomean | 1.25x | 2.00x | |" in text
+    assert "commit abc1234" in text and "`benchmarks/zoo.py`" in text
