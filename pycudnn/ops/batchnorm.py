@@ -246,6 +246,8 @@ def _param(obj: Any, name: str, x: Tensor, mode: int, fn: str, stream: Any,
     if t.device != x.device:
         raise ValueError(f"{fn}: expected {name} on cuda:{x.device} (the input's device), but got "
                          f"cuda:{t.device}")
+    # refused here, naming the parameter, before a handle is taken or anything is staged
+    check_no_broadcast(t, name, fn)
     if writable:
         check_writable(t, name)
         if t.size and has_internal_overlap(t.shape, t.strides):

@@ -60,9 +60,15 @@ class StreamGate:
         with self._lock:
             self._generation += 1
             g = self._generation
-        (err,) = self._drv.cuStreamWaitValue32(stream, self._dptr, g & 0xFFFFFFFF, self._geq)
-        if int(err):
-            raise RuntimeError(f"cuStreamWaitValue32 failed: {err!r}")
+        try:
+            (err,) = self._drv.cuStreamWaitValue32(stream, self._dptr, g & 0xFFFFFFFF, self._geq)
+            if int(err):
+                raise RuntimeError(f"cuStreamWaitValue32 failed: {err!r}")
+        except BaseException:
+            # the wait may be queued although the call did not return (an interrupt): open it,
+            # since the caller never learns the generation to open
+            self.open(g)
+            raise
         return g
 
     def open(self, generation: int) -> None:
@@ -80,7 +86,13 @@ class StreamGate:
                 self.open(generation)
         timer = threading.Timer(WATCHDOG_S, fire)
         timer.daemon = True
-        timer.start()
+        try:
+            timer.start()
+        except BaseException:
+            # no thread (e.g. "can't start new thread"): nobody would open a hold the caller
+            # fails to open, so open it now; the caller's finally opens it too (harmless)
+            self.open(generation)
+            raise
         return timer
 
     def self_test(self) -> None:

@@ -526,25 +526,32 @@ class GraphSearch(Engine):
         candidate's ms per run."""
         rt = self._rt()
         s = args.stream
-        events = []
-        for _ in range(len(runs) + 1):
-            err, ev = rt.cudaEventCreate()
-            check_cuda(err, "cudaEventCreate")
-            events.append(ev)
-        generation = gate.hold(s) if gate is not None else 0
-        timer = gate.watchdog(generation) if gate is not None else None
+        events: list[Any] = []
+        # everything after the first event is made runs inside the try blocks: a failure (an
+        # event that cannot be made, a watchdog thread that cannot start, an interrupt) still
+        # opens a queued hold, else the caller's stream would wait on the word forever, and
+        # destroys the events made so far
         try:
-            rt.cudaEventRecord(events[0], s)
-            for k, (rec, n) in enumerate(runs):
-                for _ in range(n):
-                    rec.plan.execute(args.handle, ptrs, wptr)
-                rt.cudaEventRecord(events[k + 1], s)
-        finally:
-            if gate is not None:
-                gate.open(generation)
-                assert timer is not None
-                timer.cancel()
-        try:
+            for _ in range(len(runs) + 1):
+                err, ev = rt.cudaEventCreate()
+                check_cuda(err, "cudaEventCreate")
+                events.append(ev)
+            generation = 0
+            timer = None
+            try:
+                if gate is not None:
+                    generation = gate.hold(s)
+                    timer = gate.watchdog(generation)
+                rt.cudaEventRecord(events[0], s)
+                for k, (rec, n) in enumerate(runs):
+                    for _ in range(n):
+                        rec.plan.execute(args.handle, ptrs, wptr)
+                    rt.cudaEventRecord(events[k + 1], s)
+            finally:
+                if gate is not None and generation:
+                    gate.open(generation)
+                if timer is not None:
+                    timer.cancel()
             check_cuda(rt.cudaEventSynchronize(events[-1])[0], "cudaEventSynchronize")
             out = []
             for k, (_, n) in enumerate(runs):
