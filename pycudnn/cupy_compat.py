@@ -650,11 +650,35 @@ def _pooling_rule(xt: Tensor, yt: Tensor, k: tuple[int, ...], st: tuple[int, ...
     if yt.shape == floor or min(floor) <= 0:
         return "window"
     if yt.shape == cover:
-        return "window_cover_all"
+        if _pooling.windows_hold_input(xt.shape[2:], st, p, cover[2:]):
+            return "window_cover_all"
+        # cuDNN would write -FLT_MAX (max) or NaN (average) for a window past the input:
+        # refused by _refuse_empty_windows, which the callers run next
+        return "window"
     sizes = (f"{list(floor)}" if floor == cover
              else f"{list(floor)} (or {list(cover)}, Chainer's cover_all=True)")
     raise ValueError(f"{fn}: expected {name} of size {sizes} for x {list(xt.shape)}, "
                      f"ksize={k}, stride={st}, pad={p}, but got {name} of size {list(yt.shape)}")
+
+
+def _refuse_empty_windows(xt: Tensor, yt: Tensor, k: tuple[int, ...], st: tuple[int, ...],
+                          p: tuple[int, ...], rule: str, fn: str) -> None:
+    """Refuse a ``y`` of Chainer's cover_all size whose last window holds no input element
+    (``stride > ksize`` can put it past the input and its padding). CuPy 13 handed it to cuDNN,
+    which wrote -FLT_MAX (max) or NaN (average) there, values no pooling defines; pycudnn
+    refuses instead (docs/operations.md)."""
+    if rule != "window" or xt.ndim not in (4, 5) or yt.ndim != xt.ndim:
+        return
+    floor = xt.shape[:2] + _pooling.output_size(xt.shape[2:], k, st, p)
+    if yt.shape == floor:
+        return
+    dims = [d for d, (i, ki, si, pi, o) in enumerate(zip(xt.shape[2:], k, st, p, yt.shape[2:]))
+            if (o - 1) * si - pi >= i]
+    raise ValueError(
+        f"{fn}: y of size {list(yt.shape)} (Chainer's cover_all=True size) has a last window "
+        f"that holds no input element (spatial dim {dims[0] if dims else '?'}: x "
+        f"{list(xt.shape)}, ksize={k}, stride={st}, pad={p}); its value is undefined, so "
+        f"pycudnn refuses it: pass y of size {list(floor)}, or a stride no larger than ksize")
 
 
 def pooling_forward(x: Any, y: Any, ksize: Sequence[int], stride: Sequence[int],
@@ -684,6 +708,7 @@ def pooling_forward(x: Any, y: Any, ksize: Sequence[int], stride: Sequence[int],
         raise ValueError(f"{fn}: pooling_forward supports c-contiguous y only, but got y with "
                          f"strides {list(yt.strides)} (in elements) for size {list(yt.shape)}")
     rule = _pooling_rule(xt, yt, k, st, p, fn, "y")
+    _refuse_empty_windows(xt, yt, k, st, p, rule, fn)
     _pooling.run_forward(xt, k, st, p, name, yt, s, NanPropagation.NOT_PROPAGATE_NAN, rule, fn,
                          out_name="y")
     return y
@@ -714,6 +739,7 @@ def pooling_backward(x: Any, y: Any, gy: Any, ksize: Sequence[int], stride: Sequ
         raise ValueError(f"{fn}: expected gy of size {list(yt.shape)} (the shape of y), but got "
                          f"gy of size {list(gyt.shape)}")
     rule = _pooling_rule(xt, yt, k, st, p, fn, "y")
+    _refuse_empty_windows(xt, yt, k, st, p, rule, fn)
     result, gxt = _new_result(x, xt, xt.shape, s)
     _pooling.run_backward(yt, gyt, xt, k, st, p, name, gxt, s, NanPropagation.NOT_PROPAGATE_NAN,
                           rule, fn)
@@ -875,16 +901,19 @@ def _bn_forward_training(x: Any, gamma: Any, beta: Any, running_mean: Any, runni
     b, _ = _bn_param(_input(beta, s), pdt, s)
     rm, rm_orig = _bn_param(running_mean, pdt, s)
     rv, rv_orig = _bn_param(running_var, pdt, s)
-    sm = si = None
+    sm = si = sm_orig = si_orig = None
     if mean is not None:
-        sm, si = _bn_param(mean, pdt, s)[0], _bn_param(inv_std, pdt, s)[0]
+        # a float16 or non-contiguous multi-dim mean / inv_std is computed into a converted
+        # copy: written back below, as the running statistics are (CuPy 13 wrote them)
+        sm, sm_orig = _bn_param(mean, pdt, s)
+        si, si_orig = _bn_param(inv_std, pdt, s)
     y = _bn_new(shape, xv.dtype, xv, s)
     yv, _ = _bn_data(y, is_for_conv2d, d_layout, s, "y")
     result = bn.batch_norm_forward_training(
         xv, g, b, rm, rv, momentum=1.0 - float(decay), eps=eps, mode=int(cudnn_mode), out=yv,
         save_mean=sm, save_invstd=si, stream=s)
-    for tmp, orig in ((rm, rm_orig), (rv, rv_orig)):
-        if orig is not None:
+    for tmp, orig in ((rm, rm_orig), (rv, rv_orig), (sm, sm_orig), (si, si_orig)):
+        if tmp is not None and orig is not None:
             _bn_write_back(tmp, orig, s)
     _bn_debug(debug, cudnn_mode, xv.device, s)
     if mean is not None:

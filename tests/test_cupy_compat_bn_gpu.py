@@ -103,6 +103,34 @@ def test_mean_and_inv_std_given_are_written_and_only_y_returned():
                                                 cc.CUDNN_BATCHNORM_SPATIAL, False)
 
 
+@pytest.mark.parametrize("fn", ["batch_normalization_forward_training",
+                                "batch_normalization_forward_training_ex"])
+@pytest.mark.parametrize("kind", ["float16", "non-contiguous float32"])
+def test_mean_and_inv_std_of_another_dtype_or_layout_are_written_back(fn, kind):
+    """Round 3, defect 1: cuDNN computes into converted temporaries, which must reach the
+    caller's arrays (the caller's -123 stayed there before)."""
+    c = 8
+    dt = "float16" if kind == "float16" else "float32"
+    x = cupy.asarray(host((4, c, 5, 5), 11, 2.0, 3.0).astype(dt))
+    g = cupy.asarray(host((c,), 12, 0.3, 1.0).astype(dt))
+    b = cupy.asarray(host((c,), 13).astype(dt))
+    rm, rv = cupy.zeros(c, dt), cupy.ones(c, dt)
+    if kind == "float16":
+        mean, inv = cupy.full(c, -123, dt), cupy.full(c, -123, dt)
+        view_m, view_i = mean, inv
+    else:  # (2, 4) arrays seen through their transposes: cuDNN gets dense copies
+        mean, inv = cupy.full((4, 2), -123, dt), cupy.full((4, 2), -123, dt)
+        view_m, view_i = mean.T, inv.T
+    getattr(cc, fn)(x, g, b, rm, rv, view_m, view_i, 1e-5, 0.9, True,
+                    cc.CUDNN_BATCHNORM_SPATIAL, False)
+    _, rmean, rinv, _, _ = R.forward_training(cupy.asnumpy(x).astype(np.float64),
+                                              cupy.asnumpy(g).astype(np.float64),
+                                              cupy.asnumpy(b).astype(np.float64), None, None,
+                                              0.1, 1e-5, "spatial")
+    close(view_m.reshape(-1), rmean, dt, "mean")
+    close(view_i.reshape(-1), rinv, dt, "inv_std")
+
+
 @pytest.mark.parametrize("shape", [(10, 6), (3, 4, 6)], ids=["2d", "3d"])
 def test_not_for_conv2d_normalizes_over_all_but_the_last_axis(shape):
     x = cupy.asarray(host(shape, 8, 1.5).astype("float32"))

@@ -74,6 +74,15 @@ def output_size(input_size: Sequence[int], kernel_size: Sequence[int], stride: S
                  for i, k, s, p in zip(input_size, kernel_size, stride, padding))
 
 
+def windows_hold_input(input_size: Sequence[int], stride: Sequence[int],
+                       padding: Sequence[int], out_size: Sequence[int]) -> bool:
+    """Whether every window of an ``out_size`` pooling starts inside the input (with padding
+    below the window, each then holds an input element): PyTorch's ``ceil_mode`` rule, which
+    drops a last window that would start in the right padding or past it."""
+    return all((o - 1) * s - p < i
+               for i, s, p, o in zip(input_size, stride, padding, out_size))
+
+
 def _spatial(name: str, value: Any, nd: int, fn: str) -> tuple[int, ...]:
     if type(value) is int:
         return (value,) * nd
