@@ -207,6 +207,47 @@ def test_evicted_thread_workspace_is_freed_after_a_device_synchronize(fake_cuda)
     assert rt.calls[:2] == [("cudaDeviceSynchronize",), ("cudaFree", ptrs[0])]
 
 
+def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_streams_handle(
+        fake_cuda):
+    """Round 3, defect 8: the driver hands a destroyed stream's handle to the next stream made;
+    that stream's work is not ordered after the old one's, so the old workspace must not serve
+    it. The key holds the driver's stream id (cuStreamGetId), which is never reused."""
+    import ctypes
+
+    from pycudnn.runtime import memory
+
+    drv, rt, _ = fake_cuda
+    ids = {0x5000: 7}
+
+    def stream_id(stream, out_address):
+        ctypes.c_uint64.from_address(out_address).value = ids[stream]
+        return 0
+
+    drv.stream_id = stream_id
+    got = []
+
+    def work():
+        got.append(memory.thread_workspace(1 << 20, 0, 0x5000))
+        got.append(memory.thread_workspace(1 << 20, 0, 0x5000))  # same stream: reused
+        ids[0x5000] = 8  # the stream was destroyed, a new one got its handle
+        got.append(memory.thread_workspace(1 << 20, 0, 0x5000))
+        got.append(memory.thread_workspace(1 << 20, 0, 0x5000))
+
+    _in_thread(work)
+    assert got[0] == got[1] and got[2] == got[3] and got[2] != got[0]
+    # the old stream's workspace freed after a device synchronize (its stream is gone), never
+    # ordered on the handle, which now names the new stream
+    assert rt.calls[:2] == [("cudaDeviceSynchronize",), ("cudaFree", got[0])]
+    assert all(f[0] != got[0] for f in drv.frees)
+
+
+def test_stream_identity_of_the_default_streams_is_their_handle(fake_cuda):
+    from pycudnn.runtime import memory
+
+    assert [memory.stream_identity(s) for s in (0, 1, 2)] == [0, 1, 2]
+    assert memory.stream_identity(0x5000) == -1  # the recorder has no cuStreamGetId
+
+
 def test_a_synchronous_free_that_cannot_synchronize_keeps_the_memory_and_does_not_raise(fake_cuda):
     """While another thread captures a CUDA graph, cudaDeviceSynchronize fails: the evicting call
     must neither free memory that may still be in use nor fail because of it."""

@@ -190,3 +190,99 @@ def test_a_signature_past_its_count_builds_once_the_settings_allow_it(monkeypatc
     rk.configure(after_calls=2)
     q.tick()
     assert rk.stats()["failed"] == before["failed"] + 2
+
+
+# ---- the build queue and the ready plans stay bounded (round 3, defect 8) ----------------------
+
+class _FakePlan:
+    workspace_size = 0
+    tag = "fake"
+
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def _succeeding_builds(monkeypatch, built):
+    """A build that 'succeeds' without a GPU: the graph steps return made-up objects."""
+    monkeypatch.setattr(rk, "get_handle", lambda *a, **k: 0)
+    monkeypatch.setattr(rk, "engine_configs", lambda *a, **k: [])
+    monkeypatch.setattr(rk, "filter_candidates", lambda c, *a, **k: (c, []))
+
+    def first_plan(handle, kept, max_attempts):
+        plan = _FakePlan()
+        built.append(plan)
+        return plan, []
+
+    monkeypatch.setattr(rk, "first_plan", first_plan)
+
+
+def test_a_plan_evicted_from_its_cache_builds_nothing_and_leaves_ready(monkeypatch):
+    from pycudnn.ops._common import PlanCache
+
+    built = []
+    _succeeding_builds(monkeypatch, built)
+    rk.configure(after_calls=1, background=False)
+    x = view((2, 8, 5, 9))
+    cache = PlanCache(limit=2)
+    holders = []
+    for i in range(3):  # the third put evicts the first signature's plan
+        holder = type("Plan", (), {})()
+        holder.fast = rk.activation_promotion("relu", 0.0, x, (x.strides,), False, True)
+        holder.fast._build = lambda handle: None
+        holders.append(holder)
+    before = rk.stats()
+    holders[0].fast.tick()  # built inline: ready
+    assert rk.stats()["ready"] == before["ready"] + 1
+    for i, h in enumerate(holders):
+        cache.put(("sig", i), h)
+    assert holders[0].fast.retired and holders[0].fast.plan is None
+    assert rk.stats()["ready"] == before["ready"]  # counted out again
+    holders[0].fast.tick()
+    assert len(built) == 1  # an evicted signature never builds again
+    # a queued build of a signature evicted before the worker reached it is skipped
+    cache.clear()
+    assert holders[1].fast.retired and holders[2].fast.retired
+    rk.configure(background=True)
+    holders[1].fast.requested = False
+    holders[1].fast.retired = False
+    release = __import__("threading").Event()
+    blocker = rk._worker().submit(release.wait)  # the single worker is busy
+    holders[1].fast.tick()
+    holders[1].fast.retire()
+    release.set()
+    blocker.result(timeout=30)
+    assert rk.wait(timeout=30)
+    assert len(built) == 1 and rk.stats()["building"] == before["building"]
+
+
+def test_the_background_queue_is_bounded(monkeypatch):
+    import threading
+
+    built = []
+    _succeeding_builds(monkeypatch, built)
+    rk.configure(after_calls=1, background=True)
+    release = threading.Event()
+    blocker = rk._worker().submit(release.wait)
+    x = view((2, 8, 5, 10))
+    proms = []
+    try:
+        for _ in range(rk.MAX_QUEUED_BUILDS + 5):
+            p = rk.activation_promotion("relu", 0.0, x, (x.strides,), False, True)
+            p._build = lambda handle: None
+            p.tick()
+            proms.append(p)
+        asked = [p for p in proms if p.requested]
+        assert len(asked) <= rk.MAX_QUEUED_BUILDS
+        assert not proms[-1].requested  # a later call asks again
+    finally:
+        release.set()
+        blocker.result(timeout=30)
+        assert rk.wait(timeout=30)
+    proms[-1].tick()
+    assert proms[-1].requested
+    assert rk.wait(timeout=30)
+    for p in proms:
+        p.retire()

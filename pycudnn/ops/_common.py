@@ -286,11 +286,30 @@ class PlanCache(dict[Any, Any]):
             hash(key)
         except TypeError:
             return
+        evicted = []
         with self._lock:
+            replaced = self.get(key)
+            if replaced is not None and replaced is not plan:
+                evicted.append(replaced)  # another thread's plan of the same signature
             self[key] = plan
             while len(self) > self.limit:
-                del self[next(iter(self))]
+                old = next(iter(self))
+                evicted.append(self.pop(old))
+        for p in evicted:
+            _retire(p)
 
     def clear(self) -> None:
         with self._lock:
+            evicted = list(self.values())
             super().clear()
+        for p in evicted:
+            _retire(p)
+
+
+def _retire(plan: Any) -> None:
+    """A plan left its cache: its runtime-compiled kernel promotion (``plan.fast``, where it
+    has one) builds nothing more and lets its compiled plan go, so that neither the build
+    queue nor the ready plans outgrow the caches."""
+    fast = getattr(plan, "fast", None)
+    if fast is not None:
+        fast.retire()

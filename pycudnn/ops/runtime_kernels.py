@@ -71,6 +71,10 @@ class _Settings:
         self.min_bytes = MIN_BYTES
 
 
+#: background builds queued at most; a signature that asks while the queue is full stays on
+#: the legacy kernel and asks again at its next call
+MAX_QUEUED_BUILDS = 32
+
 _settings = _Settings()
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
@@ -153,7 +157,7 @@ class Promotion:
     """
 
     __slots__ = ("plan", "calls", "requested", "device", "description", "_build", "error",
-                 "reads_output")
+                 "reads_output", "retired")
 
     def __init__(self, device: int, description: str, build: Callable[[int], OperationGraph],
                  reads_output: bool = False) -> None:
@@ -167,6 +171,22 @@ class Promotion:
         #: an activation backward plan that reads the forward output ``y`` where the others
         #: read the input ``x``
         self.reads_output = reads_output
+        #: the signature's plan left its plan cache: no build, no launch (see `retire`)
+        self.retired = False
+
+    def retire(self) -> None:
+        """The signature's plan was evicted from its plan cache: a build not yet started is
+        skipped, a compiled plan is let go (counted out of ``ready``). A thread that read the
+        plan just before keeps its reference until its launch returns; the plan is closed when
+        the last reference goes."""
+        with _counts_lock:
+            if self.retired:
+                return
+            self.retired = True
+            self.requested = True  # never asks again
+        if self.plan is not None:
+            self.plan = None
+            _count("ready", -1)
 
     def tick(self) -> None:
         """Count a legacy launch; the ``after_calls``-th (or the first after settings that make
@@ -177,6 +197,8 @@ class Promotion:
         with _counts_lock:  # one request, whichever threads tick at once
             if self.requested:
                 return
+            if _settings.background and len(_pending) >= MAX_QUEUED_BUILDS:
+                return  # the queue is full: a later call of the signature asks again
             self.requested = True
         _count("building", 1)
         if _settings.background:
@@ -219,6 +241,9 @@ class Promotion:
             self._build_plan()
 
     def _build_plan(self) -> None:
+        if self.retired:  # evicted while queued: nobody would launch it
+            _count("building", -1)
+            return
         try:
             handle = get_handle(self.device)
             graph = self._build(handle)
@@ -228,8 +253,16 @@ class Promotion:
             if plan.workspace_size:
                 plan.close()
                 raise RuntimeError(f"the plan needs a workspace ({plan.workspace_size} B)")
-            self.plan = plan
-            _count("ready", 1)
+            with _counts_lock:
+                if self.retired:  # evicted while it was built
+                    retired = True
+                else:
+                    retired = False
+                    self.plan = plan
+                    _counts["ready"] += 1
+            if retired:
+                plan.close()
+                return
             _log.debug("runtime-compiled kernel ready for %s: %s", self.description, plan.tag)
         except Exception as exc:  # the signature stays on the legacy kernel
             self.error = f"{type(exc).__name__}: {exc}"

@@ -1077,6 +1077,14 @@ class _DriverMemory:
         self.free.restype = ctypes.c_int
         self.free.argtypes = [ctypes.c_uint64, ctypes.c_void_p]
 
+        # CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId): unique per
+        # stream for the process's lifetime (CUDA 12.0), unlike the handle, which the driver
+        # hands out again once a stream is destroyed
+        self.stream_id = getattr(lib, "cuStreamGetId", None)
+        if self.stream_id is not None:
+            self.stream_id.restype = ctypes.c_int
+            self.stream_id.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+
     def allocate(self, nbytes: int, stream: int) -> int:
         """A device pointer, or 0 when the driver refused (the caller takes the careful path)."""
         # an out-parameter per call: no lock, and safe when a finalizer or a signal handler
@@ -1195,12 +1203,33 @@ def release_kept_blocks(device: int | None = None) -> int:
     return freed
 
 
+def stream_identity(stream: int) -> int:
+    """The driver's unique id of ``stream`` (``cuStreamGetId``), which no later stream reuses
+    (a handle can be: the driver hands a destroyed stream's handle to a new stream); the
+    handle itself for the default streams (0, 1, 2), which are never destroyed, and -1 where
+    the id cannot be read (the handle alone then tells streams apart, as before)."""
+    if stream <= 2:
+        return stream
+    drv = _driver_memory()
+    get_id = getattr(drv, "stream_id", None) if drv else None
+    if get_id is None:
+        return -1
+    out = _c_uint64()
+    if get_id(stream, _addressof(out)) == 0:
+        return int(out.value)
+    return -1
+
+
 def thread_workspace(nbytes: int, device: int, stream: int) -> int:
     """A workspace pointer of at least ``nbytes`` owned by this thread for (device, stream).
 
     Reused across calls (uses on one stream are ordered, so reuse is safe) and grown when a larger
     one is asked. Never use it while the stream is being captured into a CUDA graph: the graph
     would keep an address this cache may free later.
+
+    Keyed by the stream's driver id as well as its handle: a destroyed stream's handle can come
+    back for a new stream, whose work is not ordered after the old one's, so a workspace of the
+    old stream is freed (synchronously: its stream is gone) and a new one made.
     """
     if nbytes == 0:
         return 0
@@ -1208,16 +1237,24 @@ def thread_workspace(nbytes: int, device: int, stream: int) -> int:
     if cache is None:
         cache = _tls.workspaces = {}
     key = (device, stream)
-    ws = cache.get(key)
-    if ws is None or ws.nbytes < nbytes:
-        if ws is not None:
-            ws.close()  # on its own stream, which is in use right now
+    entry = cache.get(key)
+    ident = stream_identity(stream)
+    if entry is not None and entry[0] != ident:
+        # the handle of a stream that no longer exists, now another stream's
+        del cache[key]
+        entry[1].free_synchronously()
+        entry = None
+    if entry is None or entry[1].nbytes < nbytes:
+        if entry is not None:
+            entry[1].close()  # on its own stream, which is in use right now
             del cache[key]
         while len(cache) >= THREAD_WORKSPACES_MAX:
             # the stream of an old entry may be gone: free it synchronously, not ordered on it
-            cache.pop(next(iter(cache))).free_synchronously()
-        ws = cache[key] = allocate_fast(max(nbytes, 1 << 20), device, stream, sync_free=True)
-    return ws.ptr
+            cache.pop(next(iter(cache)))[1].free_synchronously()
+        ws = allocate_fast(max(nbytes, 1 << 20), device, stream, sync_free=True)
+        cache[key] = (ident, ws)
+        return int(ws.ptr)
+    return int(entry[1].ptr)
 
 
 #: per thread, workspaces of at most this many (device, stream) pairs are kept
