@@ -311,6 +311,30 @@ def test_softmax_stages_an_out_that_cuDNN_cannot_write():
     assert plan.stage_y is None and plan.stage_x == (140, 1, 35, 7)
 
 
+@pytest.mark.parametrize("dtype,wide", [("float16", "float32"), ("bfloat16", "float32"),
+                                        ("float32", None), ("float64", None)])
+def test_half_softmax_backward_and_elu_backward_compute_in_float32(dtype, wide):
+    """Round 3, defects 3 and 4: cuDNN's half-precision softmax backward and ELU backward lose
+    accuracy; their calls run cuDNN on float32 copies (descriptors say float32), as PyTorch
+    computes them. The values are checked in test_edge_values_gpu.py."""
+    from pycudnn.ops import activation as act
+    from pycudnn.ops import softmax as sm
+
+    y, dy = t(1, 1, 5, dtype=dtype, role="y"), t(1, 1, 5, dtype=dtype, role="dy")
+    back = sm._backward_plan(y, dy, "accurate", "instance", None, "softmax_backward")
+    assert (None if back.wide is None else back.wide.name) == wide
+    assert back.keep[0].dtype.name == (wide or dtype)
+    assert back.stage == (wide is not None)  # a dense layout, but another dtype: staged
+    x = t(dtype=dtype)  # 0-d: PyTorch's OpInfo sample
+    elu = act._backward_plan(t(dtype=dtype, role="y"), t(dtype=dtype, role="dy"), x, "elu",
+                             1.0, None, act.NanPropagation.PROPAGATE_NAN, "activation_backward")
+    assert (None if elu.wide is None else elu.wide.name) == wide
+    assert elu.keep[1].dtype.name == (wide or dtype)
+    relu = act._backward_plan(t(dtype=dtype, role="y"), t(dtype=dtype, role="dy"), x, "relu",
+                              0.0, None, act.NanPropagation.PROPAGATE_NAN, "activation_backward")
+    assert relu.wide is None  # only ELU's half kernel is off
+
+
 def test_same_layout_ignores_size_one_dims():
     from pycudnn.ops._common import same_layout
 

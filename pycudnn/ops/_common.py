@@ -248,16 +248,24 @@ def same_layout(shape: Sequence[int], a: Sequence[int], b: Sequence[int]) -> boo
 
 
 def staged(handle: int, t: Tensor, strides: tuple[int, ...], stream: int,
-           copy: bool = True) -> Tensor:
-    """``t`` itself when it has ``strides``, else a dense temporary with them (holding ``t``'s
-    values when ``copy``), made on ``stream``."""
-    if t.size == 0 or same_layout(t.shape, t.strides, strides):
+           copy: bool = True, dtype: Any = None) -> Tensor:
+    """``t`` itself when it has ``strides`` (and ``dtype``, where one is given), else a dense
+    temporary with them (holding ``t``'s values, converted, when ``copy``), made on
+    ``stream``."""
+    dt = t.dtype if dtype is None else np.dtype(dtype)
+    if t.size == 0 or (dt == t.dtype and same_layout(t.shape, t.strides, strides)):
         return t
-    tmp = empty(t.shape, t.dtype, device=t.device, stream=stream)
-    tmp = Tensor._make(tmp.ptr, t.shape, strides, t.dtype, t.device, tmp.owner)
+    tmp = empty(t.shape, dt, device=t.device, stream=stream)
+    tmp = Tensor._make(tmp.ptr, t.shape, strides, dt, t.device, tmp.owner)
     if copy:
         transform(handle, t, tmp)
     return tmp
+
+
+#: the dtypes whose reductions and transcendental gradients run in float32 (staged through
+#: float32 copies) where cuDNN's own half kernels lose accuracy: PyTorch computes them in float32
+HALF_DTYPES = frozenset({"float16", "bfloat16"})
+FLOAT32 = np.dtype(np.float32)
 
 
 def raise_launch(status: int, function: str, fn: str, **descriptors: Any) -> None:

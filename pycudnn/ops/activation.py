@@ -22,6 +22,8 @@ from ..cudnn.tensor_ops import transform
 from ..ffi import library as _lib
 from ..ops import runtime_kernels
 from ..ops._common import (
+    FLOAT32,
+    HALF_DTYPES,
     PlanCache,
     c_function,
     callers_device,
@@ -108,7 +110,7 @@ class _Plan:
     scaling constants and the bound C function."""
 
     __slots__ = ("act", "x", "y", "dy", "dx", "shape", "strides", "nbytes", "dense", "stage",
-                 "one", "zero", "launch", "keep", "fast")
+                 "one", "zero", "launch", "keep", "fast", "wide")
 
     def __init__(self) -> None:
         self.act = self.x = self.y = self.dy = self.dx = 0
@@ -123,6 +125,9 @@ class _Plan:
         # the signature's runtime-compiled kernel, once built (see runtime_kernels); None when
         # the graph API cannot take its layouts
         self.fast: runtime_kernels.Promotion | None = None
+        #: backward: the dtype the legacy kernel computes in when it is not the operands'
+        #: (float32 for ELU on float16/bfloat16), staged through copies
+        self.wide: Any = None
 
 
 # ---- forward --------------------------------------------------------------------------------------
@@ -274,10 +279,12 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
                     and fast.launch(handle, (dy.ptr, src.ptr, dx.ptr)):
                 return dx
         target = dx
-        if plan.stage:  # operands not in the one dense layout cuDNN is given
-            st = plan.dense
-            y, dy, x = staged(handle, y, st, s), staged(handle, dy, st, s), staged(handle, x, st, s)
-            target = staged(handle, dx, st, s, copy=False)
+        if plan.stage or plan.wide is not None:
+            # operands not in the one dense layout (or the dtype) cuDNN is given
+            st, wd = plan.dense, plan.wide
+            y, dy = staged(handle, y, st, s, dtype=wd), staged(handle, dy, st, s, dtype=wd)
+            x = staged(handle, x, st, s, dtype=wd)
+            target = staged(handle, dx, st, s, copy=False, dtype=wd)
         d = plan.x
         status = plan.launch(handle, plan.act, plan.one, d, y.ptr, d, dy.ptr, d, x.ptr, plan.zero,
                              d, target.ptr)
@@ -311,14 +318,19 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Te
     plan.nbytes = x.size * x.dtype.itemsize
     if x.size == 0:
         return plan
-    plan.one, plan.zero = scalars_of(x.dtype)
+    # cuDNN's float16/bfloat16 ELU backward is wrong for a one-element tensor (0.198 off in
+    # float16, 1.0 in bfloat16, against float64; float32 exact): its legacy kernel computes ELU
+    # on float32 copies (PyTorch computes half ELU gradients in float32 too)
+    compute = FLOAT32 if mode == "elu" and x.dtype.name in HALF_DTYPES else x.dtype
+    plan.wide = compute if compute != x.dtype else None
+    plan.one, plan.zero = scalars_of(compute)
     plan.launch = c_function("cudnnActivationBackward")
     # cuDNN wants y and dy, x and dx laid out alike: one dense layout for all four, and operands
     # in another staged through copies
     plan.stage = not all(same_layout(x.shape, t, dense)
                          for t in (y.strides, dy.strides, x.strides, plan.strides))
     act = activation_descriptor(mode, c, nan)
-    d = _descriptor(x.shape, dense, x.dtype)
+    d = _descriptor(x.shape, dense, compute)
     plan.act = act.handle
     plan.x = plan.y = plan.dy = plan.dx = d.handle
     plan.keep = (act, d)

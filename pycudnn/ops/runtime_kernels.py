@@ -353,10 +353,13 @@ def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tu
     """
     if not propagate_nan or mode not in _ACTIVATIONS:
         return None
-    if backward and (mode == "clipped_relu" or (mode == "elu" and coef != 1.0)):
+    if backward and (mode in ("relu", "clipped_relu") or (mode == "elu" and coef != 1.0)):
         # at the kinks (x == coef; x == 0 with alpha != 1) cuDNN's legacy kernel passes the
         # gradient of the upper piece and the compiled one that of the lower (as PyTorch):
-        # measured on an H200. A signature keeps one convention: these stay on the legacy kernel
+        # measured on an H200. ReLU's backward differs at NaN, +-inf and +-0 inputs (by the dy
+        # values, measured on an H200, round 3): the legacy kernel reads y, the graph's
+        # RELU_BWD x, and the graph API has no select to state PyTorch's rule. A signature
+        # keeps one convention: these stay on the legacy kernel
         return None
     if (x.dtype not in _DTYPES or x.size == 0 or x.nbytes < _settings.min_bytes
             or not dense(x)):

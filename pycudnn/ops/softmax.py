@@ -24,6 +24,8 @@ from typing import Any
 from ..cudnn.descriptors import TensorDescriptor
 from ..cudnn.tensor_ops import transform
 from ..ops._common import (
+    FLOAT32,
+    HALF_DTYPES,
     PlanCache,
     c_function,
     callers_device,
@@ -150,7 +152,7 @@ def _pad(strides: tuple[int, ...]) -> tuple[int, ...]:
 
 class _Plan:
     __slots__ = ("algo", "mode", "x", "y", "shape", "strides", "nbytes", "dense", "stage",
-                 "stage_x", "stage_y", "one", "zero", "launch", "keep")
+                 "stage_x", "stage_y", "one", "zero", "launch", "keep", "wide")
 
     def __init__(self) -> None:
         self.algo = self.mode = 0
@@ -166,6 +168,8 @@ class _Plan:
         self.stage_x: tuple[int, ...] | None = None  # forward: x staged into these strides
         self.stage_y: tuple[int, ...] | None = None  # forward: y computed in these, then copied
         self.keep: tuple[Any, ...] = ()
+        #: backward: float16/bfloat16 operands computed in float32 copies (the dtype staged in)
+        self.wide: Any = None
 
 
 def _options(algorithm: Any, mode: Any, fn: str) -> tuple[int, int]:
@@ -312,9 +316,10 @@ def softmax_backward(y: Any, dy: Any, *, algorithm: str = "accurate", mode: str 
                                             s, s_ref)
         target = dx
         if plan.stage:
-            st = plan.dense
-            y, dy = staged(handle, _at_least_4d(y), st, s), staged(handle, _at_least_4d(dy), st, s)
-            target = staged(handle, _at_least_4d(dx), st, s, copy=False)
+            st, wd = plan.dense, plan.wide
+            y = staged(handle, _at_least_4d(y), st, s, dtype=wd)
+            dy = staged(handle, _at_least_4d(dy), st, s, dtype=wd)
+            target = staged(handle, _at_least_4d(dx), st, s, copy=False, dtype=wd)
         d = plan.x
         status = plan.launch(handle, plan.algo, plan.mode, plan.one, d, y.ptr, d, dy.ptr,
                              plan.zero, d, target.ptr)
@@ -344,15 +349,20 @@ def _backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor |
     plan.nbytes = y.size * y.dtype.itemsize
     if y.size == 0:
         return plan
-    plan.one, plan.zero = scalars_of(y.dtype)
+    # cuDNN's half backward loses accuracy in its sum of y * dy (measured: 3.3x float16's
+    # rounding against float64 in instance mode over 5 elements); PyTorch sums in float32, and
+    # so does this call, on float32 copies
+    compute = FLOAT32 if y.dtype.name in HALF_DTYPES else y.dtype
+    plan.wide = compute if compute != y.dtype else None
+    plan.one, plan.zero = scalars_of(compute)
     plan.launch = c_function("cudnnSoftmaxBackward")
     # one dense layout for y, dy and dx, which always folds to 4-D and is sample-packed
     # (operands in another are staged through copies)
-    plan.stage = not all(same_layout(y.shape, st, dense)
-                         for st in (y.strides, dy.strides, plan.strides))
+    plan.stage = plan.wide is not None or not all(
+        same_layout(y.shape, st, dense) for st in (y.strides, dy.strides, plan.strides))
     if plan.mode == SoftmaxMode.CHANNEL and _no_spatial(y.shape):
         plan.mode = SoftmaxMode.INSTANCE  # ``dense`` is sample-packed; see _no_spatial
-    d = _descriptor(y.shape, dense, y.dtype)
+    d = _descriptor(y.shape, dense, compute)
     plan.x = plan.y = d.handle
     plan.keep = (d,)
     return plan
