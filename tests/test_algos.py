@@ -287,3 +287,120 @@ def test_backward_filter_search_leaves_out_winograd():
     assert len(algos.v7_direction("backward_filter").algos) == 6
     assert len(algos.v7_direction("forward").algos) == 8
     assert len(algos.v7_direction("backward_data").algos) == 6
+
+
+# ---- the v7 Find under concurrent cold searches (round 3, defect 9) ----------------------------
+
+class _Device:
+    """Free memory that allocations take and closes give back; reading it is slow, which widens
+    the window in which two unserialized threads would size their workspaces alike."""
+
+    def __init__(self, free):
+        self.free = free
+        self.lock = threading.Lock()
+        self.in_use = 0
+        self.taken: list[tuple[int, int]] = []  # (bytes, free before) of each allocation
+
+    def mem_get_info(self, device):
+        free = self.free
+        time.sleep(0.005)  # (the bytes were read before the wait)
+        return free, 1 << 40
+
+    def allocate(self, n, device, stream):
+        with self.lock:
+            if n > self.free:
+                raise OutOfMemoryError(f"out of memory: {n} B asked, {self.free} free")
+            self.taken.append((n, self.free))
+            self.free -= n
+            self.in_use += n
+        dev = self
+
+        class Buf:
+            ptr = 1 << 40
+
+            def close(self, stream=None):
+                with dev.lock:
+                    dev.free += n
+                    dev.in_use -= n
+        return Buf()
+
+
+def _v7_with_fake_find(monkeypatch, device, rows_fail_first=0):
+    """A V7Search whose descriptors are libcudnn's and whose Find and workspace sizes are
+    scripted: algorithm i needs sizes[i] bytes; the first ``rows_fail_first`` Finds fail every
+    row."""
+    import ctypes
+
+    sizes = [0, 64 << 20, 512 << 20, 900 << 20]
+    calls = []
+    engine = algos.V7Search()
+    monkeypatch.setattr(engine, "workspace_size",
+                        lambda args, algo, math_type=None: sizes[int(algo) % len(sizes)])
+    monkeypatch.setattr(algos, "mem_get_info", device.mem_get_info)
+    monkeypatch.setattr(algos, "allocate", device.allocate)
+    monkeypatch.setattr(algos, "error_if_capturing", lambda *a: None)
+
+    def find(handle, a, a_ptr, b, b_ptr, conv, out, out_ptr, n, count, perf, ws_ptr, ws_size):
+        calls.append((ws_size, algos._sizing_lock(0).locked()))
+        time.sleep(0.03)  # a Find takes a while: the others' sizing happens meanwhile
+        fail = len(calls) <= rows_fail_first
+        for i in range(4):
+            perf[i].algo = i
+            perf[i].status = 2 if fail or sizes[i] > ws_size else 0  # ALLOC_FAILED
+            perf[i].time = float(i)
+            perf[i].memory = sizes[i]
+            perf[i].determinism = 1
+            perf[i].mathType = 0
+        count._obj.value = 4
+        return 0
+
+    fake = type("Lib", (), {})()
+    fake.cudnnFindConvolutionForwardAlgorithmEx = find
+    monkeypatch.setattr(algos._lib, "lib", lambda: fake)
+    monkeypatch.setattr(engine, "_heuristics", lambda args: pytest.fail("heuristics used"))
+    return engine, calls, sizes
+
+
+def test_find_leaves_headroom_and_threads_never_size_from_the_same_free_bytes(monkeypatch):
+    device = _Device(1 << 30)
+    engine, calls, sizes = _v7_with_fake_find(monkeypatch, device)
+    errors = []
+    barrier = threading.Barrier(8)
+
+    def search(i):
+        try:
+            barrier.wait()
+            p = make_params(input_shape=(2, 4, 8, 8 + i), input_strides=(256 + 32 * i, 64 + 8 * i,
+                                                                         8 + i, 1),
+                            output_shape=(2, 8, 8, 8 + i),
+                            output_strides=(512 + 64 * i, 64 + 8 * i, 8 + i, 1))
+            engine.candidates(args_for(p, benchmark=True))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=search, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors  # no thread sized a workspace from bytes another had taken
+    assert len(calls) == 8
+    # each Find left free memory besides its workspace, for CUDA's lazy module loads: sized
+    # from the free bytes as they were when it took its workspace
+    assert all(n <= free - algos.find_headroom(free) for n, free in device.taken)
+    assert max(ws for ws, _ in calls) == 512 << 20  # 900 MiB would leave under 128 MiB
+
+
+def test_a_find_whose_rows_all_failed_is_retried_alone_before_the_heuristics(monkeypatch):
+    device = _Device(1 << 30)
+    engine, calls, sizes = _v7_with_fake_find(monkeypatch, device, rows_fail_first=1)
+    got = engine.candidates(args_for(make_params(), benchmark=True))
+    assert [r.source for r in got] == ["find"] * 3 and got[0].algo == 0
+    assert [locked for _, locked in calls] == [False, True]  # the retry held the sizing lock
+    assert not algos._sizing_lock(0).locked() and device.in_use == 0
+
+
+def test_find_headroom():
+    assert algos.find_headroom(1 << 34) == algos.FIND_HEADROOM
+    assert algos.find_headroom(100 << 20) == 25 << 20
+    assert algos.find_headroom(0) == 0 and algos.find_headroom(-5) == 0

@@ -552,9 +552,11 @@ class V7Search(Engine):
 
     def max_workspace_size(self, args: ConvolutionArgs) -> int:
         """The reference's getMaxWorkspaceSize: the largest per-algorithm workspace that can be
-        allocated now (free device memory), never above ``workspace_limit``."""
+        allocated now (free device memory less `find_headroom`), never above
+        ``workspace_limit``."""
         p = args.params
         free, _total = mem_get_info(p.device)
+        free -= find_headroom(free)
         ceiling = free if p.workspace_limit is None else min(free, p.workspace_limit)
         best = 0
         for algo in _V7_TABLE[p.direction].algos:
@@ -576,32 +578,56 @@ class V7Search(Engine):
         descs = self.descriptors(p)
         a, a_ptr, b, b_ptr, out, out_ptr = descs.operands(p.direction, args)
         n = len(table.algos)
-        perf = (table.perf_struct * n)()
-        count = ctypes.c_int(0)
-        ws_size = self.max_workspace_size(args)
-        workspace = allocate(ws_size, p.device, args.stream)
-        scratch = None
+
+        def find(alone: bool) -> tuple[ctypes.Array[Any], int]:
+            perf = (table.perf_struct * n)()
+            count = ctypes.c_int(0)
+            sizing = _sizing_lock(p.device)
+            # the free memory is read and the workspace taken under one lock per device: two
+            # threads never both size a workspace to the same free bytes (docs/reliability.md)
+            sizing.acquire()
+            try:
+                ws_size = self.max_workspace_size(args)
+                workspace = allocate(ws_size, p.device, args.stream)
+            except BaseException:
+                sizing.release()
+                raise
+            if not alone:  # a retry keeps the lock: no other search takes memory meanwhile
+                sizing.release()
+            scratch = None
+            try:
+                out_ptr_ = out_ptr
+                if args.out_may_hold_data:
+                    # cudnnFind*Ex writes garbage into its output: never into data the caller
+                    # needs
+                    scratch = allocate(written_bytes(p), p.device, args.stream)
+                    out_ptr_ = scratch.ptr
+                status = getattr(_lib.lib(), table.find_fn)(
+                    args.handle, a, a_ptr, b, b_ptr, descs.search_conv.handle, out, out_ptr_,
+                    n, ctypes.byref(count), perf, workspace.ptr, ws_size)
+                if status:
+                    _lib.raise_status(status, table.find_fn, f"  params: {p.short()}")
+            finally:
+                workspace.close(args.stream)
+                if scratch is not None:
+                    scratch.close(args.stream)
+                if alone:
+                    sizing.release()
+            return perf, count.value
+
         try:
-            if args.out_may_hold_data:
-                # cudnnFind*Ex writes garbage into its output: never into data the caller needs.
-                scratch = allocate(written_bytes(p), p.device, args.stream)
-                out_ptr = scratch.ptr
-            status = getattr(_lib.lib(), table.find_fn)(
-                args.handle, a, a_ptr, b, b_ptr, descs.search_conv.handle, out, out_ptr,
-                n, ctypes.byref(count), perf, workspace.ptr, ws_size)
-            if status:
-                _lib.raise_status(status, table.find_fn, f"  params: {p.short()}")
-        finally:
-            workspace.close(args.stream)
-            if scratch is not None:
-                scratch.close(args.stream)
-        try:
-            return self.valid_algorithms(p, perf, count.value, "find")
+            return self.valid_algorithms(p, *find(False), "find")
         except NoAlgorithmError as exc:
-            # seen rarely with 16 threads searching cold keys at once (every row of one
-            # backward-data Find failed): the heuristics' candidates, which try_all runs in
-            # order with its fallbacks, instead of failing the call
-            log.warning("%s; falling back to cuDNN's heuristics for this key", exc)
+            # every row failed: seen with 16 threads searching cold keys at once, when the
+            # other threads' Find workspaces left no memory for the modules CUDA loads at a
+            # kernel's first launch. Once more with the device's memory to itself, then the
+            # heuristics' candidates (which try_all runs with its fallbacks)
+            first = exc
+        try:
+            return self.valid_algorithms(p, *find(True), "find")
+        except NoAlgorithmError as exc:
+            log.warning("%s (and %s at the first Find); falling back to cuDNN's heuristics for "
+                        "this key", exc, _first_line(first))
             return self.valid_algorithms(p, *self._heuristics(args), "heuristics")
 
     @staticmethod
@@ -690,6 +716,31 @@ class V7Search(Engine):
                 _lib.raise_status(status, table.run_fn)
         finally:
             release(owned, stream)
+
+
+#: the most device memory a Find leaves free besides its workspace (a quarter of the free
+#: memory when that is less): CUDA loads a kernel's module into device memory at its first
+#: launch (lazy loading), and a Find given every free byte, as the reference's
+#: getMaxWorkspaceSize gives it, leaves none for those loads, its own or another thread's
+FIND_HEADROOM = 128 << 20
+
+_sizing_locks: dict[int, threading.Lock] = {}
+_sizing_locks_guard = threading.Lock()
+
+
+def find_headroom(free: int) -> int:
+    """The bytes of ``free`` a Find's workspace leaves (see `FIND_HEADROOM`)."""
+    return min(FIND_HEADROOM, max(free, 0) // 4)
+
+
+def _sizing_lock(device: int) -> threading.Lock:
+    """The lock under which a search reads the free memory of ``device`` and takes its
+    workspace."""
+    lock = _sizing_locks.get(device)
+    if lock is None:
+        with _sizing_locks_guard:
+            lock = _sizing_locks.setdefault(device, threading.Lock())
+    return lock
 
 
 #: the reference's guard: cuDNN sometimes reports workspaces near 2^64 (treated as unusable)
