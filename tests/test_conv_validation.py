@@ -217,3 +217,103 @@ def test_geometry_above_int32_is_refused_up_front():
 def test_sample_above_int32_is_refused_before_allocating():
     with pytest.raises(ValueError, match=r"one sample holds 2500000000 elements"):
         pycudnn.convolution(t(1, 1, 50000, 50000), t(1, 1, 1, 1, ptr=BASE + (1 << 40)))
+
+
+# ---- PyTorch's string padding and output_padding >= stride (round 3 parity) ---------------------
+
+class _Recorder:
+    """Stands in for the GPU steps of a convolution call: what each would have run."""
+
+    def __init__(self, monkeypatch):
+        self.runs, self.copies, self.zeroed = [], [], []
+        self.next = 1 << 44
+        rec = self
+
+        def run(call):
+            rec.runs.append((call.direction, call.padding, call.dilation,
+                             (call.x.shape, call.w.shape, call.y.shape)))
+
+        def alloc(shape, dtype="float32", memory_format="contiguous", device=None, stream=None):
+            rec.next += 1 << 32
+            return pycudnn.tensor_from_pointer(rec.next, shape, dtype)
+
+        monkeypatch.setattr(conv.ConvolutionCall, "run", run)
+        monkeypatch.setattr(conv.ConvolutionCall, "run_fused", lambda call: False)
+        monkeypatch.setattr(conv, "empty", alloc)
+        monkeypatch.setattr(conv, "zeros", alloc)
+        monkeypatch.setattr(conv, "get_handle", lambda *a, **k: 0)
+        monkeypatch.setattr(conv, "transform", lambda h, src, dst: rec.copies.append((src, dst)))
+        monkeypatch.setattr(conv, "_fill_zero", lambda t, s, h=None: rec.zeroed.append(t))
+
+
+@pytest.mark.parametrize("k,d,pad,extra", [(3, 1, 1, 0), (5, 1, 2, 0), (4, 1, 1, 1), (2, 1, 0, 1),
+                                           (3, 2, 2, 0), (4, 3, 4, 1)])
+def test_padding_same_is_pytorchs(monkeypatch, k, d, pad, extra):
+    """PyTorch: total = dilation * (kernel - 1); total // 2 on both sides and, when odd, one
+    zero more after the input (a padded copy)."""
+    rec = _Recorder(monkeypatch)
+    x = t(2, 4, 11, 13)
+    y = pycudnn.convolution(x, t(8, 4, k, k), padding="same", dilation=d, allow_tf32=False)
+    assert y.shape == (2, 8, 11, 13)  # 'same': the input's size
+    direction, padding, dilation, (xs, ws, ys) = rec.runs[-1]
+    assert direction == "forward" and padding == (pad, pad) and dilation == (d, d)
+    assert xs == (2, 4, 11 + extra, 13 + extra)
+    if extra:  # the input copied into the padded one's corner, which starts zeroed
+        src, dst = rec.copies[-1]
+        assert src is x and dst.shape == x.shape and dst.strides == (4 * 12 * 14, 12 * 14, 14, 1)
+    else:
+        assert rec.copies == []
+
+
+def test_padding_same_pads_only_the_odd_dims(monkeypatch):
+    rec = _Recorder(monkeypatch)
+    y = pycudnn.convolution(t(1, 2, 9, 9, 9), t(3, 2, 2, 3, 4), padding="same")
+    assert y.shape == (1, 3, 9, 9, 9)
+    _, padding, _, (xs, _, _) = rec.runs[-1]
+    assert padding == (0, 1, 1) and xs == (1, 2, 10, 9, 10)
+
+
+def test_padding_valid_is_no_padding(monkeypatch):
+    rec = _Recorder(monkeypatch)
+    y = pycudnn.convolution(X, W, padding="valid", stride=2)
+    assert y.shape == (2, 8, 3, 3) and rec.runs[-1][1] == (0, 0)
+
+
+@pytest.mark.parametrize("kwargs,exc,words", [
+    ({"padding": "same", "stride": 2}, ValueError,
+     "padding='same' is not supported for strided convolutions"),
+    ({"padding": "full"}, ValueError, r"Invalid padding string 'full'"),
+    ({"padding": "same", "out": t(2, 8, 8, 7)}, ValueError, r"out: expected shape \[2, 8, 8, 8\]"),
+])
+def test_string_padding_refusals_name_the_parameter(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        pycudnn.convolution(X, t(8, 4, 4, 4), **kwargs)
+
+
+@pytest.mark.parametrize("stride,dilation,op,padding", [(1, 3, 2, 0), (2, 4, 3, 1), (1, 2, 1, 1),
+                                                         (2, 3, 2, 2)])
+def test_conv_transpose_output_padding_below_dilation_crops_the_unpadded_result(
+        monkeypatch, stride, dilation, op, padding):
+    rec = _Recorder(monkeypatch)
+    i, k = 5, 3
+    x, w = t(2, 4, i, i), t(4, 6, k, k)
+    y = pycudnn.conv_transpose(x, w, stride=stride, padding=padding, output_padding=op,
+                               dilation=dilation)
+    o = (i - 1) * stride - 2 * padding + dilation * (k - 1) + op + 1  # PyTorch's output size
+    assert y.shape == (2, 6, o, o)
+    full = (i - 1) * stride + dilation * (k - 1) + 1
+    direction, pad, dil, (xs, ws, dys) = rec.runs[-1]
+    assert direction == "backward_data" and pad == (0, 0) and xs == (2, 6, full, full)
+    src, dst = rec.copies[-1]
+    kept = min(o, full - padding)
+    assert src.shape == dst.shape == (2, 6, kept, kept)
+    tmp_ptr = rec.next - (1 << 32)  # the unpadded result was the first allocation of the two
+    assert src.ptr == tmp_ptr + 4 * padding * (full + 1)  # starts at (padding, padding)
+    assert dst.ptr == y.ptr
+    assert (rec.zeroed == [y]) == (kept < o)  # positions past the unpadded result are zeros
+
+
+def test_conv_transpose_output_padding_at_least_stride_and_dilation_is_refused():
+    with pytest.raises(ValueError, match="output padding must be smaller than either stride or "
+                                         "dilation"):
+        pycudnn.conv_transpose(X, t(4, 2, 3, 3), stride=2, dilation=2, output_padding=2)

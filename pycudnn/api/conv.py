@@ -477,7 +477,10 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
         w: weight ``(K, C/groups, *kernel)``.
         bias: optional ``(K,)``, added to the output.
         stride: the step between output positions: an int or one int per spatial dim.
-        padding: zeros added on both sides of each spatial dim: an int or one int per spatial dim.
+        padding: zeros added on both sides of each spatial dim: an int or one int per spatial
+            dim; or PyTorch's ``"valid"`` (none) or ``"same"`` (stride 1: the output has the
+            input's size; an odd total ``dilation * (kernel - 1)`` puts the extra zero after
+            the input, on a padded copy, as PyTorch does).
         dilation: the spacing between kernel elements: an int or one int per spatial dim.
         groups: number of channel groups.
         activation: ``None`` or ``"relu"`` (applied after the bias). The graph engine fuses
@@ -529,14 +532,37 @@ def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
 
 def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
                  groups: Any, activation: Any, out: Any, stream: Any,
-                 flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+                 flags: dict[str, Any],
+                 reads_also: Tensor | None = None) -> "tuple[Tensor, PreparedConvolution | None]":
     """The full path of [`convolution()`][pycudnn.api.conv.convolution]: (output, what it prepared)."""
     fn = _CONV_NAMES.get(x.ndim, "convolution")
     nd = _check_rank(x, "input", fn)
     _check_pair(x, "input", w, "weight")
-    stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
+    extra: tuple[int, ...] = ()
+    if isinstance(padding, str):
+        stride_t, _, dilation_t = _geometry(stride, 0, dilation, nd)
+        padding_t, extra = _string_padding(padding, stride_t, dilation_t, w.shape[2:], fn)
+    else:
+        stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
     groups = _groups(groups)
     _check_channels(x.shape, w.shape, groups, fn)
+    if any(extra):
+        # an odd total: PyTorch pads the input's far side with one zero, then pads symmetrically.
+        # Everything is checked before the padded copy is made
+        padded = x.shape[:2] + tuple(i + e for i, e in zip(x.shape[2:], extra))
+        spatial = _check_output_positive(padded, w.shape[2:], stride_t, padding_t, dilation_t, fn)
+        b = _check_bias(bias, w.shape[0], x) if bias is not None else None
+        _activation(activation)
+        _flags(flags)
+        fmt = suggest_memory_format(x, w)
+        if out is not None:
+            _output(out, (x.shape[0], w.shape[0]) + spatial, x, fmt, 0,
+                    reads=(("input", x), ("weight", w), ("bias", b)))
+        x_given = x
+        x = _padded_input(x, extra, fmt, resolve_stream(stream))
+        y, _ = _convolution(x, w, bias, stride_t, padding_t, dilation_t, groups, activation,
+                            out, stream, flags, reads_also=x_given)
+        return y, None  # a padded copy each call: not replayable as one launch
     spatial = _check_output_positive(x.shape, w.shape[2:], stride_t, padding_t, dilation_t, fn)
     b = _check_bias(bias, w.shape[0], x) if bias is not None else None
     relu = _activation(activation)
@@ -544,7 +570,8 @@ def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding
     _check_sample_size(fn, x.shape, (x.shape[0], w.shape[0]) + spatial)
     call = ConvolutionCall(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups, f, stream)
     y = _output(out, (x.shape[0], w.shape[0]) + spatial, x, call.fmt, call.stream,
-                reads=(("input", x), ("weight", w), ("bias", b)))
+                reads=(("input", x if reads_also is None else reads_also), ("weight", w),
+                       ("bias", b)))
     call.y = y
     y, fused_all = _forward_with_epilogue(call, y, b, relu)
     return y, (_prepare(call) if fused_all else None)
@@ -638,6 +665,9 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
 
     ``w`` is ``(C, K/groups, *kernel)``; the output is ``(N, K, *o)`` with
     ``o = (i - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1``.
+    ``output_padding`` must be smaller than the stride or the dilation (PyTorch's rule); one
+    at least the stride, which cuDNN has no output size for, is computed without padding and
+    cropped (a temporary of the unpadded size; such a call is not replayed as one launch).
     """
     return _transposed(x, w, bias, stride, padding, output_padding, dilation, groups, activation,
                        out, stream, flags)[0]
@@ -672,11 +702,9 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
                 raise ValueError(f"{fn}: output padding must be smaller than either stride or dilation, "
                                  f"but got output_padding={list(output_padding_t)}, stride={list(stride_t)}, "
                                  f"dilation={list(dilation_t)}")
-            if op >= s:
-                # PyTorch allows output_padding < dilation too, computing it without cuDNN; cuDNN's
-                # backward data has no such output size, so refuse before anything runs.
-                raise ValueError(f"{fn}: output_padding must be smaller than stride for cuDNN, but got "
-                                 f"output_padding={list(output_padding_t)}, stride={list(stride_t)}")
+        # output_padding >= stride (but < dilation, as PyTorch allows): cuDNN's backward data has
+        # no such output size; the call computes the unpadded transposed convolution and crops
+        crop = any(op >= s for op, s in zip(output_padding_t, stride_t))
         groups_i = _groups(groups)
         if any(k < 1 for k in w.shape):
             raise ValueError(f"{fn}: expected weight of size {list(w.shape)} to have positive sizes "
@@ -695,9 +723,14 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
             raise ValueError(f"{fn}: calculated output size {list(spatial)} is too small")
         b = _check_bias(bias, k_out, x) if bias is not None else None
         relu = _activation(activation)
-        y, call = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride_t, padding_t,
-                                 dilation_t, groups_i, out, stream, flags,
-                                 reads=(("input", x), ("weight", w), ("bias", b)))
+        reads = (("input", x), ("weight", w), ("bias", b))
+        if crop:
+            y = _cropped_transpose(fn, x, w, (x.shape[0], k_out) + spatial, stride_t, padding_t,
+                                   dilation_t, groups_i, out, stream, flags, reads)
+            call = None
+        else:
+            y, call = _backward_data(fn, x, w, (x.shape[0], k_out) + spatial, stride_t, padding_t,
+                                     dilation_t, groups_i, out, stream, flags, reads=reads)
         if (b is not None or relu) and y.size:
             handle = get_handle(y.device, resolve_stream(stream))
             if b is not None:
@@ -713,6 +746,65 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
     finally:
         if prev is not None:
             restore_device(prev)
+
+
+def _window(t: Tensor, starts: Sequence[int], sizes: Sequence[int]) -> Tensor:
+    """The view of ``t`` whose spatial dims start at ``starts`` with ``sizes`` (N and C whole)."""
+    offset = sum(st * t.strides[2 + i] for i, st in enumerate(starts))
+    return tensor_from_pointer(t.ptr + offset * t.dtype.itemsize, t.shape[:2] + tuple(sizes),
+                               t.dtype, strides=t.strides, device=t.device, owner=t)
+
+
+def _cropped_transpose(fn: str, x: Tensor, w: Tensor, shape: tuple[int, ...],
+                       stride: tuple[int, ...], padding: tuple[int, ...],
+                       dilation: tuple[int, ...], groups: int, out: Any, stream: Any,
+                       flags: dict[str, Any], reads: Sequence[tuple[str, Tensor | None]]) -> Tensor:
+    """A transposed convolution whose output_padding is at least its stride (PyTorch allows it
+    below the dilation): the transposed convolution without padding, ``(i - 1) * stride +
+    dilation * (kernel - 1) + 1`` per dim (a size cuDNN's backward data takes), cropped from
+    ``padding`` on; the output positions past it receive no input element and are zero."""
+    nd = len(stride)
+    full = tuple((i - 1) * s + d * (k - 1) + 1
+                 for i, k, s, d in zip(x.shape[2:], w.shape[2:], stride, dilation))
+    tmp, _ = _backward_data(fn, x, w, shape[:2] + full, stride, (0,) * nd, dilation, groups,
+                            None, stream, flags, reads=reads)
+    s = resolve_stream(stream)
+    y = _output(out, shape, x, suggest_memory_format(x, w), s, reads=reads)
+    if y.size == 0:
+        return y
+    handle = get_handle(y.device, s)
+    kept = tuple(min(o, f - p) for o, f, p in zip(shape[2:], full, padding))
+    if kept != shape[2:]:
+        _fill_zero(y, s, handle)
+    transform(handle, _window(tmp, padding, kept), _window(y, (0,) * nd, kept))
+    return y
+
+
+def _string_padding(padding: Any, stride: tuple[int, ...], dilation: tuple[int, ...],
+                    kernel: Sequence[int], fn: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """PyTorch's ``padding='valid'`` / ``'same'``: (padding on both sides, the extra zero on
+    the far side of the dims whose total padding ``dilation * (kernel - 1)`` is odd)."""
+    nd = len(stride)
+    if padding == "valid":
+        return (0,) * nd, (0,) * nd
+    if padding != "same":
+        raise ValueError(f"{fn}: Invalid padding string '{padding}', should be one of "
+                         f"['valid', 'same']")
+    if any(s != 1 for s in stride):
+        raise ValueError(f"{fn}: padding='same' is not supported for strided convolutions, but "
+                         f"got stride={list(stride)}")
+    totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
+    return tuple(t // 2 for t in totals), tuple(t % 2 for t in totals)
+
+
+def _padded_input(x: Tensor, extra: tuple[int, ...], fmt: str, stream: int) -> Tensor:
+    """``x`` with ``extra`` zeros after the last element of each spatial dim (PyTorch pads the
+    input explicitly so for an odd 'same' padding), a new tensor in ``fmt``."""
+    shape = x.shape[:2] + tuple(i + e for i, e in zip(x.shape[2:], extra))
+    xp = zeros(shape, x.dtype, memory_format=fmt, device=x.device, stream=stream)
+    if x.size:
+        transform(get_handle(x.device, stream), x, _window(xp, (0,) * len(extra), x.shape[2:]))
+    return xp
 
 
 def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *, stride: Any = 1,

@@ -143,10 +143,13 @@ def _eps(eps: Any, fn: str) -> float:
 
 
 def _momentum(momentum: Any, fn: str) -> float:
+    # any finite weight, as PyTorch's F.batch_norm takes (cuDNN's exponentialAverageFactor is
+    # a plain double: running = (1 - m) * running + m * batch, an extrapolation outside [0, 1])
     m = _real(momentum, "momentum", fn)
-    if not 0.0 <= m <= 1.0:
-        raise ValueError(f"{fn}: expected momentum in [0, 1] (the weight of the batch statistics "
-                         f"in the running average), but got momentum={momentum!r}")
+    if not math.isfinite(m):
+        raise ValueError(f"{fn}: expected momentum to be a finite number (the weight of the "
+                         f"batch statistics in the running average), but got "
+                         f"momentum={momentum!r}")
     return m
 
 
@@ -732,7 +735,8 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
         running_var: updated in place the same way with the batch's unbiased variance
             (PyTorch's convention).
         momentum: the weight of this batch in the running averages (cuDNN's
-            ``exponentialAverageFactor``; CuPy 13's ``decay`` is ``1 - momentum``).
+            ``exponentialAverageFactor``; CuPy 13's ``decay`` is ``1 - momentum``): any
+            finite number, as PyTorch takes (outside [0, 1] the update extrapolates).
         eps: added to the variance, >= 0.
         mode: ``"spatial"`` (statistics over N and the spatial dims, per channel),
             ``"per_activation"`` (over N only, per element of a sample), or
