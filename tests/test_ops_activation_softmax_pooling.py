@@ -109,6 +109,19 @@ CASES = [
     (pooling_forward, (X, 2), {"out": t(2, 3, 8, 8, role="out")}, ValueError, r"expected out of size \[2, 3, 4, 4\]"),
     (pooling_forward, (X, 2), {"out": t(2, 3, 4, 4, offset=128)}, ValueError, r"out overlaps x"),
     (pooling_forward, (X, 2), {"out": t(2, 3, 4, 4, role="out", readonly=True)}, ValueError, r"out: is read-only"),
+    # PyTorch's ceil_mode, dilation and divisor_override (round 3 parity)
+    (pooling_forward, (X, 2), {"ceil_mode": 1}, TypeError, r"ceil_mode must be a bool"),
+    (pooling_forward, (X, 2), {"dilation": 2}, ValueError, r"dilation=\(2, 2\) is not supported: cuDNN's pooling"),
+    (pooling_forward, (X, 2), {"dilation": 0}, ValueError, r"dilation should be greater than zero"),
+    (pooling_forward, (X, 2), {"divisor_override": 0}, ValueError, r"divisor must be not zero"),
+    (pooling_forward, (X, 2), {"divisor_override": 2.0}, TypeError, r"divisor_override must be an int"),
+    (pooling_forward, (X, 2), {"divisor_override": 3}, ValueError, r"divisor_override applies to average pooling, but got mode='max'"),
+    # x 8, kernel 3, stride 2, padding 1, ceil: 5 windows, the last covers 7..9 (9 past the padding)
+    (pooling_forward, (t(2, 3, 8, 8), 3), {"stride": 2, "padding": 0, "ceil_mode": True, "mode": "average_include_padding"}, ValueError,
+     r"ceil_mode=True with mode='average_include_padding': the last window of spatial dim 0 reaches past the padding"),
+    (pooling_backward, (t(2, 3, 4, 4, role="y"), t(2, 3, 4, 4, role="dy"), t(2, 3, 8, 8), 3), {"stride": 2, "ceil_mode": True, "divisor_override": 4, "mode": "average_include_padding"}, ValueError,
+     r"ceil_mode=True with divisor_override"),
+    (pooling_backward, (PY, PDY, X, 3), {"stride": 3, "ceil_mode": True}, ValueError, r"expected y of size \[2, 3, 3, 3\]"),  # floor: 2x2
     # pooling_backward
     (pooling_backward, (t(2, 3, 3, 3, role="y"), PDY, X, 2), {}, ValueError, r"expected y of size \[2, 3, 4, 4\] \(the pooled size of x \[2, 3, 8, 8\]\)"),
     (pooling_backward, (PY, t(2, 3, 4, 4, role="dy", dtype="float16"), X, 2), {}, TypeError, r"x type \(float32\) and dy type \(float16\)"),
@@ -168,6 +181,10 @@ VALID = [
     (pooling_backward, (PY, PDY, X, 2), {}),
     (pooling_backward, (PY, PDY, X, (2, 2)), {"stride": (2, 2), "out": t(2, 3, 8, 8, role="out")}),
     (cc.pooling_forward, (X, t(2, 3, 10, 10, role="y"), (3, 3), (1, 1), (2, 2), 0), {}),  # CuPy's looser padding rule
+    (pooling_forward, (X, 3), {"stride": 2, "ceil_mode": True}),  # 4x4, the last window partial
+    (pooling_forward, (t(2, 3, 7, 7), 3), {"stride": 2, "padding": 1, "ceil_mode": True, "mode": "average_include_padding"}),  # no partial window
+    (pooling_forward, (X, 3), {"stride": 2, "mode": "average_exclude_padding", "divisor_override": 5}),
+    (pooling_backward, (t(2, 3, 4, 4, role="y"), t(2, 3, 4, 4, role="dy"), X, 3), {"stride": 2, "ceil_mode": True, "dilation": (1, 1)}),
 ]
 
 
@@ -335,6 +352,47 @@ def test_half_softmax_backward_and_elu_backward_compute_in_float32(dtype, wide):
     assert relu.wide is None  # only ELU's half kernel is off
 
 
+@pytest.mark.parametrize("i", [1, 2, 5, 7, 8, 13])
+@pytest.mark.parametrize("k,s,p", [(k, s, p) for k in (1, 2, 3, 4) for s in (1, 2, 3)
+                                   for p in range(k // 2 + 1)])
+def test_ceil_mode_output_size_is_pytorchs(i, k, s, p):
+    """Against PyTorch's own max_pool1d (CPU) output size, every small geometry."""
+    torch = pytest.importorskip("torch")
+    from pycudnn.ops import pooling as pl
+
+    if i + 2 * p < k:
+        return
+    ref = torch.nn.functional.max_pool1d(torch.zeros(1, 1, i), k, s, p, ceil_mode=True).shape[-1]
+    assert pl.ceil_output_size((i,), (k,), (s,), (p,)) == (ref,)
+    y = pl._geometry(t(1, 1, i, i), k, s, p, "pooling_forward", pl._CEIL)[3]
+    assert y == (1, 1, ref, ref)
+
+
+def test_divisor_override_scales_cudnns_window_average():
+    """cuDNN averages over the whole window (include padding); alpha = window / divisor."""
+    import ctypes
+
+    from pycudnn.ops import pooling as pl
+
+    for dtype, ctype in (("float32", ctypes.c_float), ("float64", ctypes.c_double),
+                         ("float16", ctypes.c_float)):
+        x = t(2, 3, 8, 8, dtype=dtype)
+        plan = pl._forward_plan(x, 3, 2, 1, "average_exclude_padding", None,
+                                pl.NanPropagation.PROPAGATE_NAN, "half", "pooling_forward",
+                                divisor=5)
+        assert ctype.from_address(plan.one).value == pytest.approx(9 / 5)
+        assert plan.keep[0].mode == pl.PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING
+        back = pl._backward_plan(t(2, 3, 4, 4, dtype=dtype, role="y"),
+                                 t(2, 3, 4, 4, dtype=dtype, role="dy"), x, 3, 2, 1,
+                                 "average_include_padding", None,
+                                 pl.NanPropagation.PROPAGATE_NAN, "half", "pooling_backward",
+                                 divisor=5)
+        assert ctype.from_address(back.one).value == pytest.approx(9 / 5)
+    plain = pl._forward_plan(t(2, 3, 8, 8), 3, 2, 1, "average_exclude_padding", None,
+                             pl.NanPropagation.PROPAGATE_NAN, "half", "pooling_forward")
+    assert ctypes.c_float.from_address(plain.one).value == 1.0
+
+
 def test_same_layout_ignores_size_one_dims():
     from pycudnn.ops._common import same_layout
 
@@ -440,10 +498,13 @@ NATIVE = {
     softmax_backward: [("y", P, REQ), ("dy", P, REQ), ("algorithm", KO, "accurate"),
                        ("mode", KO, "channel"), ("out", KO, None), ("stream", KO, None)],
     pooling_forward: [("x", P, REQ), ("kernel_size", P, REQ), ("stride", KO, None),
-                      ("padding", KO, 0), ("mode", KO, "max"), ("out", KO, None), ("stream", KO, None)],
+                      ("padding", KO, 0), ("mode", KO, "max"), ("ceil_mode", KO, False),
+                      ("dilation", KO, 1), ("divisor_override", KO, None), ("out", KO, None),
+                      ("stream", KO, None)],
     pooling_backward: [("y", P, REQ), ("dy", P, REQ), ("x", P, REQ), ("kernel_size", P, REQ),
                        ("stride", KO, None), ("padding", KO, 0), ("mode", KO, "max"),
-                       ("out", KO, None), ("stream", KO, None)],
+                       ("ceil_mode", KO, False), ("dilation", KO, 1),
+                       ("divisor_override", KO, None), ("out", KO, None), ("stream", KO, None)],
 }
 
 # CuPy 13, cupyx/cudnn.pyx

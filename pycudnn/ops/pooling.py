@@ -8,7 +8,10 @@ any strides (NCHW, channels-last or strided views). Modes: ``"max"``, ``"max_det
 ``"average_include_padding"`` (divides by the window's size, as PyTorch's ``avg_pool2d`` with its
 default ``count_include_pad=True``) and ``"average_exclude_padding"`` (divides by the number of
 input elements in the window). The output size is ``floor((i + 2 * padding - kernel) / stride) + 1``
-per spatial dim (PyTorch's ``ceil_mode=False``).
+per spatial dim (PyTorch's ``ceil_mode=False``); ``ceil_mode=True`` rounds up as PyTorch does
+(cuDNN is given the larger output), and ``divisor_override`` divides every window's sum by one
+number (cuDNN's scaling factor rescales its window average). Dilated windows are refused:
+cuDNN's pooling has none.
 
 What cuDNN 9 refuses or accepts, measured: ``cudnnSetPoolingNdDescriptor`` refuses a window or a
 stride below 1 (BAD_PARAM, with the reason) and more than 6 spatial dims (NOT_SUPPORTED), but
@@ -103,6 +106,22 @@ def _spatial(name: str, value: Any, nd: int, fn: str) -> tuple[int, ...]:
 #: the CuPy 13 drop-in's rule for an output one window larger (Chainer's ``cover_all=True``):
 #: padding smaller than the window, ``output_size(..., cover_all=True)``
 _COVER_ALL = "window_cover_all"
+#: PyTorch's ``ceil_mode=True``: padding at most half the kernel, the output size rounded up,
+#: less a last window that would start in the right padding (`ceil_output_size`)
+_CEIL = "half_ceil"
+
+
+def ceil_output_size(input_size: Sequence[int], kernel_size: Sequence[int],
+                     stride: Sequence[int], padding: Sequence[int]) -> tuple[int, ...]:
+    """PyTorch's ``pooling_output_shape`` with ``ceil_mode=True``: ``ceil((i + 2p - k) / s) + 1``
+    windows, one fewer where the last would start past the input (in the right padding)."""
+    out = []
+    for i, k, s, p in zip(input_size, kernel_size, stride, padding):
+        o = (i + 2 * p - k + s - 1) // s + 1
+        if (o - 1) * s >= i + p:
+            o -= 1
+        out.append(o)
+    return tuple(out)
 
 
 def _geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
@@ -131,19 +150,79 @@ def _geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
         raise ValueError(f"{fn}: expected kernel_size, stride and padding to be at most "
                          f"{INT32_MAX} (cuDNN takes C ints), but got kernel_size={k}, "
                          f"stride={s}, padding={p}")
-    if padding_rule == "half" and any(2 * pi > ki for pi, ki in zip(p, k)):
+    half = padding_rule in ("half", _CEIL)
+    if half and any(2 * pi > ki for pi, ki in zip(p, k)):
         raise ValueError(f"{fn}: pad should be at most half of kernel size, but got "
                          f"padding={p} and kernel_size={k}")
-    if padding_rule != "half" and any(pi >= ki for pi, ki in zip(p, k)):
+    if not half and any(pi >= ki for pi, ki in zip(p, k)):
         raise ValueError(f"{fn}: pad should be smaller than kernel size (every window must hold "
                          f"an input element), but got padding={p} and kernel_size={k}")
-    out = output_size(x.shape[2:], k, s, p, padding_rule == _COVER_ALL)
+    if padding_rule == _CEIL:
+        out = ceil_output_size(x.shape[2:], k, s, p)
+    else:
+        out = output_size(x.shape[2:], k, s, p, padding_rule == _COVER_ALL)
     if min(out) < 1:
         given = "x".join(map(str, x.shape[1:]))
         calc = "x".join(map(str, (x.shape[1],) + out))
         raise ValueError(f"{fn}: Given input size: ({given}). Calculated output size: ({calc}). "
                          f"Output size is too small")
     return k, s, p, (x.shape[0], x.shape[1]) + out
+
+
+def _options(ceil_mode: Any, dilation: Any, divisor_override: Any, mode: Any, nd: int,
+             fn: str) -> tuple[str, int | None]:
+    """(the geometry rule, the divisor) of PyTorch's ``ceil_mode``, ``dilation`` and
+    ``divisor_override`` after their checks."""
+    if not isinstance(ceil_mode, bool):
+        raise TypeError(f"{fn}: ceil_mode must be a bool, but got {ceil_mode!r}")
+    d = _spatial("dilation", dilation, nd, fn)
+    if min(d) < 1:
+        raise ValueError(f"{fn}: dilation should be greater than zero, but got dilation={d}")
+    if max(d) > 1:
+        raise ValueError(f"{fn}: dilation={d} is not supported: cuDNN's pooling "
+                         f"(cudnnPoolingForward) has no dilated windows; pass dilation=1")
+    divisor = None
+    if divisor_override is not None:
+        if isinstance(divisor_override, bool) or not isinstance(divisor_override, int):
+            raise TypeError(f"{fn}: divisor_override must be an int, but got "
+                            f"{divisor_override!r}")
+        if divisor_override == 0:
+            raise ValueError(f"{fn}: divisor must be not zero, but got divisor_override=0")
+        if mode not in ("average_include_padding", "average_exclude_padding"):
+            raise ValueError(f"{fn}: divisor_override applies to average pooling, but got "
+                             f"mode={mode!r}")
+        divisor = divisor_override
+    return (_CEIL if ceil_mode else "half"), divisor
+
+
+def _ceil_exact(x: Tensor, k: tuple[int, ...], st: tuple[int, ...], p: tuple[int, ...],
+                shape: tuple[int, ...], m: PoolingMode, divisor: int | None, fn: str) -> None:
+    """cuDNN computes ceil_mode's extra window as a window of an output given one window
+    larger (as for Chainer's cover_all): max and average_exclude_padding then agree with
+    PyTorch. An extra window always reaches past the right padding, where PyTorch's
+    include-padding divisor stops counting and cuDNN's counts the whole window: with
+    average_include_padding (and divisor_override, which rescales it) only a ceil_mode that
+    adds no window is taken; the rest is refused."""
+    if m != PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING:
+        return
+    for d, (i, ki, si, pi, o) in enumerate(zip(x.shape[2:], k, st, p, shape[2:])):
+        if (o - 1) * si - pi + ki > i + pi:
+            what = "divisor_override" if divisor is not None else "mode='average_include_padding'"
+            raise ValueError(
+                f"{fn}: ceil_mode=True with {what}: the last window of spatial dim {d} reaches "
+                f"past the padding (x {list(x.shape)}, kernel_size={k}, stride={st}, "
+                f"padding={p}), where cuDNN's divisor is not PyTorch's; pass "
+                f"mode='average_exclude_padding', ceil_mode=False, or a geometry whose windows "
+                f"end within the padding")
+
+
+def _alpha(dtype: Any, scale: float, keep: list[Any]) -> int:
+    """The address of cuDNN's scaling factor ``scale`` for ``dtype`` (kept alive in ``keep``)."""
+    import ctypes
+
+    value = ctypes.c_double(scale) if dtype.name == "float64" else ctypes.c_float(scale)
+    keep.append(value)
+    return ctypes.addressof(value)
 
 
 def _geo_key(v: Any) -> Any:
@@ -203,7 +282,9 @@ def _key(kernel_size: Any, stride: Any, padding: Any, mode: Any, nan: NanPropaga
 
 
 def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: Any = 0,
-                    mode: str = "max", out: Any = None, stream: Any = None) -> Tensor:
+                    mode: str = "max", ceil_mode: bool = False, dilation: Any = 1,
+                    divisor_override: int | None = None, out: Any = None,
+                    stream: Any = None) -> Tensor:
     """Max or average pooling of ``x`` (cuDNN's ``cudnnPoolingForward``).
 
     Args:
@@ -219,6 +300,14 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
             kernel.
         mode: ``"max"``, ``"max_deterministic"``, ``"average_include_padding"`` or
             ``"average_exclude_padding"``.
+        ceil_mode: PyTorch's: the output size rounded up (a last window may be partial), less
+            a window that would start in the right padding. With
+            ``"average_include_padding"`` (or ``divisor_override``) only where it adds no
+            window: an extra window reaches past the right padding, where cuDNN's divisor is
+            not PyTorch's (refused, naming the dim).
+        dilation: 1 only (cuDNN's pooling has no dilated windows; another value is refused).
+        divisor_override: average pooling only: the divisor of every window's sum, as
+            PyTorch's (``count_include_pad`` then does not matter).
         out: optional output of the pooled shape, ``x``'s dtype and device, any strides, sharing
             no memory with ``x``.
         stream: the CUDA stream to run on; default the legacy default stream.
@@ -227,13 +316,19 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
         ``(N, C, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory
             format, or ``out``.
     """
+    fn = "pooling_forward"
+    if ceil_mode is False and dilation == 1 and divisor_override is None:  # the common call
+        rule, divisor = "half", None
+    else:
+        nd = getattr(x, "ndim", 4) - 2
+        rule, divisor = _options(ceil_mode, dilation, divisor_override, mode, max(nd, 1), fn)
     return run_forward(x, kernel_size, stride, padding, mode, out, stream,
-                       NanPropagation.PROPAGATE_NAN, "half", "pooling_forward")
+                       NanPropagation.PROPAGATE_NAN, rule, fn, divisor=divisor)
 
 
 def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, out: Any,
                 stream: Any, nan: NanPropagation, rule: str, fn: str,
-                out_name: str = "out") -> Tensor:
+                out_name: str = "out", divisor: int | None = None) -> Tensor:
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     if type(x) is not Tensor:
         x = as_tensor(x, stream=stream)
@@ -243,14 +338,15 @@ def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, 
     if (type(kernel_size) is int and (stride is None or type(stride) is int)
             and type(padding) is int):
         key = (kernel_size, stride, padding, mode, nan == _PROPAGATE, rule, x.shape, x.strides,
-               x.dtype, x.device, _sig(o))
+               x.dtype, x.device, _sig(o), divisor)
     else:
         key = _key(kernel_size, stride, padding, mode, nan, rule, x.shape, x.strides, x.dtype,
-                   x.device, _sig(o))
+                   x.device, _sig(o), divisor)
     try:
         plan = _FORWARD[key]
     except (KeyError, TypeError):  # a new signature, or an unhashable argument the checks refuse
-        plan = _forward_plan(x, kernel_size, stride, padding, mode, o, nan, rule, fn, out_name)
+        plan = _forward_plan(x, kernel_size, stride, padding, mode, o, nan, rule, fn, out_name,
+                             divisor)
         if key is not None:
             _FORWARD.put(key, plan)
     if o is not None:
@@ -274,10 +370,12 @@ def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, 
 
 def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: Any,
                   o: Tensor | None, nan: NanPropagation, rule: str, fn: str,
-                  out_name: str = "out") -> _Plan:
+                  out_name: str = "out", divisor: int | None = None) -> _Plan:
     check_input(x, "x", fn, _RANKS, _WHAT)
     k, st, p, shape = _geometry(x, kernel_size, stride, padding, fn, rule)
-    m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
+    m = _mode(mode, divisor, fn)
+    if rule == _CEIL:
+        _ceil_exact(x, k, st, p, shape, m, divisor, fn)
     if o is not None:
         o = checked_out(o, shape, x, fn, None, out_name)
     plan = _Plan()
@@ -287,20 +385,33 @@ def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: 
     if x.size == 0:
         return plan
     plan.one, plan.zero = scalars_of(x.dtype)
+    scale: list[Any] = []
+    if divisor is not None:  # cuDNN divides by the window's size: y = alpha * that
+        plan.one = _alpha(x.dtype, math.prod(k) / divisor, scale)
     plan.launch = c_function("cudnnPoolingForward")
     pool = PoolingDescriptor(k, p, st, m, nan)
     xd = TensorDescriptor(x.shape, x.dtype, x.strides)
     yd = TensorDescriptor(shape, x.dtype, plan.strides)
-    if rule != _COVER_ALL and pool.output_shape(xd) != shape:  # pragma: no cover - they agree
+    # (the windows past cuDNN's own output size, of ceil_mode and cover_all, are computed in y's
+    # larger size, which cuDNN takes)
+    if rule not in (_COVER_ALL, _CEIL) and pool.output_shape(xd) != shape:  # pragma: no cover
         raise ValueError(f"{fn}: cuDNN computes the output size {list(pool.output_shape(xd))} "
                          f"for x {list(x.shape)}, where the pooling gives {list(shape)}")
     plan.pool, plan.x, plan.y = pool.handle, xd.handle, yd.handle
-    plan.keep = (pool, xd, yd)
+    plan.keep = (pool, xd, yd, *scale)
     return plan
 
 
+def _mode(mode: Any, divisor: int | None, fn: str) -> PoolingMode:
+    m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
+    # PyTorch's divisor_override replaces the divisor whatever count_include_pad says: cuDNN
+    # divides each sum by the full window (include padding), which alpha then rescales
+    return PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING if divisor is not None else m
+
+
 def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any = None,
-                     padding: Any = 0, mode: str = "max", out: Any = None,
+                     padding: Any = 0, mode: str = "max", ceil_mode: bool = False,
+                     dilation: Any = 1, divisor_override: int | None = None, out: Any = None,
                      stream: Any = None) -> Tensor:
     """The gradient ``dx`` of a pooling from its output ``y``, the gradient ``dy`` of ``y`` and
     its input ``x`` (cuDNN's ``cudnnPoolingBackward``).
@@ -319,6 +430,9 @@ def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any =
         stride: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
         padding: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
         mode: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
+        ceil_mode: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
+        dilation: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
+        divisor_override: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
         out: optional output of ``x``'s shape, dtype and device, any strides, sharing no memory
             with ``y``, ``dy`` or ``x``.
         stream: the CUDA stream to run on; default the legacy default stream.
@@ -326,20 +440,29 @@ def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any =
     Returns:
         ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or ``out``.
     """
+    fn = "pooling_backward"
+    if ceil_mode is False and dilation == 1 and divisor_override is None:
+        rule, divisor = "half", None
+    else:
+        nd = getattr(x, "ndim", 4) - 2
+        rule, divisor = _options(ceil_mode, dilation, divisor_override, mode, max(nd, 1), fn)
     return run_backward(y, dy, x, kernel_size, stride, padding, mode, out, stream,
-                        NanPropagation.PROPAGATE_NAN, "half", "pooling_backward")
+                        NanPropagation.PROPAGATE_NAN, rule, fn, divisor=divisor)
 
 
 def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any,
-                 out: Any, stream: Any, nan: NanPropagation, rule: str, fn: str) -> Tensor:
+                 out: Any, stream: Any, nan: NanPropagation, rule: str, fn: str,
+                 divisor: int | None = None) -> Tensor:
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = _key(kernel_size, stride, padding, mode, nan, rule, _sig(y), _sig(dy), _sig(x), _sig(o))
+    key = _key(kernel_size, stride, padding, mode, nan, rule, _sig(y), _sig(dy), _sig(x), _sig(o),
+               divisor)
     try:
         plan = _BACKWARD[key]
     except (KeyError, TypeError):
-        plan = _backward_plan(y, dy, x, kernel_size, stride, padding, mode, o, nan, rule, fn)
+        plan = _backward_plan(y, dy, x, kernel_size, stride, padding, mode, o, nan, rule, fn,
+                              divisor)
         if key is not None:
             _BACKWARD.put(key, plan)
     if o is not None:
@@ -371,14 +494,16 @@ def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding
 
 def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: Any, padding: Any,
                    mode: Any, o: Tensor | None, nan: NanPropagation, rule: str,
-                   fn: str) -> _Plan:
+                   fn: str, divisor: int | None = None) -> _Plan:
     check_input(x, "x", fn, _RANKS, _WHAT)
     k, st, p, y_shape = _geometry(x, kernel_size, stride, padding, fn, rule)
     for t, name in ((y, "y"), (dy, "dy")):
         check_input(t, name, fn, _RANKS, _WHAT)
         check_match(x, "x", t, name, fn)
         check_shape(t, name, y_shape, fn, f"the pooled size of x {list(x.shape)}")
-    m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
+    m = _mode(mode, divisor, fn)
+    if rule == _CEIL:
+        _ceil_exact(x, k, st, p, y_shape, m, divisor, fn)
     if o is not None:
         o = checked_out(o, x.shape, x, fn, None)
     plan = _Plan()
@@ -390,6 +515,9 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: A
     if x.size == 0:
         return plan
     plan.one, plan.zero = scalars_of(x.dtype)
+    scale: list[Any] = []
+    if divisor is not None:  # the gradient of alpha * average
+        plan.one = _alpha(x.dtype, math.prod(k) / divisor, scale)
     plan.launch = c_function("cudnnPoolingBackward")
     plan.stage = not (same_layout(y_shape, y.strides, plan.y_dense)
                       and same_layout(y_shape, dy.strides, plan.y_dense)
@@ -399,5 +527,5 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: A
     yd = TensorDescriptor(y_shape, x.dtype, plan.y_dense)
     xd = TensorDescriptor(x.shape, x.dtype, plan.x_dense)
     plan.pool, plan.x, plan.y = pool.handle, xd.handle, yd.handle
-    plan.keep = (pool, yd, xd)
+    plan.keep = (pool, yd, xd, *scale)
     return plan
