@@ -1,0 +1,162 @@
+"""What PyTorch accepts, on a GPU (round 3 parity): pooling with ceil_mode and divisor_override,
+convolution with padding='same' (an odd total too) and 'valid', conv_transpose with
+output_padding at least the stride (below the dilation), batch norm with momentum outside
+[0, 1]. References: PyTorch in float64 on the CPU (cuDNN plays no part there) and the float64
+NumPy batch norm of reference_bn.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import reference_bn as RB
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import pycudnn  # noqa: E402
+from pycudnn.ops.batchnorm import batch_norm_forward_training  # noqa: E402
+from pycudnn.ops.pooling import pooling_backward, pooling_forward  # noqa: E402
+
+TOL = {"float64": 1e-12, "float32": 2e-5}
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-6))
+
+
+def host64(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def _torch_pool(x, k, s, p, mode, ceil, divisor=None):
+    """(y, dx for dy) in float64 on the CPU."""
+    xt = torch.tensor(x, requires_grad=True)
+    if mode.startswith("max"):
+        y = F.max_pool2d(xt, k, s, p, ceil_mode=ceil)
+    else:
+        y = F.avg_pool2d(xt, k, s, p, ceil_mode=ceil,
+                         count_include_pad=mode == "average_include_padding",
+                         divisor_override=divisor)
+    return xt, y
+
+
+# x size, kernel, stride, padding: partial last windows (ceil adds one), and none
+GEOMETRIES = [((8, 9), 3, 2, 0), ((8, 9), 3, 2, 1), ((7, 7), 2, 2, 0), ((10, 6), 3, 3, 1),
+              ((7, 7), 3, 2, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mode", ["max", "max_deterministic", "average_exclude_padding",
+                                  "average_include_padding"])
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=[f"{g[0]}k{g[1]}s{g[2]}p{g[3]}"
+                                                for g in GEOMETRIES])
+def test_pooling_ceil_mode_is_pytorchs(dtype, mode, geo):
+    hw, k, s, p = geo
+    x = host64((2, 3) + hw, 1)
+    xt, ref = _torch_pool(x, k, s, p, mode, True)
+    floor_shape = F.max_pool2d(torch.zeros((1, 1) + hw), k, s, p).shape
+    X = pycudnn.from_numpy(x.astype(dtype))
+    if mode == "average_include_padding" and ref.shape[2:] != floor_shape[2:]:
+        with pytest.raises(ValueError, match="ceil_mode=True with mode='average_include_padding'"):
+            pooling_forward(X, k, stride=s, padding=p, mode=mode, ceil_mode=True)
+        return
+    Y = pooling_forward(X, k, stride=s, padding=p, mode=mode, ceil_mode=True)
+    assert rel(Y.numpy(), ref.detach().numpy()) <= TOL[dtype]
+    dy = host64(ref.shape, 2)
+    ref.backward(torch.tensor(dy))
+    DX = pooling_backward(Y, pycudnn.from_numpy(dy.astype(dtype)), X, k, stride=s, padding=p,
+                          mode=mode, ceil_mode=True)
+    assert rel(DX.numpy(), xt.grad.numpy()) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("divisor", [1, 3, 7, -2])
+@pytest.mark.parametrize("geo", [((8, 9), 3, 2, 1), ((6, 6), 2, 2, 0)])
+def test_pooling_divisor_override_is_pytorchs(dtype, divisor, geo):
+    hw, k, s, p = geo
+    x = host64((2, 3) + hw, 3)
+    for mode in ("average_include_padding", "average_exclude_padding"):
+        xt, ref = _torch_pool(x, k, s, p, mode, False, divisor)
+        X = pycudnn.from_numpy(x.astype(dtype))
+        Y = pooling_forward(X, k, stride=s, padding=p, mode=mode, divisor_override=divisor)
+        assert rel(Y.numpy(), ref.detach().numpy()) <= TOL[dtype]
+        dy = host64(ref.shape, 4)
+        ref.backward(torch.tensor(dy))
+        DX = pooling_backward(Y, pycudnn.from_numpy(dy.astype(dtype)), X, k, stride=s,
+                              padding=p, mode=mode, divisor_override=divisor)
+        assert rel(DX.numpy(), xt.grad.numpy()) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("engine", ["v7", "graph"])
+@pytest.mark.parametrize("k,d", [(3, 1), (4, 1), (2, 1), (4, 3), (5, 2)])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_convolution_padding_same_is_pytorchs(engine, k, d, layout):
+    x = host64((2, 4, 11, 9), 5)
+    w = host64((6, 4, k, k), 6)
+    b = host64((6,), 7)
+    ref = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), padding="same", dilation=d)
+    X = pycudnn.from_numpy(x.astype(np.float32), memory_format=layout)
+    W = pycudnn.from_numpy(w.astype(np.float32), memory_format=layout)
+    B = pycudnn.from_numpy(b.astype(np.float32))
+    for _ in range(2):  # the second call takes the remembered path
+        Y = pycudnn.convolution(X, W, B, padding="same", dilation=d, engine=engine,
+                                allow_tf32=False, tuning_db=False)
+        assert Y.shape == (2, 6, 11, 9)
+        assert rel(Y.numpy(), ref.numpy()) <= 1e-5
+    Yv = pycudnn.convolution(X, W, padding="valid", engine=engine, allow_tf32=False,
+                             tuning_db=False)
+    ref_v = F.conv2d(torch.tensor(x), torch.tensor(w), padding="valid")
+    assert rel(Yv.numpy(), ref_v.numpy()) <= 1e-5
+
+
+def test_convolution_padding_same_leaves_x_untouched_and_fills_out():
+    x = host64((1, 2, 7, 8), 8).astype(np.float32)
+    w = host64((3, 2, 2, 4), 9).astype(np.float32)
+    X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)
+    out = pycudnn.from_numpy(np.full((1, 3, 7, 8), np.nan, np.float32))
+    y = pycudnn.convolution(X, W, padding="same", out=out, allow_tf32=False, tuning_db=False)
+    assert y is out
+    ref = F.conv2d(torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
+                   padding="same")
+    assert rel(out.numpy(), ref.numpy()) <= 1e-5
+    assert np.array_equal(X.numpy(), x)
+
+
+@pytest.mark.parametrize("stride,dilation,op,padding", [(1, 3, 2, 0), (2, 4, 3, 1), (1, 2, 1, 1),
+                                                         (2, 3, 2, 2), (1, 3, 1, 0)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_conv_transpose_output_padding_below_dilation_is_pytorchs(stride, dilation, op,
+                                                                  padding, dtype):
+    x = host64((2, 4, 5, 6), 10)
+    w = host64((4, 3, 3, 3), 11)
+    b = host64((3,), 12)
+    ref = F.conv_transpose2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=stride,
+                             padding=padding, output_padding=op, dilation=dilation)
+    out = pycudnn.conv_transpose(pycudnn.from_numpy(x.astype(dtype)),
+                                 pycudnn.from_numpy(w.astype(dtype)),
+                                 pycudnn.from_numpy(b.astype(dtype)), stride=stride,
+                                 padding=padding, output_padding=op, dilation=dilation,
+                                 allow_tf32=False, tuning_db=False)
+    assert out.shape == tuple(ref.shape)
+    assert rel(out.numpy(), ref.numpy()) <= (1e-5 if dtype == "float32" else 1e-12)
+
+
+@pytest.mark.parametrize("momentum", [1.5, -0.2, 3.0])
+def test_batch_norm_momentum_outside_zero_one_is_pytorchs(momentum):
+    x = host64((4, 3, 5, 5), 13) * 2 + 1
+    w, b = host64((3,), 14), host64((3,), 15)
+    rm, rv = host64((3,), 16), np.abs(host64((3,), 17)) + 0.5
+    RM, RV = pycudnn.from_numpy(rm.astype(np.float32)), pycudnn.from_numpy(rv.astype(np.float32))
+    res = batch_norm_forward_training(pycudnn.from_numpy(x.astype(np.float32)),
+                                      pycudnn.from_numpy(w.astype(np.float32)),
+                                      pycudnn.from_numpy(b.astype(np.float32)), RM, RV,
+                                      momentum=momentum, eps=1e-5)
+    y, _, _, new_rm, new_rv = RB.forward_training(x, w, b, rm, rv, momentum, 1e-5, "spatial")
+    assert rel(res[0].numpy(), y) <= 1e-4
+    assert rel(RM.numpy(), new_rm) <= 1e-5
+    assert rel(RV.numpy(), new_rv) <= 1e-5
