@@ -160,3 +160,42 @@ def test_batch_norm_momentum_outside_zero_one_is_pytorchs(momentum):
     assert rel(res[0].numpy(), y) <= 1e-4
     assert rel(RM.numpy(), new_rm) <= 1e-5
     assert rel(RV.numpy(), new_rv) <= 1e-5
+
+
+HARDTANH_BOUNDS = [(-1.0, 1.0), (-0.5, 2.0), (0.0, 6.0), (0.1, 0.1), (-2.5, -0.3)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("bounds", HARDTANH_BOUNDS, ids=[f"{a}:{b}" for a, b in HARDTANH_BOUNDS])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_hardtanh_is_pytorchs_with_its_edges(dtype, bounds, layout):
+    """Forward and backward against PyTorch (float64 on the CPU, from the values the device
+    holds), exactly: NaN, +-inf, +-0 and the bounds themselves included."""
+    lo, hi = bounds
+    rng = np.random.default_rng(21)
+    x = rng.uniform(-4, 4, (2, 8, 5, 6))
+    special = [np.nan, np.inf, -np.inf, 0.0, -0.0, lo, hi, 1.0, -1.0]
+    x.flat[:len(special) * 20] = np.tile(special, 20)
+    dy = rng.uniform(0.5, 2.0, x.shape)
+    tdt = {"bfloat16": torch.bfloat16}.get(dtype, getattr(torch, dtype, None))
+    xd = torch.tensor(x).to(tdt).contiguous(
+        memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format)
+    dyd = torch.tensor(dy).to(tdt).contiguous(memory_format=torch.contiguous_format)
+    X, DY = xd.cuda(), dyd.cuda()
+    from pycudnn.ops.hardtanh import hardtanh_backward, hardtanh_forward
+
+    y = hardtanh_forward(X, lo, hi)
+    dx = hardtanh_backward(DY, X, lo, hi)
+    x64 = xd.double().requires_grad_(True)
+    # PyTorch compares in its opmath (float32 for half types), with the bounds as floats there
+    ref = F.hardtanh(xd.float() if dtype != "float64" else x64, lo, hi)
+    ref_y = ref.to(tdt).double().numpy() if dtype != "float64" else ref.detach().numpy()
+    xg = (xd.float() if dtype != "float64" else x64.detach()).requires_grad_(True)
+    F.hardtanh(xg, lo, hi).backward(dyd.to(xg.dtype))
+    got_y = torch.as_tensor(y.numpy().astype(np.float64)).numpy()
+    got_dx = dx.numpy().astype(np.float64)
+    ref_dx = xg.grad.to(tdt).double().numpy()
+    for got, want, what in ((got_y, ref_y, "forward"), (got_dx, ref_dx, "backward")):
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan), what
+        assert np.array_equal(got[~nan], want[~nan]), what  # exact: max, min and masks

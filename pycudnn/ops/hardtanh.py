@@ -1,0 +1,215 @@
+"""PyTorch's ``F.hardtanh(x, min_val, max_val)`` for any bounds: ``min(max(x, min_val), max_val)``.
+
+cuDNN's clipped ReLU (`activation_forward` mode ``"clipped_relu"``) has its lower bound at 0, and
+its legacy backward kernel takes the upper piece's gradient at ``x == coef`` where PyTorch
+gives 0. Here both passes are built from cuDNN operations whose results are exact:
+
+* forward: ``cudnnOpTensor`` MAX with ``min_val``, then MIN with ``max_val`` in place (a maximum
+  and a minimum round nothing; NaN propagates, as PyTorch's clamp does);
+* backward: PyTorch's rule, ``dx = dy`` where ``min_val < x < max_val`` and 0 elsewhere (0 at the
+  bounds themselves; ``dy`` at NaN, where both of PyTorch's tests are false), as two ReLU masks: ``x - min_val > 0`` and ``max_val - x > 0``, each exact
+  in IEEE arithmetic (a difference of two floats is 0 only when they are equal, and has their
+  order's sign), computed in float32 (float64 for float64 data, PyTorch's opmath) so that the
+  bounds are compared as PyTorch compares them. The gradient passes through as ``dy`` or 0, so
+  it is exact in every dtype.
+
+Both take any strides (0 to 5 dims) and refuse what PyTorch refuses (``min_val > max_val``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any
+
+import numpy as np
+
+from .._types import NanPropagation, OpTensorOp
+from ..cudnn.descriptors import OpTensorDescriptor, TensorDescriptor
+from ..cudnn.tensor_ops import transform
+from ..ffi import library as _lib
+from ..ops._common import (
+    FLOAT32,
+    callers_device,
+    check_input,
+    check_match,
+    check_out_reads,
+    check_shape,
+    checked_out,
+    layout_strides,
+    output,
+    restore_device,
+    stream_pair,
+    tensor_arg,
+)
+from ..runtime.handle import get_handle
+from ..runtime.tensor import Tensor, empty, from_numpy
+from .activation import run_backward
+
+__all__ = ["hardtanh_forward", "hardtanh_backward"]
+
+_RANKS = (0, 1, 2, 3, 4, 5)
+_WHAT = "0 to 5 dims"
+
+
+def _bounds(min_val: Any, max_val: Any, fn: str) -> tuple[float, float]:
+    for name, v in (("min_val", min_val), ("max_val", max_val)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
+                                                                 np.floating)):
+            raise TypeError(f"{fn}: {name} must be a real number, but got "
+                            f"{type(v).__name__} {v!r}")
+        if math.isnan(float(v)):
+            raise ValueError(f"{fn}: {name} must not be NaN")
+    lo, hi = float(min_val), float(max_val)
+    if lo > hi:
+        raise ValueError(f"{fn}: min_val cannot be greater than max_val, but got "
+                         f"min_val={min_val!r} and max_val={max_val!r}")
+    return lo, hi
+
+
+def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> TensorDescriptor:
+    """A descriptor of at least 4 dims (fewer are padded with trailing unit dims)."""
+    pad = max(0, 4 - len(shape))
+    return TensorDescriptor(shape + (1,) * pad, dtype, strides + (1,) * pad)
+
+
+def _scalar(dtype: Any, value: float, keep: list[Any]) -> int:
+    v = ctypes.c_double(value) if np.dtype(dtype).name == "float64" else ctypes.c_float(value)
+    keep.append(v)
+    return ctypes.addressof(v)
+
+
+def _op(handle: int, op: OpTensorOp, a: Tensor, alpha1: float, b: Tensor, c: Tensor,
+        nan: NanPropagation = NanPropagation.PROPAGATE_NAN) -> None:
+    """``c = op(alpha1 * a, b)``, ``b`` a one-element tensor broadcast over ``a``."""
+    keep: list[Any] = []
+    compute = "float64" if c.dtype.name == "float64" else "float32"
+    desc = OpTensorDescriptor(op, compute, nan)
+    ad = _descriptor(a.shape, a.strides, a.dtype)
+    cd = _descriptor(c.shape, c.strides, c.dtype)
+    nd = max(4, a.ndim)
+    bd = _descriptor((1,) * nd, (1,) * nd, b.dtype)
+    try:
+        status = _lib.lib().cudnnOpTensor(
+            handle, desc.handle, _scalar(compute, alpha1, keep), ad.handle, a.ptr,
+            _scalar(compute, 1.0, keep), bd.handle, b.ptr, _scalar(compute, 0.0, keep),
+            cd.handle, c.ptr)
+        if status:
+            _lib.raise_status(status, "cudnnOpTensor", f"  op: {op.name}", f"  a: {ad!r}",
+                              f"  c: {cd!r}")
+    finally:
+        for d in (desc, ad, cd, bd):
+            d.close()
+
+
+def hardtanh_forward(x: Any, min_val: float = -1.0, max_val: float = 1.0, *, out: Any = None,
+                     stream: Any = None) -> Tensor:
+    """``min(max(x, min_val), max_val)`` element by element, as ``F.hardtanh``.
+
+    Args:
+        x: the input: 0 to 5 dims, any strides; float32, float16, bfloat16 or float64.
+        min_val: the lower bound (PyTorch's default -1).
+        max_val: the upper bound (default 1), at least ``min_val``.
+        out: optional output of ``x``'s shape, dtype and device (``x`` itself: in place).
+        stream: the CUDA stream to run on; default the legacy default stream.
+
+    Returns:
+        The result in ``x``'s memory format, or ``out``.
+    """
+    fn = "hardtanh_forward"
+    s, s_ref = (0, None) if stream is None else stream_pair(stream)
+    xt = tensor_arg(x, stream)
+    check_input(xt, "x", fn, _RANKS, _WHAT)
+    lo, hi = _bounds(min_val, max_val, fn)
+    o = None if out is None else checked_out(tensor_arg(out, stream), xt.shape, xt, fn, None)
+    if o is not None:
+        check_out_reads(o, (), fn, in_place=xt)
+    strides = layout_strides(xt.shape, xt) if o is None else o.strides
+    dev = xt.device
+    if xt.size == 0:
+        return o if o is not None else output(0, xt.shape, strides, xt.dtype, dev, s, s_ref)
+    prev = callers_device()
+    try:
+        handle = get_handle(dev, s)
+        y = o if o is not None else output(xt.size * xt.dtype.itemsize, xt.shape, strides,
+                                           xt.dtype, dev, s, s_ref)
+        # the bounds in x's dtype (a bound between two of its values compares as PyTorch's
+        # float bound does: the maximum and minimum of representable values round to them)
+        bounds = from_numpy(np.array([lo, hi]), dtype=xt.dtype, device=dev, stream=s)
+        lo_t = Tensor._make(bounds.ptr, (1,), (1,), xt.dtype, dev, bounds)
+        hi_t = Tensor._make(bounds.ptr + xt.dtype.itemsize, (1,), (1,), xt.dtype, dev, bounds)
+        _op(handle, OpTensorOp.MAX, xt, 1.0, lo_t, y)
+        _op(handle, OpTensorOp.MIN, y, 1.0, hi_t, y)
+        return y
+    finally:
+        restore_device(prev)
+
+
+def hardtanh_backward(dy: Any, x: Any, min_val: float = -1.0, max_val: float = 1.0, *,
+                      out: Any = None, stream: Any = None) -> Tensor:
+    """The gradient of `hardtanh_forward`: ``dy`` where ``min_val < x < max_val``, else 0 (at the
+    bounds too), as PyTorch's ``hardtanh_backward``.
+
+    Args:
+        dy: the gradient with respect to the output: ``x``'s shape, dtype and device.
+        x: the forward input.
+        min_val: the forward call's lower bound.
+        max_val: the forward call's upper bound.
+        out: optional output of ``x``'s shape, dtype and device, sharing no memory with ``dy``
+            or ``x``.
+        stream: the CUDA stream to run on; default the legacy default stream.
+
+    Returns:
+        ``dx`` in ``x``'s memory format, or ``out``.
+    """
+    fn = "hardtanh_backward"
+    s, s_ref = (0, None) if stream is None else stream_pair(stream)
+    dyt, xt = tensor_arg(dy, stream), tensor_arg(x, stream)
+    check_input(xt, "x", fn, _RANKS, _WHAT)
+    check_input(dyt, "dy", fn, _RANKS, _WHAT)
+    check_match(xt, "x", dyt, "dy", fn)
+    check_shape(dyt, "dy", xt.shape, fn, "the shape of x")
+    lo, hi = _bounds(min_val, max_val, fn)
+    o = None if out is None else checked_out(tensor_arg(out, stream), xt.shape, xt, fn, None)
+    if o is not None:
+        check_out_reads(o, (("dy", dyt), ("x", xt)), fn)
+    strides = layout_strides(xt.shape, xt)
+    dev = xt.device
+    if xt.size == 0:
+        return o if o is not None else output(0, xt.shape, strides, xt.dtype, dev, s, s_ref)
+    prev = callers_device()
+    try:
+        handle = get_handle(dev, s)
+        wide = xt.dtype if xt.dtype.name == "float64" else FLOAT32
+
+        def dense(t: Tensor | None = None) -> Tensor:
+            new = empty(xt.shape, wide, device=dev, stream=s)
+            d = Tensor._make(new.ptr, xt.shape, strides, wide, dev, new)
+            if t is not None:
+                transform(handle, t, d)  # converted to the compute dtype
+            return d
+
+        xw, dyw = dense(xt), dense(dyt)
+        bounds = from_numpy(np.array([-lo, hi, math.inf]), dtype=wide, device=dev, stream=s)
+        neg_lo, hi_t, inf = (Tensor._make(bounds.ptr + i * wide.itemsize, (1,), (1,), wide, dev,
+                                          bounds) for i in range(3))
+        above, below = dense(), dense()
+        _op(handle, OpTensorOp.ADD, xw, 1.0, neg_lo, above)   # x - min_val
+        _op(handle, OpTensorOp.ADD, xw, -1.0, hi_t, below)    # max_val - x
+        # PyTorch passes dy at NaN (x <= min_val and x >= max_val are both false there): a NaN
+        # difference becomes +inf, a minimum that does not propagate NaN keeps every other value
+        keep_nan = NanPropagation.NOT_PROPAGATE_NAN
+        _op(handle, OpTensorOp.MIN, above, 1.0, inf, above, keep_nan)
+        _op(handle, OpTensorOp.MIN, below, 1.0, inf, below, keep_nan)
+        # ReLU's gradient passes dy where its input is > 0 and gives 0 at +-0 (both kernels)
+        nan = NanPropagation.PROPAGATE_NAN
+        g = run_backward(above, dyw, above, "relu", 0.0, None, s, nan, fn)
+        gw = run_backward(below, g, below, "relu", 0.0, None, s, nan, fn)
+        if o is None and wide == xt.dtype:
+            return gw
+        dx = o if o is not None else output(xt.size * xt.dtype.itemsize, xt.shape, strides,
+                                            xt.dtype, dev, s, s_ref)
+        transform(handle, gw, dx)
+        return dx
+    finally:
+        restore_device(prev)
