@@ -79,6 +79,14 @@ def _as4d(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple[int, 
     return shape + (1,) * pad, strides + (1,) * pad
 
 
+def _view4(t: Tensor) -> Tensor:
+    """``t`` as a view of at least 4 dims (trailing unit dims), as the descriptors see it."""
+    if t.ndim >= 4:
+        return t
+    shape4, strides4 = _as4d(t.shape, t.strides)
+    return Tensor._make(t.ptr, shape4, strides4, t.dtype, t.device, t, t.readonly)
+
+
 def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> TensorDescriptor:
     shape4, strides4 = _as4d(shape, strides)
     return TensorDescriptor(shape4, dtype, strides4)
@@ -280,11 +288,15 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
                 return dx
         target = dx
         if plan.stage or plan.wide is not None:
-            # operands not in the one dense layout (or the dtype) cuDNN is given
-            st, wd = plan.dense, plan.wide
+            # operands not in the one dense layout (or the dtype) cuDNN is given; as 4-D views,
+            # the fewest dims cudnnTransformTensor takes
+            st, wd = _as4d(x.shape, plan.dense)[1], plan.wide
+            y, dy, x, dx4 = _view4(y), _view4(dy), _view4(x), _view4(dx)
             y, dy = staged(handle, y, st, s, dtype=wd), staged(handle, dy, st, s, dtype=wd)
             x = staged(handle, x, st, s, dtype=wd)
-            target = staged(handle, dx, st, s, copy=False, dtype=wd)
+            target = staged(handle, dx4, st, s, copy=False, dtype=wd)
+            if target is dx4:
+                target = dx
         d = plan.x
         status = plan.launch(handle, plan.act, plan.one, d, y.ptr, d, dy.ptr, d, x.ptr, plan.zero,
                              d, target.ptr)
@@ -292,7 +304,7 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
             raise_launch(status, "cudnnActivationBackward", fn, activation=plan.keep[0],
                          tensors=plan.keep[1])
         if target is not dx:
-            transform(handle, target, dx)
+            transform(handle, target, _view4(dx))
         if fast is not None and fast.plan is None:
             fast.tick()
         return dx

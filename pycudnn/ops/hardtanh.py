@@ -73,6 +73,13 @@ def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) ->
     return TensorDescriptor(shape + (1,) * pad, dtype, strides + (1,) * pad)
 
 
+def _view4(t: Tensor) -> Tensor:
+    """``t`` as a view of at least 4 dims (trailing unit dims), for cudnnTransformTensor."""
+    pad = max(0, 4 - t.ndim)
+    return Tensor._make(t.ptr, t.shape + (1,) * pad, t.strides + (1,) * pad, t.dtype, t.device,
+                        t, t.readonly)
+
+
 def _scalar(dtype: Any, value: float, keep: list[Any]) -> int:
     v = ctypes.c_double(value) if np.dtype(dtype).name == "float64" else ctypes.c_float(value)
     keep.append(v)
@@ -186,7 +193,7 @@ def hardtanh_backward(dy: Any, x: Any, min_val: float = -1.0, max_val: float = 1
             new = empty(xt.shape, wide, device=dev, stream=s)
             d = Tensor._make(new.ptr, xt.shape, strides, wide, dev, new)
             if t is not None:
-                transform(handle, t, d)  # converted to the compute dtype
+                transform(handle, _view4(t), _view4(d))  # converted to the compute dtype
             return d
 
         xw, dyw = dense(xt), dense(dyt)
@@ -209,7 +216,7 @@ def hardtanh_backward(dy: Any, x: Any, min_val: float = -1.0, max_val: float = 1
             return gw
         dx = o if o is not None else output(xt.size * xt.dtype.itemsize, xt.shape, strides,
                                             xt.dtype, dev, s, s_ref)
-        transform(handle, gw, dx)
+        transform(handle, _view4(gw), _view4(dx))
         return dx
     finally:
         restore_device(prev)

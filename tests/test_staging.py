@@ -1,0 +1,96 @@
+"""The staging steps of the operations without a GPU: what the calls copy (converted to float32
+for the half-precision ELU and softmax backward passes, round 3; the hardtanh passes) is
+described to the real libcudnn, which must take every descriptor, 0-d and 1-D tensors included
+(cudnnTransformTensor takes 4 dims at least). The allocations, copies and launches are
+recorders; the values are checked on a GPU (test_edge_values_gpu.py, test_parity_gpu.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pycudnn
+from pycudnn.cudnn.tensor_ops import tensor_descriptor
+from pycudnn.ops import _common, activation, hardtanh, softmax
+
+BASE = 0x7F00_0000_0000
+
+
+class _Recorder:
+    def __init__(self, monkeypatch):
+        self.copies: list[tuple[tuple, str, tuple, str]] = []
+        self.launches: list[str] = []
+        self.next = BASE + (1 << 44)
+        rec = self
+
+        def new(shape, dtype="float32", memory_format="contiguous", device=None, stream=None):
+            rec.next += 1 << 32
+            return pycudnn.tensor_from_pointer(rec.next, shape, dtype)
+
+        def output(nbytes, shape, strides, dtype, device, stream, ref):
+            rec.next += 1 << 32
+            return pycudnn.tensor_from_pointer(rec.next, shape, dtype, strides=strides)
+
+        def transform(handle, src, dst):
+            # the real libcudnn must take both descriptors, as cudnnTransformTensor would get them
+            with tensor_descriptor(src), tensor_descriptor(dst):
+                pass
+            assert src.shape == dst.shape
+            rec.copies.append((src.shape, src.dtype.name, dst.shape, dst.dtype.name))
+
+        def c_function(name):
+            return lambda *args: rec.launches.append(name) or 0
+
+        for module in (_common, activation, softmax, hardtanh):
+            for name, fn in (("empty", new), ("output", output), ("transform", transform),
+                             ("c_function", c_function)):
+                if hasattr(module, name):
+                    monkeypatch.setattr(module, name, fn)
+            if hasattr(module, "get_handle"):
+                monkeypatch.setattr(module, "get_handle", lambda *a, **k: 0)
+        monkeypatch.setattr(hardtanh, "from_numpy", lambda a, dtype=None, device=None,
+                            stream=None: new(np.shape(a), dtype))
+        monkeypatch.setattr(hardtanh, "_op", lambda *a, **k: rec.launches.append("cudnnOpTensor"))
+        activation._BACKWARD.clear()
+        softmax._BACKWARD.clear()
+
+
+def t(shape, dtype, region):
+    return pycudnn.tensor_from_pointer(BASE + (region << 40), shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3), (2, 3, 4), (2, 3, 4, 5)])
+def test_half_elu_backward_runs_on_float32_copies(monkeypatch, dtype, shape):
+    rec = _Recorder(monkeypatch)
+    x, y, dy = t(shape, dtype, 0), t(shape, dtype, 1), t(shape, dtype, 2)
+    dx = activation.activation_backward(y, dy, x, "elu", coef=1.0)
+    assert dx.shape == shape and dx.dtype.name == dtype
+    assert rec.launches == ["cudnnActivationBackward"]
+    # y, dy, x in as float32; dx back in its dtype
+    assert [c[1:4:2] for c in rec.copies] == [(dtype, "float32")] * 3 + [("float32", dtype)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape,mode", [((1, 1, 5), "instance"), ((4, 100), "channel"),
+                                        ((2, 3, 4, 5, 6), "channel")])
+def test_half_softmax_backward_runs_on_float32_copies(monkeypatch, dtype, shape, mode):
+    rec = _Recorder(monkeypatch)
+    dx = softmax.softmax_backward(t(shape, dtype, 0), t(shape, dtype, 1), mode=mode)
+    assert dx.shape == shape and dx.dtype.name == dtype
+    assert rec.launches == ["cudnnSoftmaxBackward"]
+    assert [c[1:4:2] for c in rec.copies] == [(dtype, "float32")] * 2 + [("float32", dtype)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("shape", [(), (7,), (2, 3, 4, 5)])
+def test_hardtanh_backward_stages_through_its_compute_dtype(monkeypatch, dtype, shape):
+    rec = _Recorder(monkeypatch)
+    dx = hardtanh.hardtanh_backward(t(shape, dtype, 1), t(shape, dtype, 0), -0.5, 2.0)
+    assert dx.shape == shape and dx.dtype.name == dtype
+    assert rec.launches.count("cudnnOpTensor") == 4  # two differences, two NaN guards
+    assert rec.launches.count("cudnnActivationBackward") == 2  # the two ReLU masks
+    wide = "float64" if dtype == "float64" else "float32"
+    assert [c[3] for c in rec.copies[:2]] == [wide, wide]  # x and dy in the compute dtype
+    if dtype != wide:
+        assert rec.copies[-1][1:4:2] == (wide, dtype)
