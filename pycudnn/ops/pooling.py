@@ -195,6 +195,12 @@ def _options(ceil_mode: Any, dilation: Any, divisor_override: Any, mode: Any, nd
     return (_CEIL if ceil_mode else "half"), divisor
 
 
+def _plain(ceil_mode: Any, dilation: Any, divisor_override: Any) -> bool:
+    """Whether a call leaves PyTorch's extra pooling options at their defaults (one test)."""
+    return (ceil_mode is False and type(dilation) is int and dilation == 1
+            and divisor_override is None)
+
+
 def _ceil_exact(x: Tensor, k: tuple[int, ...], st: tuple[int, ...], p: tuple[int, ...],
                 shape: tuple[int, ...], m: PoolingMode, divisor: int | None, fn: str) -> None:
     """cuDNN computes ceil_mode's extra window as a window of an output given one window
@@ -317,7 +323,7 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
             format, or ``out``.
     """
     fn = "pooling_forward"
-    if ceil_mode is False and dilation == 1 and divisor_override is None:  # the common call
+    if _plain(ceil_mode, dilation, divisor_override):  # the common call
         rule, divisor = "half", None
     else:
         nd = getattr(x, "ndim", 4) - 2
@@ -441,7 +447,7 @@ def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any =
         ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or ``out``.
     """
     fn = "pooling_backward"
-    if ceil_mode is False and dilation == 1 and divisor_override is None:
+    if _plain(ceil_mode, dilation, divisor_override):
         rule, divisor = "half", None
     else:
         nd = getattr(x, "ndim", 4) - 2
