@@ -111,7 +111,9 @@ CASES = [
     (pooling_forward, (X, 2), {"out": t(2, 3, 4, 4, role="out", readonly=True)}, ValueError, r"out: is read-only"),
     # PyTorch's ceil_mode, dilation and divisor_override (round 3 parity)
     (pooling_forward, (X, 2), {"ceil_mode": 1}, TypeError, r"ceil_mode must be a bool"),
-    (pooling_forward, (X, 2), {"dilation": 2}, ValueError, r"dilation=\(2, 2\) is not supported: cuDNN's pooling"),
+    (pooling_forward, (X, 2), {"dilation": 2, "mode": "average_include_padding"}, ValueError, r"dilation=\(2, 2\) applies to max pooling"),
+    (pooling_forward, (t(2, 3, 4, 4), 3), {"dilation": 2}, ValueError, r"Calculated output size: \(3x0x0\). Output size is too small"),
+    (pooling_backward, (PY, PDY, X, 2), {"dilation": 2}, ValueError, r"expected y of size \[2, 3, 3, 3\]"),
     (pooling_forward, (X, 2), {"dilation": 0}, ValueError, r"dilation should be greater than zero"),
     (pooling_forward, (X, 2), {"divisor_override": 0}, ValueError, r"divisor must be not zero"),
     (pooling_forward, (X, 2), {"divisor_override": 2.0}, TypeError, r"divisor_override must be an int"),
@@ -185,6 +187,9 @@ VALID = [
     (pooling_forward, (t(2, 3, 7, 7), 3), {"stride": 2, "padding": 1, "ceil_mode": True, "mode": "average_include_padding"}),  # no partial window
     (pooling_forward, (X, 3), {"stride": 2, "mode": "average_exclude_padding", "divisor_override": 5}),
     (pooling_backward, (t(2, 3, 4, 4, role="y"), t(2, 3, 4, 4, role="dy"), X, 3), {"stride": 2, "ceil_mode": True, "dilation": (1, 1)}),
+    (pooling_forward, (X, 3), {"stride": 1, "padding": 1, "dilation": 2}),
+    (pooling_forward, (t(2, 3, 9, 9, 9), 2), {"stride": (1, 2, 3), "dilation": (3, 2, 1), "mode": "max_deterministic"}),
+    (pooling_backward, (t(2, 3, 3, 3, role="y"), t(2, 3, 3, 3, role="dy"), X, 2), {"dilation": 2}),
 ]
 
 
@@ -366,6 +371,44 @@ def test_ceil_mode_output_size_is_pytorchs(i, k, s, p):
     assert pl.ceil_output_size((i,), (k,), (s,), (p,)) == (ref,)
     y = pl._geometry(t(1, 1, i, i), k, s, p, "pooling_forward", pl._CEIL)[3]
     assert y == (1, 1, ref, ref)
+
+
+def _plain_max(xv, k, pad, stride, n):
+    """What cuDNN's plain max pooling computes over a 1-D view: window t covers
+    [t * stride - pad, + k) of the view, elements outside it ignored (None: no element)."""
+    out = []
+    for t_ in range(n):
+        vals = [xv[m] for m in range(t_ * stride - pad, t_ * stride - pad + k) if 0 <= m < len(xv)]
+        out.append(max(vals) if vals else None)
+    return out
+
+
+@pytest.mark.parametrize("i", [5, 8, 13])
+@pytest.mark.parametrize("k,s,p,d", [(k, s, p, d) for k in (1, 2, 3) for s in (1, 2, 3, 4)
+                                     for p in range(k // 2 + 1) for d in (2, 3, 4)])
+@pytest.mark.parametrize("ceil", [False, True])
+def test_dilated_max_pooling_is_plain_poolings_on_strided_views(i, k, s, p, d, ceil):
+    """The split of a dilated window into plain cuDNN poolings (emulated here as cuDNN computes
+    them) gives PyTorch's dilated max pooling (its own CPU result and output size)."""
+    torch = pytest.importorskip("torch")
+    from pycudnn.ops import pooling as pl
+
+    if d * (k - 1) + 1 > i + 2 * p:
+        return
+    x = np.random.default_rng(i * 100 + k * 10 + s).permutation(i).astype(np.float64)
+    ref = torch.nn.functional.max_pool1d(torch.tensor(x).view(1, 1, -1), k, s, p, d,
+                                         ceil_mode=ceil).view(-1).numpy()
+    o = len(ref)
+    ke = d * (k - 1) + 1
+    assert o == (pl.ceil_output_size if ceil else pl.output_size)((i,), (ke,), (s,), (p,))[0]
+    got = [None] * o
+    for c, n, start, length, pad, step in pl.dilated_classes(i, k, s, p, d, o):
+        view = x[start::d][:length]
+        assert len(view) == length
+        for t_, v in enumerate(_plain_max(view, k, pad, step, n)):
+            assert got[c + t_ * (d // np.gcd(s, d))] is None  # each output exactly once
+            got[c + t_ * (d // np.gcd(s, d))] = v
+    assert got == list(ref)
 
 
 def test_divisor_override_scales_cudnns_window_average():

@@ -199,3 +199,27 @@ def test_hardtanh_is_pytorchs_with_its_edges(dtype, bounds, layout):
         nan = np.isnan(want)
         assert np.array_equal(np.isnan(got), nan), what
         assert np.array_equal(got[~nan], want[~nan]), what  # exact: max, min and masks
+
+
+DILATED = [((9, 9), 3, 1, 1, 2), ((8, 11), 2, 2, 0, 3), ((12, 10), 3, 2, 1, (2, 3)),
+           ((7, 9), 2, 3, 1, 2)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("ceil", [False, True])
+@pytest.mark.parametrize("mode", ["max", "max_deterministic"])
+@pytest.mark.parametrize("geo", DILATED, ids=[str(g) for g in DILATED])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_dilated_max_pooling_is_pytorchs(dtype, ceil, mode, geo, layout):
+    hw, k, s, p, d = geo
+    x = host64((2, 3) + hw, 30).astype(dtype).astype(np.float64)  # the values the device holds
+    xt = torch.tensor(x, requires_grad=True)
+    ref = F.max_pool2d(xt, k, s, p, d, ceil_mode=ceil)
+    X = pycudnn.from_numpy(x.astype(dtype), memory_format=layout)
+    Y = pooling_forward(X, k, stride=s, padding=p, dilation=d, mode=mode, ceil_mode=ceil)
+    assert rel(Y.numpy(), ref.detach().numpy()) == 0.0  # a maximum: exact
+    dy = host64(ref.shape, 31)
+    ref.backward(torch.tensor(dy))
+    DX = pooling_backward(Y, pycudnn.from_numpy(dy.astype(dtype)), X, k, stride=s, padding=p,
+                          dilation=d, mode=mode, ceil_mode=ceil)
+    assert rel(DX.numpy(), xt.grad.numpy()) <= TOL[dtype]

@@ -11,7 +11,7 @@ import pytest
 
 import pycudnn
 from pycudnn.cudnn.tensor_ops import tensor_descriptor
-from pycudnn.ops import _common, activation, hardtanh, softmax
+from pycudnn.ops import _common, activation, hardtanh, pooling, softmax
 
 BASE = 0x7F00_0000_0000
 
@@ -41,7 +41,9 @@ class _Recorder:
         def c_function(name):
             return lambda *args: rec.launches.append(name) or 0
 
-        for module in (_common, activation, softmax, hardtanh):
+        self.zeroed: list[tuple] = []
+
+        for module in (_common, activation, softmax, hardtanh, pooling):
             for name, fn in (("empty", new), ("output", output), ("transform", transform),
                              ("c_function", c_function)):
                 if hasattr(module, name):
@@ -94,3 +96,30 @@ def test_hardtanh_backward_stages_through_its_compute_dtype(monkeypatch, dtype, 
     assert [c[3] for c in rec.copies[:2]] == [wide, wide]  # x and dy in the compute dtype
     if dtype != wide:
         assert rec.copies[-1][1:4:2] == (wide, dtype)
+
+
+@pytest.mark.parametrize("shape,k,s,p,d", [((2, 3, 9, 9), 3, 1, 1, 2), ((1, 2, 8, 11), 2, 2, 0, 3),
+                                           ((1, 1, 7, 8, 9), 2, (1, 2, 3), 1, (3, 2, 1))])
+def test_dilated_max_pooling_launches_plain_poolings_libcudnn_takes(monkeypatch, shape, k, s, p,
+                                                                    d):
+    """Every piece's pooling and tensor descriptors are built by the real libcudnn (views with
+    strides times the dilation), one launch per piece forward and backward."""
+    import math
+
+    from pycudnn.cudnn import tensor_ops
+
+    rec = _Recorder(monkeypatch)
+    monkeypatch.setattr(tensor_ops, "fill_zero", lambda t, st, h=None: rec.zeroed.append(t.shape))
+    x = t(shape, "float32", 0)
+    y = pooling.pooling_forward(x, k, stride=s, padding=p, dilation=d)
+    nd = len(shape) - 2
+    ks, ss, ps, ds = (v if isinstance(v, tuple) else (v,) * nd for v in (k, s, p, d))
+    ke = tuple(di * (ki - 1) + 1 for ki, di in zip(ks, ds))
+    assert y.shape == shape[:2] + pooling.output_size(shape[2:], ke, ss, ps)
+    pieces = math.prod(di // math.gcd(si, di) for si, di in zip(ss, ds))
+    assert rec.launches == ["cudnnPoolingForward"] * pieces
+    rec.launches.clear()
+    dx = pooling.pooling_backward(y, t(y.shape, "float32", 2), x, k, stride=s, padding=p,
+                                  dilation=d)
+    assert dx.shape == shape and rec.zeroed == [shape]  # no window reads some residues
+    assert rec.launches == ["cudnnPoolingBackward"] * pieces

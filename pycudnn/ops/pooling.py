@@ -10,8 +10,8 @@ default ``count_include_pad=True``) and ``"average_exclude_padding"`` (divides b
 input elements in the window). The output size is ``floor((i + 2 * padding - kernel) / stride) + 1``
 per spatial dim (PyTorch's ``ceil_mode=False``); ``ceil_mode=True`` rounds up as PyTorch does
 (cuDNN is given the larger output), and ``divisor_override`` divides every window's sum by one
-number (cuDNN's scaling factor rescales its window average). Dilated windows are refused:
-cuDNN's pooling has none.
+number (cuDNN's scaling factor rescales its window average). Dilated max pooling, which cuDNN's
+pooling lacks, runs as a few plain poolings on strided views (see `dilated_classes`).
 
 What cuDNN 9 refuses or accepts, measured: ``cudnnSetPoolingNdDescriptor`` refuses a window or a
 stride below 1 (BAD_PARAM, with the reason) and more than 6 spatial dims (NOT_SUPPORTED), but
@@ -54,7 +54,7 @@ from ..runtime.handle import get_handle
 from ..runtime.tensor import Tensor, as_tensor
 
 __all__ = ["pooling_forward", "pooling_backward", "PoolingDescriptor", "PoolingMode", "MODES",
-           "output_size"]
+           "output_size", "ceil_output_size", "windows_hold_input", "dilated_classes"]
 
 
 #: the ``mode`` names the functions take
@@ -170,17 +170,20 @@ def _geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
 
 
 def _options(ceil_mode: Any, dilation: Any, divisor_override: Any, mode: Any, nd: int,
-             fn: str) -> tuple[str, int | None]:
-    """(the geometry rule, the divisor) of PyTorch's ``ceil_mode``, ``dilation`` and
-    ``divisor_override`` after their checks."""
+             fn: str) -> tuple[str, int | None, tuple[int, ...]]:
+    """(the geometry rule, the divisor, the dilation) of PyTorch's ``ceil_mode``,
+    ``dilation`` and ``divisor_override`` after their checks."""
     if not isinstance(ceil_mode, bool):
         raise TypeError(f"{fn}: ceil_mode must be a bool, but got {ceil_mode!r}")
     d = _spatial("dilation", dilation, nd, fn)
     if min(d) < 1:
         raise ValueError(f"{fn}: dilation should be greater than zero, but got dilation={d}")
-    if max(d) > 1:
-        raise ValueError(f"{fn}: dilation={d} is not supported: cuDNN's pooling "
-                         f"(cudnnPoolingForward) has no dilated windows; pass dilation=1")
+    if max(d) > 1 and mode not in ("max", "max_deterministic"):
+        raise ValueError(f"{fn}: dilation={d} applies to max pooling (PyTorch's avg_pool has "
+                         f"none), but got mode={mode!r}")
+    if max(d) > 1 and INT32_MAX < max(d):
+        raise ValueError(f"{fn}: expected dilation to be at most {INT32_MAX}, but got "
+                         f"dilation={d}")
     divisor = None
     if divisor_override is not None:
         if isinstance(divisor_override, bool) or not isinstance(divisor_override, int):
@@ -192,7 +195,7 @@ def _options(ceil_mode: Any, dilation: Any, divisor_override: Any, mode: Any, nd
             raise ValueError(f"{fn}: divisor_override applies to average pooling, but got "
                              f"mode={mode!r}")
         divisor = divisor_override
-    return (_CEIL if ceil_mode else "half"), divisor
+    return (_CEIL if ceil_mode else "half"), divisor, d
 
 
 def _plain(ceil_mode: Any, dilation: Any, divisor_override: Any) -> bool:
@@ -311,7 +314,9 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
             ``"average_include_padding"`` (or ``divisor_override``) only where it adds no
             window: an extra window reaches past the right padding, where cuDNN's divisor is
             not PyTorch's (refused, naming the dim).
-        dilation: 1 only (cuDNN's pooling has no dilated windows; another value is refused).
+        dilation: the spacing of a window's elements, max pooling only (PyTorch's): cuDNN's
+            pooling has none, so a dilated one runs as ``d / gcd(stride, d)`` plain poolings
+            per dim on strided views of ``x`` (exact: a maximum ignores the views' padding).
         divisor_override: average pooling only: the divisor of every window's sum, as
             PyTorch's (``count_include_pad`` then does not matter).
         out: optional output of the pooled shape, ``x``'s dtype and device, any strides, sharing
@@ -327,7 +332,10 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
         rule, divisor = "half", None
     else:
         nd = getattr(x, "ndim", 4) - 2
-        rule, divisor = _options(ceil_mode, dilation, divisor_override, mode, max(nd, 1), fn)
+        rule, divisor, d = _options(ceil_mode, dilation, divisor_override, mode, max(nd, 1), fn)
+        if max(d) > 1:
+            return _dilated_forward(x, kernel_size, stride, padding, d, mode, out, stream,
+                                    NanPropagation.PROPAGATE_NAN, rule, fn)
     return run_forward(x, kernel_size, stride, padding, mode, out, stream,
                        NanPropagation.PROPAGATE_NAN, rule, fn, divisor=divisor)
 
@@ -451,7 +459,10 @@ def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any =
         rule, divisor = "half", None
     else:
         nd = getattr(x, "ndim", 4) - 2
-        rule, divisor = _options(ceil_mode, dilation, divisor_override, mode, max(nd, 1), fn)
+        rule, divisor, d = _options(ceil_mode, dilation, divisor_override, mode, max(nd, 1), fn)
+        if max(d) > 1:
+            return _dilated_backward(y, dy, x, kernel_size, stride, padding, d, mode, out,
+                                     stream, NanPropagation.PROPAGATE_NAN, rule, fn)
     return run_backward(y, dy, x, kernel_size, stride, padding, mode, out, stream,
                         NanPropagation.PROPAGATE_NAN, rule, fn, divisor=divisor)
 
@@ -535,3 +546,175 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: A
     plan.pool, plan.x, plan.y = pool.handle, xd.handle, yd.handle
     plan.keep = (pool, yd, xd, *scale)
     return plan
+
+
+# ---- dilated max pooling ------------------------------------------------------------------------
+# cuDNN's pooling has no dilation. A dilated window reads x at start + j * d: per spatial dim the
+# outputs o = c, c + P, c + 2P, ... (P = d / gcd(s, d)) read only x's elements of one residue
+# modulo d, as plain windows of k consecutive elements of that residue's strided view, stepping
+# s * P / d of them. So a dilated max pooling is P (per dim) plain cuDNN max poolings, each on a
+# strided view of x (padded on the left where its first window starts before the view) into a
+# strided view of y. Distinct c read distinct residues: the views of x are disjoint, and the
+# backward passes write disjoint views of dx. A maximum ignores padding, so the views' own
+# padding and sizes change nothing: each pooling is exact.
+
+def dilated_classes(i: int, k: int, s: int, p: int, d: int,
+                    o: int) -> list[tuple[int, int, int, int, int, int]]:
+    """For one spatial dim of a dilated pooling (input ``i``, kernel ``k``, stride ``s``,
+    padding ``p``, dilation ``d``, ``o`` outputs), the plain poolings it splits into:
+    ``(c, n, start, length, pad, stride)``: outputs ``c, c + P, ...`` (``n`` of them) are the
+    windows of a pooling with kernel ``k``, ``stride`` and left padding ``pad`` over the
+    ``length`` elements ``x[start::d]``."""
+    period = d // math.gcd(s, d)
+    step = s * period // d
+    out = []
+    for c in range(min(period, o)):
+        n = (o - c + period - 1) // period
+        first = c * s - p  # x index of output c's window's first element
+        r, q = first % d, first // d  # its residue and its place in that residue's view
+        pad = max(0, -q)
+        start = r + (q + pad) * d
+        length = (i - start + d - 1) // d if start < i else 0
+        out.append((c, n, start, length, pad, step))
+    return out
+
+
+def _dilated_output(x: Tensor, k: tuple[int, ...], st: tuple[int, ...], p: tuple[int, ...],
+                    d: tuple[int, ...], rule: str, fn: str) -> tuple[int, ...]:
+    """PyTorch's output size with the dilated (effective) kernel ``d * (k - 1) + 1``."""
+    ke = tuple(di * (ki - 1) + 1 for ki, di in zip(k, d))
+    out = (ceil_output_size(x.shape[2:], ke, st, p) if rule == _CEIL
+           else output_size(x.shape[2:], ke, st, p))
+    if min(out) < 1:
+        given = "x".join(map(str, x.shape[1:]))
+        calc = "x".join(map(str, (x.shape[1],) + out))
+        raise ValueError(f"{fn}: Given input size: ({given}). Calculated output size: ({calc}). "
+                         f"Output size is too small")
+    return out
+
+
+def _view(t: Tensor, starts: Sequence[int], steps: Sequence[int],
+          sizes: Sequence[int]) -> Tensor:
+    """The view of ``t``'s spatial dims from ``starts``, every ``steps``-th element, ``sizes``
+    of them (N and C whole)."""
+    offset = sum(a * t.strides[2 + j] for j, a in enumerate(starts))
+    strides = t.strides[:2] + tuple(t.strides[2 + j] * b for j, b in enumerate(steps))
+    return Tensor._make(t.ptr + offset * t.dtype.itemsize, t.shape[:2] + tuple(sizes), strides,
+                        t.dtype, t.device, t, t.readonly)
+
+
+def _pieces(x: Tensor, k: tuple[int, ...], st: tuple[int, ...], p: tuple[int, ...],
+            d: tuple[int, ...], out: tuple[int, ...], fn: str) -> list[tuple[Any, ...]]:
+    """Every plain pooling of a dilated one: (x view starts, lengths, y view starts, counts,
+    paddings, strides), over the product of each dim's classes."""
+    import itertools
+
+    per_dim = [dilated_classes(i, ki, si, pi, di, oi)
+               for i, ki, si, pi, di, oi in zip(x.shape[2:], k, st, p, d, out)]
+    pieces = []
+    for combo in itertools.product(*per_dim):
+        if any(length == 0 for _, _, _, length, _, _ in combo):
+            raise ValueError(f"{fn}: a dilated window holds no input element (x "
+                             f"{list(x.shape)}, kernel_size={k}, stride={st}, padding={p}, "
+                             f"dilation={d})")
+        pieces.append(tuple(tuple(c[j] for c in combo) for j in (2, 3, 0, 1, 4, 5)))
+    return pieces
+
+
+def _dilated_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, d: tuple[int, ...],
+                     mode: Any, out: Any, stream: Any, nan: NanPropagation, rule: str,
+                     fn: str) -> Tensor:
+    s, s_ref = (0, None) if stream is None else stream_pair(stream)
+    xt = tensor_arg(x, stream)
+    check_input(xt, "x", fn, _RANKS, _WHAT)
+    k, st, p, _ = _geometry(xt, kernel_size, stride, padding, fn, rule)
+    m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
+    shape = xt.shape[:2] + _dilated_output(xt, k, st, p, d, rule, fn)
+    pieces = _pieces(xt, k, st, p, d, shape[2:], fn)
+    o = None if out is None else checked_out(tensor_arg(out, stream), shape, xt, fn, None)
+    if o is not None:
+        check_out_reads(o, (("x", xt),), fn)
+    strides = layout_strides(shape, xt) if o is None else o.strides
+    dev = xt.device
+    nbytes = math.prod(shape) * xt.dtype.itemsize
+    if nbytes == 0:  # N or C is 0
+        return o if o is not None else output(0, shape, strides, xt.dtype, dev, s, s_ref)
+    prev = callers_device()
+    try:
+        handle = get_handle(dev, s)
+        y = o if o is not None else output(nbytes, shape, strides, xt.dtype, dev, s, s_ref)
+        one, zero = scalars_of(xt.dtype)
+        launch = c_function("cudnnPoolingForward")
+        periods = _periods(st, d)
+        for x_starts, lengths, y_starts, counts, pads, steps in pieces:
+            xv = _view(xt, x_starts, d, lengths)
+            yv = _view(y, y_starts, periods, counts)
+            with PoolingDescriptor(k, pads, steps, m, nan) as pool, \
+                    TensorDescriptor(xv.shape, xv.dtype, xv.strides) as xd, \
+                    TensorDescriptor(yv.shape, yv.dtype, yv.strides) as yd:
+                status = launch(handle, pool.handle, one, xd.handle, xv.ptr, zero, yd.handle,
+                                yv.ptr)
+                if status:
+                    raise_launch(status, "cudnnPoolingForward", fn, pooling=pool, x=xd, y=yd)
+        return y
+    finally:
+        restore_device(prev)
+
+
+def _periods(st: tuple[int, ...], d: tuple[int, ...]) -> tuple[int, ...]:
+    """Per dim, the step between the outputs of one plain pooling: ``d / gcd(s, d)``."""
+    return tuple(di // math.gcd(si, di) for si, di in zip(st, d))
+
+
+def _dilated_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding: Any,
+                      d: tuple[int, ...], mode: Any, out: Any, stream: Any, nan: NanPropagation,
+                      rule: str, fn: str) -> Tensor:
+    s, s_ref = (0, None) if stream is None else stream_pair(stream)
+    yt, dyt, xt = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
+    check_input(xt, "x", fn, _RANKS, _WHAT)
+    k, st, p, _ = _geometry(xt, kernel_size, stride, padding, fn, rule)
+    y_shape = xt.shape[:2] + _dilated_output(xt, k, st, p, d, rule, fn)
+    for t, name in ((yt, "y"), (dyt, "dy")):
+        check_input(t, name, fn, _RANKS, _WHAT)
+        check_match(xt, "x", t, name, fn)
+        check_shape(t, name, y_shape, fn, f"the pooled size of x {list(xt.shape)}")
+    m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
+    pieces = _pieces(xt, k, st, p, d, y_shape[2:], fn)
+    o = None if out is None else checked_out(tensor_arg(out, stream), xt.shape, xt, fn, None)
+    if o is not None:
+        check_out_reads(o, (("y", yt), ("dy", dyt), ("x", xt)), fn)
+    x_dense = layout_strides(xt.shape, xt)
+    y_dense = layout_strides(y_shape, xt)
+    dev = xt.device
+    nbytes = xt.size * xt.dtype.itemsize
+    if xt.size == 0:
+        return o if o is not None else output(0, xt.shape, x_dense, xt.dtype, dev, s, s_ref)
+    prev = callers_device()
+    try:
+        from ..cudnn.tensor_ops import fill_zero
+
+        handle = get_handle(dev, s)
+        dx = o if o is not None else output(nbytes, xt.shape, x_dense, xt.dtype, dev, s, s_ref)
+        # cuDNN reads y with dy and x with dx in one layout: dense copies where they differ
+        ys, dys = staged(handle, yt, y_dense, s), staged(handle, dyt, y_dense, s)
+        xs = staged(handle, xt, x_dense, s)
+        target = staged(handle, dx, x_dense, s, copy=False)
+        fill_zero(target, s, handle)  # the residues no window reads get no gradient
+        one, zero = scalars_of(xt.dtype)
+        launch = c_function("cudnnPoolingBackward")
+        periods = _periods(st, d)
+        for x_starts, lengths, y_starts, counts, pads, steps in pieces:
+            xv, dxv = _view(xs, x_starts, d, lengths), _view(target, x_starts, d, lengths)
+            yv, dyv = _view(ys, y_starts, periods, counts), _view(dys, y_starts, periods, counts)
+            with PoolingDescriptor(k, pads, steps, m, nan) as pool, \
+                    TensorDescriptor(xv.shape, xv.dtype, xv.strides) as xd, \
+                    TensorDescriptor(yv.shape, yv.dtype, yv.strides) as yd:
+                status = launch(handle, pool.handle, one, yd.handle, yv.ptr, yd.handle, dyv.ptr,
+                                xd.handle, xv.ptr, zero, xd.handle, dxv.ptr)
+                if status:
+                    raise_launch(status, "cudnnPoolingBackward", fn, pooling=pool, y=yd, x=xd)
+        if target is not dx:
+            transform(handle, target, dx)
+        return dx
+    finally:
+        restore_device(prev)
