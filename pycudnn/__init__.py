@@ -4,7 +4,7 @@ Importing pycudnn is cheap: no submodule with heavy imports and no libcudnn is l
 name that needs it is first used (PEP 562 module ``__getattr__``).
 
 Two versions: ``pycudnn.__version__`` is pycudnn's own (written once, in ``pycudnn/_version.py``,
-which the package metadata reads), and [`cudnn_version()`][pycudnn.cudnn_version] is the loaded cuDNN library's.
+which the package metadata reads), and `cudnn_version()` is the loaded cuDNN library's.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ _handler: logging.Handler | None = None
 
 
 def handler() -> logging.Handler | None:
-    """The stderr handler [`configure()`][pycudnn._logging.configure] attached, or None."""
+    """The stderr handler `configure()` attached, or None."""
     return _handler
 
 

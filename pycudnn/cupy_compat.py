@@ -10,8 +10,8 @@ defaults, and its semantics: the result is written into the preallocated array t
 (``y``, or ``gW``), an optional bias ``b`` (one value per channel) is added, and nothing is
 returned. They run on CuPy's current stream (more precisely: the current stream of the framework
 the data array comes from, see
-[`pycudnn.current_stream()`][pycudnn.runtime.interop.current_stream]), and accept any array pycudnn
-accepts (CuPy, PyTorch, Numba, [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor]), without copies.
+`pycudnn.current_stream()`), and accept any array pycudnn
+accepts (CuPy, PyTorch, Numba, `pycudnn.Tensor`), without copies.
 
 How the parameters map onto pycudnn:
 
@@ -93,7 +93,7 @@ def set_max_workspace_size(size: int | None) -> None:
     `UNBOUNDED_WORKSPACE` and above: no bound).
 
     Only this module's functions are affected; pycudnn's own functions take
-    ``workspace_limit=`` (or [`pycudnn.config`][pycudnn.configuration.config]).
+    ``workspace_limit=`` (or `pycudnn.config`).
     """
     global _max_workspace_size
     if size is not None and (isinstance(size, (bool, np.bool_))
@@ -1079,7 +1079,7 @@ class DropoutStates:
     ``handle`` is accepted for compatibility and not used (pycudnn keeps one cuDNN handle per
     thread and device). The dropout ratio is given with each call, as in CuPy; a new ratio keeps
     the random state (no re-initialisation). Built on
-    [`pycudnn.ops.dropout.DropoutState`][pycudnn.ops.dropout.DropoutState].
+    `pycudnn.ops.dropout.DropoutState`.
 
     Args:
         handle: ignored (CuPy 13's cuDNN handle, or None).

@@ -1,6 +1,6 @@
 """The exception hierarchy of pycudnn.
 
-Every error that comes from cuDNN is a [`CudnnError`][pycudnn.errors.CudnnError] carrying the
+Every error that comes from cuDNN is a `CudnnError` carrying the
 status, the C function that returned it, the symbolic status name (cuDNN 9 numbering) and cuDNN's
 own reason from ``cudnnGetLastErrorString``. Subclasses group statuses by family, so callers can
 catch ``CudnnBadParamError`` or ``CudnnNotSupportedError`` without knowing numbers.

@@ -215,7 +215,7 @@ class ConvolutionCall:
     """One convolution call after validation: tensors in forward roles and the geometry.
 
     What the public functions build once their arguments are checked, and what the context of
-    their errors is made from ([`repro_lines()`][pycudnn.api.repro.repro_lines]): ``api`` (the
+    their errors is made from (`repro_lines()`): ``api`` (the
     function's name, e.g. ``"conv2d"``), ``direction``, the tensors ``x, w, y`` (the written one
     may be None until it is allocated), ``stride, padding, dilation, groups`` as validated,
     ``flags`` (resolved by ``pycudnn.config.resolve()``) and ``stream``; ``fmt`` is the memory
@@ -328,7 +328,7 @@ class ConvolutionCall:
         transform(self.handle, acc, w)  # cast back once
 
     def params_for(self, x: Tensor, w: Tensor, y: Tensor, z: Tensor | None) -> ConvolutionParams:
-        """The [`ConvolutionParams`][pycudnn.search.problem.ConvolutionParams] (the cache key of
+        """The `ConvolutionParams` (the cache key of
         the search) of this call run on ``x, w, y`` (and the residual ``z``): the whole tensors or
         one batch piece of them; a 1-D convolution is described as a 2-D one of unit height."""
         f = self.flags
@@ -472,7 +472,7 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
     """Convolution (cross-correlation, as PyTorch's ``conv1d/2d/3d``) on device memory.
 
     Args:
-        x: input ``(N, C, *spatial)``, anything [`pycudnn.as_tensor()`][pycudnn.runtime.tensor.as_tensor]
+        x: input ``(N, C, *spatial)``, anything `pycudnn.as_tensor()`
             accepts (1 to 3 spatial dims).
         w: weight ``(K, C/groups, *kernel)``.
         bias: optional ``(K,)``, added to the output.
@@ -489,10 +489,10 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
         stream: the CUDA stream to run on (int handle, cuda.core Stream, or an object with
             ``__cuda_stream__``); default the legacy default stream.
         **flags: ``benchmark``, ``deterministic``, ``allow_tf32``, ``workspace_limit``, ``engine``;
-            defaults from [`pycudnn.config`][pycudnn.configuration.config].
+            defaults from `pycudnn.config`.
 
     Returns:
-        The output ``(N, K, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor],
+        The output ``(N, K, *out_spatial)`` as a `pycudnn.Tensor`,
             ``out`` itself when it is given.
     """
     return _forward(x, w, bias, stride, padding, dilation, groups, activation, out, stream, flags)[0]
@@ -501,7 +501,7 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
 def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: Any,
              activation: Any, out: Any, stream: Any,
              flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """[`convolution()`][pycudnn.api.conv.convolution], returning what it prepared too."""
+    """`convolution()`, returning what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
     prev = None if _mem.visible_devices == 1 else callers_device()
     try:
@@ -534,7 +534,7 @@ def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding
                  groups: Any, activation: Any, out: Any, stream: Any,
                  flags: dict[str, Any],
                  reads_also: Tensor | None = None) -> "tuple[Tensor, PreparedConvolution | None]":
-    """The full path of [`convolution()`][pycudnn.api.conv.convolution]: (output, what it prepared)."""
+    """The full path of `convolution()`: (output, what it prepared)."""
     fn = _CONV_NAMES.get(x.ndim, "convolution")
     nd = _check_rank(x, "input", fn)
     _check_pair(x, "input", w, "weight")
@@ -598,7 +598,7 @@ def _prepare(call: "ConvolutionCall") -> "PreparedConvolution | None":
 
 
 def _contiguous_bias(b: Tensor, stream: int, call: "ConvolutionCall") -> Tensor:
-    """[`contiguous_bias()`][pycudnn.cudnn.tensor_ops.contiguous_bias] for a call: a copy it makes
+    """`contiguous_bias()` for a call: a copy it makes
     marks the call as staged (not replayable by a prepared convolution)."""
     if is_contiguous_bias(b):
         return b
@@ -676,7 +676,7 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
 def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
                 dilation: Any, groups: Any, activation: Any, out: Any, stream: Any,
                 flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """[`conv_transpose()`][pycudnn.api.conv.conv_transpose], returning what it prepared too."""
+    """`conv_transpose()`, returning what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
     prev = None if _mem.visible_devices == 1 else callers_device()
     try:
@@ -818,7 +818,7 @@ def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *
 def _backward_data_call(grad_y: Any, w: Any, input_shape: Sequence[int], stride: Any, padding: Any,
                         dilation: Any, groups: Any, out: Any, stream: Any,
                         flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """[`convolution_backward_data()`][pycudnn.api.conv.convolution_backward_data], returning what
+    """`convolution_backward_data()`, returning what
     it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
     prev = None if _mem.visible_devices == 1 else callers_device()
@@ -888,7 +888,7 @@ def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int]
 def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stride: Any,
                           padding: Any, dilation: Any, groups: Any, out: Any, stream: Any,
                           flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """[`convolution_backward_filter()`][pycudnn.api.conv.convolution_backward_filter], returning
+    """`convolution_backward_filter()`, returning
     what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
     prev = None if _mem.visible_devices == 1 else callers_device()
@@ -945,7 +945,7 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
 def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, padding: Any,
               dilation: Any, groups: Any, out: Any, stream: Any,
               flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
-    """[`convolution_add_relu()`][pycudnn.api.conv.convolution_add_relu], returning what it
+    """`convolution_add_relu()`, returning what it
     prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
     prev = None if _mem.visible_devices == 1 else callers_device()
@@ -1019,7 +1019,7 @@ def prepare_convolution(x: Any, w: Any, bias: Any = None, *, direction: str = "f
     """Run a convolution once (searching and caching its algorithm) and return it prepared.
 
     ``direction="forward"`` takes ``(x, w)`` like
-    [`pycudnn.convolution()`][pycudnn.api.conv.convolution] (``bias`` and ``activation`` allowed);
+    `pycudnn.convolution()` (``bias`` and ``activation`` allowed);
     ``"backward_data"`` takes ``(grad_y, w)`` and ``input_shape=``; ``"backward_filter"`` takes
     ``(x, grad_y)`` and ``weight_shape=``. Other keyword arguments (stride, padding, dilation,
     groups, out, stream, flags) are those of the matching function.

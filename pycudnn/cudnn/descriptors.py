@@ -8,7 +8,7 @@ of a ``with`` block, and never from ``__del__`` during interpreter shutdown. Aft
 
 Arguments are validated in Python first, with messages that name the parameter, the value and what
 was expected. What only cuDNN checks (for instance tensors spanning 2**31 elements or more) comes
-back as the [`CudnnError`][pycudnn.errors.CudnnError] subclass for the status, carrying cuDNN's
+back as the `CudnnError` subclass for the status, carrying cuDNN's
 own reason from ``cudnnGetLastErrorString`` where cuDNN records one. ``validate=False`` skips the
 Python value checks (signs, zero strides, channel counts) so that cuDNN's own reason can be seen.
 
@@ -285,7 +285,7 @@ class Descriptor:
     def query(self) -> tuple[Any, ...]:
         """The descriptor as cuDNN holds it, read back through its ``cudnnGet*Descriptor``
         function: plain ints (cuDNN's enum values) and lists, in that function's order, e.g.
-        ``(data_type, dims, strides)`` for a [`TensorDescriptor`][pycudnn.TensorDescriptor].
+        ``(data_type, dims, strides)`` for a `TensorDescriptor`.
         For checking what was set; the repr shows the same with names.
 
         Raises:

@@ -39,7 +39,7 @@ def check_pair(a: Tensor, a_name: str, b: Tensor, b_name: str) -> None:
 
 def check_bias(bias: Any, k: int, ref: Tensor, stream: Any = None) -> Tensor:
     """``bias`` as a Tensor after the checks every path applies to it (the full path and
-    [`PreparedConvolution`][pycudnn.dispatch.prepared.PreparedConvolution] alike): K elements in one dim, the
+    `PreparedConvolution` alike): K elements in one dim, the
     input's dtype and device. Any stride is fine: fused epilogues read a copy
     (`pycudnn.cudnn.tensor_ops.contiguous_bias()`)."""
     bias = as_tensor(bias, stream=stream)

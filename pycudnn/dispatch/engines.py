@@ -1,10 +1,10 @@
 """The engines by name, and what acts on every engine and cache at once.
 
-[`strategy_for`][pycudnn.dispatch.engines.strategy_for] gives the engine a call's ``engine`` flag names
+`strategy_for` gives the engine a call's ``engine`` flag names
 (``"v7"``: ``pycudnn.search.algos.V7Search``, ``"graph"``:
-``pycudnn.search.graph_engine.GraphSearch``); [`clear_caches`][pycudnn.dispatch.engines.clear_caches],
-[`set_cache_limit`][pycudnn.dispatch.engines.set_cache_limit] and
-[`benchmark_cache`][pycudnn.dispatch.engines.benchmark_cache] act on every engine's state, the benchmark
+``pycudnn.search.graph_engine.GraphSearch``); `clear_caches`,
+`set_cache_limit` and
+`benchmark_cache` act on every engine's state, the benchmark
 caches and the remembered calls. This module sits above both engines, so neither imports the other.
 """
 

@@ -1,10 +1,10 @@
 """Preloading: the tuning database's choices for one GPU, made ready before the first call.
 
 A later process finds each layer's stored choice on its first call and skips the search
-([`pycudnn.search.tuning_db`][pycudnn.search.tuning_db]), but that first call still pays for rebuilding the choice
+(`pycudnn.search.tuning_db`), but that first call still pays for rebuilding the choice
 (graph and plan, about 1 ms) and for CUDA loading the chosen kernels on their first launch (CUDA
 loads modules lazily: 40-100 ms for the first kernel of an engine family, a few ms for each further
-one; PyTorch pays the same). [`preload()`][pycudnn.dispatch.preloading.preload] pays both at a moment the
+one; PyTorch pays the same). `preload()` pays both at a moment the
 program chooses: at start-up, in a thread while data loads, or before capturing a CUDA graph (where
 a search is not allowed). Every record of the database that applies to the device (same GPU model
 and cuDNN version) is rebuilt, run once on scratch buffers (which loads its kernels), and put in the
@@ -43,7 +43,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(ConvolutionParams)}
 
 @dataclasses.dataclass(frozen=True)
 class PreloadReport:
-    """What [`preload()`][pycudnn.dispatch.preloading.preload] did (counts of tuning database records)."""
+    """What `preload()` did (counts of tuning database records)."""
 
     device: int
     #: records stored for this GPU model and cuDNN version (the others are left alone)
@@ -67,7 +67,7 @@ class PreloadReport:
 
 
 def params_from_dict(data: dict[str, Any], device: int) -> ConvolutionParams:
-    """The [`ConvolutionParams`][pycudnn.search.algos.ConvolutionParams] of a database entry's ``params``
+    """The `ConvolutionParams` of a database entry's ``params``
     (the inverse of `pycudnn.search.tuning_records.params_to_dict()`), on device ``device``.
 
     The entry is untrusted input: every field is parsed as strictly as a call's arguments are,
@@ -138,7 +138,7 @@ def preload(device: Any = None, *, launch: bool = True, max_bytes: int | None = 
             the free memory); records that need more are rebuilt but not launched.
 
     Returns:
-        A [`PreloadReport`][pycudnn.dispatch.preloading.PreloadReport] (counts and seconds; ``str()`` gives
+        A `PreloadReport` (counts and seconds; ``str()`` gives
         one line).
 
     Raises:

@@ -1,6 +1,6 @@
 """Prepared convolutions: everything decided once, then launched with the least host work.
 
-A [`PreparedConvolution`][pycudnn.dispatch.prepared.PreparedConvolution] holds the cached choice (a
+A `PreparedConvolution` holds the cached choice (a
 graph-engine plan or a v7 algorithm record) for one set of shapes, strides, dtype, geometry and
 flags. Calling it checks that the new tensors match, allocates the output if none is given, and
 launches: no validation of geometry, no descriptors, no plan, no search. On the graph engine a
@@ -9,7 +9,7 @@ launch with buffers seen before is one dict lookup plus one ``cudnnBackendExecut
 The public convolution functions keep a bounded map from a cheap call signature to a prepared
 convolution, so repeated calls with the same shapes take the same short path; users who call one
 convolution many times can hold the object themselves through
-[`pycudnn.prepare_convolution()`][pycudnn.api.conv.prepare_convolution].
+`pycudnn.prepare_convolution()`.
 
 If a launch fails (out of memory, a cuDNN error), the call goes back through the full search
 iterator, which has the fallbacks.
@@ -292,7 +292,7 @@ def set_limit(entries: int | None) -> None:
 
 def remembered_calls() -> list[PreparedConvolution]:
     """The convolutions remembered now for repeated calls of the public functions (each a
-    [`PreparedConvolution`][pycudnn.dispatch.prepared.PreparedConvolution]), oldest first."""
+    `PreparedConvolution`), oldest first."""
     with _fast_lock:
         return list(_fast.values())
 

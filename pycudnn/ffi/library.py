@@ -6,7 +6,7 @@
 2. ``cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")`` (NVIDIA wheels, conda, system);
 3. the sonames ``libcudnn.so.9`` then ``libcudnn.so``.
 
-If none loads, [`CudnnNotFoundError`][pycudnn.errors.CudnnNotFoundError] lists every place tried and
+If none loads, `CudnnNotFoundError` lists every place tried and
 why.
 
 ``PYCUDNN_LIBRARY`` (when set and not empty) is the only place tried: a library it names that does
@@ -615,7 +615,7 @@ def last_error_string() -> str:
 
 
 def raise_status(status: int, function: str, *context: str) -> NoReturn:
-    """Raise the [`CudnnError`][pycudnn.errors.CudnnError] subclass for ``status`` returned by
+    """Raise the `CudnnError` subclass for ``status`` returned by
     ``function``."""
     reason = last_error_string()
     raise error_class_for_status(status)(status, function, status_name(status), reason, list(context))

@@ -70,7 +70,7 @@ class Reserve:
 
 
 def tensor_arg(obj: Any, stream: Any) -> Tensor:
-    """``obj`` as a [`Tensor`][pycudnn.tensor.Tensor] (zero-copy; a Tensor is returned as is)."""
+    """``obj`` as a `Tensor` (zero-copy; a Tensor is returned as is)."""
     return obj if type(obj) is Tensor else as_tensor(obj, stream=stream)
 
 

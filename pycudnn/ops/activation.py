@@ -145,7 +145,7 @@ def activation_forward(x: Any, mode: str = "relu", *, coef: float = 0.0, out: An
     """``y = activation(x)`` element by element (cuDNN's ``cudnnActivationForward``).
 
     Args:
-        x: the input, anything [`pycudnn.as_tensor()`][pycudnn.runtime.tensor.as_tensor] accepts: 0 to 5
+        x: the input, anything `pycudnn.as_tensor()` accepts: 0 to 5
             dims, any strides (no broadcast dims); float32, float16, bfloat16 or float64.
         mode: ``"relu"``, ``"sigmoid"``, ``"tanh"``, ``"clipped_relu"``, ``"elu"`` or
             ``"swish"``. (``"identity"`` is refused: cuDNN runs it only fused into a convolution.)
@@ -158,7 +158,7 @@ def activation_forward(x: Any, mode: str = "relu", *, coef: float = 0.0, out: An
             ``__cuda_stream__``); default the legacy default stream.
 
     Returns:
-        The result as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format
+        The result as a `pycudnn.Tensor` in ``x``'s memory format
             (channels-last when ``x`` is), or ``out`` when it is given.
     """
     return run_forward(x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
@@ -244,14 +244,14 @@ def activation_backward(y: Any, dy: Any, x: Any, mode: str = "relu", *, coef: fl
         x: the forward input. ``y``, ``dy`` and ``x`` have one shape, dtype and device; any
             strides (cuDNN needs ``y``/``dy`` and ``x``/``dx`` laid out alike: operands that are
             not dense in ``x``'s memory format are staged through dense copies).
-        mode: as for [`activation_forward()`][pycudnn.ops.activation.activation_forward].
-        coef: as for [`activation_forward()`][pycudnn.ops.activation.activation_forward].
+        mode: as for `activation_forward()`.
+        coef: as for `activation_forward()`.
         out: optional output of ``x``'s shape, dtype and device, any strides, sharing no memory
             with ``y``, ``dy`` or ``x``.
         stream: the CUDA stream to run on; default the legacy default stream.
 
     Returns:
-        ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or ``out``.
+        ``dx`` as a `pycudnn.Tensor` in ``x``'s memory format, or ``out``.
     """
     return run_backward(y, dy, x, mode, coef, out, stream, NanPropagation.PROPAGATE_NAN,
                         "activation_backward")

@@ -1,9 +1,9 @@
 """Batch normalization through cuDNN's legacy batch-norm API: training forward (with the running
 statistics updated in place), inference, backward, and the fused batch norm + add + ReLU.
 
-Inputs are anything [`pycudnn.as_tensor()`][pycudnn.runtime.tensor.as_tensor] takes, ``(N, C)``,
+Inputs are anything `pycudnn.as_tensor()` takes, ``(N, C)``,
 ``(N, C, L)``, ``(N, C, H, W)`` or ``(N, C, D, H, W)`` with any strides; outputs are
-[`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor]s or written into ``out=``. ``x`` in float16 or bfloat16
+`pycudnn.Tensor`s or written into ``out=``. ``x`` in float16 or bfloat16
 takes float32 ``weight``, ``bias`` and statistics (cuDNN's rule); float32 takes float32 and
 float64 all float64.
 
@@ -98,9 +98,9 @@ class BatchNormResult(tuple[Tensor, Tensor, Tensor]):
     """``(y, save_mean, save_invstd)`` of a training forward pass; unpacks as a 3-tuple.
 
     Attributes:
-        reserve: the [`ReserveSpace`][pycudnn.ops.batchnorm.ReserveSpace] cuDNN asked for (its
+        reserve: the `ReserveSpace` cuDNN asked for (its
             fast NHWC kernels), or None; give it to
-            [`batch_norm_backward`][pycudnn.ops.batchnorm.batch_norm_backward] as ``reserve=``.
+            `batch_norm_backward` as ``reserve=``.
     """
 
     reserve: ReserveSpace | None
@@ -747,10 +747,10 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
         out: optional output of x's shape, dtype and device (any strides).
         save_mean: optional output for the batch mean, like ``weight``.
         save_invstd: optional output for ``1 / sqrt(var + eps)``, like ``weight``.
-        stream: the CUDA stream to run on (as [`pycudnn.convolution`][pycudnn.api.conv.convolution]).
+        stream: the CUDA stream to run on (as `pycudnn.convolution`).
 
     Returns:
-        A [`BatchNormResult`][pycudnn.ops.batchnorm.BatchNormResult] ``(y, save_mean,
+        A `BatchNormResult` ``(y, save_mean,
             save_invstd)`` whose ``reserve`` goes to the backward pass.
     """
     try:
@@ -889,7 +889,7 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
         stream: the CUDA stream to run on.
 
     Returns:
-        The output as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor], ``out`` itself when given.
+        The output as a `pycudnn.Tensor`, ``out`` itself when given.
     """
     try:
         xt, w, b = _as_tensor(x, stream), _as_tensor(weight, stream), _as_tensor(bias, stream)
@@ -1053,7 +1053,7 @@ def batch_norm_backward(x: Any, dy: Any, weight: Any, save_mean: Any, save_invst
                         eps: float = 1e-5, mode: str | int = "spatial", out: Any = None,
                         reserve: ReserveSpace | None = None,
                         stream: Any = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of [`batch_norm_forward_training`][pycudnn.ops.batchnorm.batch_norm_forward_training]
+    """Gradients of `batch_norm_forward_training`
     with respect to its input, weight and bias.
 
     Args:
@@ -1185,7 +1185,7 @@ def batch_norm_add_relu_forward_training(
         weight: scale, ``(C,)``.
         bias: shift, ``(C,)``.
         running_mean: updated in place as in
-            [`batch_norm_forward_training`][pycudnn.ops.batchnorm.batch_norm_forward_training].
+            `batch_norm_forward_training`.
         running_var: updated in place (unbiased variance).
         momentum: the weight of this batch in the running averages.
         eps: added to the variance, >= 0.
@@ -1197,7 +1197,7 @@ def batch_norm_add_relu_forward_training(
 
     Returns:
         ``(y, save_mean, save_invstd, reserve)``: pass ``y``, the saved statistics and
-            ``reserve`` to [`batch_norm_add_relu_backward`][pycudnn.ops.batchnorm.batch_norm_add_relu_backward].
+            ``reserve`` to `batch_norm_add_relu_backward`.
     """
     fn = "batch_norm_add_relu_forward_training"
     prev = callers_device()
@@ -1262,7 +1262,7 @@ def batch_norm_add_relu_backward(
         reserve: ReserveSpace | None = None, *, eps: float = 1e-5,
         mode: str | int = "spatial_persistent", out: Any = None,
         stream: Any = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of [`batch_norm_add_relu_forward_training`][pycudnn.ops.batchnorm.batch_norm_add_relu_forward_training].
+    """Gradients of `batch_norm_add_relu_forward_training`.
 
     With the reserve of a fused forward pass this is one fused cuDNN call
     (``cudnnBatchNormalizationBackwardEx`` with ``CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION``);

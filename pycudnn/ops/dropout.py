@@ -2,11 +2,11 @@
 zeroes each element with probability ``p`` and scales the others by ``1 / (1 - p)``, and a backward
 pass that applies the forward pass's mask (kept in its reserve) to the gradient.
 
-[`DropoutState`][pycudnn.ops.dropout.DropoutState] owns cuDNN's dropout descriptor and its RNG
+`DropoutState` owns cuDNN's dropout descriptor and its RNG
 state buffer (``cudnnDropoutGetStatesSize`` bytes, initialised by ``cudnnSetDropoutDescriptor``
 from the seed: a kernel, run once). Each forward pass draws new random numbers from that state, so
 two states with one seed give the same sequence of masks. Changing ``p`` keeps the state
-(``cudnnRestoreDropoutDescriptor``, no new initialisation); [`DropoutState.reset`][pycudnn.ops.dropout.DropoutState.reset]
+(``cudnnRestoreDropoutDescriptor``, no new initialisation); `DropoutState.reset`
 re-initialises it from a seed.
 
 A state is one RNG stream: calls that use it must be ordered, on one CUDA stream or with the
@@ -395,13 +395,13 @@ def dropout_forward(x: Any, state: DropoutState, *, out: Any = None,
 
     Args:
         x: any CUDA array pycudnn accepts, of any shape and strides.
-        state: the [`DropoutState`][pycudnn.ops.dropout.DropoutState] (probability, RNG) to use;
+        state: the `DropoutState` (probability, RNG) to use;
             its RNG advances.
         out: optional output of x's shape, dtype and device (any strides).
         stream: the CUDA stream to run on.
 
     Returns:
-        ``(y, reserve)``: pass ``reserve`` to [`dropout_backward`][pycudnn.ops.dropout.dropout_backward].
+        ``(y, reserve)``: pass ``reserve`` to `dropout_backward`.
     """
     try:
         xt = x if type(x) is Tensor else as_tensor(x, stream=stream)
@@ -497,7 +497,7 @@ def dropout_backward(dy: Any, state: DropoutState, reserve: DropoutReserve, *, o
         stream: the CUDA stream to run on.
 
     Returns:
-        ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor], ``out`` itself when given.
+        ``dx`` as a `pycudnn.Tensor`, ``out`` itself when given.
     """
     try:
         dyt = dy if type(dy) is Tensor else as_tensor(dy, stream=stream)

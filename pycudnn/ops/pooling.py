@@ -298,7 +298,7 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
 
     Args:
         x: ``(N, C, H, W)`` for 2-D or ``(N, C, D, H, W)`` for 3-D pooling, anything
-            [`pycudnn.as_tensor()`][pycudnn.runtime.tensor.as_tensor] accepts, any strides; float32,
+            `pycudnn.as_tensor()` accepts, any strides; float32,
             float16, bfloat16 or float64.
         kernel_size: the window: an int, or one int per spatial dim (a one-element sequence
             counts for every dim, as in PyTorch).
@@ -324,7 +324,7 @@ def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: An
         stream: the CUDA stream to run on; default the legacy default stream.
 
     Returns:
-        ``(N, C, *out_spatial)`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory
+        ``(N, C, *out_spatial)`` as a `pycudnn.Tensor` in ``x``'s memory
             format, or ``out``.
     """
     fn = "pooling_forward"
@@ -440,19 +440,19 @@ def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any =
         x: the forward input. ``y``, ``dy`` and ``x`` have one dtype and device; any strides
             (cuDNN needs ``y``/``dy`` and ``x``/``dx`` laid out alike: operands that are not dense
             in ``x``'s memory format are staged through dense copies).
-        kernel_size: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
-        stride: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
-        padding: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
-        mode: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
-        ceil_mode: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
-        dilation: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
-        divisor_override: as for [`pooling_forward()`][pycudnn.ops.pooling.pooling_forward].
+        kernel_size: as for `pooling_forward()`.
+        stride: as for `pooling_forward()`.
+        padding: as for `pooling_forward()`.
+        mode: as for `pooling_forward()`.
+        ceil_mode: as for `pooling_forward()`.
+        dilation: as for `pooling_forward()`.
+        divisor_override: as for `pooling_forward()`.
         out: optional output of ``x``'s shape, dtype and device, any strides, sharing no memory
             with ``y``, ``dy`` or ``x``.
         stream: the CUDA stream to run on; default the legacy default stream.
 
     Returns:
-        ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or ``out``.
+        ``dx`` as a `pycudnn.Tensor` in ``x``'s memory format, or ``out``.
     """
     fn = "pooling_backward"
     if _plain(ceil_mode, dilation, divisor_override):

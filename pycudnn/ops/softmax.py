@@ -186,7 +186,7 @@ def softmax_forward(x: Any, *, algorithm: str = "accurate", mode: str = "channel
 
     Args:
         x: ``(N, C, *spatial)`` with 0 to 3 spatial dims, anything
-            [`pycudnn.as_tensor()`][pycudnn.runtime.tensor.as_tensor] accepts, any strides; float32,
+            `pycudnn.as_tensor()` accepts, any strides; float32,
             float16, bfloat16 or float64.
         algorithm: ``"accurate"`` (the maximum subtracted first), ``"fast"`` (not: may overflow)
             or ``"log"`` (log-softmax).
@@ -197,7 +197,7 @@ def softmax_forward(x: Any, *, algorithm: str = "accurate", mode: str = "channel
         stream: the CUDA stream to run on; default the legacy default stream.
 
     Returns:
-        The result as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``x``'s memory format, or
+        The result as a `pycudnn.Tensor` in ``x``'s memory format, or
             ``out``.
     """
     fn = "softmax_forward"
@@ -291,7 +291,7 @@ def softmax_backward(y: Any, dy: Any, *, algorithm: str = "accurate", mode: str 
         stream: the CUDA stream to run on; default the legacy default stream.
 
     Returns:
-        ``dx`` as a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor] in ``y``'s memory format, or ``out``.
+        ``dx`` as a `pycudnn.Tensor` in ``y``'s memory format, or ``out``.
     """
     fn = "softmax_backward"
     s, s_ref = (0, None) if stream is None else stream_pair(stream)

@@ -56,7 +56,7 @@ class StreamGate:
         self.opened_by_watchdog = 0
 
     def hold(self, stream: int) -> int:
-        """Queue a hold on ``stream``; returns the generation [`open`][pycudnn.runtime.gate.StreamGate.open] takes."""
+        """Queue a hold on ``stream``; returns the generation `open` takes."""
         with self._lock:
             self._generation += 1
             g = self._generation

@@ -14,7 +14,7 @@ exit. PyTorch leaks them on purpose too, because ``cudnnDestroy`` from an exit h
 after the CUDA driver has started shutting down and crash the process. The driver reclaims
 everything when the process ends.
 
-[`get_handle()`][pycudnn.runtime.handle.get_handle] also makes the device current and sets the caller's
+`get_handle()` also makes the device current and sets the caller's
 stream on the handle with ``cudnnSetStream`` (as PyTorch's ``getCudnnHandle()`` does), skipping
 the call when the stream is the one last set on that handle by this thread.
 """

@@ -8,7 +8,7 @@ pycudnn cannot know it, so pass it::
     y = pycudnn.convolution(x, w, stream=pycudnn.current_stream(x))      # x: a torch tensor
     y = pycudnn.convolution(x, w, stream=pycudnn.current_stream("cupy"))
 
-[`current_stream()`][pycudnn.runtime.interop.current_stream] asks the framework for its current stream and
+`current_stream()` asks the framework for its current stream and
 returns the raw ``cudaStream_t`` handle (an ``int``), which every pycudnn function accepts. It
 imports nothing that is not already imported: asking for ``"torch"`` in a process without PyTorch
 raises.
@@ -24,7 +24,7 @@ from .memory import resolve_stream
 __all__ = ["current_stream", "framework_of", "FRAMEWORKS"]
 
 FRAMEWORKS = ("torch", "cupy", "numba", "cuda.core", "pycudnn")
-"""The framework names [`current_stream()`][pycudnn.runtime.interop.current_stream] accepts."""
+"""The framework names `current_stream()` accepts."""
 
 
 def framework_of(obj: Any) -> str | None:
@@ -105,7 +105,7 @@ def current_stream(obj: Any) -> int:
             * a PyTorch tensor: its device's current PyTorch stream;
             * a CuPy array: CuPy's current stream on the array's device;
             * a Numba device array: the stream it was created with (``array.stream``);
-            * a [`pycudnn.Tensor`][pycudnn.runtime.tensor.Tensor]: ``0`` (pycudnn records no stream on its
+            * a `pycudnn.Tensor`: ``0`` (pycudnn records no stream on its
               tensors);
             * a stream object (PyTorch, CuPy, Numba, cuda.core, anything with
               ``__cuda_stream__``) or an int handle: its handle;

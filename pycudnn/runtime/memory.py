@@ -1,10 +1,10 @@
 """Device memory and CUDA runtime helpers. This module knows nothing of cuDNN.
 
 * **Errors.** `check_cuda()` turns a ``cuda.bindings.runtime`` status into a Python exception:
-  no driver / no device -> [`NoDeviceError`][pycudnn.errors.NoDeviceError] naming the driver's
-  reason, ``cudaErrorMemoryAllocation`` -> [`OutOfMemoryError`][pycudnn.errors.OutOfMemoryError],
+  no driver / no device -> `NoDeviceError` naming the driver's
+  reason, ``cudaErrorMemoryAllocation`` -> `OutOfMemoryError`,
   anything else -> `CudaError`.
-* **Devices.** [`device_count()`][pycudnn.runtime.handle.device_count] (0 where there is no driver; never
+* **Devices.** `device_count()` (0 where there is no driver; never
   raises), `current_device()`, `ensure_device()` and the `device_guard` context manager. Both use
   the runtime's notion of the current device (``cudaGetDevice`` / ``cudaSetDevice``, as PyTorch
   does), so they agree with PyTorch, CuPy and cuDNN itself, and they skip ``cudaSetDevice`` when the
@@ -260,7 +260,7 @@ def no_device_error(what: str) -> NoDeviceError:
 
 
 def require_device(what: str = "pycudnn") -> int:
-    """The device count, or [`NoDeviceError`][pycudnn.errors.NoDeviceError] naming the driver's
+    """The device count, or `NoDeviceError` naming the driver's
     reason when it is 0.
 
     ``what`` is the public call the user made; the message starts with it and ends with what to
@@ -371,7 +371,7 @@ class device_guard:
 
 def callers_device() -> int | None:
     """The calling thread's current device, to give back after a call that may switch it
-    ([`pycudnn.get_handle()`][pycudnn.runtime.handle.get_handle] makes the tensors' device current): the
+    (`pycudnn.get_handle()` makes the tensors' device current): the
     public convolution functions leave the caller's device as they found it, like PyTorch's device
     guard. None where only one device is visible, so that the common case costs no CUDA call."""
     n = visible_devices if visible_devices is not None else device_count()
@@ -393,7 +393,7 @@ def pointer_device(ptr: int) -> int:
 
     ``ptr == 0`` (an empty array) gives the current device. Where no device is usable at all this
     returns 0 instead of raising: such a tensor cannot be used by any operation anyway, which will
-    raise [`NoDeviceError`][pycudnn.errors.NoDeviceError] itself. Raises TypeError for plain
+    raise `NoDeviceError` itself. Raises TypeError for plain
     (unregistered) host memory.
     """
     if not visible_devices and not device_count():
@@ -711,7 +711,7 @@ def _check_nbytes(nbytes: Any) -> int:
 
 def thread_token() -> object:
     """An object unique to the calling thread (a thread id may be reused by a later thread; this
-    object is not while anything holds it): what [`DeviceBuffer`][pycudnn.runtime.memory.DeviceBuffer]'s
+    object is not while anything holds it): what `DeviceBuffer`'s
     ``thread`` records for memory allocated on the per-thread default stream. Takes no lock: safe
     in finalizers."""
     try:

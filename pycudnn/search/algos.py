@@ -2,7 +2,7 @@
 
 This is the behaviour of PyTorch's ``Conv_v7.cpp`` (see ``docs/architecture.md``):
 
-* [`ConvolutionParams`][pycudnn.search.problem.ConvolutionParams] is the immutable cache key: everything
+* `ConvolutionParams` is the immutable cache key: everything
   that changes the answer.
 * `BenchmarkCache` holds one record per key, one cache per direction, thread-safe, with a
   per-key search lock so two threads asking for the same new key run one search, and a reader
@@ -10,14 +10,14 @@ This is the behaviour of PyTorch's ``Conv_v7.cpp`` (see ``docs/architecture.md``
 * `try_all()` is the reference's ``AlgoIterator::try_all``: the cached record first (searched
   again when it runs out of memory), else every candidate in order, skipping those that run out of
   memory or fail inside cuDNN, caching the first that succeeds; when all fail it raises
-  [`NoAlgorithmError`][pycudnn.errors.NoAlgorithmError] listing each candidate and why.
-* An *engine* ([`Engine`][pycudnn.search.engine.Engine]) supplies the candidates and runs one.
+  `NoAlgorithmError` listing each candidate and why.
+* An *engine* (`Engine`) supplies the candidates and runs one.
   `V7Search` here is the legacy Get/Find engine; the graph engine implements the same contract,
   so the key, caches, iterator, tuning database and guards are shared.
 
-The key and the arguments live in [`pycudnn.search.problem`][pycudnn.search.problem] (re-exported here); the
+The key and the arguments live in `pycudnn.search.problem` (re-exported here); the
 registry of engines and the functions that act on every engine and cache (``clear_caches``,
-``set_cache_limit``, ``benchmark_cache``, ``strategy_for``) in [`pycudnn.dispatch.engines`][pycudnn.dispatch.engines].
+``set_cache_limit``, ``benchmark_cache``, ``strategy_for``) in `pycudnn.dispatch.engines`.
 """
 
 from __future__ import annotations
@@ -356,7 +356,7 @@ class V7Direction:
     """How the v7 engine searches and runs one direction: cuDNN's perf-result struct and
     algorithm enum, the algorithms Find and the workspace sizing consider, the default algorithm,
     and the names of the cuDNN functions it calls (see
-    [`v7_direction`][pycudnn.search.algos.v7_direction])."""
+    `v7_direction`)."""
 
     perf_struct: type[ctypes.Structure]
     algo_enum: type[IntEnum]

@@ -11,7 +11,7 @@ tuning database and the prepared (repeated) calls are shared; an engine supplies
   against the key: the database is untrusted);
 * what it fuses (``supports``), how it describes a key for error messages, and ``clear``.
 
-Workspace has one policy for both engines and every launch: [`workspace`][pycudnn.search.engine.workspace].
+Workspace has one policy for both engines and every launch: `workspace`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Record(Protocol):
 
 def workspace(nbytes: int, device: int, stream: int, cached: bool) -> tuple[int, Any]:
     """``(pointer, owned)``: a workspace of ``nbytes`` for one launch on ``stream`` (pointer 0
-    when none is needed). Pass ``owned`` to [`release`][pycudnn.search.engine.release] after the launch.
+    when none is needed). Pass ``owned`` to `release` after the launch.
 
     ``cached`` (an engine's ``cached_workspace``): this thread's cached workspace for (device,
     stream), reused across launches (they are ordered on the stream) and grown when a larger one
@@ -62,7 +62,7 @@ def workspace(nbytes: int, device: int, stream: int, cached: bool) -> tuple[int,
 
 
 def release(owned: Any, stream: int) -> None:
-    """Free what [`workspace`][pycudnn.search.engine.workspace] allocated for one launch (if anything)."""
+    """Free what `workspace` allocated for one launch (if anything)."""
     if owned is not None:
         owned.close(stream)
 
@@ -78,12 +78,12 @@ class Engine(ABC):
     #: the epilogues it fuses into the convolution itself
     epilogues: ClassVar[frozenset[EpilogueKind]] = frozenset({EpilogueKind.NONE})
     #: whether replays (``launcher``) use this thread's cached workspace (see
-    #: [`workspace`][pycudnn.search.engine.workspace]); False: a stream-ordered allocation per launch.
+    #: `workspace`); False: a stream-ordered allocation per launch.
     #: First launches (``run``, searches) always get an allocation of their own.
     cached_workspace: ClassVar[bool] = False
 
     def supports(self, epilogue: str) -> bool:
-        """Whether it fuses ``epilogue`` (an [`EpilogueKind`][pycudnn.search.problem.EpilogueKind] value)."""
+        """Whether it fuses ``epilogue`` (an `EpilogueKind` value)."""
         return EpilogueKind(epilogue) in self.epilogues
 
     @abstractmethod
@@ -104,7 +104,7 @@ class Engine(ABC):
                pointers: tuple[int, ...], stream: int) -> None:
         """Launch a record that already ran for ``params`` (no checks: the hot path).
         ``pointers``: ``(x, w, y, [z,] [bias])``, as
-        [`ConvolutionArgs.pointers`][pycudnn.search.problem.ConvolutionArgs.pointers] gives them."""
+        `ConvolutionArgs.pointers` gives them."""
 
     @abstractmethod
     def serialize(self, record: Any) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 `GraphSearch` supplies candidates and runs one; the cache key, the per-direction caches,
 the iterator with its fallbacks, the guards and the batch splitting are those of
-[`pycudnn.search.algos`][pycudnn.search.algos] and [`pycudnn.api.conv`][pycudnn.api.conv]. Only the search differs:
+`pycudnn.search.algos` and `pycudnn.api.conv`. Only the search differs:
 
 * candidates are cuDNN's heuristics (modes A, B and FALLBACK, in that order), every engine config
   with its knob choices, filtered by their notes as PyTorch does (no down-converting engines; no

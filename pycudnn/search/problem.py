@@ -1,12 +1,12 @@
 """What one convolution problem is: its direction, the key that identifies it, its arguments.
 
-* [`Direction`][pycudnn.search.problem.Direction] and [`DIRECTION`][pycudnn.search.problem.DIRECTION]: the one
+* `Direction` and `DIRECTION`: the one
   table that says, for each direction, which tensor is written, which two the public function
   takes as inputs, and in what order the legacy C functions take their operands. Tensors are
   named by their *forward* roles everywhere: ``x`` (input), ``w`` (weight), ``y`` (output).
-* [`EpilogueKind`][pycudnn.search.problem.EpilogueKind]: the fused epilogues.
-* [`ConvolutionParams`][pycudnn.search.problem.ConvolutionParams]: the immutable cache key.
-* [`ConvolutionArgs`][pycudnn.search.problem.ConvolutionArgs]: one call's arguments (key, handle, stream
+* `EpilogueKind`: the fused epilogues.
+* `ConvolutionParams`: the immutable cache key.
+* `ConvolutionArgs`: one call's arguments (key, handle, stream
   and the device pointer of each role).
 
 This module knows nothing of engines, caches or the public functions; they all read it.
@@ -107,7 +107,7 @@ class ConvolutionParams:
     allow_tf32: bool
     workspace_limit: int | None
     engine: str
-    #: fused epilogue: an [`EpilogueKind`][pycudnn.search.problem.EpilogueKind] value ("" for none)
+    #: fused epilogue: an `EpilogueKind` value ("" for none)
     epilogue: str = ""
     #: strides of the residual z for "add_relu" (its shape is the output's)
     z_strides: tuple[int, ...] | None = None

@@ -4,7 +4,7 @@ Every choice measured with ``benchmark=True`` is written here (by `pycudnn.searc
 through `store()`) and read back on the first use of the same key in a later process (`lookup()`),
 so that process skips the search. A record is applied only where it is valid: the key holds the
 GPU's identity (name, compute capability, SM count), the cuDNN version, pycudnn's record schema
-version, the engine, and every field of the [`ConvolutionParams`][pycudnn.search.algos.ConvolutionParams]
+version, the engine, and every field of the `ConvolutionParams`
 except the device *ordinal*, which is replaced by the device's identity (an ordinal depends on
 ``CUDA_VISIBLE_DEVICES``; two GPUs of one model share their records). A record that no longer
 rebuilds is dropped by the caller (`drop()`).
@@ -20,7 +20,7 @@ rebuilds is dropped by the caller (`drop()`).
 ```
 
 one entry a line, so files diff and merge well and a team can ship one with its program
-([`export()`][pycudnn.search.tuning_db.export], [`merge()`][pycudnn.search.tuning_db.merge]). ``record`` is what
+(`export()`, `merge()`). ``record`` is what
 the engine's ``serialize()`` returned.
 
 **Untrusted input.** A database file may come from another machine, a shared directory or
@@ -39,14 +39,14 @@ module raises because of what a file contains.
 **The directory.** It is created with mode 0700 and files with mode 0600. A directory or database
 file that belongs to another user, or that group or others may write, is refused: the database
 is off for the rest of the process, with one
-[`TuningDatabaseWarning`][pycudnn.errors.TuningDatabaseWarning]. Files are opened without
+`TuningDatabaseWarning`. Files are opened without
 following symbolic links and without blocking (a FIFO at the path cannot hang a call), through a
 descriptor of the checked directory.
 
 **Safety between writers.** Readers take no lock: writers replace the file atomically (a
 temporary file in the same directory, ``fsync``, ``os.replace``), so a reader sees the old or the
-new document, whole. Writers (`store()`, `drop()`, [`clear()`][pycudnn.search.tuning_db.clear],
-[`merge()`][pycudnn.search.tuning_db.merge]) hold an exclusive ``flock`` on ``<file>.lock`` (and a lock per
+new document, whole. Writers (`store()`, `drop()`, `clear()`,
+`merge()`) hold an exclusive ``flock`` on ``<file>.lock`` (and a lock per
 process for threads) while they read the current file, change it and replace it, so several
 processes and threads writing at once lose nothing.
 
@@ -422,7 +422,7 @@ def clear() -> int:
 def export(file: str | os.PathLike) -> int:
     """Write the database to ``file`` (same JSON format, atomically); returns the entry count.
 
-    Ship the file with a program and [`merge()`][pycudnn.search.tuning_db.merge] it on the target machines.
+    Ship the file with a program and `merge()` it on the target machines.
 
     Raises:
         PermissionError: the database was refused.
@@ -442,7 +442,7 @@ def export(file: str | os.PathLike) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class MergeReport:
-    """What [`import_file()`][pycudnn.search.tuning_db.import_file] did with the entries of a file."""
+    """What `import_file()` did with the entries of a file."""
 
     #: keys this database did not have
     added: int = 0
@@ -462,10 +462,10 @@ def read_file(file: str | os.PathLike) -> list[dict[str, Any]]:
     """The valid entries of a database file such as an export (copies; nothing is changed, here
     or in this database).
 
-    ``file`` is read as [`import_file()`][pycudnn.search.tuning_db.import_file] reads it (a FIFO or device
+    ``file`` is read as `import_file()` reads it (a FIFO or device
     is never opened for blocking reads, the size is capped at `MAX_FILE_BYTES`) and every entry is
     validated as when the database is read: entries that do not validate are left out, logged one by
-    one and counted in one [`TuningDatabaseWarning`][pycudnn.errors.TuningDatabaseWarning]. No
+    one and counted in one `TuningDatabaseWarning`. No
     entry, however odd, makes this raise.
 
     Raises:
@@ -536,6 +536,6 @@ def import_file(file: str | os.PathLike, *, prefer: str = "local") -> MergeRepor
 
 def merge(file: str | os.PathLike, *, prefer: str = "local") -> int:
     """Add the records of an exported ``file`` to this database; returns how many were added or
-    replaced. See [`import_file()`][pycudnn.search.tuning_db.import_file] (local records win unless
+    replaced. See `import_file()` (local records win unless
     ``prefer="imported"``)."""
     return import_file(file, prefer=prefer).merged

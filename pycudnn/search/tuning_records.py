@@ -48,7 +48,7 @@ def jsonable(value: Any) -> Any:
 
 
 def params_to_dict(params: Any) -> dict[str, Any]:
-    """Every field of a [`ConvolutionParams`][pycudnn.search.algos.ConvolutionParams] as JSON data (tuples
+    """Every field of a `ConvolutionParams` as JSON data (tuples
     as lists)."""
     return {f.name: jsonable(getattr(params, f.name)) for f in dataclasses.fields(params)}
 
@@ -128,7 +128,7 @@ def _text(name: str, v: Any, limit: int, printable: bool = True) -> str:
 
 
 def params_from_dict(data: Any, device: int) -> Any:
-    """The [`ConvolutionParams`][pycudnn.search.algos.ConvolutionParams] of a database entry's ``params``
+    """The `ConvolutionParams` of a database entry's ``params``
     (the inverse of `params_to_dict()`), on device ``device``, parsed as strictly as a call's
     arguments: every value must be one that a call can produce (canonical dtype names, known
     directions, engines and epilogues, ranks, sizes and a geometry that gives the stored output
@@ -298,7 +298,7 @@ def validate_entry(entry: Any) -> tuple[str, dict[str, Any]]:
 
     Entries of another schema version (written by another pycudnn) are kept, checked only for
     their outline: they never match a key of this version, and
-    [`pycudnn.preload()`][pycudnn.dispatch.preloading.preload] skips them.
+    `pycudnn.preload()` skips them.
     """
     if not isinstance(entry, dict):
         raise TypeError(f"expected an object, got {type(entry).__name__}")

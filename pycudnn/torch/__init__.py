@@ -2,17 +2,17 @@
 
 ``import pycudnn.torch`` imports PyTorch (``import pycudnn`` never does). It gives:
 
-* [`conv2d`][pycudnn.torch.conv2d]: ``torch.nn.functional.conv2d``'s signature and semantics
+* `conv2d`: ``torch.nn.functional.conv2d``'s signature and semantics
   (memory formats, float32/float16/bfloat16/float64, ``padding="same"``/``"valid"``, unbatched
   input) as a ``torch.autograd.Function`` whose forward, backward-data and backward-filter
   convolutions run in pycudnn;
-* [`Conv2d`][pycudnn.torch.Conv2d]: a drop-in ``torch.nn.Conv2d`` subclass (same constructor,
-  parameters and ``state_dict``), and [`convert`][pycudnn.torch.convert], which turns every
+* `Conv2d`: a drop-in ``torch.nn.Conv2d`` subclass (same constructor,
+  parameters and ``state_dict``), and `convert`, which turns every
   ``torch.nn.Conv2d`` of a model into one;
-* [`conv2d_bias_relu`][pycudnn.torch.conv2d_bias_relu] and
-  [`conv2d_add_relu`][pycudnn.torch.conv2d_add_relu]: one fused cuDNN graph each
+* `conv2d_bias_relu` and
+  `conv2d_add_relu`: one fused cuDNN graph each
   (``relu(conv(x) + b)`` and ``relu(conv(x) + alpha * z + b)``), with their backward;
-* [`fuse_for_inference`][pycudnn.torch.fuse_for_inference]: BatchNorm folded into the
+* `fuse_for_inference`: BatchNorm folded into the
   convolutions before it and Conv-BN-ReLU / Conv-BN-add-ReLU turned into those fused calls.
 
 How a call stays cheap: every output is a torch tensor from PyTorch's caching allocator

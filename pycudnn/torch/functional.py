@@ -170,7 +170,7 @@ def conv2d_bias_relu(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
                      dilation: Any = 1, groups: int = 1) -> Any:
     """``relu(conv2d(input, weight, bias, ...))`` as one fused cuDNN graph (differentiable).
 
-    Arguments as [`conv2d`][pycudnn.torch.conv2d] (4-D input; ``bias=None`` adds nothing).
+    Arguments as `conv2d` (4-D input; ``bias=None`` adds nothing).
     Backward masks the gradient with ``y > 0`` and runs the convolution's backward.
     """
     if pytorch_only():
@@ -190,7 +190,7 @@ def conv2d_add_relu(input: Any, weight: Any, z: Any, bias: Any = None, alpha: fl
     """``relu(conv2d(input, weight, bias, ...) + alpha * z)`` as one fused cuDNN graph: the
     residual block's add and ReLU (differentiable, ``z`` included).
 
-    ``z`` has the output's shape. Other arguments as [`conv2d`][pycudnn.torch.conv2d] (4-D input).
+    ``z`` has the output's shape. Other arguments as `conv2d` (4-D input).
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"conv2d_add_relu: expected alpha to be a real number, got {alpha!r}")

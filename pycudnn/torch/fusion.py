@@ -41,13 +41,13 @@ def fuse_for_inference(model: Any) -> Any:
     convolutions before it and fused pycudnn calls for the epilogues.
 
     The model is traced with ``torch.fx``; these patterns are recognised (``conv`` a
-    ``torch.nn.Conv2d`` or [`pycudnn.torch.Conv2d`][pycudnn.torch.Conv2d] with
+    ``torch.nn.Conv2d`` or `pycudnn.torch.Conv2d` with
     ``padding_mode="zeros"``, ``bn`` a ``torch.nn.BatchNorm2d`` with running statistics, each
     output used only by the next step; ReLU as ``nn.ReLU``, ``F.relu``, ``torch.relu`` or
     ``.relu()``; the add as ``+``, ``+=``, ``torch.add`` or ``.add`` without ``alpha``):
 
-    * ``conv -> [bn] -> relu``: one [`conv2d_bias_relu`][pycudnn.torch.conv2d_bias_relu];
-    * ``conv -> [bn] -> add(other) -> relu``: one [`conv2d_add_relu`][pycudnn.torch.conv2d_add_relu]
+    * ``conv -> [bn] -> relu``: one `conv2d_bias_relu`;
+    * ``conv -> [bn] -> add(other) -> relu``: one `conv2d_add_relu`
       with ``z = other`` (a ResNet block's last convolution and its shortcut);
     * ``conv -> [bn]`` otherwise: one convolution with the folded bias.
 

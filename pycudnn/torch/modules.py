@@ -18,7 +18,7 @@ log = logging.getLogger("pycudnn")
 # ---- modules --------------------------------------------------------------------------------------
 
 class Conv2d(torch.nn.Conv2d):
-    """``torch.nn.Conv2d`` whose convolutions run in pycudnn ([`conv2d`][pycudnn.torch.conv2d]).
+    """``torch.nn.Conv2d`` whose convolutions run in pycudnn (`conv2d`).
 
     The same constructor, parameters, ``state_dict`` and ``padding_mode`` (modes other than
     ``"zeros"`` pad with ``F.pad`` first, as PyTorch does). Input that is not on a CUDA device
@@ -37,13 +37,13 @@ class Conv2d(torch.nn.Conv2d):
 
 def convert(module: Any) -> Any:
     """Make every ``torch.nn.Conv2d`` in ``module`` (itself included) a
-    [`pycudnn.torch.Conv2d`][pycudnn.torch.Conv2d], in place, and return ``module``.
+    `pycudnn.torch.Conv2d`, in place, and return ``module``.
 
     Only modules whose type is exactly ``torch.nn.Conv2d`` change (subclasses may compute
     something else); they stay the same objects, so their parameters, buffers, hooks and an
     optimizer that holds them are unaffected. What was converted and what was left to PyTorch,
     and why, is logged on the ``pycudnn`` logger (INFO) and listed by
-    [`conversion_report`][pycudnn.torch.conversion_report].
+    `conversion_report`.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert: expected a torch.nn.Module, got {type(module).__name__}")
@@ -75,7 +75,7 @@ _NOT_CONVERTED = {
 def conversion_report(module: Any) -> list[dict[str, Any]]:
     """Every convolution module of ``module`` (``torch.nn`` convolutions and their subclasses,
     in ``named_modules`` order): ``{"name", "type", "converted", "reason"}``, where ``reason``
-    says why one is left to PyTorch ("" for those [`convert`][pycudnn.torch.convert] made
+    says why one is left to PyTorch ("" for those `convert` made
     pycudnn's)."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"conversion_report: expected a torch.nn.Module, got "
@@ -100,7 +100,7 @@ def conversion_report(module: Any) -> list[dict[str, Any]]:
 
 
 def revert(module: Any) -> Any:
-    """Undo [`convert`][pycudnn.torch.convert]: every [`pycudnn.torch.Conv2d`][pycudnn.torch.Conv2d]
+    """Undo `convert`: every `pycudnn.torch.Conv2d`
     in ``module`` (itself included) becomes a ``torch.nn.Conv2d`` again, in place; returns
     ``module``. For tools that test for ``torch.nn.Conv2d`` exactly (quantization's module
     fusion, ``torch.fx.experimental.optimization.fuse``)."""
@@ -115,10 +115,10 @@ def revert(module: Any) -> Any:
 class FusedConv2d(torch.nn.Module):
     """An inference convolution with its epilogue: ``conv + bias``, ``relu(conv + bias)`` or
     ``relu(conv + bias + z)`` (``residual=True``: ``forward(x, z)``), made by
-    [`fuse_for_inference`][pycudnn.torch.fuse_for_inference].
+    `fuse_for_inference`.
 
-    Runs through [`conv2d_bias_relu`][pycudnn.torch.conv2d_bias_relu] /
-    [`conv2d_add_relu`][pycudnn.torch.conv2d_add_relu] on CUDA tensors, and through PyTorch's own
+    Runs through `conv2d_bias_relu` /
+    `conv2d_add_relu` on CUDA tensors, and through PyTorch's own
     operations elsewhere (or when ``z`` does not have the output's shape).
     """
 

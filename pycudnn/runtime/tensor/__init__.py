@@ -4,14 +4,14 @@ One module per part: `geometry` (shapes, strides, memory formats, overlap), `vie
 and its export), `dlpack` (DLPack's C structures), `importers` (`as_tensor`), `factories`
 (`empty`, `zeros`, `from_numpy`). This package hands their public names on.
 
-A [`Tensor`][pycudnn.runtime.tensor.Tensor] is a view of device memory: pointer, shape, strides (in
+A `Tensor` is a view of device memory: pointer, shape, strides (in
 elements), dtype, device, and an optional ``owner`` that keeps the memory alive. Building one needs
-no GPU. pycudnn's functions take anything [`as_tensor()`][pycudnn.runtime.tensor.as_tensor] accepts and
+no GPU. pycudnn's functions take anything `as_tensor()` accepts and
 never copy it.
 
-**In** ([`as_tensor()`][pycudnn.runtime.tensor.as_tensor], zero-copy, checked in this order):
+**In** (`as_tensor()`, zero-copy, checked in this order):
 
-1. a [`Tensor`][pycudnn.runtime.tensor.Tensor]: returned as is;
+1. a `Tensor`: returned as is;
 2. a PyTorch tensor (recognised only when ``torch`` is already imported): its attributes are read
    directly (``data_ptr()``, ``shape``, ``stride()``, ``dtype``, ``get_device()``), which is the
    fastest path and also covers bfloat16 and tensors that require grad (pycudnn does no autograd;
@@ -19,7 +19,7 @@ never copy it.
    exports: pass PyTorch's current stream to the operation;
 3. ``__cuda_array_interface__`` (CuPy, Numba, ...), read once. Version 3's ``stream`` is honoured:
    when it differs from the consumer's stream (``stream=`` of
-   [`as_tensor()`][pycudnn.runtime.tensor.as_tensor], default the legacy default stream) the consumer waits
+   `as_tensor()`, default the legacy default stream) the consumer waits
    on it through an event. CAI has no bfloat16 type
    string: ``'<V2'`` is read as bfloat16 (and pycudnn exports bfloat16 as ``'<V2'``). A CuPy
    ``ndarray`` (recognised when ``cupy`` is imported) is read through its attributes instead
@@ -32,9 +32,9 @@ never copy it.
    Tensor (its owner) is garbage-collected.
 
 Host arrays (numpy, CPU torch tensors, lists) are refused with a TypeError pointing at
-[`from_numpy()`][pycudnn.runtime.tensor.from_numpy]. Negative strides are refused (cuDNN cannot use them),
+`from_numpy()`. Negative strides are refused (cuDNN cannot use them),
 and so is a device address that is not an int in ``[0, 2**64)`` (a bool, a float, a negative or too
-large number), with the same check as [`tensor_from_pointer()`][pycudnn.runtime.tensor.tensor_from_pointer].
+large number), with the same check as `tensor_from_pointer()`.
 
 **Read-only** memory stays read-only: the flag of CAI (``data[1]``) and of versioned DLPack
 (``DLPACK_FLAG_BITMASK_READ_ONLY``) becomes `Tensor.readonly`, views of the tensor inherit

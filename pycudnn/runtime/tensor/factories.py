@@ -45,7 +45,7 @@ def empty(shape: Sequence[int], dtype: Any = "float32", memory_format: str = "co
 
 def zeros(shape: Sequence[int], dtype: Any = "float32", memory_format: str = "contiguous",
           device: Any = None, stream: Any = None) -> Tensor:
-    """Like [`empty()`][pycudnn.runtime.tensor.empty], then filled with zeros on ``stream``
+    """Like `empty()`, then filled with zeros on ``stream``
     (asynchronously)."""
     t = _alloc_view(shape, dtype, memory_format, device, stream, "zeros")
     n = t.nbytes

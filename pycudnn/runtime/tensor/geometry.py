@@ -11,8 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-#: memory_format spellings accepted by [`empty()`][pycudnn.runtime.tensor.empty],
-#: [`from_numpy()`][pycudnn.runtime.tensor.from_numpy] and ``is_contiguous``
+#: memory_format spellings accepted by `empty()`,
+#: `from_numpy()` and ``is_contiguous``
 MEMORY_FORMATS = ("contiguous", "channels_last", "channels_last_3d")
 
 

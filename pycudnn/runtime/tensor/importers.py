@@ -337,10 +337,10 @@ def _from_dlpack(obj: Any, consumer: int) -> Tensor:
 
 
 def as_tensor(obj: Any, *, stream: Any = None) -> Tensor:
-    """A zero-copy [`Tensor`][pycudnn.runtime.tensor.Tensor] view of a CUDA device array.
+    """A zero-copy `Tensor` view of a CUDA device array.
 
     Args:
-        obj: a [`Tensor`][pycudnn.runtime.tensor.Tensor] (returned as is), a PyTorch CUDA tensor, anything
+        obj: a `Tensor` (returned as is), a PyTorch CUDA tensor, anything
             with ``__cuda_array_interface__`` (CuPy, Numba, ...) or ``__dlpack__`` on a CUDA device
             (JAX, PyTorch, ...). See the module docstring for the order and the stream rules.
         stream: the stream the caller will use the data on (anything

@@ -91,8 +91,8 @@ class Tensor:
         owner: object kept alive for as long as the view (an allocation, the source array, ...).
         readonly: the memory must not be written (its producer said so through CAI or DLPack, or
             ``readonly=True`` was given); pycudnn refuses such a tensor as an output, and views
-            of it ([`narrow()`][pycudnn.runtime.tensor.Tensor.narrow],
-            [`unsqueeze()`][pycudnn.runtime.tensor.Tensor.unsqueeze]) are read-only too.
+            of it (`narrow()`,
+            `unsqueeze()`) are read-only too.
     """
 
     __slots__ = ("ptr", "shape", "strides", "dtype", "device", "owner", "readonly", "_fmt",
@@ -366,7 +366,7 @@ def _validate_view(ptr: Any, shape: Any, dtype: Any, strides: Any, device: Any,
 
 def tensor_from_pointer(ptr: int, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None = None,
                         device: int = 0, owner: Any = None, *, readonly: bool = False) -> Tensor:
-    """A [`Tensor`][pycudnn.runtime.tensor.Tensor] viewing raw device memory (e.g. a cuda-python
+    """A `Tensor` viewing raw device memory (e.g. a cuda-python
     ``cuMemAlloc`` result).
 
     Args:
