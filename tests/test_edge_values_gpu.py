@@ -103,7 +103,16 @@ def test_activation_edge_values_hold_across_the_switch(mode, coef):
         assert same_values(dxs[k], dxs[0]), f"backward changed at call {k + 1}"
 
 
-@pytest.mark.parametrize("mode,coef", ACT, ids=[f"{m}-{c}" for m, c in ACT])
+#: where cuDNN's kernels' value at an edge is not PyTorch's yet (seen on the H200, cuDNN 9.19):
+#: ReLU's gradient at x = +-0 (dy instead of 0), clipped ReLU's at +inf, swish's and tanh's
+#: backward; open in issue 27 (defect 2: a select op in the graph API's pointwise kernels)
+_NOT_PYTORCHS_YET = {("relu", 0.0), ("clipped_relu", float("inf")), ("swish", 1.0), ("tanh", 0.0)}
+
+
+@pytest.mark.parametrize("mode,coef", [
+    pytest.param(m, c, marks=pytest.mark.xfail(
+        strict=True, reason="cuDNN's value at an edge is not PyTorch's yet (issue 27, defect 2)"))
+    if (m, c) in _NOT_PYTORCHS_YET else (m, c) for m, c in ACT], ids=[f"{m}-{c}" for m, c in ACT])
 def test_activation_edge_values_are_pytorchs(mode, coef):
     x, dy, ys, dxs = _runs(mode, coef)
     ry, rdx = torch_reference(mode, coef, x, dy)

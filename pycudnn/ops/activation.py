@@ -298,6 +298,15 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
             if target is dx4:
                 target = dx
         d = plan.x
+        if plan.wide is not None:
+            # y again from x in float32, into its float32 copy: cuDNN's ELU gradient reads y
+            # (y + alpha where x < 0), and the half y's rounding, amplified where y + alpha is
+            # small, was most of the error against PyTorch's float32 gradient from x
+            status = c_function("cudnnActivationForward")(handle, plan.act, plan.one, d, x.ptr,
+                                                          plan.zero, d, y.ptr)
+            if status:
+                raise_launch(status, "cudnnActivationForward", fn, activation=plan.keep[0],
+                             tensors=plan.keep[1])
         status = plan.launch(handle, plan.act, plan.one, d, y.ptr, d, dy.ptr, d, x.ptr, plan.zero,
                              d, target.ptr)
         if status:
