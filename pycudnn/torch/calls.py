@@ -501,48 +501,31 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
         zb = _zero_bias(shape[1], x.dtype, tdev)
         zero = zb.data_ptr()
     prepared = None
-    fk = key[-1]
-    measure = op == "conv" and routing.should_measure(fk[3], fk[1], fk[2])
     if _aligned(x, w, y, b, z) and 0 not in shape and x.numel():
-        prepared = _forward_public(op, x, w, b, z, alpha, geom, y, fk, want_prepared=True,
-                                   heuristics=measure)
+        prepared = _forward_public(op, x, w, b, z, alpha, geom, y, key[-1], want_prepared=True)
     else:
-        _forward_public(op, x, w, b, z, alpha, geom, y, fk)
-    if prepared is None:
+        _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
+    if prepared is not None:
+        _remember(_FWD, key, (prepared.launcher, shape, fmt, tdev, zero))
+        if op == "conv" and z is None and routing.should_measure(key[-1][3], key[-1][1], key[-1][2]):
+            dev = tdev.index
+            if not routing.pycudnn_wins(
+                    _signature(x, w, geom), "forward",
+                    lambda: run_forward(op, x, w, b, z, alpha, geom),
+                    lambda: F.conv2d(x, w, b, *geom), dev, _stream(dev)):
+                _remember(_FWD, key, (None, _TORCH, fmt))
+    else:
         _remember(_FWD, key, (None, _PUBLIC))
-        return y, x, w, fmt, None
-    _remember(_FWD, key, (prepared.launcher, shape, fmt, tdev, zero))
-    if measure:
-        dev = tdev.index
-
-        def decide(searched: bool) -> routing.RouteDecision:
-            return routing.compare(_signature(x, w, geom), "forward",
-                                   lambda: run_forward(op, x, w, b, z, alpha, geom),
-                                   lambda: F.conv2d(x, w, b, *geom), dev, _stream(dev), searched)
-
-        decision = decide(False)
-        if routing.worth_searching(decision):  # pycudnn's measured search may still win
-            searched = _forward_public(op, x, w, b, z, alpha, geom, y, fk, want_prepared=True)
-            if searched is not None:
-                _remember(_FWD, key, (searched.launcher, shape, fmt, tdev, zero))
-                decision = decide(True)
-        routing.record(decision)
-        if decision.winner == "torch":
-            _remember(_FWD, key, (None, _TORCH, fmt))
     return y, x, w, fmt, None
 
 
 def _forward_public(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float, geom: tuple[Any, ...],
-                    y: Any, fkey: tuple[Any, ...], want_prepared: bool = False,
-                    heuristics: bool = False) -> Any:
+                    y: Any, fkey: tuple[Any, ...], want_prepared: bool = False) -> Any:
     """The op through pycudnn's public path into ``y`` (validation, search, every fallback);
-    returns what it prepared when ``want_prepared``, else ``y``. ``heuristics``: cuDNN's
-    heuristics choose, whatever the benchmark flags say (routing's first, cheap candidate)."""
+    returns what it prepared when ``want_prepared``, else ``y``."""
     stride, padding, dilation, groups = geom
     s = _stream(x.get_device())
     flags = _flags(fkey)
-    if heuristics:
-        flags["benchmark"] = False
     X, W, Y = _view(x), _view(w), _view(y)
     B = _view(b) if b is not None else None
     if B is None and op != "conv":
@@ -637,19 +620,16 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other:
         _backward_public(direction, a, b, out, geom, key[-1])
         return out, False
     prepared = None
-    fk = key[-1]
-    measure = routing.should_measure(fk[3], fk[1], fk[2])
     if _aligned(a, b, out) and out.numel() and a.numel() and b.numel():
-        prepared = _backward_public(direction, a, b, out, geom, fk, want_prepared=True,
-                                    heuristics=measure)
+        prepared = _backward_public(direction, a, b, out, geom, key[-1], want_prepared=True)
     else:
-        _backward_public(direction, a, b, out, geom, fk)
+        _backward_public(direction, a, b, out, geom, key[-1])
     if prepared is None:
         _remember(_BWD, key, (None, _PUBLIC))
         return out, False
-    entry = (prepared.launcher, tuple(shape), fmt, a.device, 0)
-    _remember(_BWD, key, entry)
-    if measure:
+    _remember(_BWD, key, (prepared.launcher, tuple(shape), fmt, a.device, 0))
+    fk = key[-1]
+    if routing.should_measure(fk[3], fk[1], fk[2]):
         dev = a.get_device()
         if direction == "data":
             x, w = other, b
@@ -657,38 +637,22 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other:
         else:
             x, w = a, other
             ours = lambda: run_backward_filter(x, b, w, fmt, geom)
-
-        def decide(searched: bool) -> routing.RouteDecision:
-            return routing.compare(_signature(x, w, geom), f"backward {direction}", ours,
-                                   lambda: _torch_backward(direction, a, b, other, geom), dev,
-                                   _stream(dev), searched)
-
-        decision = decide(False)
-        if routing.worth_searching(decision):  # pycudnn's measured search may still win
-            searched = _backward_public(direction, a, b, out, geom, fk, want_prepared=True)
-            if searched is not None:
-                _remember(_BWD, key, (searched.launcher, tuple(shape), fmt, a.device, 0))
-                decision = decide(True)
-        routing.record(decision)
-        if decision.winner == "torch":
+        if not routing.pycudnn_wins(_signature(x, w, geom), f"backward {direction}", ours,
+                                    lambda: _torch_backward(direction, a, b, other, geom), dev,
+                                    _stream(dev)):
             _remember(_BWD, key, (None, _TORCH))
-            return _torch_backward(direction, a, b, other, geom), True
     return out, False
 
 
 def _backward_public(direction: str, a: Any, b: Any, out: Any, geom: tuple[Any, ...],
-                     fkey: tuple[Any, ...], want_prepared: bool = False,
-                     heuristics: bool = False) -> Any:
-    """One backward direction through pycudnn's public path into ``out`` (see `_forward_public`)."""
+                     fkey: tuple[Any, ...], want_prepared: bool = False) -> Any:
     stride, padding, dilation, groups = geom
-    flags = _flags(fkey)
-    if heuristics:
-        flags["benchmark"] = False
     s = _stream(a.get_device())
     A, B, O = _view(a), _view(b), _view(out)
     core = (_conv.backward_data_and_prepared if direction == "data"
             else _conv.backward_filter_and_prepared)
-    _, prepared = core(A, B, tuple(out.shape), stride, padding, dilation, groups, O, s, flags)
+    _, prepared = core(A, B, tuple(out.shape), stride, padding, dilation, groups, O, s,
+                       _flags(fkey))
     return prepared if want_prepared else out
 
 

@@ -12,10 +12,7 @@ signature, once pycudnn has searched and prepared it, times both sides on the ca
 
 pycudnn keeps the signature when its GPU time is lower by at least `MARGIN` and it is not slower
 back to back; otherwise the signature runs through PyTorch's convolution from then on (the same
-cuDNN, a cheaper call). pycudnn's side is first its heuristics' choice (milliseconds to make);
-its measured search, which times its candidates (tenths of a second on a depthwise layer), runs
-only when that choice came within `SEARCH_WITHIN` of PyTorch's GPU time, and the comparison is
-then made again with the search's choice. So a first step costs little more than PyTorch's own. A layer whose forward and backward both went to PyTorch skips pycudnn's
+cuDNN, a cheaper call). A layer whose forward and backward both went to PyTorch skips pycudnn's
 autograd function altogether. `report()` lists every decision with its figures.
 
 Routing applies to plain convolutions (with or without bias), not to the fused ones, which are
@@ -38,15 +35,11 @@ import torch
 from pycudnn.configuration import config
 from pycudnn.runtime.gate import MAX_QUEUED, gate_for
 
-__all__ = ["MARGIN", "SEARCH_WITHIN", "RouteDecision", "set_routing", "routing", "report",
-           "clear_report"]
+__all__ = ["MARGIN", "RouteDecision", "set_routing", "routing", "report", "clear_report"]
 
 #: how much lower pycudnn's GPU time per call must be to keep a signature (a tie goes to PyTorch,
 #: whose call costs less host time)
 MARGIN = 0.03
-#: pycudnn's heuristics' choice within this fraction of PyTorch's GPU time: run pycudnn's measured
-#: search too (further off, the search is not run: it could not win)
-SEARCH_WITHIN = 0.10
 #: the back-to-back timing of one side runs about this long (seconds), 3 to `_MAX_RUNS` calls
 _TARGET_S = 0.002
 _MAX_RUNS = 40
@@ -70,7 +63,6 @@ class RouteDecision:
     torch_gpu_us: float
     pycudnn_call_us: float
     torch_call_us: float
-    searched: bool  #: pycudnn's side was its measured search's choice (else its heuristics')
     reason: str
 
 
@@ -151,16 +143,17 @@ def _time(fn: Callable[[], Any], device: int, stream: int) -> tuple[float, float
     return start.elapsed_time(end) / n * 1e3, call_us
 
 
-def compare(signature: str, direction: str, ours: Callable[[], Any], theirs: Callable[[], Any],
-            device: int, stream: int, searched: bool) -> RouteDecision:
-    """Time ``ours`` (pycudnn's launch) and ``theirs`` (PyTorch's call) twice each, alternating,
-    and say which side should run the signature (`record` keeps the decision for `report`)."""
+def pycudnn_wins(signature: str, direction: str, ours: Callable[[], Any],
+                 theirs: Callable[[], Any], device: int, stream: int) -> bool:
+    """Time ``ours`` (pycudnn's launch) and ``theirs`` (PyTorch's call) twice each, alternating;
+    record the decision; whether pycudnn keeps the signature."""
     try:
         theirs()  # PyTorch's own search for this signature (benchmark mode), outside the timing
     except Exception as exc:  # noqa: BLE001 - PyTorch refuses what pycudnn runs: pycudnn's then
-        return RouteDecision(signature, direction, "pycudnn", 0.0, 0.0, 0.0, 0.0, searched,
-                             f"PyTorch's call failed: {type(exc).__name__}")
-    o1, t1, t2, o2 = (_time(ours, device, stream), _time(theirs, device, stream),
+        _record(RouteDecision(signature, direction, "pycudnn", 0.0, 0.0, 0.0, 0.0,
+                              f"PyTorch's call failed: {type(exc).__name__}"))
+        return True
+    o1, t1, o2, t2 = (_time(ours, device, stream), _time(theirs, device, stream),
                       _time(theirs, device, stream), _time(ours, device, stream))
     og, oc = min(o1[0], o2[0]), min(o1[1], o2[1])
     tg, tc = min(t1[0], t2[0]), min(t1[1], t2[1])
@@ -170,17 +163,11 @@ def compare(signature: str, direction: str, ours: Callable[[], Any], theirs: Cal
         win, reason = False, "slower back to back (host time)"
     else:
         win, reason = True, "faster on the GPU and back to back"
-    return RouteDecision(signature, direction, "pycudnn" if win else "torch", og, tg, oc, tc,
-                         searched, reason)
+    _record(RouteDecision(signature, direction, "pycudnn" if win else "torch", og, tg, oc, tc,
+                          reason))
+    return win
 
 
-def worth_searching(decision: RouteDecision) -> bool:
-    """Whether pycudnn's measured search could still win where its heuristics' choice lost:
-    that choice within `SEARCH_WITHIN` of PyTorch's GPU time."""
-    return (decision.winner == "torch" and not decision.searched and decision.torch_gpu_us > 0
-            and decision.pycudnn_gpu_us <= (1 + SEARCH_WITHIN) * decision.torch_gpu_us)
-
-
-def record(decision: RouteDecision) -> None:
+def _record(decision: RouteDecision) -> None:
     with _lock:
         _decisions.append(decision)
