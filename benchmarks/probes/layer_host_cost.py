@@ -5,8 +5,8 @@ chose (benchmark on and off) and the kernels each ran (torch.profiler).
     PYTHONPATH=. python3 benchmarks/probes/layer_host_cost.py
 
 Results of 2026-12-01 (commit d0ab280): benchmarks/results/2026-12-01/probe_layer_host_cost.txt.
-Written for that commit's flat pycudnn.torch; the internals it calls now live in
-pycudnn.torch.calls (run_forward, run_backward_data, run_backward_filter).
+Written for that commit's flat pycudnn.torch (``pt._forward`` ...); here it calls the same
+internals where they live now, in pycudnn.torch.calls.
 """
 import statistics
 import time
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import pycudnn
 import pycudnn.torch as pt
+from pycudnn.torch import calls
 from pycudnn.dispatch.prepared import remembered_calls
 from pycudnn.runtime.handle import get_handle
 
@@ -79,14 +80,13 @@ for (n, c, h, w, k, r, st, pad) in LAYERS:
     for bench in (True, False):
         pycudnn.clear_caches()
         pt.clear_cache()
+        pt.set_routing("pycudnn")  # pycudnn's own launches are what this probe times
         torch.backends.cudnn.benchmark = bench
         with pycudnn.flags(benchmark=bench):
-            pfns = {"fwd": lambda: pt._forward("conv", x, wt, None, None, 1.0,
-                                               ((st, st), (pad, pad), (1, 1), 1)),
-                    "dgrad": lambda: pt._backward_data(gy, wt, x.shape, CL,
-                                                       ((st, st), (pad, pad), (1, 1), 1)),
-                    "wgrad": lambda: pt._backward_filter(x, gy, wt.shape, CL,
-                                                         ((st, st), (pad, pad), (1, 1), 1))}
+            geom = ((st, st), (pad, pad), (1, 1), 1)
+            pfns = {"fwd": lambda: calls.run_forward("conv", x, wt, None, None, 1.0, geom),
+                    "dgrad": lambda: calls.run_backward_data(gy, wt, x, CL, geom),
+                    "wgrad": lambda: calls.run_backward_filter(x, gy, wt, CL, geom)}
             for d in ("fwd", "dgrad", "wgrad"):
                 torch.backends.cudnn.benchmark = bench
                 pfns[d]()
