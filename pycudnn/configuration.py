@@ -12,9 +12,9 @@ import contextlib
 import contextvars
 import os
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal, TypedDict
 
-__all__ = ["config", "flags", "Config", "FLAG_NAMES"]
+__all__ = ["config", "flags", "Config", "FLAG_NAMES", "ConvolutionFlags"]
 
 #: every flag and its built-in default (PyTorch's defaults where PyTorch has the flag)
 _DEFAULTS: dict[str, Any] = {
@@ -27,6 +27,32 @@ _DEFAULTS: dict[str, Any] = {
     "tuning_db": True,         # keep measured choices on disk for later processes (PYCUDNN_TUNING_DB=0: off)
 }
 FLAG_NAMES = tuple(_DEFAULTS)
+
+
+class ConvolutionFlags(TypedDict, total=False):
+    """The flags a convolution call takes as keyword arguments (``**flags``), each optional:
+    one given beats an active ``flags()`` block, which beats ``pycudnn.config``.
+
+    Attributes:
+        benchmark: measure the candidate algorithms (Find) instead of taking cuDNN's heuristics
+            (Get); default False.
+        deterministic: only deterministic algorithms; default False.
+        allow_tf32: float32 may run on TF32 tensor cores; default True (PyTorch's for cuDNN).
+        workspace_limit: the most workspace bytes an algorithm may use; None (the default): as
+            much as is free.
+        engine: ``"graph"`` (the backend API, the default) or ``"v7"`` (the legacy API).
+        benchmark_limit: the graph engine's measured search times the first this many
+            candidates; None: all of them; default 10.
+        tuning_db: keep measured choices on disk for later processes; default True.
+    """
+
+    benchmark: bool
+    deterministic: bool
+    allow_tf32: bool
+    workspace_limit: int | None
+    engine: Literal["graph", "v7"]
+    benchmark_limit: int | None
+    tuning_db: bool
 _ENGINES = ("v7", "graph")
 
 _overrides: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
