@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import os
 import threading
-from typing import Any, Iterator, Literal, TypedDict
+from typing import Any, Iterator, Literal, Mapping, TypedDict
 
 __all__ = ["config", "flags", "Config", "FLAG_NAMES", "ConvolutionFlags"]
 
@@ -109,7 +109,7 @@ class Config:
             self._values[name] = value
             object.__setattr__(self, "generation", self.generation + 1)
 
-    def token(self, given: dict[str, Any]) -> tuple:
+    def token(self, given: Mapping[str, Any]) -> tuple:
         """A hashable summary of every input to `resolve()` (for call-signature caches):
         changes whenever a global default, an active ``flags()`` block or ``given`` changes."""
         over = override_token.get()
@@ -117,7 +117,7 @@ class Config:
             return (self.generation, over, tuple(sorted(given.items())))
         return (self.generation, over)
 
-    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
+    def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """All flags for one call: explicit keyword arguments, then ``flags()``, then globals."""
         values = dict(self._values)
         over = _overrides.get()
