@@ -70,11 +70,11 @@ class HasStreamPointer(Protocol):
     def ptr(self) -> int: ...
 
 
-#: What `resolve_stream()`, and so every pycudnn function's ``stream=``, accepts (``None``
-#: aside, the legacy default stream): a raw ``cudaStream_t`` handle as an int, an object with
-#: ``__cuda_stream__``, ``.cuda_stream`` or ``.ptr`` (cuda.core, PyTorch, CuPy, Numba streams),
-#: or anything with ``__index__`` (cuda.bindings ``CUstream`` / ``cudaStream_t``).
 StreamLike = Union[int, SupportsCudaStream, HasCudaStreamHandle, HasStreamPointer, SupportsIndex]
+"""What `resolve_stream()`, and so every pycudnn function's ``stream=``, accepts (``None``
+aside, the legacy default stream): a raw ``cudaStream_t`` handle as an int, an object with
+``__cuda_stream__``, ``.cuda_stream`` or ``.ptr`` (cuda.core, PyTorch, CuPy, Numba streams), or
+anything with ``__index__`` (cuda.bindings ``CUstream`` / ``cudaStream_t``)."""
 
 
 class CudaError(PycudnnError):

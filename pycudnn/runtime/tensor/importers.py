@@ -64,11 +64,10 @@ class SupportsDLPack(Protocol):
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
-#: What `as_tensor()`, and so every pycudnn function taking a tensor, accepts: a
-#: `Tensor`, a PyTorch CUDA tensor, or any object on a CUDA device with
-#: ``__cuda_array_interface__`` or ``__dlpack__`` (CuPy, Numba, JAX, ...). Host arrays are
-#: refused at run time.
 TensorLike = Union[Tensor, SupportsCudaArrayInterface, SupportsDLPack]
+"""What `as_tensor()`, and so every pycudnn function taking a tensor, accepts: a `Tensor`, a
+PyTorch CUDA tensor, or any object on a CUDA device with ``__cuda_array_interface__`` or
+``__dlpack__`` (CuPy, Numba, JAX, ...), never copied. Host arrays are refused at run time."""
 
 
 def _host_refusal(obj: Any, where: str = "") -> TypeError:
