@@ -143,7 +143,10 @@ config = Config()
 
 @contextlib.contextmanager
 def flags(**overrides: Any) -> Iterator[Config]:
-    """Override flags for a block on this thread: ``with pycudnn.flags(benchmark=True): ...``."""
+    """Override flags for a block on this thread: ``with pycudnn.flags(benchmark=True): ...``.
+
+    The flags and their types are those of `ConvolutionFlags`.
+    """
     for name, value in overrides.items():
         _validate(name, value)
     merged = dict(_overrides.get() or {})
