@@ -1,5 +1,14 @@
 """pycudnn: NVIDIA cuDNN convolutions for any Python GPU stack, through ctypes.
 
+pycudnn runs cuDNN's convolutions (forward, both gradients, transposed, with fused bias, ReLU
+and residual) and its CNN operations (activations, softmax, pooling, batch normalization,
+dropout) on the device arrays a program already has: CuPy, PyTorch, JAX, Numba or anything with
+``__cuda_array_interface__`` or ``__dlpack__``, without copies. It chooses each convolution's
+algorithm as PyTorch does (cuDNN's heuristics, or a measured search with ``benchmark=True``,
+remembered for each problem and kept on disk for later processes), and it is also a drop-in
+for CuPy 13's ``cupyx.cudnn`` (``pycudnn.cupy_compat``) and a PyTorch integration
+(``pycudnn.torch``).
+
 Importing pycudnn is cheap: no submodule with heavy imports and no libcudnn is loaded until a
 name that needs it is first used (PEP 562 module ``__getattr__``).
 
@@ -29,6 +38,8 @@ _EXPORTS: dict[str, str] = {
     # descriptors
     "TensorDescriptor": "cudnn.descriptors", "FilterDescriptor": "cudnn.descriptors",
     "ConvolutionDescriptor": "cudnn.descriptors", "ActivationDescriptor": "cudnn.descriptors",
+    # the types the public signatures name
+    "TensorLike": "runtime.tensor", "StreamLike": "runtime.memory", "ConvolutionFlags": "configuration",
     # tensors
     "Tensor": "runtime.tensor", "as_tensor": "runtime.tensor", "tensor_from_pointer": "runtime.tensor", "empty": "runtime.tensor",
     "zeros": "runtime.tensor", "from_numpy": "runtime.tensor",
@@ -95,25 +106,54 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from .ffi.library import cudart_version, library_path, version, version_tuple
-    from .dispatch.engines import benchmark_cache, clear_caches, set_cache_limit
-    from .search.problem import ConvolutionParams
-    from .configuration import config, flags
-    from .api.conv import (conv_transpose, convolution, convolution_add_relu,
-                           convolution_backward_data, convolution_backward_filter)
-    from .cudnn.descriptors import (ActivationDescriptor, ConvolutionDescriptor, FilterDescriptor,
-                                    PoolingDescriptor, TensorDescriptor)
-    from .errors import *  # noqa: F403
-    from .runtime.handle import device_count, get_handle
-    from .dispatch.preloading import PreloadReport, preload
-    from .api.conv import prepare_convolution
-    from .dispatch.prepared import PreparedConvolution
-    from .runtime.interop import current_stream
-    from .runtime.tensor import Tensor, as_tensor, empty, from_numpy, tensor_from_pointer, zeros
-    from .ops.activation import activation_backward, activation_forward
-    from .ops.batchnorm import (BatchNormResult, batch_norm_add_relu_backward,
-                                batch_norm_add_relu_forward_training, batch_norm_backward,
-                                batch_norm_forward_inference, batch_norm_forward_training)
-    from .ops.dropout import DropoutReserve, DropoutState, dropout_backward, dropout_forward
-    from .ops.pooling import pooling_backward, pooling_forward
-    from .ops.softmax import softmax_backward, softmax_forward
+    # ``name as name``: a re-export (mypy --strict and pyright read no computed __all__)
+    from .ffi.library import (cudart_version as cudart_version, library_path as library_path,
+                              version as version, version_tuple as version_tuple)
+    from .errors import (CudnnAllocationError as CudnnAllocationError,
+                         CudnnBadParamError as CudnnBadParamError, CudnnError as CudnnError,
+                         CudnnExecutionError as CudnnExecutionError,
+                         CudnnInternalError as CudnnInternalError,
+                         CudnnNotFoundError as CudnnNotFoundError,
+                         CudnnNotInitializedError as CudnnNotInitializedError,
+                         CudnnNotSupportedError as CudnnNotSupportedError,
+                         NoAlgorithmError as NoAlgorithmError, NoDeviceError as NoDeviceError,
+                         OutOfMemoryError as OutOfMemoryError, PycudnnError as PycudnnError,
+                         StreamCaptureError as StreamCaptureError)
+    from .cudnn.descriptors import (ActivationDescriptor as ActivationDescriptor,
+                                    ConvolutionDescriptor as ConvolutionDescriptor,
+                                    FilterDescriptor as FilterDescriptor,
+                                    PoolingDescriptor as PoolingDescriptor,
+                                    TensorDescriptor as TensorDescriptor)
+    from .runtime.tensor import (Tensor as Tensor, TensorLike as TensorLike, as_tensor as as_tensor,
+                                 empty as empty, from_numpy as from_numpy,
+                                 tensor_from_pointer as tensor_from_pointer, zeros as zeros)
+    from .runtime.memory import StreamLike as StreamLike
+    from .configuration import (ConvolutionFlags as ConvolutionFlags, config as config,
+                                flags as flags)
+    from .runtime.handle import (device_count as device_count, get_handle as get_handle)
+    from .runtime.interop import current_stream as current_stream
+    from .dispatch.engines import (benchmark_cache as benchmark_cache, clear_caches as clear_caches,
+                                   set_cache_limit as set_cache_limit)
+    from .search.problem import ConvolutionParams as ConvolutionParams
+    from .dispatch.preloading import (PreloadReport as PreloadReport, preload as preload)
+    from .api.conv import (conv_transpose as conv_transpose, convolution as convolution,
+                           convolution_add_relu as convolution_add_relu,
+                           convolution_backward_data as convolution_backward_data,
+                           convolution_backward_filter as convolution_backward_filter,
+                           prepare_convolution as prepare_convolution)
+    from .dispatch.prepared import PreparedConvolution as PreparedConvolution
+    from .ops.activation import (activation_backward as activation_backward,
+                                 activation_forward as activation_forward)
+    from .ops.softmax import (softmax_backward as softmax_backward,
+                              softmax_forward as softmax_forward)
+    from .ops.pooling import (pooling_backward as pooling_backward,
+                              pooling_forward as pooling_forward)
+    from .ops.batchnorm import (BatchNormResult as BatchNormResult,
+                                batch_norm_add_relu_backward as batch_norm_add_relu_backward,
+                                batch_norm_add_relu_forward_training as batch_norm_add_relu_forward_training,
+                                batch_norm_backward as batch_norm_backward,
+                                batch_norm_forward_inference as batch_norm_forward_inference,
+                                batch_norm_forward_training as batch_norm_forward_training)
+    from .ops.dropout import (DropoutReserve as DropoutReserve, DropoutState as DropoutState,
+                              dropout_backward as dropout_backward,
+                              dropout_forward as dropout_forward)

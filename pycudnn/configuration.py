@@ -12,9 +12,9 @@ import contextlib
 import contextvars
 import os
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal, Mapping, TypedDict
 
-__all__ = ["config", "flags", "Config", "FLAG_NAMES"]
+__all__ = ["config", "flags", "Config", "FLAG_NAMES", "ConvolutionFlags"]
 
 #: every flag and its built-in default (PyTorch's defaults where PyTorch has the flag)
 _DEFAULTS: dict[str, Any] = {
@@ -27,6 +27,32 @@ _DEFAULTS: dict[str, Any] = {
     "tuning_db": True,         # keep measured choices on disk for later processes (PYCUDNN_TUNING_DB=0: off)
 }
 FLAG_NAMES = tuple(_DEFAULTS)
+
+
+class ConvolutionFlags(TypedDict, total=False):
+    """The flags a convolution call takes as keyword arguments (``**flags``), each optional:
+    one given beats an active ``flags()`` block, which beats ``pycudnn.config``.
+
+    Attributes:
+        benchmark: measure the candidate algorithms (Find) instead of taking cuDNN's heuristics
+            (Get); default False.
+        deterministic: only deterministic algorithms; default False.
+        allow_tf32: float32 may run on TF32 tensor cores; default True (PyTorch's for cuDNN).
+        workspace_limit: the most workspace bytes an algorithm may use; None (the default): as
+            much as is free.
+        engine: ``"graph"`` (the backend API, the default) or ``"v7"`` (the legacy API).
+        benchmark_limit: the graph engine's measured search times the first this many
+            candidates; None: all of them; default 10.
+        tuning_db: keep measured choices on disk for later processes; default True.
+    """
+
+    benchmark: bool
+    deterministic: bool
+    allow_tf32: bool
+    workspace_limit: int | None
+    engine: Literal["graph", "v7"]
+    benchmark_limit: int | None
+    tuning_db: bool
 _ENGINES = ("v7", "graph")
 
 _overrides: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
@@ -83,7 +109,7 @@ class Config:
             self._values[name] = value
             object.__setattr__(self, "generation", self.generation + 1)
 
-    def token(self, given: dict[str, Any]) -> tuple:
+    def token(self, given: Mapping[str, Any]) -> tuple:
         """A hashable summary of every input to `resolve()` (for call-signature caches):
         changes whenever a global default, an active ``flags()`` block or ``given`` changes."""
         over = override_token.get()
@@ -91,7 +117,7 @@ class Config:
             return (self.generation, over, tuple(sorted(given.items())))
         return (self.generation, over)
 
-    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
+    def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """All flags for one call: explicit keyword arguments, then ``flags()``, then globals."""
         values = dict(self._values)
         over = _overrides.get()
@@ -117,7 +143,10 @@ config = Config()
 
 @contextlib.contextmanager
 def flags(**overrides: Any) -> Iterator[Config]:
-    """Override flags for a block on this thread: ``with pycudnn.flags(benchmark=True): ...``."""
+    """Override flags for a block on this thread: ``with pycudnn.flags(benchmark=True): ...``.
+
+    The flags and their types are those of `ConvolutionFlags`.
+    """
     for name, value in overrides.items():
         _validate(name, value)
     merged = dict(_overrides.get() or {})

@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..configuration import config, override_token
+from ..configuration import ConvolutionFlags, config, override_token
 from ..cudnn.tensor_ops import (add_bias, add_tensor, contiguous_bias, is_contiguous_bias, relu_,
                                 transform)
 from ..cudnn.tensor_ops import fill_zero as _fill_zero
@@ -35,12 +35,16 @@ from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..ffi import library as _lib
 from ..runtime import memory as _mem
 from ..runtime.handle import get_handle
-from ..runtime.memory import callers_device, resolve_stream, restore_device, shared_zeros
-from ..runtime.tensor import (Tensor, as_tensor, check_writable, empty, has_internal_overlap,
-                              spans_overlap, tensor_from_pointer, zeros)
+from ..runtime.memory import (StreamLike, callers_device, resolve_stream, restore_device,
+                              shared_zeros)
+from ..runtime.tensor import (Tensor, TensorLike, as_tensor, check_writable, empty,
+                              has_internal_overlap, spans_overlap, tensor_from_pointer, zeros)
 from ..search.algos import try_all
 from ..search.problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
 from .repro import repro_lines
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; the annotations are strings at run time
+    from typing_extensions import Unpack
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
            "convolution_backward_filter", "convolution_add_relu", "prepare_convolution",
@@ -189,7 +193,7 @@ def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: in
     return out
 
 
-def _flags(given: dict[str, Any]) -> dict[str, Any]:
+def _flags(given: Mapping[str, Any]) -> dict[str, Any]:
     return config.resolve(given)
 
 
@@ -464,11 +468,28 @@ def _remember(key: tuple[Any, ...], prepared: "PreparedConvolution | None", agai
     _prepared.remember(key, prepared)
 
 
+class PrepareKeywords(ConvolutionFlags, total=False):
+    """The keyword arguments of `prepare_convolution()`: those of the function its
+    ``direction`` names, and that function's flags."""
+
+    stride: int | Sequence[int]
+    padding: int | Sequence[int] | str
+    dilation: int | Sequence[int]
+    groups: int
+    activation: str | None
+    out: TensorLike | None
+    stream: StreamLike | None
+    input_shape: Sequence[int]
+    weight_shape: Sequence[int]
+
+
 # ---- public API -----------------------------------------------------------------------------------
 
-def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
-                dilation: Any = 1, groups: int = 1, activation: str | None = None, out: Any = None,
-                stream: Any = None, **flags: Any) -> Tensor:
+def convolution(x: TensorLike, w: TensorLike, bias: TensorLike | None = None, *,
+                stride: int | Sequence[int] = 1, padding: int | Sequence[int] | str = 0,
+                dilation: int | Sequence[int] = 1, groups: int = 1, activation: str | None = None,
+                out: TensorLike | None = None, stream: StreamLike | None = None,
+                **flags: Unpack[ConvolutionFlags]) -> Tensor:
     """Convolution (cross-correlation, as PyTorch's ``conv1d/2d/3d``) on device memory.
 
     Args:
@@ -486,10 +507,12 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
         activation: ``None`` or ``"relu"`` (applied after the bias). The graph engine fuses
             bias and activation into the convolution when an engine takes the graph.
         out: optional output tensor of the right shape, dtype and device (any strides).
-        stream: the CUDA stream to run on (int handle, cuda.core Stream, or an object with
-            ``__cuda_stream__``); default the legacy default stream.
-        **flags: ``benchmark``, ``deterministic``, ``allow_tf32``, ``workspace_limit``, ``engine``;
-            defaults from `pycudnn.config`.
+        stream: the CUDA stream to run on, anything `StreamLike` names (an int handle, a
+            cuda.core, PyTorch or CuPy stream, an object with ``__cuda_stream__``); default the
+            legacy default stream.
+        **flags: `ConvolutionFlags`: ``benchmark``, ``deterministic``, ``allow_tf32``,
+            ``workspace_limit``, ``engine``, ``benchmark_limit``, ``tuning_db``; defaults from
+            `pycudnn.config`.
 
     Returns:
         The output ``(N, K, *out_spatial)`` as a `pycudnn.Tensor`,
@@ -500,7 +523,7 @@ def convolution(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: A
 
 def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: Any,
              activation: Any, out: Any, stream: Any,
-             flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+             flags: Mapping[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """`convolution()`, returning what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
     prev = None if _mem.visible_devices == 1 else callers_device()
@@ -532,7 +555,7 @@ def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
 
 def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
                  groups: Any, activation: Any, out: Any, stream: Any,
-                 flags: dict[str, Any],
+                 flags: Mapping[str, Any],
                  reads_also: Tensor | None = None) -> "tuple[Tensor, PreparedConvolution | None]":
     """The full path of `convolution()`: (output, what it prepared)."""
     fn = _CONV_NAMES.get(x.ndim, "convolution")
@@ -656,10 +679,11 @@ def _forward_with_epilogue(call: ConvolutionCall, y: Tensor, b: Tensor | None, r
     return y, b is None and not relu
 
 
-def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
-                   output_padding: Any = 0, dilation: Any = 1, groups: int = 1,
-                   activation: str | None = None, out: Any = None, stream: Any = None,
-                   **flags: Any) -> Tensor:
+def conv_transpose(x: TensorLike, w: TensorLike, bias: TensorLike | None = None, *,
+                   stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                   output_padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
+                   groups: int = 1, activation: str | None = None, out: TensorLike | None = None,
+                   stream: StreamLike | None = None, **flags: Unpack[ConvolutionFlags]) -> Tensor:
     """Transposed convolution (PyTorch's ``conv_transpose1d/2d/3d``): the gradient of a
     convolution with respect to its input.
 
@@ -675,7 +699,7 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
 
 def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
                 dilation: Any, groups: Any, activation: Any, out: Any, stream: Any,
-                flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+                flags: Mapping[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """`conv_transpose()`, returning what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
     prev = None if _mem.visible_devices == 1 else callers_device()
@@ -758,7 +782,7 @@ def _window(t: Tensor, starts: Sequence[int], sizes: Sequence[int]) -> Tensor:
 def _cropped_transpose(fn: str, x: Tensor, w: Tensor, shape: tuple[int, ...],
                        stride: tuple[int, ...], padding: tuple[int, ...],
                        dilation: tuple[int, ...], groups: int, out: Any, stream: Any,
-                       flags: dict[str, Any], reads: Sequence[tuple[str, Tensor | None]]) -> Tensor:
+                       flags: Mapping[str, Any], reads: Sequence[tuple[str, Tensor | None]]) -> Tensor:
     """A transposed convolution whose output_padding is at least its stride (PyTorch allows it
     below the dilation): the transposed convolution without padding, ``(i - 1) * stride +
     dilation * (kernel - 1) + 1`` per dim (a size cuDNN's backward data takes), cropped from
@@ -807,17 +831,19 @@ def _padded_input(x: Tensor, extra: tuple[int, ...], fmt: str, stream: int) -> T
     return xp
 
 
-def convolution_backward_data(grad_y: Any, w: Any, input_shape: Sequence[int], *, stride: Any = 1,
-                              padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
-                              stream: Any = None, **flags: Any) -> Tensor:
+def convolution_backward_data(grad_y: TensorLike, w: TensorLike, input_shape: Sequence[int], *,
+                              stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                              dilation: int | Sequence[int] = 1, groups: int = 1,
+                              out: TensorLike | None = None, stream: StreamLike | None = None,
+                              **flags: Unpack[ConvolutionFlags]) -> Tensor:
     """Gradient of a convolution with respect to its input, of shape ``input_shape``."""
     return _backward_data_call(grad_y, w, input_shape, stride, padding, dilation, groups, out,
                                stream, flags)[0]
 
 
-def _backward_data_call(grad_y: Any, w: Any, input_shape: Sequence[int], stride: Any, padding: Any,
+def _backward_data_call(grad_y: Any, w: Any, input_shape: Any, stride: Any, padding: Any,
                         dilation: Any, groups: Any, out: Any, stream: Any,
-                        flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+                        flags: Mapping[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """`convolution_backward_data()`, returning what
     it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
@@ -860,7 +886,7 @@ def _hashable(shape: Any) -> Any:
 
 def _backward_data(fn: str, dy: Tensor, w: Tensor, input_shape: Sequence[int],
                    stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...],
-                   groups: int, out: Any, stream: Any, flags: dict[str, Any],
+                   groups: int, out: Any, stream: Any, flags: Mapping[str, Any],
                    reads: Sequence[tuple[str, Tensor | None]] | None = None) -> tuple[Tensor, "ConvolutionCall | None"]:
     f = _flags(flags)
     _check_sample_size(fn, dy.shape, tuple(input_shape))
@@ -877,17 +903,19 @@ def _backward_data(fn: str, dy: Tensor, w: Tensor, input_shape: Sequence[int],
     return dx, call
 
 
-def convolution_backward_filter(x: Any, grad_y: Any, weight_shape: Sequence[int], *, stride: Any = 1,
-                                padding: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
-                                stream: Any = None, **flags: Any) -> Tensor:
+def convolution_backward_filter(x: TensorLike, grad_y: TensorLike, weight_shape: Sequence[int], *,
+                                stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                                dilation: int | Sequence[int] = 1, groups: int = 1,
+                                out: TensorLike | None = None, stream: StreamLike | None = None,
+                                **flags: Unpack[ConvolutionFlags]) -> Tensor:
     """Gradient of a convolution with respect to its weight, of shape ``weight_shape``."""
     return _backward_filter_call(x, grad_y, weight_shape, stride, padding, dilation, groups, out,
                                  stream, flags)[0]
 
 
-def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stride: Any,
+def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Any, stride: Any,
                           padding: Any, dilation: Any, groups: Any, out: Any, stream: Any,
-                          flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+                          flags: Mapping[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """`convolution_backward_filter()`, returning
     what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
@@ -932,9 +960,12 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Sequence[int], stri
             restore_device(prev)
 
 
-def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: Any = None,
-                         stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
-                         out: Any = None, stream: Any = None, **flags: Any) -> Tensor:
+def convolution_add_relu(x: TensorLike, w: TensorLike, z: TensorLike, *, alpha: float = 1.0,
+                         bias: TensorLike | None = None, stride: int | Sequence[int] = 1,
+                         padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
+                         groups: int = 1, out: TensorLike | None = None,
+                         stream: StreamLike | None = None,
+                         **flags: Unpack[ConvolutionFlags]) -> Tensor:
     """``relu(conv(x, w) + alpha * z + bias)``, fused where cuDNN can, else in separate steps.
 
     ``z`` has the output's shape; ``out`` may be ``z`` itself (an in-place residual).
@@ -944,7 +975,7 @@ def convolution_add_relu(x: Any, w: Any, z: Any, *, alpha: float = 1.0, bias: An
 
 def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, padding: Any,
               dilation: Any, groups: Any, out: Any, stream: Any,
-              flags: dict[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
+              flags: Mapping[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """`convolution_add_relu()`, returning what it
     prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
@@ -1014,8 +1045,9 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
             restore_device(prev)
 
 
-def prepare_convolution(x: Any, w: Any, bias: Any = None, *, direction: str = "forward",
-                        **kwargs: Any) -> PreparedConvolution:
+def prepare_convolution(x: TensorLike, w: TensorLike, bias: TensorLike | None = None, *,
+                        direction: str = "forward",
+                        **kwargs: Unpack[PrepareKeywords]) -> PreparedConvolution:
     """Run a convolution once (searching and caching its algorithm) and return it prepared.
 
     ``direction="forward"`` takes ``(x, w)`` like

@@ -46,7 +46,8 @@ from ..ops._common import (
 )
 from ..ops.runtime_kernels import ALIGNMENT
 from ..runtime.handle import get_handle
-from ..runtime.tensor import Tensor, as_tensor
+from ..runtime.memory import StreamLike
+from ..runtime.tensor import Tensor, TensorLike, as_tensor
 
 __all__ = ["activation_forward", "activation_backward", "MODES"]
 
@@ -140,8 +141,8 @@ class _Plan:
 
 # ---- forward --------------------------------------------------------------------------------------
 
-def activation_forward(x: Any, mode: str = "relu", *, coef: float = 0.0, out: Any = None,
-                       stream: Any = None) -> Tensor:
+def activation_forward(x: TensorLike, mode: str = "relu", *, coef: float = 0.0,
+                       out: TensorLike | None = None, stream: StreamLike | None = None) -> Tensor:
     """``y = activation(x)`` element by element (cuDNN's ``cudnnActivationForward``).
 
     Args:
@@ -233,8 +234,9 @@ def _forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPro
 
 # ---- backward -------------------------------------------------------------------------------------
 
-def activation_backward(y: Any, dy: Any, x: Any, mode: str = "relu", *, coef: float = 0.0,
-                        out: Any = None, stream: Any = None) -> Tensor:
+def activation_backward(y: TensorLike, dy: TensorLike, x: TensorLike, mode: str = "relu", *,
+                        coef: float = 0.0, out: TensorLike | None = None,
+                        stream: StreamLike | None = None) -> Tensor:
     """The gradient ``dx`` of an activation, from its output ``y``, the gradient ``dy`` of ``y``
     and its input ``x`` (cuDNN's ``cudnnActivationBackward``).
 

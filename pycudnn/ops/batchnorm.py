@@ -43,9 +43,11 @@ from ..ops import runtime_kernels
 from ..ops._common import PlanCache, Reserve, c_function, meet, scalars_of
 from ..ops.runtime_kernels import ALIGNMENT
 from ..runtime.handle import get_handle
-from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
+from ..runtime.memory import (StreamLike, allocate_fast, callers_device, resolve_stream,
+                              restore_device)
 from ..runtime.tensor import (
     Tensor,
+    TensorLike,
     as_tensor,
     channels_last_strides,
     check_writable,
@@ -718,11 +720,13 @@ def _launch_failed(st: int, function: str, plan: _Plan, more: str = "") -> None:
 
 # ---- public functions -----------------------------------------------------------------------------
 
-def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: Any = None,
-                                running_var: Any = None, *, momentum: float = 0.1,
-                                eps: float = 1e-5, mode: str | int = "spatial", out: Any = None,
-                                save_mean: Any = None, save_invstd: Any = None,
-                                stream: Any = None) -> BatchNormResult:
+def batch_norm_forward_training(x: TensorLike, weight: TensorLike, bias: TensorLike,
+                                running_mean: TensorLike | None = None,
+                                running_var: TensorLike | None = None, *, momentum: float = 0.1,
+                                eps: float = 1e-5, mode: str | int = "spatial",
+                                out: TensorLike | None = None, save_mean: TensorLike | None = None,
+                                save_invstd: TensorLike | None = None,
+                                stream: StreamLike | None = None) -> BatchNormResult:
     """Batch normalization of a training step: ``y = weight * (x - mean) / sqrt(var + eps) + bias``
     with the batch's mean and (biased) variance, as ``F.batch_norm(..., training=True)``.
 
@@ -868,10 +872,11 @@ def _training_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_va
         restore_device(prev)
 
 
-def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: Any,
-                                 running_var: Any, *, eps: float = 1e-5,
-                                 mode: str | int = "spatial", out: Any = None,
-                                 stream: Any = None) -> Tensor:
+def batch_norm_forward_inference(x: TensorLike, weight: TensorLike, bias: TensorLike,
+                                 running_mean: TensorLike, running_var: TensorLike, *,
+                                 eps: float = 1e-5, mode: str | int = "spatial",
+                                 out: TensorLike | None = None,
+                                 stream: StreamLike | None = None) -> Tensor:
     """Batch normalization with stored statistics:
     ``y = weight * (x - running_mean) / sqrt(running_var + eps) + bias``
     (``F.batch_norm(..., training=False)``).
@@ -1049,10 +1054,11 @@ def _run_backward(call: _Call, ops: int, y4: Tensor | None, dy4: Tensor, dz4: Te
     p.finish()
 
 
-def batch_norm_backward(x: Any, dy: Any, weight: Any, save_mean: Any, save_invstd: Any, *,
-                        eps: float = 1e-5, mode: str | int = "spatial", out: Any = None,
-                        reserve: ReserveSpace | None = None,
-                        stream: Any = None) -> tuple[Tensor, Tensor, Tensor]:
+def batch_norm_backward(x: TensorLike, dy: TensorLike, weight: TensorLike,
+                        save_mean: TensorLike | None, save_invstd: TensorLike | None, *,
+                        eps: float = 1e-5, mode: str | int = "spatial",
+                        out: TensorLike | None = None, reserve: ReserveSpace | None = None,
+                        stream: StreamLike | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of `batch_norm_forward_training`
     with respect to its input, weight and bias.
 
@@ -1167,10 +1173,12 @@ def _fusable(call: _Call) -> bool:
 
 
 def batch_norm_add_relu_forward_training(
-        x: Any, z: Any, weight: Any, bias: Any, running_mean: Any = None, running_var: Any = None,
-        *, momentum: float = 0.1, eps: float = 1e-5, mode: str | int = "spatial_persistent",
-        out: Any = None, save_mean: Any = None, save_invstd: Any = None,
-        stream: Any = None) -> tuple[Tensor, Tensor, Tensor, ReserveSpace | None]:
+        x: TensorLike, z: TensorLike, weight: TensorLike, bias: TensorLike,
+        running_mean: TensorLike | None = None, running_var: TensorLike | None = None, *,
+        momentum: float = 0.1, eps: float = 1e-5, mode: str | int = "spatial_persistent",
+        out: TensorLike | None = None, save_mean: TensorLike | None = None,
+        save_invstd: TensorLike | None = None,
+        stream: StreamLike | None = None) -> tuple[Tensor, Tensor, Tensor, ReserveSpace | None]:
     """``y = relu(batch_norm(x) + z)`` in training, the residual block's tail.
 
     One fused cuDNN kernel (``cudnnBatchNormalizationForwardTrainingEx`` with
@@ -1258,10 +1266,11 @@ def _relu_backward(handle: int, y4: Tensor, dy4: Tensor, dz4: Tensor) -> None:
 
 
 def batch_norm_add_relu_backward(
-        x: Any, y: Any, dy: Any, weight: Any, bias: Any, save_mean: Any, save_invstd: Any,
+        x: TensorLike, y: TensorLike, dy: TensorLike, weight: TensorLike, bias: TensorLike,
+        save_mean: TensorLike | None, save_invstd: TensorLike | None,
         reserve: ReserveSpace | None = None, *, eps: float = 1e-5,
-        mode: str | int = "spatial_persistent", out: Any = None,
-        stream: Any = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        mode: str | int = "spatial_persistent", out: TensorLike | None = None,
+        stream: StreamLike | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of `batch_norm_add_relu_forward_training`.
 
     With the reserve of a fused forward pass this is one fused cuDNN call

@@ -36,6 +36,7 @@ from ..ffi import library as _lib
 from ..ops._common import PlanCache, Reserve, c_function
 from ..runtime.handle import get_handle
 from ..runtime.memory import (
+    StreamLike,
     allocate,
     allocate_fast,
     callers_device,
@@ -46,6 +47,7 @@ from ..runtime.memory import (
 )
 from ..runtime.tensor import (
     Tensor,
+    TensorLike,
     as_tensor,
     check_writable,
     contiguous_strides,
@@ -152,7 +154,7 @@ class DropoutState:
     """
 
     def __init__(self, p: float = 0.5, seed: int = 0, *, device: Any = None,
-                 stream: Any = None) -> None:
+                 stream: StreamLike | None = None) -> None:
         what = "DropoutState"
         self._p = _probability(p, what)
         self.seed = _seed(seed, what)
@@ -388,8 +390,8 @@ def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
 
 # ---- forward and backward -------------------------------------------------------------------------
 
-def dropout_forward(x: Any, state: DropoutState, *, out: Any = None,
-                    stream: Any = None) -> tuple[Tensor, DropoutReserve]:
+def dropout_forward(x: TensorLike, state: DropoutState, *, out: TensorLike | None = None,
+                    stream: StreamLike | None = None) -> tuple[Tensor, DropoutReserve]:
     """``y = x * mask / (1 - p)`` with a fresh random mask (each element kept with probability
     ``1 - p``), as ``F.dropout(x, p, training=True)``.
 
@@ -485,8 +487,8 @@ def _forward_full(x: Any, state: Any, out: Any, stream: Any) -> tuple[Tensor, Dr
         restore_device(prev)
 
 
-def dropout_backward(dy: Any, state: DropoutState, reserve: DropoutReserve, *, out: Any = None,
-                     stream: Any = None) -> Tensor:
+def dropout_backward(dy: TensorLike, state: DropoutState, reserve: DropoutReserve, *,
+                     out: TensorLike | None = None, stream: StreamLike | None = None) -> Tensor:
     """``dx = dy * mask / (1 - p)`` with the mask of the forward pass that made ``reserve``.
 
     Args:

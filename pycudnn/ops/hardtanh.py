@@ -43,7 +43,8 @@ from ..ops._common import (
     tensor_arg,
 )
 from ..runtime.handle import get_handle
-from ..runtime.tensor import Tensor, empty, from_numpy
+from ..runtime.memory import StreamLike
+from ..runtime.tensor import Tensor, TensorLike, empty, from_numpy
 from .activation import run_backward
 
 __all__ = ["hardtanh_forward", "hardtanh_backward"]
@@ -109,8 +110,8 @@ def _op(handle: int, op: OpTensorOp, a: Tensor, alpha1: float, b: Tensor, c: Ten
             d.close()
 
 
-def hardtanh_forward(x: Any, min_val: float = -1.0, max_val: float = 1.0, *, out: Any = None,
-                     stream: Any = None) -> Tensor:
+def hardtanh_forward(x: TensorLike, min_val: float = -1.0, max_val: float = 1.0, *,
+                     out: TensorLike | None = None, stream: StreamLike | None = None) -> Tensor:
     """``min(max(x, min_val), max_val)`` element by element, as ``F.hardtanh``.
 
     Args:
@@ -152,8 +153,8 @@ def hardtanh_forward(x: Any, min_val: float = -1.0, max_val: float = 1.0, *, out
         restore_device(prev)
 
 
-def hardtanh_backward(dy: Any, x: Any, min_val: float = -1.0, max_val: float = 1.0, *,
-                      out: Any = None, stream: Any = None) -> Tensor:
+def hardtanh_backward(dy: TensorLike, x: TensorLike, min_val: float = -1.0, max_val: float = 1.0, *,
+                      out: TensorLike | None = None, stream: StreamLike | None = None) -> Tensor:
     """The gradient of `hardtanh_forward`: ``dy`` where ``min_val < x < max_val``, else 0 (at the
     bounds too), as PyTorch's ``hardtanh_backward``.
 

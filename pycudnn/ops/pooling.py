@@ -51,7 +51,8 @@ from ..ops._common import (
     tensor_arg,
 )
 from ..runtime.handle import get_handle
-from ..runtime.tensor import Tensor, as_tensor
+from ..runtime.memory import StreamLike
+from ..runtime.tensor import Tensor, TensorLike, as_tensor
 
 __all__ = ["pooling_forward", "pooling_backward", "PoolingDescriptor", "PoolingMode", "MODES",
            "output_size", "ceil_output_size", "windows_hold_input", "dilated_classes"]
@@ -290,10 +291,11 @@ def _key(kernel_size: Any, stride: Any, padding: Any, mode: Any, nan: NanPropaga
     return (k, s, p, mode, nan == _PROPAGATE, rule) + sigs
 
 
-def pooling_forward(x: Any, kernel_size: Any, *, stride: Any = None, padding: Any = 0,
-                    mode: str = "max", ceil_mode: bool = False, dilation: Any = 1,
-                    divisor_override: int | None = None, out: Any = None,
-                    stream: Any = None) -> Tensor:
+def pooling_forward(x: TensorLike, kernel_size: int | Sequence[int], *,
+                    stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
+                    mode: str = "max", ceil_mode: bool = False, dilation: int | Sequence[int] = 1,
+                    divisor_override: int | None = None, out: TensorLike | None = None,
+                    stream: StreamLike | None = None) -> Tensor:
     """Max or average pooling of ``x`` (cuDNN's ``cudnnPoolingForward``).
 
     Args:
@@ -423,10 +425,11 @@ def _mode(mode: Any, divisor: int | None, fn: str) -> PoolingMode:
     return PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING if divisor is not None else m
 
 
-def pooling_backward(y: Any, dy: Any, x: Any, kernel_size: Any, *, stride: Any = None,
-                     padding: Any = 0, mode: str = "max", ceil_mode: bool = False,
-                     dilation: Any = 1, divisor_override: int | None = None, out: Any = None,
-                     stream: Any = None) -> Tensor:
+def pooling_backward(y: TensorLike, dy: TensorLike, x: TensorLike, kernel_size: int | Sequence[int],
+                     *, stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
+                     mode: str = "max", ceil_mode: bool = False, dilation: int | Sequence[int] = 1,
+                     divisor_override: int | None = None, out: TensorLike | None = None,
+                     stream: StreamLike | None = None) -> Tensor:
     """The gradient ``dx`` of a pooling from its output ``y``, the gradient ``dy`` of ``y`` and
     its input ``x`` (cuDNN's ``cudnnPoolingBackward``).
 

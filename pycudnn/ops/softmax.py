@@ -46,7 +46,8 @@ from ..ops._common import (
     tensor_arg,
 )
 from ..runtime.handle import get_handle
-from ..runtime.tensor import Tensor, as_tensor
+from ..runtime.memory import StreamLike
+from ..runtime.tensor import Tensor, TensorLike, as_tensor
 
 __all__ = ["softmax_forward", "softmax_backward", "SoftmaxAlgorithm", "SoftmaxMode", "ALGORITHMS",
            "MODES"]
@@ -180,8 +181,8 @@ def _options(algorithm: Any, mode: Any, fn: str) -> tuple[int, int]:
 
 # ---- forward --------------------------------------------------------------------------------------
 
-def softmax_forward(x: Any, *, algorithm: str = "accurate", mode: str = "channel", out: Any = None,
-                    stream: Any = None) -> Tensor:
+def softmax_forward(x: TensorLike, *, algorithm: str = "accurate", mode: str = "channel",
+                    out: TensorLike | None = None, stream: StreamLike | None = None) -> Tensor:
     """Softmax (or log-softmax) of ``x`` over its channels (cuDNN's ``cudnnSoftmaxForward``).
 
     Args:
@@ -273,8 +274,9 @@ def _forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: st
 
 # ---- backward -------------------------------------------------------------------------------------
 
-def softmax_backward(y: Any, dy: Any, *, algorithm: str = "accurate", mode: str = "channel",
-                     out: Any = None, stream: Any = None) -> Tensor:
+def softmax_backward(y: TensorLike, dy: TensorLike, *, algorithm: str = "accurate",
+                     mode: str = "channel", out: TensorLike | None = None,
+                     stream: StreamLike | None = None) -> Tensor:
     """The gradient ``dx`` of a softmax from its output ``y`` and the gradient ``dy`` of ``y``
     (cuDNN's ``cudnnSoftmaxBackward``).
 

@@ -26,7 +26,7 @@ import threading
 import weakref
 from ctypes import addressof as _addressof
 from ctypes import c_uint64 as _c_uint64
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol, SupportsIndex, Union
 
 from ..errors import NoDeviceError, OutOfMemoryError, PycudnnError
 
@@ -36,7 +36,8 @@ __all__ = [
     "DeviceBuffer", "allocate", "thread_token",
     "mem_get_info", "relaxed_capture_mode", "stream_is_capturing", "synchronize",
     "stream_synchronize", "stream_wait",
-    "resolve_stream", "copy_host_to_device", "copy_device_to_host", "memset", "pointer_device",
+    "resolve_stream", "StreamLike", "SupportsCudaStream", "HasCudaStreamHandle", "HasStreamPointer",
+    "copy_host_to_device", "copy_device_to_host", "memset", "pointer_device",
     "empty_cache", "MAX_ALLOCATION",
 ]
 
@@ -45,6 +46,35 @@ __all__ = [
 MAX_ALLOCATION = 1 << 40
 
 LEGACY_DEFAULT_STREAM = 0  #: what ``None`` resolves to (``cudaStreamLegacy`` is 1, the same stream)
+
+
+class SupportsCudaStream(Protocol):
+    """An object following the CUDA stream protocol (cuda.core ``Stream``, recent CuPy and
+    PyTorch streams, Numba): ``__cuda_stream__()`` gives ``(version, handle)``."""
+
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+
+class HasCudaStreamHandle(Protocol):
+    """An object with an integer ``.cuda_stream`` (``torch.cuda.Stream``,
+    ``torch.cuda.ExternalStream``)."""
+
+    @property
+    def cuda_stream(self) -> int: ...
+
+
+class HasStreamPointer(Protocol):
+    """An object with an integer ``.ptr`` (``cupy.cuda.Stream``)."""
+
+    @property
+    def ptr(self) -> int: ...
+
+
+StreamLike = Union[int, SupportsCudaStream, HasCudaStreamHandle, HasStreamPointer, SupportsIndex]
+"""What `resolve_stream()`, and so every pycudnn function's ``stream=``, accepts (``None``
+aside, the legacy default stream): a raw ``cudaStream_t`` handle as an int, an object with
+``__cuda_stream__``, ``.cuda_stream`` or ``.ptr`` (cuda.core, PyTorch, CuPy, Numba streams), or
+anything with ``__index__`` (cuda.bindings ``CUstream`` / ``cudaStream_t``)."""
 
 
 class CudaError(PycudnnError):
@@ -412,7 +442,7 @@ def pointer_device(ptr: int) -> int:
 
 # ---- streams --------------------------------------------------------------------------------------
 
-def resolve_stream(stream: Any) -> int:
+def resolve_stream(stream: StreamLike | None) -> int:
     """The ``cudaStream_t`` handle (an int) of ``stream``.
 
     Accepted, in the order checked:

@@ -64,10 +64,10 @@ from .factories import empty, from_numpy, zeros
 from .geometry import (MEMORY_FORMATS, channels_last_strides, contiguous_strides,
                        has_internal_overlap, span_elements)
 from .dlpack import dlpack_managed
-from .importers import as_tensor
+from .importers import SupportsCudaArrayInterface, SupportsDLPack, TensorLike, as_tensor
 from .view import Tensor, check_writable, spans_overlap, tensor_from_pointer, views_overlap
 
-__all__ = ["Tensor", "as_tensor", "tensor_from_pointer", "empty", "zeros", "from_numpy",
+__all__ = ["Tensor", "as_tensor", "TensorLike", "SupportsCudaArrayInterface", "SupportsDLPack", "tensor_from_pointer", "empty", "zeros", "from_numpy",
            "span_elements", "contiguous_strides", "channels_last_strides", "MEMORY_FORMATS",
            "has_internal_overlap", "spans_overlap", "views_overlap", "check_writable",
            "dlpack_managed"]

@@ -9,11 +9,12 @@ import operator
 import sys
 import weakref
 from ctypes import c_int64
-from typing import Any, Sequence
+from typing import Any, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
 from .. import memory as _mem
+from ..memory import StreamLike
 from .dlpack import (
     DL_DEVICE_NAMES,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -46,6 +47,27 @@ from .view import (
     bfloat16_dtype,
     check_pointer,
 )
+
+
+class SupportsCudaArrayInterface(Protocol):
+    """An object exporting the CUDA array interface (CuPy, Numba, PyTorch, ...): a mapping
+    with ``shape``, ``typestr``, ``data`` and optionally ``strides`` and ``stream``."""
+
+    @property
+    def __cuda_array_interface__(self) -> Mapping[str, Any]: ...
+
+
+class SupportsDLPack(Protocol):
+    """An object exporting DLPack (JAX, PyTorch, CuPy, ...): ``__dlpack__(stream=...,
+    max_version=...)`` returning a capsule, and ``__dlpack_device__()``."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+TensorLike = Union[Tensor, SupportsCudaArrayInterface, SupportsDLPack]
+"""What `as_tensor()`, and so every pycudnn function taking a tensor, accepts: a `Tensor`, a
+PyTorch CUDA tensor, or any object on a CUDA device with ``__cuda_array_interface__`` or
+``__dlpack__`` (CuPy, Numba, JAX, ...), never copied. Host arrays are refused at run time."""
 
 
 def _host_refusal(obj: Any, where: str = "") -> TypeError:
@@ -336,7 +358,7 @@ def _from_dlpack(obj: Any, consumer: int) -> Tensor:
                         readonly)
 
 
-def as_tensor(obj: Any, *, stream: Any = None) -> Tensor:
+def as_tensor(obj: Any, *, stream: StreamLike | None = None) -> Tensor:
     """A zero-copy `Tensor` view of a CUDA device array.
 
     Args:
