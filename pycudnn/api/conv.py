@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -43,7 +44,9 @@ from ..search.algos import try_all
 from ..search.problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
 from .repro import repro_lines
 
-if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; the annotations are strings at run time
+if sys.version_info >= (3, 11):  # at run time too: typing.get_type_hints() resolves the flags
+    from typing import Unpack
+elif TYPE_CHECKING:  # Python 3.10: for type checkers only (annotations are strings at run time)
     from typing_extensions import Unpack
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
