@@ -26,6 +26,7 @@ from pycudnn.configuration import config
 from pycudnn.runtime.handle import get_handle
 from pycudnn.runtime.memory import callers_device, restore_device
 from pycudnn.runtime.tensor import Tensor, tensor_from_pointer
+from pycudnn.runtime.tensor.geometry import strides_like_channels_last
 
 from . import routing
 
@@ -351,25 +352,10 @@ def _memory_format(x: Any, w: Any) -> Any:
     weight's strides look channels-last, except for float64."""
     if x.dtype is torch.float64:
         return _CONTIG
-    if _strides_like_cl(tuple(x.shape), x.stride()) or _strides_like_cl(tuple(w.shape), w.stride()):
+    if (strides_like_channels_last(tuple(x.shape), x.stride())
+            or strides_like_channels_last(tuple(w.shape), w.stride())):
         return _CL
     return _CONTIG
-
-
-def _strides_like_cl(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """c10's ``is_channels_last_strides_2d_s4`` (strides ordered C < W < H < N)."""
-    if strides[1] == 0:
-        return False
-    minimum = 0
-    for d in (1, 3, 2, 0):
-        if shape[d] == 0 or strides[d] < minimum:
-            return False
-        if d == 0 and minimum == strides[1]:
-            return False
-        minimum = strides[d]
-        if shape[d] > 1:
-            minimum *= shape[d]
-    return True
 
 
 def _signature(x: Any, w: Any, geom: tuple[Any, ...]) -> str:
