@@ -21,8 +21,18 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- zoo-table:begin -->", "<!-- zoo-table:end -->"
 
 
+#: the results "file" of a README that quotes no figure (none measured at its code)
+NONE = "none"
+
+
 def render(results_file: str) -> str:
-    """The README block (markers included) for ``results_file`` (a path relative to the root)."""
+    """The README block (markers included) for ``results_file`` (a path relative to the root),
+    or, for `NONE`, a block that says no figure is measured at the current code."""
+    if results_file == NONE:
+        return "\n".join([BEGIN, f"<!-- made by benchmarks/readme_table.py from {NONE} -->", "",
+                           "No figures measured at the current code yet: the code under the last "
+                           "ones changed after they were measured. They are kept, with their "
+                           "commit, in CHANGELOG.md.", END])
     data = json.loads((ROOT / results_file).read_text())
     lines = [BEGIN, f"<!-- made by benchmarks/readme_table.py from {results_file} -->", "",
              "| model | training step, batch 64 | fused inference, batch 128 | first training step of a fresh process, pycudnn / PyTorch |",
@@ -65,7 +75,8 @@ def current(readme: str) -> tuple[str, str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", nargs="?", help="zoo.py results file (default: the one README names)")
+    ap.add_argument("results", nargs="?",
+                    help=f"zoo.py results file, or {NONE!r} for none (default: the one README names)")
     ap.add_argument("--check", action="store_true", help="exit 1 if README's table is stale")
     args = ap.parse_args(argv)
     readme_path = ROOT / "README.md"

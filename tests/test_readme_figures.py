@@ -24,6 +24,9 @@ def test_readme_table_matches_its_results_file():
     found = mod.current((ROOT / "README.md").read_text())
     assert found is not None, "README.md lost its generated model table"
     block, results = found
+    if results == mod.NONE:
+        assert block == mod.render(results)
+        return
     if not (ROOT / results).is_file() and not (ROOT / ".git").exists():
         pytest.skip("the measured results stay in the repository (the sdist does not carry them)")
     assert (ROOT / results).is_file(), f"README's table names {results}, which is not here"
@@ -46,3 +49,11 @@ def test_render_states_every_model_its_commit_and_missing_figures(tmp_path):
     assert "| densenet121 | not measured | not measured | not measured |" in text
     assert "| geomean | 1.25x | 2.00x | |" in text
     assert "commit abc1234" in text and "`benchmarks/zoo.py`" in text
+
+
+def test_render_of_no_results_says_so():
+    mod = _table_module()
+    text = mod.render(mod.NONE)
+    assert text.startswith(mod.BEGIN) and text.endswith(mod.END)
+    assert "No figures measured at the current code" in text and "|" not in text
+    assert mod.current(f"x\n{text}\ny") == (text, mod.NONE)
