@@ -13,7 +13,10 @@
   `conv2d_add_relu`: one fused cuDNN graph each
   (``relu(conv(x) + b)`` and ``relu(conv(x) + alpha * z + b)``), with their backward;
 * `fuse_for_inference`: BatchNorm folded into the
-  convolutions before it and Conv-BN-ReLU / Conv-BN-add-ReLU turned into those fused calls.
+  convolutions before it and Conv-BN-ReLU / Conv-BN-add-ReLU turned into those fused calls;
+* `fuse_for_training`: Conv-BN, Conv-BN-ReLU and Conv-BN-add-ReLU as one autograd node each
+  (`ConvBn2d`, `ConvBnReLU2d`, `ConvBnAddReLU2d`), with cuDNN's fused batch-norm + ReLU (+ add)
+  training kernels forward and backward.
 
 How a call stays cheap: every output is a torch tensor from PyTorch's caching allocator
 (``torch.empty``), and the work runs on PyTorch's current stream. The first call with a new
@@ -55,7 +58,9 @@ from .fusion import fold_batchnorm, fuse_for_inference
 from .modules import Conv2d, FusedConv2d, conversion_report, convert, revert
 from .routing import report as routing_report
 from .routing import set_routing
+from .training import ConvBn2d, ConvBnAddReLU2d, ConvBnReLU2d, fuse_for_training
 
 __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_add_relu", "Conv2d", "FusedConv2d", "convert",
            "revert", "fuse_for_inference", "fold_batchnorm", "clear_cache", "CACHE_MAX",
-           "ConvolutionValueError", "ConvolutionTypeError", "set_routing", "routing_report", "conversion_report"]
+           "ConvolutionValueError", "ConvolutionTypeError", "set_routing", "routing_report",
+           "conversion_report", "fuse_for_training", "ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d"]

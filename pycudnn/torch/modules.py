@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from .calls import geometry
 from .functional import conv2d, conv2d_add_relu, conv2d_bias_relu
+from .training import unfuse_training
 
 log = logging.getLogger("pycudnn")
 
@@ -100,12 +101,15 @@ def conversion_report(module: Any) -> list[dict[str, Any]]:
 
 
 def revert(module: Any) -> Any:
-    """Undo `convert`: every `pycudnn.torch.Conv2d`
-    in ``module`` (itself included) becomes a ``torch.nn.Conv2d`` again, in place; returns
-    ``module``. For tools that test for ``torch.nn.Conv2d`` exactly (quantization's module
-    fusion, ``torch.fx.experimental.optimization.fuse``)."""
+    """Undo `convert` and `fuse_for_training`: every `pycudnn.torch.Conv2d`
+    in ``module`` (itself included) becomes a ``torch.nn.Conv2d`` again and every training block
+    the plain calls of its convolution, batch norm, add and ReLU, in place; returns ``module``.
+    For tools that test for ``torch.nn.Conv2d`` exactly (quantization's module fusion,
+    ``torch.fx.experimental.optimization.fuse``). Batch norm parameters that
+    `fuse_for_training` made float32 stay float32."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"revert: expected a torch.nn.Module, got {type(module).__name__}")
+    unfuse_training(module)
     for m in module.modules():
         if type(m) is Conv2d:
             cast(Any, m).__class__ = torch.nn.Conv2d

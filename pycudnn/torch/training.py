@@ -1,0 +1,539 @@
+"""Fused training blocks: Conv-BN, Conv-BN-ReLU and Conv-BN-add-ReLU as one autograd node each.
+
+`fuse_for_training` rewrites a model's ``Conv2d -> BatchNorm2d [-> (+ residual)] [-> ReLU]``
+chains (traced with ``torch.fx``) into `ConvBn2d`, `ConvBnReLU2d` and `ConvBnAddReLU2d` (the names
+of PyTorch's own fused modules in ``torch.ao.nn.intrinsic``). In training mode a block runs:
+
+* forward: the convolution (pycudnn's remembered launch, routed to PyTorch's where that was
+  measured faster), then one ``cudnnBatchNormalizationForwardTrainingEx`` that normalizes with the
+  batch statistics, updates the running statistics in place and applies the residual add and the
+  ReLU in the same kernel (``CUDNN_BATCHNORM_OPS_BN[_ADD]_ACTIVATION``);
+* backward: one ``cudnnBatchNormalizationBackwardEx`` (ReLU's mask, the residual's gradient and
+  the batch norm's input, scale and shift gradients together, from the reserve space the forward
+  kernel left), then the convolution's backward-data and backward-filter.
+
+PyTorch eager runs the same step as three or four separate operators with an autograd node and
+a memory pass each. cuDNN fuses these only for its persistent NHWC kernels: float16 or bfloat16
+input, channels-last, channel count a multiple of 4, float32 scale, shift and statistics. A
+block whose call does not fit (float32 input, NCHW, eval mode with gradients, ``torch.func``,
+...) runs the original modules one after another, exactly as the model did.
+
+The blocks own no parameters: they hold the model's own ``Conv2d`` and ``BatchNorm2d``, which stay
+registered where they were, so ``state_dict`` keys, an optimizer made for the parameters, hooks
+on the parameters and ``.to()`` all keep working. `revert` (``pycudnn.torch.revert``) turns the
+blocks back into the plain calls.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from ctypes import byref, c_size_t
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pycudnn.cudnn.descriptors import TensorDescriptor
+from pycudnn.cudnn.tensor_ops import relu_descriptor, scalar_pointers
+from pycudnn.errors import CudnnBadParamError, CudnnNotSupportedError
+from pycudnn.ffi import library as _lib
+from pycudnn.runtime.handle import get_handle
+
+from .calls import (autocast_dtype, autocast_enabled, geometry, grad_enabled,
+                    pytorch_only, run_backward_data, run_backward_filter, run_forward)
+
+__all__ = ["ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d", "fuse_for_training", "unfuse_training"]
+
+_PERSISTENT = 2  # CUDNN_BATCHNORM_SPATIAL_PERSISTENT: PyTorch's mode for channels-last training
+_OPS_BN, _OPS_RELU, _OPS_ADD_RELU = 0, 1, 2  # cudnnBatchNormOps_t
+_HALF = (torch.float16, torch.bfloat16)
+_CL = torch.channels_last
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(device: int) -> int:
+    if _raw_stream is not None:
+        return int(_raw_stream(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+class _Unfusable(Exception):
+    """cuDNN refused the fused batch norm for this layout before running anything."""
+
+
+# ---- the batch-norm launches of one layout ------------------------------------------------------
+
+class _BnLayout:
+    """The descriptors, sizes and C functions of the fused batch norm of one layout of the
+    convolution's output (shape, strides, dtype, device) and one cudnnBatchNormOps_t."""
+
+    __slots__ = ("x_desc", "p_desc", "xd", "pd", "act", "fwd_ws", "reserve", "bwd_ws", "forward",
+                 "backward", "one", "zero", "ops", "channels")
+
+    def __init__(self, c: Any, ops: int) -> None:
+        self.x_desc = TensorDescriptor(tuple(c.shape), _DTYPE_NAMES[c.dtype], tuple(c.stride()))
+        self.channels = int(c.shape[1])
+        self.p_desc = TensorDescriptor((1, self.channels, 1, 1), "float32")
+        self.xd, self.pd = self.x_desc.handle, self.p_desc.handle
+        self.ops = ops
+        self.act = relu_descriptor().handle if ops != _OPS_BN else None
+        self.one, self.zero = scalar_pointers("float32")
+        L = _lib.lib()
+        self.forward = L.cudnnBatchNormalizationForwardTrainingEx
+        self.backward = L.cudnnBatchNormalizationBackwardEx
+        dev = c.get_device()
+        handle = get_handle(dev, _stream(dev))
+        xd, pd = self.xd, self.pd
+        fwd, res, bwd = c_size_t(), c_size_t(), c_size_t()
+        for name, args in (
+                ("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
+                 (handle, _PERSISTENT, ops, xd, xd, xd, pd, self.act, byref(fwd))),
+                ("cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
+                 (handle, _PERSISTENT, ops, self.act, xd, byref(res))),
+                ("cudnnGetBatchNormalizationBackwardExWorkspaceSize",
+                 (handle, _PERSISTENT, ops, xd, xd, xd, xd, xd, pd, self.act, byref(bwd)))):
+            st = getattr(L, name)(*args)
+            if st:
+                _lib.raise_status(st, name, f"  x: {self.x_desc!r}")
+        self.fwd_ws, self.reserve, self.bwd_ws = fwd.value, res.value, bwd.value
+
+
+_LAYOUTS: dict[tuple[Any, ...], _BnLayout | None] = {}  # None: cuDNN refused this layout
+_LAYOUTS_MAX = 1024
+_lock = threading.Lock()
+
+
+def _layout(c: Any, ops: int) -> _BnLayout | None:
+    key = (c.shape, c.stride(), c.dtype, c.get_device(), ops)
+    try:
+        return _LAYOUTS[key]
+    except KeyError:
+        pass
+    try:
+        entry: _BnLayout | None = _BnLayout(c, ops)
+    except (CudnnNotSupportedError, CudnnBadParamError):
+        entry = None
+    with _lock:
+        while len(_LAYOUTS) >= _LAYOUTS_MAX:
+            del _LAYOUTS[next(iter(_LAYOUTS))]
+        _LAYOUTS[key] = entry
+    return entry
+
+
+def _refused(c: Any, ops: int) -> None:
+    with _lock:
+        _LAYOUTS[(c.shape, c.stride(), c.dtype, c.get_device(), ops)] = None
+
+
+def clear_cache() -> None:
+    """Forget the fused batch norm's descriptors (freed once no block uses them)."""
+    with _lock:
+        _LAYOUTS.clear()
+
+
+def _empty(n: int, device: Any) -> Any:
+    return torch.empty(n, dtype=torch.uint8, device=device) if n else None
+
+
+# ---- the autograd function ----------------------------------------------------------------------
+
+class _ConvBnFunction(torch.autograd.Function):
+    """``[relu](batch_norm(conv(x, w) + conv_bias) [+ z])`` with the batch's statistics, and its
+    backward through cuDNN's fused batch-norm backward and the convolution's dgrad and wgrad."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any, cb: Any, gamma: Any, beta: Any, z: Any,
+                block: _ConvBnBase) -> Any:
+        c, xd, wd, fmt, _ = run_forward("conv", x, w, cb, None, 1.0, block.geometry[0])
+        ops = block.ops
+        e = _layout(c, ops)
+        if e is None or not c.is_contiguous(memory_format=_CL) or (
+                z is not None and (z.stride() != c.stride() or z.shape != c.shape)):
+            raise _Unfusable
+        bn = block.bn
+        dev = c.device
+        y = torch.empty_like(c)
+        sm = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        si = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        reserve = _empty(e.reserve, dev)
+        ws = _empty(e.fwd_ws, dev)
+        rm, rv, nbt = bn.running_mean, bn.running_var, bn.num_batches_tracked
+        factor = 0.0
+        if bn.track_running_stats and rm is not None:
+            # nn.BatchNorm2d's rule; momentum=None is the cumulative average (reads the count)
+            factor = bn.momentum if bn.momentum is not None else 1.0 / (float(nbt) + 1.0)
+        else:
+            rm = rv = nbt = None
+        d = dev.index
+        st = e.forward(
+            get_handle(d, _stream(d)), _PERSISTENT, ops, e.one, e.zero, e.xd, c.data_ptr(), e.xd,
+            None if z is None else z.data_ptr(), e.xd, y.data_ptr(), e.pd, gamma.data_ptr(),
+            beta.data_ptr(), factor, None if rm is None else rm.data_ptr(),
+            None if rv is None else rv.data_ptr(), bn.eps, sm.data_ptr(), si.data_ptr(), e.act,
+            None if ws is None else ws.data_ptr(), e.fwd_ws,
+            None if reserve is None else reserve.data_ptr(), e.reserve)
+        if st:
+            try:
+                _lib.raise_status(st, "cudnnBatchNormalizationForwardTrainingEx",
+                                  f"  x: {e.x_desc!r}")
+            except (CudnnNotSupportedError, CudnnBadParamError):
+                _refused(c, ops)  # refused before running: nothing was written
+                raise _Unfusable from None
+        if nbt is not None:
+            nbt.add_(1)
+        ctx.save_for_backward(xd, wd, c, y, gamma, beta, sm, si, reserve, x, w, cb, z)
+        ctx.e, ctx.fmt, ctx.block = e, fmt, block
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
+        xd, wd, c, y, gamma, beta, sm, si, reserve, x, w, cb, z = ctx.saved_tensors
+        block, e = ctx.block, ctx.e
+        need_x, need_w, need_cb, need_gamma, need_beta, need_z, _ = ctx.needs_input_grad
+        if grad_enabled():  # create_graph=True: through PyTorch's differentiable operators
+            return _recomputed_backward(block, gy, (x, w, cb, gamma, beta, z),
+                                        ctx.needs_input_grad)
+        if not gy.is_contiguous(memory_format=_CL) or gy.stride() != c.stride():
+            gy = gy.contiguous(memory_format=_CL)
+        dev = c.device
+        dc = torch.empty_like(c)
+        dz = torch.empty_like(c) if e.ops == _OPS_ADD_RELU else None
+        dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        ws = _empty(e.bwd_ws, dev)
+        d = dev.index
+        st = e.backward(
+            get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
+            c.data_ptr(), e.xd, y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
+            None if dz is None else dz.data_ptr(), e.xd, dc.data_ptr(), e.pd, gamma.data_ptr(),
+            beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), block.bn.eps, sm.data_ptr(),
+            si.data_ptr(), e.act, None if ws is None else ws.data_ptr(), e.bwd_ws,
+            None if reserve is None else reserve.data_ptr(), e.reserve)
+        if st:
+            _lib.raise_status(st, "cudnnBatchNormalizationBackwardEx", f"  x: {e.x_desc!r}")
+        geom, fmt = block.geometry[0], ctx.fmt
+        gx = run_backward_data(dc, wd, xd, fmt, geom)[0] if need_x else None
+        gw = run_backward_filter(xd, dc, wd, fmt, geom)[0] if need_w else None
+        gcb = dc.sum((0, 2, 3)) if need_cb else None
+        return (gx, gw, gcb, dgamma if need_gamma else None, dbeta if need_beta else None,
+                dz if need_z else None, None)
+
+
+def _recomputed_backward(block: _ConvBnBase, gy: Any, inputs: tuple[Any, ...],
+                         needs: tuple[bool, ...]) -> tuple[Any, ...]:
+    """The gradients of a block's training forward, recomputed from its inputs with PyTorch's
+    differentiable operators (batch statistics; the running statistics are left alone): the
+    backward of a graph built with ``create_graph=True`` can then be differentiated again."""
+    x, w, cb, gamma, beta, z = inputs
+    c = F.conv2d(x, w, cb, *block.geometry[0])
+    y = F.batch_norm(c, None, None, gamma, beta, True, 0.0, block.bn.eps)
+    if z is not None:
+        y = y + z
+    if block.ops != _OPS_BN:
+        y = torch.relu(y)
+    wanted = [t for t, n in zip(inputs, needs) if n and t is not None]
+    grads = iter(torch.autograd.grad(y, wanted, gy, create_graph=True))
+    return (*(next(grads) if n and t is not None else None for t, n in zip(inputs, needs)), None)
+
+
+_apply = _ConvBnFunction.apply
+
+
+# ---- the modules --------------------------------------------------------------------------------
+
+class _ConvBnBase(torch.nn.Module):
+    """A convolution and the batch norm after it (both the model's own modules, not registered
+    here: they stay where they were), with the epilogue that ``ops`` names."""
+
+    ops = _OPS_BN
+
+    def __init__(self, conv: torch.nn.Conv2d, bn: torch.nn.BatchNorm2d, conv_name: str = "",
+                 bn_name: str = "") -> None:
+        super().__init__()
+        if type(bn) is not torch.nn.BatchNorm2d:
+            raise TypeError(f"{type(self).__name__}: expected bn to be a torch.nn.BatchNorm2d, "
+                            f"got {type(bn).__name__}")
+        if not isinstance(conv, torch.nn.Conv2d) or conv.padding_mode != "zeros":
+            raise TypeError(f"{type(self).__name__}: expected conv to be a torch.nn.Conv2d with "
+                            f"padding_mode='zeros', got {conv!r}")
+        if conv.out_channels != bn.num_features:
+            raise ValueError(f"{type(self).__name__}: the convolution has {conv.out_channels} "
+                             f"output channels but the batch norm {bn.num_features} features")
+        # plain attributes, not submodules: the model keeps them under their own names
+        object.__setattr__(self, "conv", conv)
+        object.__setattr__(self, "bn", bn)
+        self.conv_name, self.bn_name = conv_name, bn_name
+        self._geom: tuple[Any, ...] | None = None
+
+    @property
+    def geometry(self) -> tuple[tuple[Any, ...], Any]:
+        """``(geom, pre_pad)`` of the convolution, normalized once per setting."""
+        conv = self.conv
+        key = (conv.stride, conv.padding, conv.dilation, conv.groups)
+        cached = self._geom
+        if cached is None or cached[0] != key:
+            cached = self._geom = (key, *geometry(conv.stride, conv.padding, conv.dilation,
+                                                  conv.groups, conv.weight))
+        return cached[1], cached[2]
+
+    def extra_repr(self) -> str:
+        return f"conv={self.conv_name or self.conv!r}, bn={self.bn_name or self.bn!r}"
+
+    def _fused(self, x: Any, z: Any) -> Any:
+        """The fused call, or None where this call does not fit cuDNN's fused kernels."""
+        bn, conv = self.bn, self.conv
+        if not (bn.training and x.is_cuda) or pytorch_only():
+            return None
+        w, cb = conv.weight, conv.bias
+        if autocast_enabled():
+            dt = autocast_dtype()
+            x, w = x.to(dt), w.to(dt)
+            cb = None if cb is None else cb.to(dt)
+            if z is not None and z.dtype is not dt:
+                return None
+        gamma, beta = bn.weight, bn.bias
+        if (x.dtype not in _HALF or x.dim() != 4 or gamma is None or beta is None
+                or gamma.dtype is not torch.float32 or beta.dtype is not torch.float32
+                or w.dtype is not x.dtype or bn.num_features % 4
+                or (bn.running_mean is not None and bn.running_mean.dtype is not torch.float32)
+                or (z is not None and z.dtype is not x.dtype)
+                or not (x.is_contiguous(memory_format=_CL) or w.is_contiguous(memory_format=_CL))
+                or self.geometry[1] is not None):
+            return None
+        if z is not None and not z.is_contiguous(memory_format=_CL):
+            z = z.contiguous(memory_format=_CL)
+        try:
+            return _apply(x, w, cb, gamma, beta, z, self)
+        except _Unfusable:
+            return None
+
+    def _plain(self, x: Any, z: Any) -> Any:
+        y = self.bn(self.conv(x))
+        if z is not None:
+            y = y + z
+        return torch.relu(y) if self.ops != _OPS_BN else y
+
+
+class ConvBn2d(_ConvBnBase):
+    """``bn(conv(x))`` as one node (made by `fuse_for_training`)."""
+
+    ops = _OPS_BN
+
+    def forward(self, x: Any) -> Any:
+        y = self._fused(x, None)
+        return self._plain(x, None) if y is None else y
+
+
+class ConvBnReLU2d(_ConvBnBase):
+    """``relu(bn(conv(x)))`` as one node (made by `fuse_for_training`)."""
+
+    ops = _OPS_RELU
+
+    def forward(self, x: Any) -> Any:
+        y = self._fused(x, None)
+        return self._plain(x, None) if y is None else y
+
+
+class ConvBnAddReLU2d(_ConvBnBase):
+    """``relu(bn(conv(x)) + z)`` as one node: a residual block's last convolution, its batch norm,
+    the shortcut's add and the ReLU (made by `fuse_for_training`)."""
+
+    ops = _OPS_ADD_RELU
+
+    def forward(self, x: Any, z: Any) -> Any:
+        y = self._fused(x, z) if isinstance(z, torch.Tensor) else None
+        return self._plain(x, z) if y is None else y
+
+
+_BLOCKS = (ConvBn2d, ConvBnReLU2d, ConvBnAddReLU2d)
+
+
+# ---- the rewrite --------------------------------------------------------------------------------
+
+_RELU_FUNCTIONS = {F.relu, F.relu_, torch.relu, torch.relu_}
+_ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
+
+
+def _is_relu(node: Any, modules: dict[str, Any]) -> bool:
+    if node.op == "call_module":
+        return type(modules.get(node.target)) is torch.nn.ReLU
+    if node.op == "call_function":
+        return (node.target in _RELU_FUNCTIONS and len(node.args) + len(node.kwargs) <= 2
+                and all(type(a) is bool for a in node.args[1:]) and set(node.kwargs) <= {"inplace"})
+    return node.op == "call_method" and node.target in ("relu", "relu_") and len(node.args) == 1
+
+
+def _is_add(node: Any) -> bool:
+    if node.op == "call_function":
+        return node.target in _ADD_FUNCTIONS and len(node.args) == 2 and not node.kwargs
+    return (node.op == "call_method" and node.target in ("add", "add_") and len(node.args) == 2
+            and not node.kwargs)
+
+
+def _tracer() -> Any:
+    import torch.fx
+
+    class Tracer(torch.fx.Tracer):
+        """fx's tracer with pycudnn's modules as leaves (like torch.nn's own)."""
+
+        def is_leaf_module(self, m: Any, qualname: str) -> bool:
+            return (type(m).__module__.startswith("pycudnn.torch")
+                    or super().is_leaf_module(m, qualname))
+
+    return Tracer()
+
+
+def _half_batchnorm_to_float32(bn: torch.nn.BatchNorm2d) -> None:
+    """cuDNN's batch norm over float16/bfloat16 data takes float32 scale, shift and statistics
+    (as PyTorch's cuDNN batch norm does): the same parameter and buffer objects, in float32."""
+    for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var):
+        if t is not None and t.dtype in _HALF:
+            t.data = t.data.float()
+
+
+def _rewrite(gm: Any) -> int:
+    """Fuse the chains of ``gm``'s graph in place; the number of blocks made."""
+    import torch.fx
+
+    modules = dict(gm.named_modules())
+    graph = gm.graph
+    made = 0
+    for node in list(graph.nodes):
+        if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+            continue
+        conv = modules.get(node.target)
+        if not isinstance(conv, torch.nn.Conv2d) or type(conv).__module__ not in (
+                "torch.nn.modules.conv", "pycudnn.torch.modules") or conv.padding_mode != "zeros":
+            continue
+        users = list(node.users)
+        if len(users) != 1 or users[0].op != "call_module":
+            continue
+        bn_node = users[0]
+        bn = modules.get(bn_node.target)
+        if type(bn) is not torch.nn.BatchNorm2d or not bn.affine \
+                or bn.num_features != conv.out_channels or len(bn_node.args) != 1:
+            continue
+        after = list(bn_node.users)
+        relu_node = add_node = z = None
+        if len(after) == 1 and _is_relu(after[0], modules):
+            relu_node, cls = after[0], ConvBnReLU2d
+        elif len(after) == 1 and _is_add(after[0]):
+            add = after[0]
+            other = add.args[1] if add.args[0] is bn_node else add.args[0]
+            then = list(add.users)
+            if (isinstance(other, torch.fx.Node) and other is not bn_node and len(then) == 1
+                    and _is_relu(then[0], modules)):
+                add_node, relu_node, z, cls = add, then[0], other, ConvBnAddReLU2d
+            else:
+                cls = ConvBn2d
+        else:
+            cls = ConvBn2d
+        _half_batchnorm_to_float32(bn)
+        block = cls(conv, bn, node.target, bn_node.target)
+        name = base = f"{node.target}_{'bn_add_relu' if add_node else 'bn_relu' if relu_node else 'bn'}"
+        again = 1
+        while name in modules:
+            again += 1
+            name = f"{base}{again}"
+        modules[name] = block
+        gm.add_submodule(name, block)
+        last = relu_node if relu_node is not None else bn_node
+        with graph.inserting_after(last):
+            new = graph.call_module(name, (node.args[0],) if z is None else (node.args[0], z))
+        last.replace_all_uses_with(new)
+        for dead in (relu_node, add_node, bn_node, node):
+            if dead is not None:
+                graph.erase_node(dead)
+        made += 1
+    if made:
+        graph.lint()
+        gm.recompile()
+    return made
+
+
+def _fuse(module: Any) -> tuple[Any, int]:
+    import torch.fx
+
+    try:
+        gm = torch.fx.GraphModule(module, _tracer().trace(module), type(module).__name__)
+    except Exception:  # dynamic control flow, ...: look inside its children instead
+        total = 0
+        for name, child in list(module.named_children()):
+            fused, n = _fuse(child)
+            if n:
+                setattr(module, name, fused)
+                total += n
+        return module, total
+    n = _rewrite(gm)
+    return (gm, n) if n else (module, 0)
+
+
+def fuse_for_training(model: Any) -> Any:
+    """``model`` with its Conv-BN chains fused into training blocks (`ConvBn2d`, `ConvBnReLU2d`,
+    `ConvBnAddReLU2d`); returns the model to train from now on.
+
+    The model is traced with ``torch.fx``; these chains are recognised (``conv`` a
+    ``torch.nn.Conv2d`` or `pycudnn.torch.Conv2d` with ``padding_mode="zeros"``, ``bn`` an affine
+    ``torch.nn.BatchNorm2d`` with its channel count, each output used only by the next step; ReLU
+    as ``nn.ReLU``, ``F.relu``, ``torch.relu`` or ``.relu()``; the add as ``+``, ``+=``,
+    ``torch.add`` or ``.add``):
+
+    * ``conv -> bn -> relu``: `ConvBnReLU2d`;
+    * ``conv -> bn -> add(other) -> relu``: `ConvBnAddReLU2d`, ``forward(x, other)``;
+    * ``conv -> bn`` otherwise: `ConvBn2d` (the ReLU-less chains, the shortcut's batch norm).
+
+    What matches no chain, or cannot be traced (a part of the model that fx cannot trace is
+    searched module by module), stays as it is. The result shares its modules with ``model``
+    (no copy: parameters, buffers and an optimizer made for them keep working) and is a
+    ``torch.fx.GraphModule``, or ``model`` itself with fused children where fx could not trace it
+    as a whole; ``model`` should not be called afterwards (some of its children may be the fused
+    ones).
+
+    Half precision: the fused kernels take float32 scale, shift and statistics, so a fused batch
+    norm whose parameters are float16/bfloat16 has them made float32 in place (the same
+    ``Parameter`` objects: call this before an optimizer creates its state for them).
+
+    Training mode runs the fused kernels (channels-last float16/bfloat16, channels a multiple of
+    4; other calls run the original modules); eval mode runs the original modules (for inference,
+    `fuse_for_inference` folds the batch norms). ``revert`` turns the blocks back into the plain
+    modules' calls.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"fuse_for_training: expected a torch.nn.Module, got "
+                        f"{type(model).__name__}")
+    fused, _ = _fuse(model)
+    return fused
+
+
+def unfuse_training(module: Any) -> Any:
+    """Turn every training block in ``module`` back into its modules' plain calls (in place);
+    returns ``module``. `revert` calls this."""
+    import torch.fx
+
+    for gm in [m for m in module.modules() if isinstance(m, torch.fx.GraphModule)]:
+        graph = gm.graph
+        changed = False
+        for node in list(graph.nodes):
+            if node.op != "call_module":
+                continue
+            block = gm.get_submodule(node.target)
+            if not isinstance(block, _BLOCKS):
+                continue
+            with graph.inserting_before(node):
+                v = graph.call_module(block.conv_name, (node.args[0],))
+                v = graph.call_module(block.bn_name, (v,))
+                if isinstance(block, ConvBnAddReLU2d):
+                    v = graph.call_function(operator.add, (v, node.args[1]))
+                if block.ops != _OPS_BN:
+                    v = graph.call_function(torch.relu, (v,))
+            node.replace_all_uses_with(v)
+            graph.erase_node(node)
+            changed = True
+        if changed:
+            graph.lint()
+            gm.delete_all_unused_submodules()
+            gm.recompile()
+    return module
+
