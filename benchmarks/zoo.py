@@ -14,6 +14,9 @@ benchmark = True``; pycudnn routes each convolution signature to the faster side
   (their searches; PyTorch's side first, so pycudnn's finds PyTorch's own search done) are
   timed as ``warmup_s`` and then kept out: timed blocks alternate
   between the sides after warm-up, and each side's figure is the median block.
+  "fused" is the converted model after ``pycudnn.torch.fuse_for_training`` (Conv-BN[-add]-ReLU
+  as one node with cuDNN's fused batch-norm kernels); "compile" (``--train-sides``) is
+  ``torch.compile`` of the plain model, default mode.
 * ``infer``: inference img/s at ``--infer-batch``, eval mode: PyTorch eager against
   ``pycudnn.torch.fuse_for_inference`` (BatchNorm folded, Conv-BN-ReLU fused).
 * ``first``: the first training step of a fresh process with an empty tuning database
@@ -105,7 +108,11 @@ def part_train(name: str, args) -> dict:
     for batch in args.batch:
         pt.routing.clear_report()
         base = make(name, torch.bfloat16)
-        sides = {"torch": copy.deepcopy(base), "pycudnn": pt.convert(copy.deepcopy(base))}
+        makers = {"torch": lambda: copy.deepcopy(base),
+                  "pycudnn": lambda: pt.convert(copy.deepcopy(base)),
+                  "fused": lambda: pt.fuse_for_training(pt.convert(copy.deepcopy(base))),
+                  "compile": lambda: torch.compile(copy.deepcopy(base))}
+        sides = {k: makers[k]() for k in args.train_sides}
         del base
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in sides.items()}
         batches = data(batch, torch.bfloat16)
@@ -120,16 +127,21 @@ def part_train(name: str, args) -> dict:
         fns = {k: (lambda k=k: step(sides[k], opts[k], *batches[next(it[k]) % 2])) for k in sides}
         per = alternate(fns, args.steps, args.rounds)
         row = {k: {"steps_per_s": 1 / per[k], "warmup_s": first[k]} for k in sides}
-        row["pycudnn_over_torch"] = per["torch"] / per["pycudnn"]
+        for k in sides:
+            if k != "torch":
+                row[f"{k}_over_torch"] = per["torch"] / per[k]
+        if "fused" in sides and "compile" in sides:
+            row["fused_over_compile"] = per["compile"] / per["fused"]
         routed = pt.routing_report()
         row["routed_to_torch"] = sum(d["winner"] == "torch" for d in routed)
         row["kept_in_pycudnn"] = sum(d["winner"] == "pycudnn" for d in routed)
         out[f"batch{batch}"] = row
+        others = "  ".join(f"{k} {row[k]['steps_per_s']:7.2f} ({row[f'{k}_over_torch']:.3f}x)"
+                           for k in sides if k != "torch")
+        warm = " / ".join(f"{first[k]:.1f}" for k in sides)
         print(f"{name:20} train b{batch:<4} torch {row['torch']['steps_per_s']:7.2f} steps/s  "
-              f"pycudnn {row['pycudnn']['steps_per_s']:7.2f}  ratio {row['pycudnn_over_torch']:.3f}  "
-              f"(warm-up {args.warmup} steps {first['torch']:.1f} s / {first['pycudnn']:.1f} s; "
-              f"signatures to torch {row['routed_to_torch']}, kept {row['kept_in_pycudnn']})",
-              flush=True)
+              f"{others}  (warm-up {args.warmup} steps {warm} s; signatures to torch "
+              f"{row['routed_to_torch']}, kept {row['kept_in_pycudnn']})", flush=True)
         del sides, opts
         torch.cuda.empty_cache()
     return out
@@ -240,6 +252,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--parts", default="train,infer,check")
     ap.add_argument("--batch", default="64", help="training batch sizes, comma-separated")
+    ap.add_argument("--train-sides", default="torch,pycudnn,fused",
+                    help="training sides: torch (eager), pycudnn (convert), fused "
+                         "(convert + fuse_for_training), compile (torch.compile of the plain model)")
     ap.add_argument("--infer-batch", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=3, help="first training steps, not timed")
     ap.add_argument("--steps", type=int, default=10, help="steps per timed block")
@@ -249,6 +264,7 @@ def main(argv=None) -> int:
     ap.add_argument("--first-child", choices=("torch", "pycudnn"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.batch = [int(b) for b in args.batch.split(",")]
+    args.train_sides = ["torch"] + [k for k in args.train_sides.split(",") if k and k != "torch"]
     if not torch.cuda.is_available():
         sys.exit("zoo.py needs a CUDA build of PyTorch and an NVIDIA GPU")
     if args.first_child:
@@ -280,6 +296,13 @@ def main(argv=None) -> int:
         geo = statistics.geometric_mean(train)
         results["train_geomean"] = geo
         print(f"geomean training ratio (batch {args.batch[0]}): {geo:.3f}")
+    fused = [r["train"][f"batch{args.batch[0]}"]["fused_over_torch"]
+             for r in results["models"].values()
+             if "train" in r and "fused_over_torch" in r["train"].get(f"batch{args.batch[0]}", {})]
+    if fused:
+        results["train_fused_geomean"] = statistics.geometric_mean(fused)
+        print(f"geomean fused training ratio (batch {args.batch[0]}): "
+              f"{results['train_fused_geomean']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,0 +1,230 @@
+"""pycudnn.torch.fuse_for_training on a GPU: each training block's output, gradients and running
+statistics against a float64 run of the original modules (PyTorch with cuDNN disabled), within a
+bound set by PyTorch's own bfloat16/float16 distance from that run; a small ResNet trained 20
+steps; momentum=None, eval mode, double backward, autocast and the fallback where the fused
+kernels do not apply."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
+    pytest.skip("PyTorch has no CUDA here", allow_module_level=True)
+
+import pycudnn.torch as pt  # noqa: E402
+from torch_models import SmallResNet, randomize_batchnorm  # noqa: E402
+
+nn = torch.nn
+F = torch.nn.functional
+DEV = torch.device("cuda", 0)
+CL = torch.channels_last
+
+
+@pytest.fixture(autouse=True)
+def _strict_flags():
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def rel(got, ref):
+    got, ref = got.double(), ref.double()
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+class Chain(nn.Module):
+    def __init__(self, cin, cout, kind, stride=1, groups=1):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, stride, 1, groups=groups, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+        self.kind = kind
+
+    def forward(self, x, z=None):
+        y = self.bn(self.conv(x))
+        if self.kind == "add_relu":
+            y = y + z
+        return torch.relu(y) if self.kind != "bn" else y
+
+
+def _reference(model, dtype, args):
+    """The original modules in ``dtype`` (cuDNN off for float64), their output, the gradients
+    of the inputs and parameters, and the running statistics after the step."""
+    m = copy.deepcopy(model).to(dtype)
+    args = [a.detach().to(dtype).requires_grad_() for a in args]
+    with torch.backends.cudnn.flags(enabled=dtype is not torch.float64):
+        y = m(*args)
+        g = torch.randn(tuple(y.shape), dtype=torch.float64, device=DEV,
+                        generator=torch.Generator(DEV).manual_seed(7)).to(dtype)
+        y.backward(g)
+    grads = [a.grad for a in args] + [m.conv.weight.grad, m.bn.weight.grad, m.bn.bias.grad]
+    return y, grads, (m.bn.running_mean, m.bn.running_var), g
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["bn", "relu", "add_relu"])
+@pytest.mark.parametrize("shape,stride,groups", [((8, 16, 12, 12), 1, 1), ((4, 32, 9, 9), 2, 1),
+                                                 ((4, 32, 8, 8), 1, 32)])
+def test_block_matches_float64(dtype, kind, shape, stride, groups):
+    torch.manual_seed(0)
+    n, c, h, w = shape
+    model = randomize_batchnorm(Chain(c, c, kind, stride, groups)).to(DEV)
+    x = torch.randn(shape, device=DEV).to(memory_format=CL)
+    args = [x]
+    if kind == "add_relu":
+        ho = (h + 2 - 3) // stride + 1
+        args.append(torch.randn(n, c, ho, ho, device=DEV).to(memory_format=CL))
+    y64, g64, stats64, g = _reference(model, torch.float64, args)
+    yt, gt, statst, _ = _reference(model, dtype, args)
+
+    fused = pt.fuse_for_training(copy.deepcopy(model).to(dtype, memory_format=CL))
+    block = next(m for m in fused.modules() if isinstance(m, pt.training._BLOCKS))
+    assert type(block).__name__ == {"bn": "ConvBn2d", "relu": "ConvBnReLU2d",
+                                    "add_relu": "ConvBnAddReLU2d"}[kind]
+    ins = [a.detach().to(dtype).requires_grad_() for a in args]
+    y = fused(*ins)
+    assert "ConvBnFunction" in type(y.grad_fn).__name__, "the fused kernels did not run"
+    y.backward(g.to(dtype))
+    got = [a.grad for a in ins] + [block.conv.weight.grad, block.bn.weight.grad,
+                                   block.bn.bias.grad]
+    assert block.bn.weight.grad.dtype is torch.float32
+    assert int(block.bn.num_batches_tracked) == 1
+    names = ["y"] + [f"grad_{i}" for i in range(len(args))] + ["grad_conv_w", "grad_gamma",
+                                                                "grad_beta"]
+    for name, a, b, ref in zip(names, [y] + got, [yt] + gt, [y64] + g64):
+        bound = max(3 * rel(b, ref), 2e-2 if dtype is torch.bfloat16 else 4e-3)
+        assert rel(a, ref) <= bound, (name, rel(a, ref), rel(b, ref))
+    for a, ref in zip((block.bn.running_mean, block.bn.running_var), stats64):
+        assert rel(a, ref) < 1e-2
+
+
+def test_momentum_none_is_the_cumulative_average():
+    torch.manual_seed(0)
+    model = Chain(8, 8, "relu").to(DEV)
+    model.bn.momentum = None
+    ref = copy.deepcopy(model).to(torch.float64)
+    fused = pt.fuse_for_training(copy.deepcopy(model).to(torch.bfloat16, memory_format=CL))
+    block = next(m for m in fused.modules() if isinstance(m, pt.training._BLOCKS))
+    for step in range(3):
+        x = torch.randn(4, 8, 6, 6, device=DEV).to(memory_format=CL)
+        y = fused(x.to(torch.bfloat16))
+        assert "ConvBnFunction" in type(y.grad_fn).__name__
+        with torch.backends.cudnn.flags(enabled=False):
+            ref(x.double())
+    assert int(block.bn.num_batches_tracked) == 3
+    assert rel(block.bn.running_mean, ref.bn.running_mean) < 2e-2
+    assert rel(block.bn.running_var, ref.bn.running_var) < 2e-2
+
+
+def test_small_resnet_trains_like_pytorch():
+    """20 SGD steps in bfloat16: the fused model's losses stay as close to a float64 run as
+    PyTorch's bfloat16 run does (a bound of 3x PyTorch's distance)."""
+    torch.manual_seed(0)
+    base = SmallResNet().to(DEV)
+    data = [(torch.randn(16, 3, 16, 16, device=DEV).to(memory_format=CL),
+             torch.randint(0, 10, (16,), device=DEV)) for _ in range(4)]
+
+    def run(model, dtype):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for i in range(20):
+            x, t = data[i % 4]
+            loss = F.cross_entropy(model(x.to(dtype)).double(), t)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        return losses
+
+    with torch.backends.cudnn.flags(enabled=False):
+        l64 = run(copy.deepcopy(base).double(), torch.float64)
+    lt = run(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL), torch.bfloat16)
+    fused = pt.fuse_for_training(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL))
+    lf = run(fused, torch.bfloat16)
+    worst_torch = max(abs(a - b) for a, b in zip(lt, l64))
+    worst = max(abs(a - b) for a, b in zip(lf, l64))
+    assert worst <= 3 * worst_torch + 0.02, (worst, worst_torch, lf, l64)
+    assert lf[-1] < lf[0]
+
+
+def test_float32_runs_the_original_modules_and_matches_to_rounding():
+    torch.manual_seed(0)
+    base = randomize_batchnorm(SmallResNet()).to(DEV)
+    x = torch.randn(8, 3, 16, 16, device=DEV)
+    ref = copy.deepcopy(base)
+    fused = pt.fuse_for_training(copy.deepcopy(base))
+    y, y_ref = fused(x), ref(x)
+    assert rel(y, y_ref) < 1e-5
+    y.sum().backward()
+    y_ref.sum().backward()
+    for p, q in zip(fused.parameters(), ref.parameters()):
+        assert rel(p.grad, q.grad) < 1e-4
+
+
+def test_eval_mode_matches_the_original():
+    torch.manual_seed(0)
+    base = randomize_batchnorm(SmallResNet()).to(DEV, torch.bfloat16, memory_format=CL).eval()
+    fused = pt.fuse_for_training(copy.deepcopy(base))
+    x = torch.randn(4, 3, 16, 16, device=DEV, dtype=torch.bfloat16).to(memory_format=CL)
+    ref = copy.deepcopy(base)
+    for m in ref.modules():  # the fused model's batch norms are float32 now: so the reference's
+        if isinstance(m, nn.BatchNorm2d):
+            m.float()
+    with torch.no_grad():
+        assert rel(fused(x), ref(x)) < 1e-2
+
+
+def test_double_backward_through_a_block():
+    torch.manual_seed(0)
+    model = Chain(8, 8, "relu").to(DEV)
+    fused = pt.fuse_for_training(copy.deepcopy(model).to(torch.bfloat16, memory_format=CL))
+    x = torch.randn(4, 8, 6, 6, device=DEV, dtype=torch.bfloat16).to(memory_format=CL)
+    x.requires_grad_()
+    y = fused(x)
+    (gx,) = torch.autograd.grad(y.float().pow(2).sum(), x, create_graph=True)
+    gx.float().pow(2).sum().backward()
+    w = next(m for m in fused.modules() if isinstance(m, pt.training._BLOCKS)).conv.weight
+    ref = copy.deepcopy(model).to(torch.float64)
+    xr = x.detach().double().requires_grad_()
+    with torch.backends.cudnn.flags(enabled=False):
+        yr = ref(xr)
+        (gr,) = torch.autograd.grad(yr.pow(2).sum(), xr, create_graph=True)
+        gr.pow(2).sum().backward()
+    assert rel(w.grad, ref.conv.weight.grad) < 5e-2
+
+
+def test_autocast_runs_the_fused_kernels():
+    torch.manual_seed(0)
+    model = Chain(8, 8, "relu").to(DEV).to(memory_format=CL)
+    ref = copy.deepcopy(model)
+    fused = pt.fuse_for_training(model)
+    x = torch.randn(4, 8, 6, 6, device=DEV).to(memory_format=CL)
+    with torch.autocast("cuda", torch.bfloat16):
+        y = fused(x)
+        y_ref = ref(x)
+    assert y.dtype is torch.bfloat16 and "ConvBnFunction" in type(y.grad_fn).__name__
+    assert rel(y, y_ref) < 2e-2
+    y.float().sum().backward()
+    y_ref.float().sum().backward()
+    assert rel(model.conv.weight.grad, ref.conv.weight.grad) < 5e-2
+
+
+def test_nchw_and_odd_channels_run_the_original_modules():
+    torch.manual_seed(0)
+    for c, fmt in ((8, torch.contiguous_format), (6, CL)):
+        model = Chain(c, c, "relu").to(DEV, torch.bfloat16, memory_format=fmt)
+        fused = pt.fuse_for_training(copy.deepcopy(model))
+        x = torch.randn(2, c, 5, 5, device=DEV, dtype=torch.bfloat16).contiguous(memory_format=fmt)
+        y = fused(x)
+        assert "ConvBnFunction" not in type(y.grad_fn).__name__
+        ref = copy.deepcopy(model)
+        for m in ref.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.float()
+        assert rel(y, ref(x)) < 2e-2
