@@ -579,6 +579,30 @@ def run_backward_filter(x: Any, gy: Any, w: Any, fmt: Any, geom: tuple[Any, ...]
     return dw, False
 
 
+def run_backward(gy: Any, x: Any, w: Any, fmt: Any, geom: tuple[Any, ...], need_x: bool,
+                 need_w: bool) -> tuple[Any, Any, bool]:
+    """``(grad_x, grad_w, through_torch)`` for the gradients asked for: one call of PyTorch's
+    ``convolution_backward`` for both where both directions were measured faster there (as
+    PyTorch's own autograd node makes it), else `run_backward_data` and `run_backward_filter`."""
+    if need_x and need_w:
+        fk = _flags_key()
+        dev = gy.get_device()
+        kd = ("data", gy.shape, gy.stride(), w.shape, w.stride(), gy.dtype, dev, x.shape, fmt,
+              geom, fk)
+        kf = ("filter", x.shape, x.stride(), gy.shape, gy.stride(), gy.dtype, dev, w.shape, fmt,
+              geom, fk)
+        ed, ef = _BWD.get(kd), _BWD.get(kf)
+        if ed is not None and ef is not None and ed[1] is _TORCH and ef[1] is _TORCH:
+            stride, padding, dilation, groups = geom
+            gx, gw, _ = convolution_backward(gy, x, w, None, list(stride), list(padding),
+                                             list(dilation), False, [0, 0], groups,
+                                             [True, True, False])
+            return gx, gw, True
+    gx, tx = run_backward_data(gy, w, x, fmt, geom) if need_x else (None, True)
+    gw, tw = run_backward_filter(x, gy, w, fmt, geom) if need_w else (None, True)
+    return gx, gw, tx and tw
+
+
 def _torch_backward(direction: str, a: Any, b: Any, other: Any, geom: tuple[Any, ...]) -> Any:
     """One direction through PyTorch's ``convolution_backward`` (``a, b, other`` as in
     `_backward_first`)."""

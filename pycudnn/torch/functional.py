@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from .calls import (autocast_dtype, autocast_enabled, convolution_backward, dense_grad,
                     forward_key, geometry, grad_enabled, pytorch_only, route_layer_to_torch,
-                    run_backward_data, run_backward_filter, run_forward, threshold_backward,
-                    torch_layers)
+                    run_backward, run_forward, threshold_backward, torch_layers)
 
 
 # ---- autograd -------------------------------------------------------------------------------------
@@ -51,9 +50,8 @@ class _Conv2dFunction(torch.autograd.Function):
             gx, gw = _differentiable_backward(gy, x, w, geom, need_x, need_w)
             return gx, gw, gb, None
         gy = dense_grad(gy, fmt)
-        gx, torch_x = run_backward_data(gy, wd, xd, fmt, geom) if need_x else (None, True)
-        gw, torch_w = run_backward_filter(xd, gy, wd, fmt, geom) if need_w else (None, True)
-        if ctx.torch_key is not None and torch_x and torch_w:
+        gx, gw, through_torch = run_backward(gy, xd, wd, fmt, geom, need_x, need_w)
+        if ctx.torch_key is not None and through_torch:
             # forward and backward both measured faster in PyTorch: the next calls skip this function
             route_layer_to_torch(ctx.torch_key)
         return gx, gw, gb, None
@@ -84,8 +82,7 @@ class _FusedFunction(torch.autograd.Function):
             gx, gw = _differentiable_backward(d, x, w, geom, need_x, need_w)
             return gx, gw, gb, gz, None, None
         d = dense_grad(d, fmt)
-        gx = run_backward_data(d, wd, xd, fmt, geom)[0] if need_x else None
-        gw = run_backward_filter(xd, d, wd, fmt, geom)[0] if need_w else None
+        gx, gw, _ = run_backward(d, xd, wd, fmt, geom, need_x, need_w)
         return gx, gw, gb, gz, None, None
 
 

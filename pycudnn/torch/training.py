@@ -40,8 +40,9 @@ from pycudnn.errors import CudnnBadParamError, CudnnNotSupportedError
 from pycudnn.ffi import library as _lib
 from pycudnn.runtime.handle import get_handle
 
+from .functional import _c_apply
 from .calls import (autocast_dtype, autocast_enabled, geometry, grad_enabled,
-                    pytorch_only, run_backward_data, run_backward_filter, run_forward)
+                    pytorch_only, run_backward, run_forward)
 
 __all__ = ["ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d", "fuse_for_training", "unfuse_training"]
 
@@ -131,10 +132,33 @@ def clear_cache() -> None:
     """Forget the fused batch norm's descriptors (freed once no block uses them)."""
     with _lock:
         _LAYOUTS.clear()
+        _outgrown.extend(_scratches.values())  # a captured graph may still point at them
+        _scratches.clear()
 
 
 def _empty(n: int, device: Any) -> Any:
     return torch.empty(n, dtype=torch.uint8, device=device) if n else None
+
+
+_scratches: dict[tuple[int, int], Any] = {}
+_outgrown: list[Any] = []  # replaced buffers, kept: a captured CUDA graph may still point at one
+
+
+def _scratch(n: int, device: Any) -> int | None:
+    """The address of a workspace of at least ``n`` bytes for the current stream of ``device``:
+    one kept buffer per stream (kernels on one stream run in order, so they can share it)."""
+    if not n:
+        return None
+    d = device.index
+    key = (d, _stream(d))
+    buf = _scratches.get(key)
+    if buf is None or buf.numel() < n:
+        size = max(n, 1 << 20)
+        if buf is not None:
+            _outgrown.append(buf)
+            size = max(n, 2 * buf.numel())
+        buf = _scratches[key] = torch.empty(size, dtype=torch.uint8, device=device)
+    return int(buf.data_ptr())
 
 
 # ---- the autograd function ----------------------------------------------------------------------
@@ -155,10 +179,9 @@ class _ConvBnFunction(torch.autograd.Function):
         bn = block.bn
         dev = c.device
         y = torch.empty_like(c)
-        sm = torch.empty(e.channels, dtype=torch.float32, device=dev)
-        si = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        stats = torch.empty(2 * e.channels, dtype=torch.float32, device=dev)  # mean, 1/std
         reserve = _empty(e.reserve, dev)
-        ws = _empty(e.fwd_ws, dev)
+        ws = _scratch(e.fwd_ws, dev)
         rm, rv, nbt = bn.running_mean, bn.running_var, bn.num_batches_tracked
         factor = 0.0
         if bn.track_running_stats and rm is not None:
@@ -171,8 +194,8 @@ class _ConvBnFunction(torch.autograd.Function):
             get_handle(d, _stream(d)), _PERSISTENT, ops, e.one, e.zero, e.xd, c.data_ptr(), e.xd,
             None if z is None else z.data_ptr(), e.xd, y.data_ptr(), e.pd, gamma.data_ptr(),
             beta.data_ptr(), factor, None if rm is None else rm.data_ptr(),
-            None if rv is None else rv.data_ptr(), bn.eps, sm.data_ptr(), si.data_ptr(), e.act,
-            None if ws is None else ws.data_ptr(), e.fwd_ws,
+            None if rv is None else rv.data_ptr(), bn.eps, stats.data_ptr(),
+            stats.data_ptr() + 4 * e.channels, e.act, ws, e.fwd_ws,
             None if reserve is None else reserve.data_ptr(), e.reserve)
         if st:
             try:
@@ -183,13 +206,13 @@ class _ConvBnFunction(torch.autograd.Function):
                 raise _Unfusable from None
         if nbt is not None:
             nbt.add_(1)
-        ctx.save_for_backward(xd, wd, c, y, gamma, beta, sm, si, reserve, x, w, cb, z)
+        ctx.save_for_backward(xd, wd, c, y, gamma, beta, stats, reserve, x, w, cb, z)
         ctx.e, ctx.fmt, ctx.block = e, fmt, block
         return y
 
     @staticmethod
     def backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
-        xd, wd, c, y, gamma, beta, sm, si, reserve, x, w, cb, z = ctx.saved_tensors
+        xd, wd, c, y, gamma, beta, stats, reserve, x, w, cb, z = ctx.saved_tensors
         block, e = ctx.block, ctx.e
         need_x, need_w, need_cb, need_gamma, need_beta, need_z, _ = ctx.needs_input_grad
         if grad_enabled():  # create_graph=True: through PyTorch's differentiable operators
@@ -200,22 +223,20 @@ class _ConvBnFunction(torch.autograd.Function):
         dev = c.device
         dc = torch.empty_like(c)
         dz = torch.empty_like(c) if e.ops == _OPS_ADD_RELU else None
-        dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
-        dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
-        ws = _empty(e.bwd_ws, dev)
+        dgamma, dbeta = torch.empty(2, e.channels, dtype=torch.float32, device=dev).unbind(0)
+        ws = _scratch(e.bwd_ws, dev)
         d = dev.index
         st = e.backward(
             get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
             c.data_ptr(), e.xd, y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
             None if dz is None else dz.data_ptr(), e.xd, dc.data_ptr(), e.pd, gamma.data_ptr(),
-            beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), block.bn.eps, sm.data_ptr(),
-            si.data_ptr(), e.act, None if ws is None else ws.data_ptr(), e.bwd_ws,
+            beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), block.bn.eps, stats.data_ptr(),
+            stats.data_ptr() + 4 * e.channels, e.act, ws, e.bwd_ws,
             None if reserve is None else reserve.data_ptr(), e.reserve)
         if st:
             _lib.raise_status(st, "cudnnBatchNormalizationBackwardEx", f"  x: {e.x_desc!r}")
         geom, fmt = block.geometry[0], ctx.fmt
-        gx = run_backward_data(dc, wd, xd, fmt, geom)[0] if need_x else None
-        gw = run_backward_filter(xd, dc, wd, fmt, geom)[0] if need_w else None
+        gx, gw, _ = run_backward(dc, xd, wd, fmt, geom, need_x, need_w)
         gcb = dc.sum((0, 2, 3)) if need_cb else None
         return (gx, gw, gcb, dgamma if need_gamma else None, dbeta if need_beta else None,
                 dz if need_z else None, None)
@@ -238,7 +259,7 @@ def _recomputed_backward(block: _ConvBnBase, gy: Any, inputs: tuple[Any, ...],
     return (*(next(grads) if n and t is not None else None for t, n in zip(inputs, needs)), None)
 
 
-_apply = _ConvBnFunction.apply
+_apply = _c_apply(_ConvBnFunction)
 
 
 # ---- the modules --------------------------------------------------------------------------------
