@@ -50,6 +50,7 @@ from .api import conv as _conv
 from .cudnn.tensor_ops import add_tensor, transform
 from .ops import activation as _act
 from .ops import batchnorm
+from .ops.batchnorm.training import query_runtime_error
 from .ops import pooling as _pooling
 from .ops import softmax as _softmax
 from .ops._common import check_coef, staged
@@ -881,7 +882,7 @@ def _bn_debug(debug: Any, cudnn_mode: int, device: int, stream: int) -> None:
         return
 
 
-    status = _bn_module()._query_runtime_error(get_handle(device, stream))
+    status = query_runtime_error(get_handle(device, stream))
     if status:
         warnings.warn(f"A numerical overflow might have happened in cuDNN batch normalization "
                       f"(status:{status})", stacklevel=3)  # a UserWarning, as CuPy 13's
