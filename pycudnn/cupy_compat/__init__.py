@@ -44,10 +44,11 @@ formats, the views of the caller's arrays, the stream of an array, results like 
 
 from . import convolution, dropout, normalization, operations
 from .arrays import CUDNN_TENSOR_NCHW, CUDNN_TENSOR_NHWC
-from .convolution import *  # noqa: F403  (each module's __all__ is the list of its names)
-from .dropout import *  # noqa: F403
-from .normalization import *  # noqa: F403
-from .operations import *  # noqa: F403
+# each module's __all__ is the list of its names
+from .convolution import *
+from .dropout import *
+from .normalization import *
+from .operations import *
 
-__all__ = [*convolution.__all__, "CUDNN_TENSOR_NCHW", "CUDNN_TENSOR_NHWC", *operations.__all__,
-           *normalization.__all__, *dropout.__all__]
+__all__ = (convolution.__all__ + ["CUDNN_TENSOR_NCHW", "CUDNN_TENSOR_NHWC"] + operations.__all__
+           + normalization.__all__ + dropout.__all__)
