@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, list[str], list[str]]] = [
     ("the problem, engines and search", [], ["search"]),
     ("registry, replay and preloading", [], ["dispatch"]),
     ("operations", [], ["api", "ops"]),
-    ("entry points", ["cupy_compat", "__main__", "__init__"], ["torch", "cli"]),
+    ("entry points", ["__main__", "__init__"], ["torch", "cli", "cupy_compat"]),
 ]
 
 

@@ -77,15 +77,30 @@ def fake_cuda(monkeypatch):
             current[0] = prev
 
     drv, rt = _Driver(current), _Runtime()
-    monkeypatch.setattr(memory, "_driver", drv)
-    monkeypatch.setattr(memory, "_rt", rt)
-    monkeypatch.setattr(memory, "visible_devices", 2)
-    monkeypatch.setattr(memory, "device_guard", device_guard)
+    monkeypatch.setattr(memory.driver, "loaded", drv)
+    monkeypatch.setattr(memory.bindings, "rt", rt)
+    monkeypatch.setattr(memory.devices, "visible_devices", 2)
+    _patch_everywhere(monkeypatch, "device_guard", device_guard)
     # blocks kept for reuse: the made-up ones must never reach a real allocation (nor real ones
     # these tests' frees)
-    monkeypatch.setattr(memory, "_blocks", {})
-    monkeypatch.setattr(memory, "_block_bytes", [0])
+    _patch_everywhere(monkeypatch, "blocks", {})
+    _patch_everywhere(monkeypatch, "block_bytes", [0])
     return drv, rt, current
+
+
+def _patch_everywhere(monkeypatch, name, value):
+    """Swap ``name`` in every module of pycudnn.runtime.memory that binds it (a name imported
+    from another module of the package is looked up in the importing one)."""
+    import types
+
+    from pycudnn.runtime import memory
+
+    modules = [m for m in vars(memory).values()
+               if isinstance(m, types.ModuleType) and m.__name__.startswith(memory.__name__ + ".")]
+    assert any(hasattr(m, name) for m in modules), name
+    for module in modules:
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, value)
 
 
 def _in_thread(fn):
@@ -106,6 +121,7 @@ def _in_thread(fn):
 
 def test_per_thread_stream_memory_dropped_by_another_thread_is_freed_on_the_legacy_stream(fake_cuda):
     from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import pool
 
     drv, _, _ = fake_cuda
     mine = memory.allocate_fast(4096, 0, 2)
@@ -118,7 +134,7 @@ def test_per_thread_stream_memory_dropped_by_another_thread_is_freed_on_the_lega
     # kept for reuse on the legacy stream (it waits for every thread's per-thread stream), and
     # freed there when the kept blocks are given back
     assert drv.frees == [(mine_ptr, 2, 0)]
-    memory.release_kept_blocks()
+    pool.release_kept_blocks()
     assert drv.frees == [(mine_ptr, 2, 0), (theirs_ptr, 0, 0)]
 
 
@@ -137,6 +153,7 @@ def test_free_on_a_default_stream_makes_the_allocations_device_current(fake_cuda
     """0, 1 and 2 name a stream of the current device: device 0's memory dropped while device 1
     is current must be freed on device 0's stream, and device 1 made current again."""
     from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import pool
 
     drv, _, current = fake_cuda
     a = memory.allocate_fast(4096, 0, stream)
@@ -145,7 +162,7 @@ def test_free_on_a_default_stream_makes_the_allocations_device_current(fake_cuda
     gc.collect()
     if stream < 2:  # the legacy stream's blocks are kept for reuse, freed when given back
         assert drv.frees == []
-        memory.release_kept_blocks()
+        pool.release_kept_blocks()
         stream = 0
     assert drv.frees == [(ptr, stream, 0)]
     assert current == [1]
@@ -153,6 +170,7 @@ def test_free_on_a_default_stream_makes_the_allocations_device_current(fake_cuda
 
 def test_a_kept_block_goes_to_the_next_allocation_of_its_size_on_the_legacy_stream(fake_cuda):
     from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import pool
 
     drv, _, _ = fake_cuda
     a = memory.allocate_fast(4096, 0, 0)
@@ -163,7 +181,7 @@ def test_a_kept_block_goes_to_the_next_allocation_of_its_size_on_the_legacy_stre
     d = memory.allocate_fast(8192, 0, 0)  # another size: a new block
     assert b.ptr == ptr and len({b.ptr, c.ptr, d.ptr}) == 3
     assert drv.frees == []
-    big = memory.allocate_fast(memory.KEEP_BLOCK_MAX + 1, 0, 0)
+    big = memory.allocate_fast(pool.KEEP_BLOCK_MAX + 1, 0, 0)
     big_ptr = big.ptr
     del big  # too large to keep: freed at once
     assert drv.frees == [(big_ptr, 0, 0)]
@@ -194,14 +212,14 @@ def test_synchronous_free_waits_for_the_device_first(fake_cuda):
 
 
 def test_evicted_thread_workspace_is_freed_after_a_device_synchronize(fake_cuda):
-    from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import workspaces
 
     drv, rt, _ = fake_cuda
     ptrs = []
 
     def work():
-        for stream in range(0x5000, 0x5000 + memory.THREAD_WORKSPACES_MAX + 1):
-            ptrs.append(memory.thread_workspace(1 << 20, 0, stream))
+        for stream in range(0x5000, 0x5000 + workspaces.THREAD_WORKSPACES_MAX + 1):
+            ptrs.append(workspaces.thread_workspace(1 << 20, 0, stream))
 
     _in_thread(work)
     assert rt.calls[:2] == [("cudaDeviceSynchronize",), ("cudaFree", ptrs[0])]
@@ -214,7 +232,7 @@ def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_strea
     it. The key holds the driver's stream id (cuStreamGetId), which is never reused."""
     import ctypes
 
-    from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import workspaces
 
     drv, rt, _ = fake_cuda
     ids = {0x5000: 7}
@@ -227,11 +245,11 @@ def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_strea
     got = []
 
     def work():
-        got.append(memory.thread_workspace(1 << 20, 0, 0x5000))
-        got.append(memory.thread_workspace(1 << 20, 0, 0x5000))  # same stream: reused
+        got.append(workspaces.thread_workspace(1 << 20, 0, 0x5000))
+        got.append(workspaces.thread_workspace(1 << 20, 0, 0x5000))  # same stream: reused
         ids[0x5000] = 8  # the stream was destroyed, a new one got its handle
-        got.append(memory.thread_workspace(1 << 20, 0, 0x5000))
-        got.append(memory.thread_workspace(1 << 20, 0, 0x5000))
+        got.append(workspaces.thread_workspace(1 << 20, 0, 0x5000))
+        got.append(workspaces.thread_workspace(1 << 20, 0, 0x5000))
 
     _in_thread(work)
     assert got[0] == got[1] and got[2] == got[3] and got[2] != got[0]
@@ -242,16 +260,16 @@ def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_strea
 
 
 def test_stream_identity_of_the_default_streams_is_their_handle(fake_cuda):
-    from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import streams
 
-    assert [memory.stream_identity(s) for s in (0, 1, 2)] == [0, 1, 2]
-    assert memory.stream_identity(0x5000) == -1  # the recorder has no cuStreamGetId
+    assert [streams.stream_identity(s) for s in (0, 1, 2)] == [0, 1, 2]
+    assert streams.stream_identity(0x5000) == -1  # the recorder has no cuStreamGetId
 
 
 def test_a_synchronous_free_that_cannot_synchronize_keeps_the_memory_and_does_not_raise(fake_cuda):
     """While another thread captures a CUDA graph, cudaDeviceSynchronize fails: the evicting call
     must neither free memory that may still be in use nor fail because of it."""
-    from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import workspaces
 
     drv, rt, _ = fake_cuda
     capturing = 906  # cudaErrorStreamCaptureUnsupported
@@ -259,11 +277,11 @@ def test_a_synchronous_free_that_cannot_synchronize_keeps_the_memory_and_does_no
     ptrs = []
 
     def work():
-        for stream in range(0x5000, 0x5000 + memory.THREAD_WORKSPACES_MAX + 1):
-            ptrs.append(memory.thread_workspace(1 << 20, 0, stream))
+        for stream in range(0x5000, 0x5000 + workspaces.THREAD_WORKSPACES_MAX + 1):
+            ptrs.append(workspaces.thread_workspace(1 << 20, 0, stream))
 
     _in_thread(work)  # the eviction of the first workspace neither raised ...
-    assert len(ptrs) == memory.THREAD_WORKSPACES_MAX + 1
+    assert len(ptrs) == workspaces.THREAD_WORKSPACES_MAX + 1
     assert ("cudaFree", ptrs[0]) not in rt.calls  # ... nor freed it
 
 
@@ -273,7 +291,7 @@ def test_nothing_is_freed_once_interpreter_shutdown_began(fake_cuda, monkeypatch
     drv, rt, _ = fake_cuda
     a = memory.allocate_fast(4096, 0, 0)
     b = memory.allocate_fast(4096, 0, 0x5000)
-    monkeypatch.setattr(memory, "_shutting_down", True)
+    monkeypatch.setattr(memory.bindings, "shutting_down", True)
     del a, b
     gc.collect()
     assert drv.frees == [] and rt.calls == []
@@ -291,7 +309,7 @@ def test_device_buffer_of_the_per_thread_stream_freed_by_another_thread(fake_cud
     from pycudnn.runtime import memory
 
     legacy = object()
-    monkeypatch.setattr(memory, "_core_stream", lambda handle: legacy if handle <= 1 else None)
+    monkeypatch.setattr(memory.buffers, "_core_stream", lambda handle: legacy if handle <= 1 else None)
     closes: list = []
     token = memory.thread_token()
     own = memory.DeviceBuffer(0x1000, 256, 0, _CoreBuffer(closes), thread=token)
@@ -492,7 +510,7 @@ def test_outputs_dropped_on_the_legacy_stream_are_reused_and_given_back():
     same size there (no stream-ordered free and allocation between kernels); outputs alive at
     the same time never share memory; empty_cache gives the kept blocks back."""
     import pycudnn
-    from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import pool
 
     rng = np.random.default_rng(3)
     x_h = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)
@@ -500,7 +518,7 @@ def test_outputs_dropped_on_the_legacy_stream_are_reused_and_given_back():
     ref = R.conv_forward(x_h, w_h, (1, 1), (1, 1), (1, 1), 1)
     x, w = pycudnn.from_numpy(x_h), pycudnn.from_numpy(w_h)
     pycudnn.convolution(x, w, padding=1, allow_tf32=False)  # the first call: remembered
-    memory.release_kept_blocks()
+    pool.release_kept_blocks()
     y = pycudnn.convolution(x, w, padding=1, allow_tf32=False)  # a replay: the hot path's output
     first, nbytes = y.ptr, y.nbytes
     del y  # kept, not freed
@@ -512,5 +530,5 @@ def test_outputs_dropped_on_the_legacy_stream_are_reused_and_given_back():
     for t in held:
         np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
     del held, y, t  # t: the loop's last output
-    assert memory.release_kept_blocks(0) >= 4 * nbytes
-    assert memory.release_kept_blocks(0) == 0
+    assert pool.release_kept_blocks(0) >= 4 * nbytes
+    assert pool.release_kept_blocks(0) == 0

@@ -60,37 +60,38 @@ def _pointer_device(ptr: int) -> int:
 def allocations(monkeypatch):
     """Every device allocation pycudnn makes while the test runs: (ptr, device it claims,
     device that owns the memory), the owner asked at once (the memory may be freed by the end)."""
+    import sys
+
     from pycudnn.runtime import memory
 
     seen: list[tuple[int, int]] = []
+
+    def patch_everywhere(original, replacement):
+        # every module of pycudnn that bound the function by name looks it up in its own namespace
+        for module in list(sys.modules.values()):
+            if getattr(module, "__name__", "").startswith("pycudnn"):
+                for attr, value in list(vars(module).items()):
+                    if value is original:
+                        monkeypatch.setattr(module, attr, replacement)
+
     for name in ("allocate", "allocate_fast"):
-        original = getattr(memory, name, None)
-        if original is None:
-            continue
+        original = getattr(memory, name)
 
         def wrapper(nbytes, device=None, stream=None, *more, _orig=original, **kw):
             buf = _orig(nbytes, device, stream, *more, **kw)
             if buf.nbytes:
                 seen.append((buf.ptr, buf.device, memory.pointer_device(buf.ptr)))
             return buf
-        monkeypatch.setattr(memory, name, wrapper)
-    try:
-        from pycudnn.dispatch import prepared
+        patch_everywhere(original, wrapper)
 
-        for name in ("allocate_fast",):
-            if hasattr(prepared, name):
-                monkeypatch.setattr(prepared, name, getattr(memory, name))
-        if hasattr(prepared, "thread_workspace"):
-            original_tw = prepared.thread_workspace
+    original_tw = memory.workspaces.thread_workspace
 
-            def tw(nbytes, device, stream, _orig=original_tw):
-                ptr = _orig(nbytes, device, stream)
-                if ptr:
-                    seen.append((ptr, device, memory.pointer_device(ptr)))
-                return ptr
-            monkeypatch.setattr(prepared, "thread_workspace", tw)
-    except ImportError:
-        pass
+    def tw(nbytes, device, stream, _orig=original_tw):
+        ptr = _orig(nbytes, device, stream)
+        if ptr:
+            seen.append((ptr, device, memory.pointer_device(ptr)))
+        return ptr
+    patch_everywhere(original_tw, tw)
     return seen
 
 

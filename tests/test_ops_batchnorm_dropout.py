@@ -62,9 +62,9 @@ def test_parameter_descriptor_is_what_cudnn_derives(shape, mode, dtype):
     """pycudnn describes scale/bias/statistics itself; cudnnDeriveBNTensorDescriptor (no handle
     needed) must agree on dims and dtype."""
     x = T(shape, dtype)
-    x4 = bn._as4d(x)
-    _, p4 = bn._param_shape(x, bn.MODES[mode])
-    ours = pycudnn.TensorDescriptor(p4, bn._param_dtype(x))
+    x4 = bn.arguments.as4d(x)
+    _, p4 = bn.arguments.param_shape(x, bn.MODES[mode])
+    ours = pycudnn.TensorDescriptor(p4, bn.arguments.param_dtype(x))
     xd = pycudnn.TensorDescriptor(x4.shape, x4.dtype, x4.strides)
     derived = pycudnn.TensorDescriptor(p4, "float32")  # overwritten by cuDNN below
     st = _lib.lib().cudnnDeriveBNTensorDescriptor(derived.handle, xd.handle, bn.MODES[mode])
@@ -100,12 +100,12 @@ def test_dropout_reserve_size_from_cudnn():
 
 def test_descriptor_cache_is_bounded():
     bn.clear_cache()
-    for n in range(bn._CACHE_MAX + 10):
+    for n in range(bn.descriptors._CACHE_MAX + 10):
         x = T((2, 3, 1, n + 1))
-        bn._layout(x, 1, (1, 3, 1, 1), np.dtype("float32"))
-    assert len(bn._CACHE) == bn._CACHE_MAX
+        bn.descriptors.layout_of(x, 1, (1, 3, 1, 1), np.dtype("float32"))
+    assert len(bn.descriptors._CACHE) == bn.descriptors._CACHE_MAX
     bn.clear_cache()
-    assert not bn._CACHE
+    assert not bn.descriptors._CACHE
 
 
 # ---- argument checks ------------------------------------------------------------------------------
@@ -363,8 +363,9 @@ def _full_path_forbidden(monkeypatch):
     """Make the full checks fail loudly: what a call raises after this came from its plan."""
     def forbidden(*args, **kwargs):
         raise AssertionError("the full path ran for a signature that has a plan")
-    for name in ("_training_full", "_inference_full", "_backward_full"):
-        monkeypatch.setattr(bn, name, forbidden)
+    for module, name in ((bn.training, "_training_full"), (bn.inference, "_inference_full"),
+                         (bn.backward, "_backward_full")):
+        monkeypatch.setattr(module, name, forbidden)
     for name in ("_forward_full", "_backward_full"):
         monkeypatch.setattr(dr, name, forbidden)
 
@@ -377,19 +378,19 @@ def test_batch_norm_plans_are_made_once_per_signature():
     for _ in range(3):
         with pytest.raises(E.NoDeviceError):
             fwd(x, w, b, rm, rv)
-    assert len(bn._TRAIN) == 1
+    assert len(bn.plans.TRAIN) == 1
     with pytest.raises(E.NoDeviceError):  # new addresses, same signature: the same plan
         fwd(*args())
-    assert len(bn._TRAIN) == 1 and live_descriptor_count() - before == 2  # x's and the params'
+    assert len(bn.plans.TRAIN) == 1 and live_descriptor_count() - before == 2  # x's and the params'
     with pytest.raises(E.NoDeviceError):  # another momentum: another plan, same descriptors
         fwd(x, w, b, rm, rv, momentum=0.2)
-    assert len(bn._TRAIN) == 2 and live_descriptor_count() - before == 2
+    assert len(bn.plans.TRAIN) == 2 and live_descriptor_count() - before == 2
     # a call that copies (strided weight) keeps no plan: it takes the full checks every time
     with pytest.raises(E.NoDeviceError):
         fwd(x, T((3,), strides=(2,)), b, rm, rv)
-    assert len(bn._TRAIN) == 2
+    assert len(bn.plans.TRAIN) == 2
     bn.clear_cache()
-    assert not bn._TRAIN
+    assert not bn.plans.TRAIN
 
 
 @no_gpu_only

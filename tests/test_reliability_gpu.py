@@ -331,7 +331,7 @@ def test_many_calls_leave_resources_flat():
 @gpu
 def test_short_lived_streams_leave_device_memory_flat():
     """Calls on many streams that are then destroyed: the per-(thread, device, stream) workspace
-    the prepared fast path keeps (memory.thread_workspace) must not outlive its stream."""
+    the prepared fast path keeps (memory.workspaces.thread_workspace) must not outlive its stream."""
     import pycudnn
     from cuda.bindings import runtime as rt
 

@@ -519,7 +519,7 @@ def test_check_cuda_mapping(monkeypatch):
     M.check_cuda(0, "nothing")
     M.check_cuda((0, 5), "nothing")
     # with a driver library present, error 35 means an old driver: the runtime's words and a hint
-    monkeypatch.setattr(M, "_driver_found", True)
+    monkeypatch.setattr(M.errors, "_driver_found", True)
     with pytest.raises(NoDeviceError, match="cudaErrorInsufficientDriver.*older than this CUDA"):
         M.check_cuda(35, "cudaFoo")
     with pytest.raises(NoDeviceError, match="no CUDA-capable device"):
@@ -579,7 +579,7 @@ class TestWithoutGPU:
             with pytest.raises(NoDeviceError) as info:
                 call()
             message = str(info.value)
-            if M.driver_found():  # a driver without a usable device: the runtime's reason
+            if M.errors.driver_found():  # a driver without a usable device: the runtime's reason
                 assert message.startswith(f"{name}: no usable CUDA device: "), message
                 assert "run `pycudnn info` to see why" in message
             else:  # no driver at all: says so first, in one short line, then what to do
@@ -590,7 +590,7 @@ class TestWithoutGPU:
             assert "allocate" not in message
 
     def test_no_driver_is_named_as_such(self):
-        if M.driver_found():
+        if M.errors.driver_found():
             pytest.skip("libcuda.so.1 loads here: the no-driver case cannot be seen")
         assert M.no_device_reason() == "no NVIDIA driver found (libcuda.so.1)"
         for code in (35, 100, 3):  # whatever the runtime says, the missing driver comes first
@@ -619,9 +619,9 @@ def fake_cudnn(monkeypatch):
 
     monkeypatch.setattr(H, "_create", create)
     monkeypatch.setattr(H, "_set_stream", set_stream)
-    monkeypatch.setattr(M, "normalize_device", lambda d, parameter="device", what="": 0 if d is None else d)
-    monkeypatch.setattr(M, "ensure_device", lambda d: d)
-    monkeypatch.setattr(M, "current_device", lambda: 0)
+    monkeypatch.setattr(M.devices, "normalize_device", lambda d, parameter="device", what="": 0 if d is None else d)
+    monkeypatch.setattr(M.devices, "ensure_device", lambda d: d)
+    monkeypatch.setattr(M.devices, "current_device", lambda: 0)
     fake_tls = threading.local()
     monkeypatch.setattr(H, "_tls", fake_tls)
     with H._pool_lock:

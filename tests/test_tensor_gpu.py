@@ -252,7 +252,7 @@ def test_cupy_attribute_path_agrees_with_the_interface_path(monkeypatch):
     cupy = pytest.importorskip("cupy")
     waits = []
     real_wait = M.stream_wait
-    monkeypatch.setattr(M, "stream_wait", lambda w, p: (waits.append((w, p)), real_wait(w, p)))
+    monkeypatch.setattr(M.streams, "stream_wait", lambda w, p: (waits.append((w, p)), real_wait(w, p)))
     base = cupy.arange(2 * 3 * 4 * 6, dtype=cupy.float32).reshape(2, 3, 4, 6)
     side = cupy.cuda.Stream(non_blocking=True)
     views = [base, base[:, 1:, :, ::2], base.transpose(0, 2, 3, 1), base[1], base.astype(
@@ -282,7 +282,7 @@ def test_cupy_export_version_2_orders_nothing(monkeypatch):
     util = pytest.importorskip("cupy._util")
     monkeypatch.setattr(util, "CUDA_ARRAY_INTERFACE_EXPORT_VERSION", 2)
     waits = []
-    monkeypatch.setattr(M, "stream_wait", lambda w, p: waits.append((w, p)))
+    monkeypatch.setattr(M.streams, "stream_wait", lambda w, p: waits.append((w, p)))
     side = cupy.cuda.Stream(non_blocking=True)
     with side:
         c = cupy.ones((4, 4), cupy.float32)

@@ -34,10 +34,10 @@ from ..dispatch.engines import strategy_for
 from ..dispatch.prepared import PreparedConvolution
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..ffi import library as _lib
-from ..runtime import memory as _mem
+from ..runtime.memory import devices as _devices
 from ..runtime.handle import get_handle
-from ..runtime.memory import (StreamLike, callers_device, resolve_stream, restore_device,
-                              shared_zeros)
+from ..runtime.memory import StreamLike, callers_device, resolve_stream, restore_device
+from ..runtime.memory.workspaces import shared_zeros
 from ..runtime.tensor import (Tensor, TensorLike, as_tensor, check_writable, empty,
                               has_internal_overlap, spans_overlap, tensor_from_pointer, zeros)
 from ..search.algos import try_all
@@ -529,7 +529,7 @@ def _forward(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any
              flags: Mapping[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """`convolution()`, returning what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
-    prev = None if _mem.visible_devices == 1 else callers_device()
+    prev = None if _devices.visible_devices == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -635,7 +635,7 @@ def _contiguous_bias(b: Tensor, stream: int, call: "ConvolutionCall") -> Tensor:
 def _zero_bias(call: "ConvolutionCall", k: int, like: Tensor) -> Tensor:
     """A zero bias of ``k`` elements for a fused epilogue called without one.
 
-    A view of the device's shared zeros (`pycudnn.runtime.memory.shared_zeros()`): complete before
+    A view of the device's shared zeros (`pycudnn.runtime.memory.workspaces.shared_zeros()`): complete before
     any launch reads it and never freed, so a remembered call may replay it on any stream. While
     the stream is being captured and those are not made yet: zeros made for this call on its
     stream, and the call is not replayable."""
@@ -705,7 +705,7 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
                 flags: Mapping[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """`conv_transpose()`, returning what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
-    prev = None if _mem.visible_devices == 1 else callers_device()
+    prev = None if _devices.visible_devices == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -850,7 +850,7 @@ def _backward_data_call(grad_y: Any, w: Any, input_shape: Any, stride: Any, padd
     """`convolution_backward_data()`, returning what
     it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
-    prev = None if _mem.visible_devices == 1 else callers_device()
+    prev = None if _devices.visible_devices == 1 else callers_device()
     try:
         if type(grad_y) is not Tensor:
             grad_y = as_tensor(grad_y, stream=stream)
@@ -922,7 +922,7 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Any, stride: Any,
     """`convolution_backward_filter()`, returning
     what it prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
-    prev = None if _mem.visible_devices == 1 else callers_device()
+    prev = None if _devices.visible_devices == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)
@@ -982,7 +982,7 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
     """`convolution_add_relu()`, returning what it
     prepared too."""
     # the caller's current device, given back at the end (one device: nothing to give back)
-    prev = None if _mem.visible_devices == 1 else callers_device()
+    prev = None if _devices.visible_devices == 1 else callers_device()
     try:
         if type(x) is not Tensor:
             x = as_tensor(x, stream=stream)

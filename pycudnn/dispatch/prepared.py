@@ -23,7 +23,7 @@ from typing import Any, Callable
 from ..cudnn.tensor_ops import contiguous_bias
 from ..errors import PycudnnError
 from ..runtime.handle import get_handle
-from ..runtime import memory as _mem
+from ..runtime.memory import devices as _devices
 from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
 from ..runtime.tensor import (Tensor, as_tensor, check_writable, span_elements, spans_overlap,
                               views_overlap)
@@ -95,7 +95,7 @@ class PreparedConvolution:
     def __call__(self, a: Any, b: Any, out: Any = None, *, z: Any = None, bias: Any = None,
                  stream: Any = None) -> Tensor:
         # the caller's current device, given back at the end (one device: nothing to give back)
-        prev = None if _mem.visible_devices == 1 else callers_device()
+        prev = None if _devices.visible_devices == 1 else callers_device()
         try:
             if type(a) is not Tensor:
                 a = as_tensor(a, stream=stream)

@@ -29,8 +29,9 @@ from typing import Any
 
 from ..errors import CudnnError, NoDeviceError
 from ..ffi import library as _lib
-from . import memory as _mem
-from .memory import device_count
+from .memory import devices as _devices
+from .memory.devices import device_count
+from .memory.streams import resolve_stream
 
 __all__ = ["get_handle", "device_count", "live_handle_count", "pooled_handle_count"]
 
@@ -118,12 +119,12 @@ def _set_stream(handle: int, stream: int) -> None:
 
 def _acquire(device: Any, state: _ThreadHandles) -> tuple[int, int]:
     """Cache miss: validate the device, make it current, take a pooled handle or create one."""
-    dev = _mem.normalize_device(device, what="get_handle")  # NoDeviceError before cudnnCreate
+    dev = _devices.normalize_device(device, what="get_handle")  # NoDeviceError before cudnnCreate
     handle = state.handles.get(dev)
     if handle is not None:  # device was given in another spelling (e.g. a cuda.core Device)
-        _mem.ensure_device(dev)
+        _devices.ensure_device(dev)
         return dev, handle
-    _mem.ensure_device(dev)
+    _devices.ensure_device(dev)
     with _pool_lock:
         _take_returned()
         free = _pool.get(dev)
@@ -151,26 +152,26 @@ def get_handle(device: Any = None, stream: Any = None) -> int:
             could not initialise (cuDNN's reason).
         ValueError: a device ordinal that does not exist.
     """
-    s = 0 if stream is None else (stream if type(stream) is int else _mem.resolve_stream(stream))
+    s = 0 if stream is None else (stream if type(stream) is int else resolve_stream(stream))
     try:
         state = _tls.state
     except AttributeError:
         state = _thread_handles()
     if device is None:
         try:
-            device = _mem.current_device()
+            device = _devices.current_device()
         except NoDeviceError as exc:
-            if _mem.no_device_reason():
-                raise _mem.no_device_error("get_handle") from None
+            if _devices.no_device_reason():
+                raise _devices.no_device_error("get_handle") from None
             raise NoDeviceError(f"get_handle: {exc}") from None
     handle = state.handles.get(device) if type(device) is int else None
     if handle is None:
         device, handle = _acquire(device, state)
     else:
-        _mem.ensure_device(device)
+        _devices.ensure_device(device)
     if state.streams.get(device) != s:
         if s < 0 or s >= 1 << 64:
-            _mem.resolve_stream(s)  # raises the ValueError naming the range
+            resolve_stream(s)  # raises the ValueError naming the range
         _set_stream(handle, s)
         state.streams[device] = s
     return handle

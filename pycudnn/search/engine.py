@@ -20,7 +20,8 @@ import functools
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
-from ..runtime.memory import allocate_fast, stream_is_capturing, thread_workspace
+from ..runtime.memory import allocate_fast, stream_is_capturing
+from ..runtime.memory.workspaces import thread_workspace
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind
 
 __all__ = ["Engine", "Record", "workspace", "release"]

@@ -13,8 +13,9 @@ from typing import Any, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
-from .. import memory as _mem
-from ..memory import StreamLike
+from ..memory import devices as _devices
+from ..memory import streams as _streams
+from ..memory.streams import StreamLike
 from .dlpack import (
     DL_DEVICE_NAMES,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -212,13 +213,13 @@ def _from_cai(obj: Any, cai: Any, consumer: int) -> Tensor:
     _check_import(ptr, shape, strides, item, source)
     if cai.get("version", 0) >= 3:
         producer = cai.get("stream")
-        if producer is not None and not _mem.same_stream(int(producer), consumer):
-            _mem.stream_wait(consumer, int(producer))
+        if producer is not None and not _streams.same_stream(int(producer), consumer):
+            _streams.stream_wait(consumer, int(producer))
     mod = type(obj).__module__
     if mod.startswith("cupy"):
         device = obj.device.id
     else:
-        device = _mem.pointer_device(ptr)
+        device = _devices.pointer_device(ptr)
     return Tensor._make(ptr, shape, strides, dtype, device, obj, readonly)
 
 
@@ -262,8 +263,8 @@ def _from_cupy(obj: Any, cupy: Any, consumer: int) -> Tensor | None:
                 if type(exported) is not int:
                     return None
                 producer = _cupy_null_stream = exported
-        if not _mem.same_stream(producer, consumer):
-            _mem.stream_wait(consumer, producer)
+        if not _streams.same_stream(producer, consumer):
+            _streams.stream_wait(consumer, producer)
     elif version != 2:
         return None
     return Tensor._make(ptr, shape, strides, dtype, memory.device_id, obj, False)
@@ -374,7 +375,7 @@ def as_tensor(obj: Any, *, stream: StreamLike | None = None) -> Tensor:
     """
     if type(obj) is Tensor:
         return obj
-    consumer = 0 if stream is None else (stream if type(stream) is int else _mem.resolve_stream(stream))
+    consumer = 0 if stream is None else (stream if type(stream) is int else _streams.resolve_stream(stream))
     torch = sys.modules.get("torch")
     # the class tests first: isinstance() goes through torch's metaclass (~100 ns)
     if torch is not None and obj.__class__ is torch.Tensor:

@@ -1,0 +1,50 @@
+"""Copies between host and device and fills of device memory (used by
+`pycudnn.runtime.tensor`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import bindings as _bindings
+from .errors import check_cuda
+from .streams import resolve_stream
+
+def copy_host_to_device(dst_ptr: int, array: Any, stream: Any = None) -> None:
+    """Copy a host numpy array's bytes (made C-contiguous first) to ``dst_ptr``, then wait for the
+    copy on ``stream`` (the host array may be pageable and temporary)."""
+    import numpy as np
+
+    a = np.ascontiguousarray(array)
+    n = a.nbytes
+    if not n:
+        return
+    rt = _bindings.rt or _bindings.runtime()
+    handle = stream if type(stream) is int else resolve_stream(stream)
+    check_cuda(rt.cudaMemcpyAsync(dst_ptr, a.ctypes.data, n, rt.cudaMemcpyKind.cudaMemcpyHostToDevice,
+                                  handle), f"cudaMemcpyAsync (host to device, {n} bytes)")
+    check_cuda(rt.cudaStreamSynchronize(handle), "cudaStreamSynchronize")
+
+
+def copy_device_to_host(array: Any, src_ptr: int, stream: Any = None) -> None:
+    """Copy ``array.nbytes`` bytes from ``src_ptr`` into a C-contiguous, writable numpy ``array``,
+    and wait for the copy on ``stream``."""
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        raise ValueError("array: expected a C-contiguous, writable numpy array")
+    n = array.nbytes
+    if not n:
+        return
+    rt = _bindings.rt or _bindings.runtime()
+    handle = stream if type(stream) is int else resolve_stream(stream)
+    check_cuda(rt.cudaMemcpyAsync(array.ctypes.data, src_ptr, n,
+                                  rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, handle),
+               f"cudaMemcpyAsync (device to host, {n} bytes)")
+    check_cuda(rt.cudaStreamSynchronize(handle), "cudaStreamSynchronize")
+
+
+def memset(ptr: int, nbytes: int, stream: Any = None, value: int = 0) -> None:
+    """Fill ``nbytes`` bytes at ``ptr`` with the byte ``value``, ordered on ``stream`` (no sync)."""
+    if not nbytes:
+        return
+    handle = stream if type(stream) is int else resolve_stream(stream)
+    check_cuda((_bindings.rt or _bindings.runtime()).cudaMemsetAsync(ptr, value, nbytes, handle),
+               f"cudaMemsetAsync ({nbytes} bytes)")
