@@ -52,6 +52,11 @@ class PreparedConvolution:
     prepared for (pass ``out=`` to reuse an output buffer). Safe to call from several threads.
     """
 
+    # the torch out= layout remembered for the lean test (see __init__); class defaults too, so
+    # that an object made without __init__ (a test's bare layout) has none remembered
+    _torch_out_layout: tuple[Any, Any, Any, int] | None = None
+    _torch_out_class: type | None = None
+
     def __init__(self, params: ConvolutionParams, record: Any, strategy: Engine, dtype: Any,
                  shapes: dict[str, tuple], strides: dict[str, tuple],
                  slow: Callable[..., Tensor] | None,
@@ -94,8 +99,8 @@ class PreparedConvolution:
         # layout is read through five accessors and compared once, instead of a full as_tensor
         # and the Tensor's comparisons (set once, class last: a reader that sees the class sees
         # the layout)
-        self._torch_out_layout: tuple[Any, Any, Any, int] | None = None
-        self._torch_out_class: type | None = None
+        self._torch_out_layout = None
+        self._torch_out_class = None
 
     def __repr__(self) -> str:
         return f"<PreparedConvolution {self.params.short()} -> {self.record.describe()}>"
