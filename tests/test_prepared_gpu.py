@@ -301,3 +301,52 @@ def test_prepared_refusals_launch_nothing_and_leave_out_untouched():
                      + _bf16(bh)[None, :, None, None], 0)
     assert conv(x, w, out=z, z=z, bias=b) is z
     assert _err(z.numpy(), ref) < 3e-2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_torch_out_takes_the_lean_path_and_every_other_out_the_full_checks(engine):
+    """A torch out= of the layout accepted before is tested through its remembered torch layout
+    (no as_tensor): the results stay right, in the remembered call and in a prepared object; an
+    out of another layout, one overlapping the input and one with a negative bit still get the
+    full path's answer."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    import pycudnn
+    from pycudnn.dispatch import prepared
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 10, 10, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    ref = F.conv2d(x.cpu().double(), w.cpu().double(), padding=1).float()
+    flags = {"engine": engine, "allow_tf32": False}
+
+    def close(y):
+        torch.testing.assert_close(y.cpu(), ref, rtol=1e-4, atol=1e-4)
+
+    for _ in range(3):
+        y = torch.full((2, 8, 10, 10), float("nan"), device="cuda")
+        got = pycudnn.convolution(x, w, padding=1, **flags, out=y)
+        assert got.ptr == y.data_ptr()
+        close(y)
+    (remembered,) = prepared.remembered_calls()
+    assert remembered._torch_out_class is torch.Tensor
+    # another layout of the same shape: the full path (a staged copy), the remembered entry kept
+    y_cl = torch.full_like(y, float("nan")).to(memory_format=torch.channels_last)
+    pycudnn.convolution(x, w, padding=1, **flags, out=y_cl)
+    close(y_cl)
+    assert prepared.remembered_calls() == [remembered]
+    # an out sharing the input's memory and one with a negative bit: refused as before
+    with pytest.raises(ValueError, match="overlaps input"):
+        pycudnn.convolution(x, w, padding=1, **flags, out=x)
+    with pytest.raises(TypeError, match="negative bit"):
+        pycudnn.convolution(x, w, padding=1, **flags, out=torch.empty_like(y)._neg_view())
+    # a prepared object called with torch tensors and out=, twice (learn, then lean)
+    conv = pycudnn.prepare_convolution(x, w, padding=1, **flags)
+    for _ in range(2):
+        y = torch.full_like(y, float("nan"))
+        conv(x, w, out=y)
+        close(y)
+    assert conv._torch_out_class is torch.Tensor
+    with pytest.raises(ValueError, match="out overlaps an input"):
+        conv(x, w, out=x)

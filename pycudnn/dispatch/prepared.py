@@ -17,6 +17,7 @@ iterator, which has the fallbacks.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Callable
 
@@ -50,6 +51,11 @@ class PreparedConvolution:
     ``bias`` for a fused epilogue. They must have the shapes, strides, dtype and device it was
     prepared for (pass ``out=`` to reuse an output buffer). Safe to call from several threads.
     """
+
+    # the torch out= layout remembered for the lean test (see __init__); class defaults too, so
+    # that an object made without __init__ (a test's bare layout) has none remembered
+    _torch_out_layout: tuple[Any, Any, Any, int] | None = None
+    _torch_out_class: type | None = None
 
     def __init__(self, params: ConvolutionParams, record: Any, strategy: Engine, dtype: Any,
                  shapes: dict[str, tuple], strides: dict[str, tuple],
@@ -88,6 +94,13 @@ class PreparedConvolution:
         # forward: (a, b, out) are already in the graph's pointer order, nothing to permute
         self._in_order = self._positions == (0, 1, 2)
         self._plain = not has_bias and not has_z  # no epilogue tensor to take or check
+        # out= given as a torch tensor: the class and the layout of the first one accepted, in
+        # torch's own terms ``(shape, stride(), dtype, get_device())``. A later torch out= of that
+        # layout is read through five accessors and compared once, instead of a full as_tensor
+        # and the Tensor's comparisons (set once, class last: a reader that sees the class sees
+        # the layout)
+        self._torch_out_layout = None
+        self._torch_out_class = None
 
     def __repr__(self) -> str:
         return f"<PreparedConvolution {self.params.short()} -> {self.record.describe()}>"
@@ -119,10 +132,16 @@ class PreparedConvolution:
             else:
                 zt, bt = self._epilogue_args(a, z, bias, stream)
             if out is not None:
-                if type(out) is not Tensor:
+                lean = self._lean_torch_out(out) if out.__class__ is self._torch_out_class else None
+                if lean is not None:
+                    out = lean  # the layout is the one checked and remembered before
+                elif type(out) is not Tensor:
+                    given = out
                     out = as_tensor(out, stream=stream)
-                if (out.shape != self.out_shape or out.strides != self._out_strides
-                        or (out.dtype is not dt and out.dtype != dt) or out.device != self.device):
+                    self._learn_torch_out(given, out)
+                if lean is None and (out.shape != self.out_shape or out.strides != self._out_strides
+                                     or (out.dtype is not dt and out.dtype != dt)
+                                     or out.device != self.device):
                     raise ValueError(f"prepared convolution: out must have shape {self.out_shape}, "
                                      f"strides {self._out_strides}, dtype {dt.name} on "
                                      f"cuda:{self.device}; got {out.shape}/{out.strides} "
@@ -190,8 +209,18 @@ class PreparedConvolution:
         ``out=`` with this before they launch."""
         if out is None:
             return None
+        if out.__class__ is self._torch_out_class:  # out= of a layout accepted before: lean
+            lean = self._lean_torch_out(out)
+            if lean is not None:
+                if self.out_may_overlap(lean, a, b) or (bias is not None and spans_overlap(lean, bias)):
+                    return False
+                if z is not None and (z.ptr != lean.ptr or z.strides != lean.strides) and spans_overlap(lean, z):
+                    return False
+                return lean
         if type(out) is not Tensor:
+            given = out
             out = as_tensor(out, stream=stream)
+            self._learn_torch_out(given, out)
         if out.readonly:
             return False
         if not (out.shape == self.out_shape and out.strides == self._out_strides
@@ -202,6 +231,49 @@ class PreparedConvolution:
         if z is not None and (z.ptr != out.ptr or z.strides != out.strides) and spans_overlap(out, z):
             return False
         return out
+
+    def _learn_torch_out(self, given: Any, view: Tensor) -> None:
+        """Remember the torch layout of ``given`` (an out= just read by `as_tensor` into
+        ``view``) when it is the first exact ``torch.Tensor`` of the output's layout: later ones
+        of that layout take `_lean_torch_out`."""
+        if self._torch_out_class is not None:
+            return
+        torch = sys.modules.get("torch")
+        if (torch is None or given.__class__ is not torch.Tensor
+                or not hasattr(torch.Tensor, "is_neg")):
+            return
+        if not (view.shape == self.out_shape and view.strides == self._out_strides
+                and view.dtype == self.dtype and view.device == self.device):
+            return  # not this convolution's output layout: the call refuses it
+        self._torch_out_layout = (given.shape, given.stride(), given.dtype, view.device)
+        self._torch_out_class = given.__class__
+
+    def _lean_torch_out(self, out: Any) -> Tensor | None:
+        """``out`` (an exact ``torch.Tensor``) as a view when it has the torch layout remembered by
+        `_learn_torch_out` and no negative bit, else None (the caller reads it fully).
+
+        The layout names what as_tensor checks: a CPU or meta tensor has ``get_device() == -1``
+        (never a remembered device), a sparse one raises in ``stride()`` (read fully then)."""
+        layout = self._torch_out_layout
+        if layout is None:
+            return None
+        shape, strides, dtype, device = layout
+        try:
+            if (out.dtype is not dtype or out.shape != shape or out.stride() != strides
+                    or out.get_device() != device or out.is_neg()):
+                return None
+            ptr = out.data_ptr()
+        except Exception:  # noqa: BLE001 - e.g. a sparse layout: as_tensor's own refusal follows
+            return None
+        t = _new(Tensor)  # Tensor._make inlined, the fields the remembered layout already has
+        t.ptr = ptr
+        t.shape = self.out_shape
+        t.strides = self._out_strides
+        t.dtype = self.dtype
+        t.device = self.device
+        t.owner = out
+        t.readonly = False
+        return t
 
     def _run(self, a: Tensor, b: Tensor, out: Tensor | None, zt: Tensor | None,
              bt: Tensor | None, s: int, stream_ref: Any = None) -> Tensor:
