@@ -90,6 +90,16 @@ def pytorch_only() -> bool:
             or _tracing_state() is not None)
 
 
+def c_apply(cls: Any) -> Any:
+    """``cls.apply`` (an autograd function) without its Python wrapper, which unwraps
+    ``torch.func`` tensors: pycudnn's functions never run under ``torch.func`` (`pytorch_only`
+    sends those calls to PyTorch's own operators), and the wrapper costs microseconds a call."""
+    try:
+        return torch._C._FunctionBase.__dict__["apply"].__get__(None, cls)
+    except (AttributeError, KeyError, TypeError):  # another PyTorch: the public entry
+        return cls.apply
+
+
 def _autocast_readers() -> tuple[Callable[[], bool], Callable[[], Any]]:
     """Whether autocast is on for CUDA, and its dtype (PyTorch 2.4 takes the device type)."""
     try:

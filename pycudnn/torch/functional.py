@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .calls import (autocast_dtype, autocast_enabled, convolution_backward, dense_grad,
+from .calls import (autocast_dtype, autocast_enabled, c_apply, convolution_backward, dense_grad,
                     forward_key, geometry, grad_enabled, pytorch_only, route_layer_to_torch,
                     run_backward, run_forward, threshold_backward, torch_layers)
 
@@ -86,18 +86,8 @@ class _FusedFunction(torch.autograd.Function):
         return gx, gw, gb, gz, None, None
 
 
-def _c_apply(cls: Any) -> Any:
-    """``cls.apply`` without its Python wrapper, which unwraps ``torch.func`` tensors: the
-    functions here never run under ``torch.func`` (`pytorch_only` sends those calls to
-    ``F.conv2d``), and the wrapper costs microseconds a call."""
-    try:
-        return torch._C._FunctionBase.__dict__["apply"].__get__(None, cls)
-    except (AttributeError, KeyError, TypeError):  # another PyTorch: the public entry
-        return cls.apply
-
-
-_conv2d_apply = _c_apply(_Conv2dFunction)
-_fused_apply = _c_apply(_FusedFunction)
+_conv2d_apply = c_apply(_Conv2dFunction)
+_fused_apply = c_apply(_FusedFunction)
 
 
 def _autocast(*tensors: Any) -> tuple[Any, ...]:

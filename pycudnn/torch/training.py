@@ -40,8 +40,7 @@ from pycudnn.errors import CudnnBadParamError, CudnnNotSupportedError
 from pycudnn.ffi import library as _lib
 from pycudnn.runtime.handle import get_handle
 
-from .functional import _c_apply
-from .calls import (autocast_dtype, autocast_enabled, geometry, grad_enabled,
+from .calls import (autocast_dtype, autocast_enabled, c_apply, geometry, grad_enabled,
                     pytorch_only, run_backward, run_forward)
 
 __all__ = ["ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d", "fuse_for_training", "unfuse_training"]
@@ -186,7 +185,7 @@ class _ConvBnFunction(torch.autograd.Function):
         factor = 0.0
         if bn.track_running_stats and rm is not None:
             # nn.BatchNorm2d's rule; momentum=None is the cumulative average (reads the count)
-            factor = bn.momentum if bn.momentum is not None else 1.0 / (float(nbt) + 1.0)
+            factor = bn.momentum if bn.momentum is not None else 1.0 / (float(nbt) + 1.0)  # type: ignore[arg-type]
         else:
             rm = rv = nbt = None
         d = dev.index
@@ -259,7 +258,7 @@ def _recomputed_backward(block: _ConvBnBase, gy: Any, inputs: tuple[Any, ...],
     return (*(next(grads) if n and t is not None else None for t, n in zip(inputs, needs)), None)
 
 
-_apply = _c_apply(_ConvBnFunction)
+_apply = c_apply(_ConvBnFunction)
 
 
 # ---- the modules --------------------------------------------------------------------------------
@@ -269,6 +268,8 @@ class _ConvBnBase(torch.nn.Module):
     here: they stay where they were), with the epilogue that ``ops`` names."""
 
     ops = _OPS_BN
+    conv: torch.nn.Conv2d
+    bn: torch.nn.BatchNorm2d
 
     def __init__(self, conv: torch.nn.Conv2d, bn: torch.nn.BatchNorm2d, conv_name: str = "",
                  bn_name: str = "") -> None:
@@ -438,6 +439,7 @@ def _rewrite(gm: Any) -> int:
             continue
         after = list(bn_node.users)
         relu_node = add_node = z = None
+        cls: type[_ConvBnBase]
         if len(after) == 1 and _is_relu(after[0], modules):
             relu_node, cls = after[0], ConvBnReLU2d
         elif len(after) == 1 and _is_add(after[0]):
