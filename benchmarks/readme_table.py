@@ -35,24 +35,28 @@ def render(results_file: str) -> str:
                            "commit, in CHANGELOG.md.", END])
     data = json.loads((ROOT / results_file).read_text())
     lines = [BEGIN, f"<!-- made by benchmarks/readme_table.py from {results_file} -->", "",
-             "| model | training step, batch 64 | fused inference, batch 128 | first training step of a fresh process, pycudnn / PyTorch |",
-             "|---|---|---|---|"]
-    train, infer = [], []
+             "| model | training step, batch 64: convert | convert + fuse_for_training | fused inference, batch 128 | first training step of a fresh process, pycudnn / PyTorch |",
+             "|---|---|---|---|---|"]
+    train, fused, infer = [], [], []
     for name, row in data["models"].items():
         t = row.get("train", {}).get("batch64", {})
         i = row.get("infer", {})
         tr = t.get("pycudnn_over_torch")
+        fr = t.get("fused_over_torch")
         ir = i.get("fused_over_torch")
         if tr is not None:
             train.append(tr)
+        if fr is not None:
+            fused.append(fr)
         if ir is not None:
             infer.append(ir)
         f = row.get("first", {})
         first = (f"{f['pycudnn']:.1f} s / {f['torch']:.1f} s" if "pycudnn" in f and "torch" in f
                  else "not measured")
-        lines.append(f"| {name} | {_x(tr)} | {_x(ir)} | {first} |")
-    if train or infer:
+        lines.append(f"| {name} | {_x(tr)} | {_x(fr)} | {_x(ir)} | {first} |")
+    if train or fused or infer:
         lines.append(f"| geomean | {_x(statistics.geometric_mean(train) if train else None)} | "
+                     f"{_x(statistics.geometric_mean(fused) if fused else None)} | "
                      f"{_x(statistics.geometric_mean(infer) if infer else None)} | |")
     lines += ["", f"x faster than PyTorch eager (above 1 is better), bf16 channels_last, "
               f"{data['device']}, PyTorch {data['torch']}, cuDNN {data['cudnn']}; measured at "

@@ -38,16 +38,17 @@ def test_render_states_every_model_its_commit_and_missing_figures(tmp_path):
     mod = _table_module()
     data = {"commit": "abc1234", "device": "NVIDIA H200", "torch": "2.11", "cudnn": 91900,
             "command": "benchmarks/zoo.py", "models": {
-                "resnet50": {"train": {"batch64": {"pycudnn_over_torch": 1.25}},
+                "resnet50": {"train": {"batch64": {"pycudnn_over_torch": 1.25,
+                                                   "fused_over_torch": 1.5}},
                              "infer": {"fused_over_torch": 2.0},
                              "first": {"pycudnn": 2.0, "torch": 4.0}},
                 "densenet121": {"train": {"error": "RuntimeError: boom"}}}}
     f = tmp_path / "zoo.json"
     f.write_text(json.dumps(data))
     text = mod.render(str(f))
-    assert "| resnet50 | 1.25x | 2.00x | 2.0 s / 4.0 s |" in text
-    assert "| densenet121 | not measured | not measured | not measured |" in text
-    assert "| geomean | 1.25x | 2.00x | |" in text
+    assert "| resnet50 | 1.25x | 1.50x | 2.00x | 2.0 s / 4.0 s |" in text
+    assert "| densenet121 | not measured | not measured | not measured | not measured |" in text
+    assert "| geomean | 1.25x | 1.50x | 2.00x | |" in text
     assert "commit abc1234" in text and "`benchmarks/zoo.py`" in text
 
 
