@@ -10,6 +10,7 @@ function's own terms."""
 from __future__ import annotations
 
 import copy
+import ctypes
 import logging
 
 import pytest
@@ -424,3 +425,167 @@ def test_bad_shapes_are_refused_in_each_functions_terms(any_device, call, messag
     with pytest.raises(ValueError, match=message) as info:
         call()
     assert isinstance(info.value, RuntimeError)
+
+
+# ---- the remembered launches on 5-D and transposed signatures, simulated on the CPU -------------
+
+def _tensor_at(ptr, shape, strides, dtype):
+    """A CPU tensor over the memory at ``ptr`` (what a launch is given: pointers alone)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    span = sum((n - 1) * s for n, s in zip(shape, strides)) + 1
+    buf = (ctypes.c_char * (span * itemsize)).from_address(ptr)
+    return torch.frombuffer(buf, dtype=dtype).as_strided(shape, strides)
+
+
+class _Prepared:
+    def __init__(self, launcher):
+        self.launcher = launcher
+
+
+@pytest.fixture
+def simulated(monkeypatch, any_device):
+    """calls' public-function steps computed by PyTorch on the CPU: each prepares a launcher
+    that finds its tensors from the pointers it is given (the shapes and strides the signature
+    fixed), as the prepared convolution does. ``ran`` lists what ran: "public ..." for a first
+    call, "launch ..." for a remembered one."""
+    ran = []
+
+    def layout(*tensors):
+        return [(tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors]
+
+    def forward_public(op, x, w, b, z, alpha, geom, y, fkey, want_prepared=False):
+        assert op == "conv" and z is None
+        conv = _TORCH_CONV[len(geom[0])]
+        y.copy_(conv(x, w, b, *geom))
+        ran.append("public forward")
+        if not want_prepared:
+            return y
+        lay = layout(x, w, y) + (layout(b) if b is not None else [])
+
+        def launch(handle, ptrs, stream):
+            t = [_tensor_at(p, *lt) for p, lt in zip(ptrs, lay)]
+            t[2].copy_(conv(t[0], t[1], t[3] if len(t) > 3 else None, *geom))
+            ran.append("launch forward")
+        return _Prepared(launch)
+
+    def backward_public(direction, a, b, out, geom, fkey, want_prepared=False):
+        nd = len(geom[0])
+        st, pad, dil, g = geom
+
+        def compute(a_, b_, out_):
+            if direction == "data":  # a, b = gy, w; forward roles (x, w, y) = (out, b, a)
+                out_.copy_(_INPUT_GRAD[nd](tuple(out_.shape), b_, a_, st, pad, dil, g))
+            else:  # a, b = x, gy; forward roles (x, w, y) = (a, out, b)
+                out_.copy_(_WEIGHT_GRAD[nd](a_, tuple(out_.shape), b_, st, pad, dil, g))
+
+        compute(a, b, out)
+        ran.append(f"public {direction}")
+        if not want_prepared:
+            return out
+        if direction == "data":
+            lay = layout(out, b, a)
+
+            def launch(handle, ptrs, stream):
+                dx, w, gy = (_tensor_at(p, *lt) for p, lt in zip(ptrs, lay))
+                compute(gy, w, dx)
+                ran.append("launch data")
+        else:
+            lay = layout(a, out, b)
+
+            def launch(handle, ptrs, stream):
+                x, dw, gy = (_tensor_at(p, *lt) for p, lt in zip(ptrs, lay))
+                compute(x, gy, dw)
+                ran.append("launch filter")
+        return _Prepared(launch)
+
+    monkeypatch.setattr(calls, "_forward_public", forward_public)
+    monkeypatch.setattr(calls, "_backward_public", backward_public)
+    monkeypatch.setattr(calls, "_stream", lambda device: 0)
+    monkeypatch.setattr(calls, "get_handle", lambda device, stream: 0)
+    return ran
+
+
+@pytest.mark.parametrize("fn,theirs,x_shape,w_shape,kwargs,fmt", [
+    (pt.conv3d, F.conv3d, (2, 4, 5, 6, 5), (6, 2, 3, 2, 3), dict(stride=(1, 2, 1), padding=1,
+                                                                dilation=(2, 1, 1), groups=2),
+     torch.contiguous_format),
+    (pt.conv3d, F.conv3d, (2, 4, 5, 6, 5), (6, 4, 3, 3, 3), dict(padding="same"),
+     torch.channels_last_3d),
+    (pt.conv_transpose2d, F.conv_transpose2d, (2, 4, 5, 6), (4, 3, 3, 2),
+     dict(stride=(2, 3), padding=(1, 0), output_padding=(1, 2), groups=2, dilation=(1, 2)),
+     torch.contiguous_format),
+    (pt.conv_transpose2d, F.conv_transpose2d, (2, 4, 5, 6), (4, 6, 3, 3), dict(stride=2, padding=1),
+     torch.channels_last),
+    (pt.conv_transpose3d, F.conv_transpose3d, (2, 2, 3, 4, 3), (2, 2, 2, 3, 2),
+     dict(stride=2, padding=(0, 1, 0), output_padding=(1, 0, 1)), torch.contiguous_format),
+    (pt.conv1d, F.conv1d, (2, 4, 11), (6, 2, 3), dict(stride=2, padding=1, groups=2),
+     torch.contiguous_format),
+    (pt.conv_transpose1d, F.conv_transpose1d, (2, 4, 7), (4, 3, 3), dict(stride=3, output_padding=2),
+     torch.contiguous_format),
+], ids=["conv3d", "conv3d-channels_last_3d-same", "conv_transpose2d",
+        "conv_transpose2d-channels_last", "conv_transpose3d", "conv1d", "conv_transpose1d"])
+def test_remembered_launches_replay_every_rank_and_the_transposed_roles(
+        simulated, fn, theirs, x_shape, w_shape, kwargs, fmt):
+    torch.manual_seed(6)
+    transposed = "transpose" in fn.__name__
+    k = w_shape[1] * kwargs.get("groups", 1) if transposed else w_shape[0]
+    # float64 always computes contiguous (PyTorch's rule): channels_last cases in float32
+    dtype, tol = (D, 1e-12) if fmt is torch.contiguous_format else (torch.float32, 1e-5)
+    x = torch.randn(x_shape, dtype=dtype).to(memory_format=fmt).requires_grad_(True)
+    w = torch.randn(w_shape, dtype=dtype).to(memory_format=fmt).requires_grad_(True)
+    b = torch.randn(k, dtype=dtype, requires_grad=True)
+    ref = theirs(x, w, b, **kwargs)
+    gy = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, (x, w, b), gy)
+    for attempt in ("first call", "remembered"):
+        simulated.clear()
+        y = fn(x, w, b, **kwargs)
+        got = torch.autograd.grad(y, (x, w, b), gy)
+        torch.testing.assert_close(y, ref, rtol=tol, atol=tol)
+        for g, r in zip(got, want):
+            torch.testing.assert_close(g, r, rtol=tol, atol=tol)
+        if fmt is not torch.contiguous_format:  # PyTorch's memory format rule, gradients too
+            assert y.is_contiguous(memory_format=fmt) and got[0].is_contiguous(memory_format=fmt)
+        kind = "public" if attempt == "first call" else "launch"
+        if transposed:
+            assert simulated == [f"{kind} data", f"{kind} forward", f"{kind} filter"], attempt
+        else:
+            assert simulated == [f"{kind} forward", f"{kind} data", f"{kind} filter"], attempt
+    calls.clear_cache()
+    assert not calls._TRANSPOSED and not calls._FWD
+
+
+@pytest.mark.parametrize("fn,theirs,x_shape,w_shape,kwargs", [
+    (pt.conv3d, F.conv3d, (2, 4, 5, 6, 5), (6, 2, 3, 2, 3), dict(padding=1, groups=2)),
+    (pt.conv_transpose2d, F.conv_transpose2d, (2, 4, 5, 6), (4, 3, 3, 2),
+     dict(stride=(2, 3), padding=(1, 0), output_padding=(1, 2), groups=2, dilation=(1, 2))),
+    (pt.conv_transpose3d, F.conv_transpose3d, (2, 2, 3, 4, 3), (2, 2, 2, 3, 2),
+     dict(stride=2, output_padding=(1, 0, 1))),
+], ids=["conv3d", "conv_transpose2d", "conv_transpose3d"])
+def test_signatures_routed_to_pytorch_compute_the_same(simulated, monkeypatch, fn, theirs,
+                                                       x_shape, w_shape, kwargs):
+    """Routing's decision forced to PyTorch for every signature: the routed calls run
+    PyTorch's own convolutions (F.conv3d, and convolution_backward given the transposed
+    forward's stand-in for the input, which has the output's shape and one element)."""
+    monkeypatch.setattr(calls.routing, "should_measure", lambda *flags: True)
+    monkeypatch.setattr(calls.routing, "pycudnn_wins", lambda *args: False)
+    torch.manual_seed(7)
+    transposed = "transpose" in fn.__name__
+    k = w_shape[1] * kwargs.get("groups", 1) if transposed else w_shape[0]
+    x = torch.randn(x_shape, dtype=D, requires_grad=True)
+    w = torch.randn(w_shape, dtype=D, requires_grad=True)
+    b = torch.randn(k, dtype=D, requires_grad=True)
+    ref = theirs(x, w, b, **kwargs)
+    gy = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, (x, w, b), gy)
+    for step in range(3):  # the first call decides, the next ones run on PyTorch's side
+        simulated.clear()
+        y = fn(x, w, b, **kwargs)
+        got = torch.autograd.grad(y, (x, w, b), gy)
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+        for g, r in zip(got, want):
+            torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+        if step:
+            assert simulated == []  # nothing of pycudnn's ran
+    if not transposed:  # forward and both backward directions on PyTorch's: the whole layer
+        assert len(calls.torch_layers) == 1

@@ -74,9 +74,9 @@ class Conv3d(torch.nn.Conv3d):
 
 def _transposed_forward(module: Any, fn: Any, nd: int, input: Any, output_size: Any) -> Any:
     """``ConvTransposeNd.forward`` through ``fn`` (``output_size`` as PyTorch takes it)."""
-    output_padding = module.output_padding if output_size is None else module._output_padding(
-        input, output_size, module.stride, module.padding, module.kernel_size, nd,
-        module.dilation)
+    output_padding = module.output_padding if output_size is None else tuple(
+        module._output_padding(input, output_size, module.stride, module.padding,
+                               module.kernel_size, nd, module.dilation))
     return fn(input, module.weight, module.bias, module.stride, module.padding, output_padding,
               module.groups, module.dilation)
 
