@@ -230,7 +230,7 @@ def test_autocast_casts_like_pytorch(fn, theirs, x_shape, w_shape, kwargs, dtype
 def test_tracing_forward_ad_and_torch_func_run_pytorchs_convolution():
     g = torch.Generator(device=DEV).manual_seed(4)
     model = pt.convert(nn.Sequential(nn.Conv1d(4, 6, 3, padding=1),
-                                     nn.ConvTranspose1d(6, 4, 2, stride=2))).cuda()
+                                     nn.ConvTranspose1d(6, 4, 2, stride=2))).to(DEV)
     x = torch.randn(2, 4, 8, device=DEV, generator=g)
     with torch.no_grad():
         traced = torch.jit.trace(model, x)
@@ -286,8 +286,8 @@ def test_calls_routed_to_pytorch_stay_right(monkeypatch):
                 y = fn(x, w, b, **kwargs)
                 gy = torch.randn_like(y)
                 y.backward(gy)
-                ref, (rx, rw, rb) = reference(lambda x_, w_, b_: theirs(x_, w_, b_, **kwargs),
-                                              x, w, b)
+                ref, (rx, rw, rb) = reference(
+                    lambda x_, w_, b_, f=theirs, kw=kwargs: f(x_, w_, b_, **kw), x, w, b)
                 ref.backward(gy.double())
                 for got, want in ((y, ref), (x.grad, rx.grad), (w.grad, rw.grad),
                                   (b.grad, rb.grad)):
@@ -348,7 +348,7 @@ def test_bad_arguments_get_pytorchs_wording(call, message):
         "conv3d-replicate", "transpose1d", "transpose2d", "transpose3d"])
 def test_converted_modules_compute_what_the_originals_do(make, shape):
     torch.manual_seed(6)
-    original = make().cuda()
+    original = make().to(DEV)
     converted = pt.convert(copy.deepcopy(original))
     assert type(converted) is not type(original)
     x = torch.randn(shape, device=DEV, requires_grad=True)
@@ -372,7 +372,7 @@ def test_converted_modules_compute_what_the_originals_do(make, shape):
 ], ids=["1d", "2d", "3d"])
 def test_transposed_modules_take_output_size(cls, shape, size):
     torch.manual_seed(7)
-    original = cls(4, 3, 3, stride=2, padding=1).cuda()
+    original = cls(4, 3, 3, stride=2, padding=1).to(DEV)
     converted = pt.convert(copy.deepcopy(original))
     x = torch.randn(shape, device=DEV)
     with torch.backends.cudnn.flags(enabled=False):
@@ -401,7 +401,7 @@ def test_a_converted_model_of_every_kind_trains_like_pytorch():
         def forward(self, v, s):
             return self.vol(v).square().mean() + self.seq(s).square().mean()
 
-    original = Net().cuda()
+    original = Net().to(DEV)
     converted = pt.convert(copy.deepcopy(original))
     assert sum(r["converted"] for r in pt.conversion_report(converted)) == 7
     v = torch.randn(2, 2, 6, 6, 6, device=DEV)
