@@ -105,7 +105,7 @@ def test_convert_swaps_classes_in_place_and_keeps_parameters():
     assert pt.convert(model) is model
     assert type(model[0]) is pt.Conv2d and type(model[2][0]) is pt.Conv2d
     assert type(model[2][1]) is Custom  # subclasses may compute something else: untouched
-    assert type(model[3]) is nn.ConvTranspose2d
+    assert type(model[3]) is pt.ConvTranspose2d
     assert [id(p) for p in model.parameters()] == params
     assert [id(p) for p in opt.param_groups[0]["params"]] == params
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
@@ -369,10 +369,12 @@ def test_conversion_report_says_what_was_left_to_pytorch_and_why(caplog):
     assert list(rows) == ["0", "1", "2", "3", "4.0"]
     assert rows["0"]["converted"] and rows["4.0"]["converted"] and rows["0"]["reason"] == ""
     assert rows["0"]["type"] == "pycudnn.torch.modules.Conv2d"
-    assert rows["1"]["reason"] == "Conv1d: pycudnn.torch converts 2-D convolutions only"
-    assert rows["2"]["reason"] == "ConvTranspose2d: transposed convolutions stay in PyTorch"
-    assert rows["3"]["reason"].startswith("MyConv: a subclass of a torch.nn convolution")
-    assert ("pycudnn.torch.convert: 2 of 5 convolution modules run in pycudnn; 1 left to PyTorch: "
-            "Conv1d") in caplog.text
+    assert rows["1"]["type"] == "pycudnn.torch.modules.Conv1d" and rows["1"]["converted"]
+    assert rows["2"]["type"] == "pycudnn.torch.modules.ConvTranspose2d" and rows["2"]["converted"]
+    assert rows["3"]["reason"] == ("MyConv: a subclass of torch.nn.Conv2d (it may compute something "
+                                   "else; convert takes the torch.nn classes themselves)")
+    assert ("pycudnn.torch.convert: 4 of 5 convolution modules run in pycudnn (2 Conv2d, 1 Conv1d, "
+            "1 ConvTranspose2d); 1 left to PyTorch: MyConv: a subclass of torch.nn.Conv2d") \
+        in caplog.text
     with pytest.raises(TypeError, match="conversion_report: expected a torch.nn.Module, got int"):
         pt.conversion_report(3)

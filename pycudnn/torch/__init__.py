@@ -6,9 +6,15 @@
   (memory formats, float32/float16/bfloat16/float64, ``padding="same"``/``"valid"``, unbatched
   input) as a ``torch.autograd.Function`` whose forward, backward-data and backward-filter
   convolutions run in pycudnn;
+* `conv1d`, `conv3d`, `conv_transpose1d`, `conv_transpose2d` and `conv_transpose3d`:
+  ``torch.nn.functional``'s other convolutions, differentiable the same way (a transposed
+  convolution's forward is cuDNN's backward data; 1-D convolutions run as 2-D ones of unit
+  height, as PyTorch's cuDNN path runs them);
 * `Conv2d`: a drop-in ``torch.nn.Conv2d`` subclass (same constructor,
-  parameters and ``state_dict``), and `convert`, which turns every
-  ``torch.nn.Conv2d`` of a model into one;
+  parameters and ``state_dict``), and likewise `Conv1d`, `Conv3d`, `ConvTranspose1d`,
+  `ConvTranspose2d` and `ConvTranspose3d`; `convert`, which turns every ``torch.nn``
+  convolution of a model into pycudnn's in place, `revert`, which turns them back, and
+  `conversion_report`, which lists what was converted and what was left to PyTorch, and why;
 * `conv2d_bias_relu` and
   `conv2d_add_relu`: one fused cuDNN graph each
   (``relu(conv(x) + b)`` and ``relu(conv(x) + alpha * z + b)``), with their backward;
@@ -54,8 +60,10 @@ except ImportError as _exc:  # pragma: no cover - exercised in a process without
 
 from .calls import CACHE_MAX, ConvolutionTypeError, ConvolutionValueError, clear_cache
 from .functional import conv2d, conv2d_add_relu, conv2d_bias_relu
+from .functional_nd import conv1d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d
 from .fusion import fold_batchnorm, fuse_for_inference
-from .modules import Conv2d, FusedConv2d, conversion_report, convert, revert
+from .modules import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d,
+                      FusedConv2d, conversion_report, convert, revert)
 from .routing import report as routing_report
 from .routing import set_routing
 from .training import ConvBn2d, ConvBnAddReLU2d, ConvBnReLU2d, fuse_for_training
@@ -63,4 +71,6 @@ from .training import ConvBn2d, ConvBnAddReLU2d, ConvBnReLU2d, fuse_for_training
 __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_add_relu", "Conv2d", "FusedConv2d", "convert",
            "revert", "fuse_for_inference", "fold_batchnorm", "clear_cache", "CACHE_MAX",
            "ConvolutionValueError", "ConvolutionTypeError", "set_routing", "routing_report",
-           "conversion_report", "fuse_for_training", "ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d"]
+           "conversion_report", "fuse_for_training", "ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d",
+           "conv1d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "Conv1d",
+           "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]

@@ -6,6 +6,10 @@ launcher is kept under that signature in a bounded dict here. Every later call i
 from the torch tensors' attributes, one dict lookup, ``torch.empty`` for the output, the device
 pointers, one launch. Also here: PyTorch's flag readers, its argument checks (first call of a
 signature only) and the normalization of the geometry arguments.
+
+The remembered path is the same for 2-D and 3-D convolutions (4-D and 5-D tensors): the number
+of spatial dims is the length of the geometry's stride. 1-D convolutions reach it as 2-D ones of
+unit height, as PyTorch's cuDNN path runs them.
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ class ConvolutionTypeError(TypeError, RuntimeError):
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                 torch.float64: "float64"}
 _CL = torch.channels_last
+_CL3D = torch.channels_last_3d
 _CONTIG = torch.contiguous_format
+#: PyTorch's own convolution by number of spatial dims (routing and the routed calls)
+_TORCH_CONV: dict[int, Callable[..., Any]] = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 # PyTorch's flag readers: the C functions behind torch.backends.cudnn's properties (those
 # properties cost several times more per read)
@@ -157,6 +164,8 @@ _PUBLIC = "public"
 _TORCH = "torch"  # routed to PyTorch's own convolution (see routing.py); forward entry (None, _TORCH, fmt)
 _FWD: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _BWD: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+#: transposed convolutions' forward signatures that passed the checks (see `transposed_call`)
+_TRANSPOSED: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _lock = threading.Lock()
 _zero_biases: dict[tuple[Any, ...], Any] = {}
 
@@ -180,6 +189,7 @@ def clear_cache() -> None:
     with _lock:
         _FWD.clear()
         _BWD.clear()
+        _TRANSPOSED.clear()
         torch_layers.clear()
 
 
@@ -210,12 +220,19 @@ def _check_tensor(fn: str, name: str, t: Any, dims: tuple[int, ...] | None = Non
             f"{fn}: expected {name} of dtype torch.float32, torch.float16, "
             f"torch.bfloat16 or torch.float64, but got {t.dtype}")
     if dims is not None and t.dim() not in dims:
-        if fn == "conv2d" and name == "input":  # PyTorch's wording (3-D input was unsqueezed)
-            raise ConvolutionValueError(f"Expected 3D (unbatched) or 4D (batched) input to "
-                                        f"conv2d, but got input of size: {list(t.shape)}")
+        if fn in _FUNCTION_NAMES and name == "input":
+            # PyTorch's wording (unbatched input was unsqueezed before the checks)
+            raise ConvolutionValueError(f"Expected {dims[0] - 1}D (unbatched) or {dims[0]}D "
+                                        f"(batched) input to {fn}, but got input of size: "
+                                        f"{list(t.shape)}")
         want = " or ".join(f"{d}-D" for d in dims)
         raise ConvolutionValueError(f"{fn}: expected {want} {name}, but got {name} of size "
                                     f"{list(t.shape)}")
+
+
+#: PyTorch's convolution functions, whose wrong-rank input error pycudnn's checks word as theirs
+_FUNCTION_NAMES = frozenset(("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                             "conv_transpose3d"))
 
 
 def _check_same(fn: str, x: Any, name: str, t: Any) -> None:
@@ -230,13 +247,15 @@ def _check_same(fn: str, x: Any, name: str, t: Any) -> None:
 
 
 def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -> tuple[int, ...]:
-    """PyTorch's checks of a 2-D convolution; the output's shape."""
-    _check_tensor(fn, "input", x, (4,))
-    _check_tensor(fn, "weight", w, (4,))
-    _check_same(fn, x, "weight", w)
+    """PyTorch's checks of a convolution (2-D or 3-D: as many spatial dims as ``geom`` has
+    strides); the output's shape."""
     stride, padding, dilation, groups = geom
-    n, c, h, wd = x.shape
-    k, cg, r, s = w.shape
+    dims = (len(stride) + 2,)
+    _check_tensor(fn, "input", x, dims)
+    _check_tensor(fn, "weight", w, dims)
+    _check_same(fn, x, "weight", w)
+    n, c = x.shape[:2]
+    k, cg = w.shape[:2]
     if w.shape[0] % groups:
         raise ConvolutionValueError(
             f"{fn}: given groups={groups}, expected weight to be divisible by {groups} "
@@ -250,13 +269,14 @@ def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) 
         raise ConvolutionValueError(
             f"{fn}: expected weight to have positive sizes, got {list(w.shape)}")
     out = [(i + 2 * p - d * (kk - 1) - 1) // st + 1
-           for i, kk, st, p, d in zip((h, wd), (r, s), stride, padding, dilation)]
+           for i, kk, st, p, d in zip(x.shape[2:], w.shape[2:], stride, padding, dilation)]
     if min(out) < 1:
+        padded = " x ".join(str(i + 2 * p) for i, p in zip(x.shape[2:], padding))
+        kernel = " x ".join(str(d * (kk - 1) + 1) for kk, d in zip(w.shape[2:], dilation))
         raise ConvolutionValueError(
-            f"{fn}: calculated padded input size per channel: ({h + 2 * padding[0]} x "
-            f"{wd + 2 * padding[1]}). Kernel size: ({dilation[0] * (r - 1) + 1} x "
-            f"{dilation[1] * (s - 1) + 1}). Kernel size can't be greater than actual input size")
-    shape = (n, k, out[0], out[1])
+            f"{fn}: calculated padded input size per channel: ({padded}). Kernel size: "
+            f"({kernel}). Kernel size can't be greater than actual input size")
+    shape = (n, k, *out)
     if b is not None:
         _check_tensor(fn, "bias", b)
         _check_same(fn, x, "bias", b)
@@ -275,41 +295,89 @@ def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) 
     return shape
 
 
-def _pair(name: str, value: Any, minimum: int, what: str) -> tuple[int, int]:
-    """An int or a sequence of one or two ints (NumPy integers and 0-d tensors too, as PyTorch
-    takes them) as a pair of Python ints."""
+#: the checks of a convolution under their public name (the N-d functions' error paths)
+check_convolution = _check_conv
+
+
+def check_transposed(fn: str, x: Any, w: Any, b: Any, geom: tuple[Any, ...],
+                     output_padding: tuple[int, ...]) -> tuple[int, ...]:
+    """PyTorch's checks of a transposed convolution's tensors (weight ``(C_in, C_out / groups,
+    *kernel)``; the geometry is checked where it is normalized); the output's shape ``(N, C_out,
+    *o)``, ``o = (i - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding +
+    1``."""
+    stride, padding, dilation, groups = geom
+    dims = (len(stride) + 2,)
+    _check_tensor(fn, "input", x, dims)
+    _check_tensor(fn, "weight", w, dims)
+    _check_same(fn, x, "weight", w)
+    if w.shape[0] % groups:
+        raise ConvolutionValueError(
+            f"{fn}: given groups={groups}, expected weight to be divisible by {groups} "
+            f"at dimension 0, but got weight of size {list(w.shape)} instead")
+    if x.shape[1] != w.shape[0]:
+        raise ConvolutionValueError(
+            f"{fn}: given transposed=1, weight of size {list(w.shape)}, expected "
+            f"input{list(x.shape)} to have {w.shape[0]} channels, but got {x.shape[1]} "
+            f"channels instead")
+    if min(w.shape) < 1:
+        raise ConvolutionValueError(
+            f"{fn}: expected weight to have positive sizes, got {list(w.shape)}")
+    k = w.shape[1] * groups
+    out = [(i - 1) * st - 2 * p + d * (kk - 1) + op + 1 for i, kk, st, p, d, op
+           in zip(x.shape[2:], w.shape[2:], stride, padding, dilation, output_padding)]
+    if min(out) < 1:
+        raise ConvolutionValueError(
+            f"{fn}: given input size per channel: ({' x '.join(map(str, x.shape[2:]))}). "
+            f"Calculated output size per channel: ({' x '.join(map(str, out))}). Output size "
+            f"is too small")
+    if b is not None:
+        _check_tensor(fn, "bias", b)
+        _check_same(fn, x, "bias", b)
+        if tuple(b.shape) != (k,):
+            raise ConvolutionValueError(
+                f"{fn}: given transposed=1, weight of size {list(w.shape)}, expected bias to be "
+                f"1-dimensional with {k} elements, but got bias of size {list(b.shape)} instead")
+    return (x.shape[0], k, *out)
+
+
+def spatial_ints(name: str, value: Any, minimum: int, what: str, nd: int = 2,
+                 fn: str = "conv2d") -> tuple[int, ...]:
+    """An int or a sequence of one or ``nd`` ints (NumPy integers and 0-d tensors too, as
+    PyTorch takes them) as a tuple of ``nd`` Python ints; ``what`` is the error below
+    ``minimum``."""
     if isinstance(value, (tuple, list, torch.Size)):
         values = tuple(value)
         if len(values) == 1:  # nn.Conv2d(stride=(2,)) keeps (2,); F.conv2d expands it
-            values *= 2
+            values *= nd
     else:
-        values = (value, value)
+        values = (value,) * nd
     try:
         if any(isinstance(v, (bool, np.bool_)) for v in values):
             raise TypeError
         ints = tuple(operator.index(v) for v in values)
     except TypeError:
-        raise ConvolutionTypeError(f"conv2d: expected {name} to be an int or a tuple of 2 ints, "
+        raise ConvolutionTypeError(f"{fn}: expected {name} to be an int or a tuple of {nd} ints, "
                                    f"got {type(value).__name__} {value!r}") from None
-    if len(ints) != 2:
-        raise ConvolutionValueError(f"expected {name} to be a single integer value or a list of 2 "
-                                    f"values to match the convolution dimensions, but got "
+    if len(ints) != nd:
+        raise ConvolutionValueError(f"expected {name} to be a single integer value or a list of "
+                                    f"{nd} values to match the convolution dimensions, but got "
                                     f"{name}={list(values)}")
     if min(ints) < minimum:
         raise ConvolutionValueError(f"{what}, but got {name}={list(ints)}")
-    return ints[0], ints[1]
+    return ints
 
 
 _GEOM: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
 
 
-def geometry(stride: Any, padding: Any, dilation: Any, groups: Any,
-              weight: Any) -> tuple[tuple[Any, ...], Any]:
-    """``((stride, padding, dilation, groups), pre_pad)`` normalized (``pre_pad``: the extra
-    right/bottom padding ``F.pad`` adds first for ``padding="same"`` with an odd total)."""
+def geometry(stride: Any, padding: Any, dilation: Any, groups: Any, weight: Any, nd: int = 2,
+             fn: str = "conv2d") -> tuple[tuple[Any, ...], Any]:
+    """``((stride, padding, dilation, groups), pre_pad)`` normalized for ``nd`` spatial dims
+    (``pre_pad``: the extra padding after the input's end that ``F.pad`` adds first for
+    ``padding="same"`` with an odd total, or None)."""
     try:
         key: tuple[Any, ...] = (stride, padding, dilation, groups, type(stride), type(padding),
-                                type(dilation), type(groups))
+                                type(dilation), type(groups), nd, fn)
         if type(padding) is str:
             key += (tuple(weight.shape[2:]),)
         hit = _GEOM.get(key)
@@ -317,37 +385,37 @@ def geometry(stride: Any, padding: Any, dilation: Any, groups: Any,
         key, hit = (), None
     if hit is not None:
         return hit
-    st = _pair("stride", stride, 1, "non-positive stride is not supported")
-    dil = _pair("dilation", dilation, 1, "dilation should be greater than zero")
+    st = spatial_ints("stride", stride, 1, "non-positive stride is not supported", nd, fn)
+    dil = spatial_ints("dilation", dilation, 1, "dilation should be greater than zero", nd, fn)
     try:
         if isinstance(groups, (bool, np.bool_)):
             raise TypeError
         groups = operator.index(groups)
     except TypeError:
         raise ConvolutionTypeError(
-            f"conv2d: expected groups to be an int, got {groups!r}") from None
+            f"{fn}: expected groups to be an int, got {groups!r}") from None
     if groups < 1:
         raise ConvolutionValueError(
             f"non-positive groups is not supported, but got groups={groups}")
     pre_pad = None
     if isinstance(padding, str):
         if padding == "valid":
-            pad = (0, 0)
+            pad = (0,) * nd
         elif padding == "same":
-            if st != (1, 1):
+            if any(s != 1 for s in st):
                 raise ConvolutionValueError(
                     "padding='same' is not supported for strided convolutions")
             total = [d * (k - 1) for d, k in zip(dil, weight.shape[2:])]
-            pad = (total[0] // 2, total[1] // 2)
+            pad = tuple(t // 2 for t in total)
             extra = [t - 2 * (t // 2) for t in total]
-            if any(extra):
-                pre_pad = (0, extra[1], 0, extra[0])  # F.pad: last dim first, (left, right)
+            if any(extra):  # F.pad: last dim first, (before, after) each
+                pre_pad = tuple(v for e in reversed(extra) for v in (0, e))
         else:
             raise ConvolutionValueError(
                 f"Invalid padding string {padding!r}, should be one of "
                 f"['valid', 'same']")
     else:
-        pad = _pair("padding", padding, 0, "negative padding is not supported")
+        pad = spatial_ints("padding", padding, 0, "negative padding is not supported", nd, fn)
     result = ((st, pad, dil, groups), pre_pad)
     if key:
         with _lock:
@@ -358,22 +426,22 @@ def geometry(stride: Any, padding: Any, dilation: Any, groups: Any,
 
 
 def _memory_format(x: Any, w: Any) -> Any:
-    """PyTorch's ``cudnn_conv_suggest_memory_format``: channels_last when the input's or the
-    weight's strides look channels-last, except for float64."""
+    """PyTorch's ``cudnn_conv_suggest_memory_format``: channels_last (channels_last_3d for 5-D
+    tensors) when the input's or the weight's strides look channels-last, except for float64."""
     if x.dtype is torch.float64:
         return _CONTIG
     if (strides_like_channels_last(tuple(x.shape), x.stride())
             or strides_like_channels_last(tuple(w.shape), w.stride())):
-        return _CL
+        return _CL3D if x.dim() == 5 else _CL
     return _CONTIG
 
 
 def _signature(x: Any, w: Any, geom: tuple[Any, ...]) -> str:
     """A readable name of a convolution for reports: shapes, dtype, memory format, geometry."""
-    fmt = "channels_last" if _memory_format(x, w) is _CL else "contiguous"
-    (sh, sw), (ph, pw), (dh, dw), g = geom
-    return (f"x{list(x.shape)} w{list(w.shape)} {_DTYPE_NAMES[x.dtype]} {fmt} stride=({sh}, {sw}) "
-            f"padding=({ph}, {pw}) dilation=({dh}, {dw}) groups={g}")
+    fmt = "contiguous" if _memory_format(x, w) is _CONTIG else "channels_last"
+    st, pad, dil, g = geom
+    return (f"x{list(x.shape)} w{list(w.shape)} {_DTYPE_NAMES[x.dtype]} {fmt} stride={st} "
+            f"padding={pad} dilation={dil} groups={g}")
 
 
 #: forward keys of layers whose forward and backward were both measured faster through PyTorch:
@@ -426,7 +494,7 @@ def run_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
     try:
         key = forward_key(op, x, w, b, z, alpha, geom)
     except AttributeError:  # not a tensor: the checks name it
-        _check_conv(_OP_NAMES[op], x, w, b, z, geom)
+        _check_conv(_op_name(op, geom), x, w, b, z, geom)
         raise
     e = _FWD.get(key)
     if e is None:
@@ -434,7 +502,7 @@ def run_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
     launch = e[0]
     if launch is None:
         if e[1] is _TORCH:
-            return F.conv2d(x, w, b, *geom), x, w, e[2], key
+            return _TORCH_CONV[len(geom[0])](x, w, b, *geom), x, w, e[2], key
         return _forward_other(e[1], key, op, x, w, b, z, alpha, geom)
     dev = e[3].index
     y = torch.empty(e[1], dtype=x.dtype, device=e[3], memory_format=e[2])
@@ -469,7 +537,7 @@ def _forward_other(kind: str, key: tuple[Any, ...], op: str, x: Any, w: Any, b: 
         return run_forward(op, x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt),
                         None if b is None else b.contiguous(),
                         None if z is None else z.contiguous(memory_format=fmt), alpha, geom)
-    shape = _check_conv(_OP_NAMES[op], x, w, b, z, geom)
+    shape = _check_conv(_op_name(op, geom), x, w, b, z, geom)
     fmt = _memory_format(x, w)
     y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
     _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
@@ -479,9 +547,15 @@ def _forward_other(kind: str, key: tuple[Any, ...], op: str, x: Any, w: Any, b: 
 _OP_NAMES = {"conv": "conv2d", "bias_relu": "conv2d_bias_relu", "add_relu": "conv2d_add_relu"}
 
 
+def _op_name(op: str, geom: tuple[Any, ...]) -> str:
+    """The PyTorch function a forward op stands for, for its errors ("conv3d" for 3-D)."""
+    nd = len(geom[0])
+    return _OP_NAMES[op] if nd == 2 else f"conv{nd}d"
+
+
 def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
                    geom: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any]:
-    fn = _OP_NAMES[op]
+    fn = _op_name(op, geom)
     shape = _check_conv(fn, x, w, b, z, geom)
     _note_devices()
     fmt = _memory_format(x, w)
@@ -508,7 +582,7 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
             if not routing.pycudnn_wins(
                     _signature(x, w, geom), "forward",
                     lambda: run_forward(op, x, w, b, z, alpha, geom),
-                    lambda: F.conv2d(x, w, b, *geom), dev, _stream(dev)):
+                    lambda: _TORCH_CONV[len(geom[0])](x, w, b, *geom), dev, _stream(dev)):
                 _remember(_FWD, key, (None, _TORCH, fmt))
     else:
         _remember(_FWD, key, (None, _PUBLIC))
@@ -540,7 +614,9 @@ def _forward_public(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float, geom:
 
 def run_backward_data(gy: Any, w: Any, x: Any, fmt: Any, geom: tuple[Any, ...]) -> tuple[Any, bool]:
     """``(grad_x, through_torch)``: the input's gradient for ``gy`` (``x``, the dense input the
-    forward read, gives its shape), and whether PyTorch's convolution computed it (routing)."""
+    forward read, gives its shape: only its shape is read, so a transposed convolution's forward
+    passes `transposed_call`'s stand-in), and whether PyTorch's convolution computed it
+    (routing)."""
     dev = gy.get_device()
     key = ("data", gy.shape, gy.stride(), w.shape, w.stride(), gy.dtype, dev, x.shape, fmt, geom,
            _flags_key())
@@ -617,12 +693,13 @@ def _torch_backward(direction: str, a: Any, b: Any, other: Any, geom: tuple[Any,
     """One direction through PyTorch's ``convolution_backward`` (``a, b, other`` as in
     `_backward_first`)."""
     stride, padding, dilation, groups = geom
+    zeros = [0] * len(stride)  # output_padding (a convolution's, not a transposed one's)
     if direction == "data":  # a, b = gy, w; other = x
         return convolution_backward(a, other, b, None, list(stride), list(padding), list(dilation),
-                                    False, [0, 0], groups, [True, False, False])[0]
+                                    False, zeros, groups, [True, False, False])[0]
     # a, b = x, gy; other = w
     return convolution_backward(b, a, other, None, list(stride), list(padding), list(dilation),
-                                False, [0, 0], groups, [False, True, False])[1]
+                                False, zeros, groups, [False, True, False])[1]
 
 
 def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other: Any, fmt: Any,
@@ -680,3 +757,33 @@ def dense_grad(gy: Any, fmt: Any) -> Any:
     # autograd may hand over an expanded (stride-0) or otherwise strided gradient
     return gy if gy.is_contiguous(memory_format=fmt) else gy.contiguous(memory_format=fmt)
 
+
+# ---- transposed convolutions: the forward is a backward data ------------------------------------
+
+def transposed_call(fn: str, x: Any, w: Any, b: Any, geom: tuple[Any, ...],
+                    output_padding: tuple[int, ...]) -> tuple[Any, ...]:
+    """What the forward of a transposed convolution needs beyond its tensors, checked on the
+    first call of a signature: ``(shape_of, fmt, x_dense, w_dense, bias_shape)``.
+
+    ``shape_of`` stands for the convolution's input in `run_backward_data`: a tensor of the
+    output's shape, dtype and device that holds one element (a stride-0 expansion: only its
+    shape is read, and PyTorch's ``convolution_backward``, where routing sends the call, reads
+    no more of an input whose gradient alone is asked for); ``fmt`` the memory format PyTorch
+    computes in (``cudnn_conv_suggest_memory_format`` of the input and the weight); whether
+    the input and the weight are dense in it already; the shape the bias is viewed as."""
+    try:
+        key = (x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.get_device(),
+               w.get_device(), None if b is None else (b.shape, b.dtype, b.get_device()), geom,
+               output_padding)
+    except AttributeError:  # not a tensor: the checks name it
+        check_transposed(fn, x, w, b, geom, output_padding)
+        raise
+    e = _TRANSPOSED.get(key)
+    if e is None:
+        shape = check_transposed(fn, x, w, b, geom, output_padding)
+        fmt = _memory_format(x, w)
+        shape_of = torch.empty((), dtype=x.dtype, device=x.device).expand(shape)
+        e = (shape_of, fmt, x.is_contiguous(memory_format=fmt), w.is_contiguous(memory_format=fmt),
+             (-1,) + (1,) * len(geom[0]))
+        _remember(_TRANSPOSED, key, e)
+    return e

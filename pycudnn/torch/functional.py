@@ -194,3 +194,10 @@ def conv2d_add_relu(input: Any, weight: Any, z: Any, bias: Any = None, alpha: fl
         return _fused_apply(input, weight, bias, z, alpha, geom)
     return run_forward("add_relu", input, weight, bias, z, alpha, geom)[0]
 
+
+
+# ---- for the other ranks' functions (functional_nd) -------------------------------------------------
+#: `_autocast`, `_needs_grad` and `_c_apply` under public names
+autocast_tensors = _autocast
+needs_grad = _needs_grad
+fast_apply = _c_apply

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .modules import Conv2d, FusedConv2d
+from .modules import CONVERSIONS, Conv2d, FusedConv2d
 
 
 # ---- inference fusion -----------------------------------------------------------------------------
@@ -86,7 +86,8 @@ def _fuse(module: Any) -> Any | None:
         ``Conv2d._conv_forward`` would stop at its device test."""
 
         def is_leaf_module(self, m: Any, qualname: str) -> bool:
-            return isinstance(m, (Conv2d, FusedConv2d)) or super().is_leaf_module(m, qualname)
+            return (isinstance(m, (FusedConv2d, *CONVERSIONS.values()))
+                    or super().is_leaf_module(m, qualname))
 
     try:
         gm = torch.fx.GraphModule(module, Tracer().trace(module), type(module).__name__)
