@@ -197,7 +197,6 @@ def conv2d_add_relu(input: Any, weight: Any, z: Any, bias: Any = None, alpha: fl
 
 
 # ---- for the other ranks' functions (functional_nd) -------------------------------------------------
-#: `_autocast`, `_needs_grad` and `_c_apply` under public names
+#: `_autocast` and `_needs_grad` under public names
 autocast_tensors = _autocast
 needs_grad = _needs_grad
-fast_apply = _c_apply

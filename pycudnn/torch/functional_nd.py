@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 
 from .calls import (CACHE_MAX, ConvolutionTypeError, ConvolutionValueError, autocast_enabled,
-                    check_convolution, check_transposed, convolution_backward, dense_grad,
+                    c_apply, check_convolution, check_transposed, convolution_backward, dense_grad,
                     forward_key, geometry, grad_enabled, pytorch_only, route_layer_to_torch,
                     run_backward_data, run_backward_filter, run_forward, spatial_ints, torch_layers,
                     transposed_call)
-from .functional import autocast_tensors, conv2d, fast_apply, needs_grad
+from .functional import autocast_tensors, conv2d, needs_grad
 
 _CHECKED = (ConvolutionValueError, ConvolutionTypeError, AttributeError)
 
@@ -119,8 +119,8 @@ class _ConvTransposeFunction(torch.autograd.Function):
         return gx, gw, gb, None, None, None
 
 
-_convnd_apply = fast_apply(_ConvNdFunction)
-_transposed_apply = fast_apply(_ConvTransposeFunction)
+_convnd_apply = c_apply(_ConvNdFunction)
+_transposed_apply = c_apply(_ConvTransposeFunction)
 
 
 # ---- geometry -------------------------------------------------------------------------------------
