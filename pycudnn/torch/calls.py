@@ -219,7 +219,7 @@ def _check_same(fn: str, x: Any, name: str, t: Any) -> None:
             f"{x.device} and {name} on {t.device}")
 
 
-def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -> tuple[int, ...]:
+def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -> tuple[int, ...]:
     """PyTorch's checks of a 2-D convolution; the output's shape."""
     _check_tensor(fn, "input", x, (4,))
     _check_tensor(fn, "weight", w, (4,))
@@ -307,6 +307,20 @@ def geometry(stride: Any, padding: Any, dilation: Any, groups: Any,
         key, hit = (), None
     if hit is not None:
         return hit
+    result = normalize_geometry(stride, padding, dilation, groups, weight.shape[2:])
+    if key:
+        with _lock:
+            if len(_GEOM) > CACHE_MAX:
+                _GEOM.clear()
+            _GEOM[key] = result
+    return result
+
+
+def normalize_geometry(stride: Any, padding: Any, dilation: Any, groups: Any,
+                       kernel_size: Any) -> tuple[tuple[Any, ...], Any]:
+    """`geometry` without its cache, for a kernel of ``kernel_size`` ``(R, S)``: what code that
+    ``torch.compile`` traces calls (dynamo would guard on the contents of a global cache, and
+    every new entry would recompile)."""
     st = _pair("stride", stride, 1, "non-positive stride is not supported")
     dil = _pair("dilation", dilation, 1, "dilation should be greater than zero")
     try:
@@ -327,7 +341,7 @@ def geometry(stride: Any, padding: Any, dilation: Any, groups: Any,
             if st != (1, 1):
                 raise ConvolutionValueError(
                     "padding='same' is not supported for strided convolutions")
-            total = [d * (k - 1) for d, k in zip(dil, weight.shape[2:])]
+            total = [d * (k - 1) for d, k in zip(dil, kernel_size)]
             pad = (total[0] // 2, total[1] // 2)
             extra = [t - 2 * (t // 2) for t in total]
             if any(extra):
@@ -338,16 +352,10 @@ def geometry(stride: Any, padding: Any, dilation: Any, groups: Any,
                 f"['valid', 'same']")
     else:
         pad = _pair("padding", padding, 0, "negative padding is not supported")
-    result = ((st, pad, dil, groups), pre_pad)
-    if key:
-        with _lock:
-            if len(_GEOM) > CACHE_MAX:
-                _GEOM.clear()
-            _GEOM[key] = result
-    return result
+    return (st, pad, dil, groups), pre_pad
 
 
-def _memory_format(x: Any, w: Any) -> Any:
+def memory_format(x: Any, w: Any) -> Any:
     """PyTorch's ``cudnn_conv_suggest_memory_format``: channels_last when the input's or the
     weight's strides look channels-last, except for float64."""
     if x.dtype is torch.float64:
@@ -360,7 +368,7 @@ def _memory_format(x: Any, w: Any) -> Any:
 
 def _signature(x: Any, w: Any, geom: tuple[Any, ...]) -> str:
     """A readable name of a convolution for reports: shapes, dtype, memory format, geometry."""
-    fmt = "channels_last" if _memory_format(x, w) is _CL else "contiguous"
+    fmt = "channels_last" if memory_format(x, w) is _CL else "contiguous"
     (sh, sw), (ph, pw), (dh, dw), g = geom
     return (f"x{list(x.shape)} w{list(w.shape)} {_DTYPE_NAMES[x.dtype]} {fmt} stride=({sh}, {sw}) "
             f"padding=({ph}, {pw}) dilation=({dh}, {dw}) groups={g}")
@@ -416,7 +424,7 @@ def run_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
     try:
         key = forward_key(op, x, w, b, z, alpha, geom)
     except AttributeError:  # not a tensor: the checks name it
-        _check_conv(_OP_NAMES[op], x, w, b, z, geom)
+        check_conv(_OP_NAMES[op], x, w, b, z, geom)
         raise
     e = _FWD.get(key)
     if e is None:
@@ -455,12 +463,12 @@ def run_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
 def _forward_other(kind: str, key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any,
                    alpha: float, geom: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any]:
     if kind == _DENSE:
-        fmt = _memory_format(x, w)
+        fmt = memory_format(x, w)
         return run_forward(op, x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt),
                         None if b is None else b.contiguous(),
                         None if z is None else z.contiguous(memory_format=fmt), alpha, geom)
-    shape = _check_conv(_OP_NAMES[op], x, w, b, z, geom)
-    fmt = _memory_format(x, w)
+    shape = check_conv(_OP_NAMES[op], x, w, b, z, geom)
+    fmt = memory_format(x, w)
     y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
     _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
     return y, x, w, fmt, None
@@ -472,9 +480,9 @@ _OP_NAMES = {"conv": "conv2d", "bias_relu": "conv2d_bias_relu", "add_relu": "con
 def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
                    geom: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any]:
     fn = _OP_NAMES[op]
-    shape = _check_conv(fn, x, w, b, z, geom)
+    shape = check_conv(fn, x, w, b, z, geom)
     _note_devices()
-    fmt = _memory_format(x, w)
+    fmt = memory_format(x, w)
     if (not x.is_contiguous(memory_format=fmt) or not w.is_contiguous(memory_format=fmt)
             or (b is not None and not b.is_contiguous())
             or (z is not None and not z.is_contiguous(memory_format=fmt))):
