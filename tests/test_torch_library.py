@@ -411,3 +411,17 @@ def test_without_custom_ops_nothing_is_registered_and_the_functions_stay_eager()
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_double_backward_through_a_compiled_graph_is_pytorchs_clear_error(cpu_ops):
+    """AOTAutograd has no double backward: the first derivative (create_graph=True) comes, the
+    second raises PyTorch's own error (eager calls are twice differentiable, see
+    test_gradients_and_second_derivatives_match_finite_differences)."""
+    model = Block()
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(1, 4, 6, 6, dtype=torch.float64, requires_grad=True)
+    g, = torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
+    ref, = torch.autograd.grad(model.reference(x).sum(), x)
+    torch.testing.assert_close(g, ref, rtol=1e-12, atol=1e-12)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(g.sum(), x)
