@@ -15,6 +15,10 @@
 * `fuse_for_inference`: BatchNorm folded into the
   convolutions before it and Conv-BN-ReLU / Conv-BN-add-ReLU turned into those fused calls.
 
+Under ``torch.compile`` and ``torch.export`` the functions are custom operators
+(``torch.ops.pycudnn.*``, registered by `pycudnn.torch.library` on PyTorch 2.4 and later): dynamo
+traces converted and fused models without graph breaks, and eager calls do not go through them.
+
 How a call stays cheap: every output is a torch tensor from PyTorch's caching allocator
 (``torch.empty``), and the work runs on PyTorch's current stream. The first call with a new
 signature (shapes, strides, dtype, device, geometry, flags) runs pycudnn's public function, which

@@ -50,7 +50,8 @@ before: ``torch.compile`` breaks the graph at each convolution, ``torch.export``
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +79,8 @@ dynamo_compiling: Callable[[], bool] = (torch.compiler.is_dynamo_compiling if AV
 #: ``compiler._is_compiling_flag``: True while ``torch.export`` traces (non-strict export runs
 #: the model's Python on fake tensors, without dynamo), and in PyTorch 2.13 during a
 #: ``torch.compile`` session too
-compiler: Any = torch.compiler if AVAILABLE else types.SimpleNamespace(_is_compiling_flag=False)
+compiler: Any = (torch.compiler if AVAILABLE and hasattr(torch.compiler, "_is_compiling_flag")
+                 else types.SimpleNamespace(_is_compiling_flag=False))
 
 _GEOMETRY = "int[2] stride, int[2] padding, int[2] dilation, int groups"
 #: the schemas, by operator name (``torch.ops.pycudnn.<name>``)
