@@ -27,15 +27,16 @@ CUDA graphs (``mode="reduce-overhead"``): the CUDA implementations are capture-s
 signature has run (a remembered launch is a kernel launch on PyTorch's current stream, with a
 stream-ordered workspace during capture). PyTorch's CUDA-graph trees run every new graph once
 before recording it, so a signature's first call (pycudnn's search and preparation) happens
-outside the capture. A first call that does come under someone's capture makes pycudnn's
-heuristic choice; with ``benchmark`` on it raises ``pycudnn.StreamCaptureError`` (a measured
-search cannot be captured), telling to run the shapes once first.
+outside the capture. A first call that does come under someone's own capture: with
+``benchmark`` on it raises ``pycudnn.StreamCaptureError`` (a measured search cannot be
+captured), which says to run the shapes once first; without, the heuristic choice is made and
+launched inside the capture (not tested: warm up first, as PyTorch's CUDA-graph recipe does).
 
 Higher-order gradients: a backward pass recorded with ``create_graph=True`` runs PyTorch's
 ``convolution_backward`` (differentiable), as eager calls do. ``torch.compile`` itself refuses
 double backward through a compiled graph (PyTorch's own error).
 
-Adding an operator: define its CUDA implementation, its fake implementation (the outputs'
+Adding an operator: give its schema in `OPS`; define its CUDA implementation, its fake implementation (the outputs'
 shapes and strides exactly as the CUDA one returns them) and, when it is differentiable, its
 ``setup_context`` and ``backward``; register them with `define`; give the public function the
 ``dynamo_compiling() or compiler._is_compiling_flag`` branch to a traceable wrapper like
