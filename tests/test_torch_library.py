@@ -8,6 +8,8 @@ CUDA kernels are tests/test_torch_compile_gpu.py's."""
 
 from __future__ import annotations
 
+import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -407,8 +409,10 @@ def test_without_custom_ops_nothing_is_registered_and_the_functions_stay_eager()
             assert "CUDA device" in str(exc)
         print("ok")
         """)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=300, env=env, cwd=root, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
 
