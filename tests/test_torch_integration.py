@@ -343,7 +343,7 @@ def test_channels_last_rule_is_pytorchs():
         pytest.skip("this PyTorch has no Python suggest_memory_format to compare with")
     for t in cases:
         expected = prims.suggest_memory_format(t) == torch.channels_last
-        assert (calls._memory_format(t, t) is torch.channels_last) == expected, (t.shape, t.stride())
+        assert (calls.memory_format(t, t) is torch.channels_last) == expected, (t.shape, t.stride())
 
 
 @needs_torch

@@ -24,6 +24,10 @@
   (`ConvBn2d`, `ConvBnReLU2d`, `ConvBnAddReLU2d`), with cuDNN's fused batch-norm + ReLU (+ add)
   training kernels forward and backward.
 
+Under ``torch.compile`` and ``torch.export`` the functions are custom operators
+(``torch.ops.pycudnn.*``, registered by `pycudnn.torch.library` on PyTorch 2.4 and later): dynamo
+traces converted and fused models without graph breaks, and eager calls do not go through them.
+
 How a call stays cheap: every output is a torch tensor from PyTorch's caching allocator
 (``torch.empty``), and the work runs on PyTorch's current stream. The first call with a new
 signature (shapes, strides, dtype, device, geometry, flags) runs pycudnn's public function, which

@@ -246,7 +246,7 @@ def _check_same(fn: str, x: Any, name: str, t: Any) -> None:
             f"{x.device} and {name} on {t.device}")
 
 
-def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -> tuple[int, ...]:
+def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -> tuple[int, ...]:
     """PyTorch's checks of a convolution (2-D or 3-D: as many spatial dims as ``geom`` has
     strides); the output's shape."""
     stride, padding, dilation, groups = geom
@@ -296,7 +296,7 @@ def _check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) 
 
 
 #: the checks of a convolution under their public name (the N-d functions' error paths)
-check_convolution = _check_conv
+check_convolution = check_conv
 
 
 def check_transposed(fn: str, x: Any, w: Any, b: Any, geom: tuple[Any, ...],
@@ -385,6 +385,21 @@ def geometry(stride: Any, padding: Any, dilation: Any, groups: Any, weight: Any,
         key, hit = (), None
     if hit is not None:
         return hit
+    result = normalize_geometry(stride, padding, dilation, groups,
+                                None if weight is None else weight.shape[2:], nd, fn)
+    if key:
+        with _lock:
+            if len(_GEOM) > CACHE_MAX:
+                _GEOM.clear()
+            _GEOM[key] = result
+    return result
+
+
+def normalize_geometry(stride: Any, padding: Any, dilation: Any, groups: Any, kernel_size: Any,
+                       nd: int = 2, fn: str = "conv2d") -> tuple[tuple[Any, ...], Any]:
+    """`geometry` without its cache, for a kernel of ``kernel_size``: what code that
+    ``torch.compile`` traces calls (dynamo would guard on the contents of a global cache, and
+    every new entry would recompile)."""
     st = spatial_ints("stride", stride, 1, "non-positive stride is not supported", nd, fn)
     dil = spatial_ints("dilation", dilation, 1, "dilation should be greater than zero", nd, fn)
     try:
@@ -405,7 +420,7 @@ def geometry(stride: Any, padding: Any, dilation: Any, groups: Any, weight: Any,
             if any(s != 1 for s in st):
                 raise ConvolutionValueError(
                     "padding='same' is not supported for strided convolutions")
-            total = [d * (k - 1) for d, k in zip(dil, weight.shape[2:])]
+            total = [d * (k - 1) for d, k in zip(dil, kernel_size)]
             pad = tuple(t // 2 for t in total)
             extra = [t - 2 * (t // 2) for t in total]
             if any(extra):  # F.pad: last dim first, (before, after) each
@@ -416,16 +431,10 @@ def geometry(stride: Any, padding: Any, dilation: Any, groups: Any, weight: Any,
                 f"['valid', 'same']")
     else:
         pad = spatial_ints("padding", padding, 0, "negative padding is not supported", nd, fn)
-    result = ((st, pad, dil, groups), pre_pad)
-    if key:
-        with _lock:
-            if len(_GEOM) > CACHE_MAX:
-                _GEOM.clear()
-            _GEOM[key] = result
-    return result
+    return (st, pad, dil, groups), pre_pad
 
 
-def _memory_format(x: Any, w: Any) -> Any:
+def memory_format(x: Any, w: Any) -> Any:
     """PyTorch's ``cudnn_conv_suggest_memory_format``: channels_last (channels_last_3d for 5-D
     tensors) when the input's or the weight's strides look channels-last, except for float64."""
     if x.dtype is torch.float64:
@@ -438,7 +447,7 @@ def _memory_format(x: Any, w: Any) -> Any:
 
 def _signature(x: Any, w: Any, geom: tuple[Any, ...]) -> str:
     """A readable name of a convolution for reports: shapes, dtype, memory format, geometry."""
-    fmt = "contiguous" if _memory_format(x, w) is _CONTIG else "channels_last"
+    fmt = "contiguous" if memory_format(x, w) is _CONTIG else "channels_last"
     st, pad, dil, g = geom
     return (f"x{list(x.shape)} w{list(w.shape)} {_DTYPE_NAMES[x.dtype]} {fmt} stride={st} "
             f"padding={pad} dilation={dil} groups={g}")
@@ -494,7 +503,7 @@ def run_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
     try:
         key = forward_key(op, x, w, b, z, alpha, geom)
     except AttributeError:  # not a tensor: the checks name it
-        _check_conv(_op_name(op, geom), x, w, b, z, geom)
+        check_conv(_op_name(op, geom), x, w, b, z, geom)
         raise
     e = _FWD.get(key)
     if e is None:
@@ -533,12 +542,12 @@ def run_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
 def _forward_other(kind: str, key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any,
                    alpha: float, geom: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any]:
     if kind == _DENSE:
-        fmt = _memory_format(x, w)
+        fmt = memory_format(x, w)
         return run_forward(op, x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt),
                         None if b is None else b.contiguous(),
                         None if z is None else z.contiguous(memory_format=fmt), alpha, geom)
-    shape = _check_conv(_op_name(op, geom), x, w, b, z, geom)
-    fmt = _memory_format(x, w)
+    shape = check_conv(_op_name(op, geom), x, w, b, z, geom)
+    fmt = memory_format(x, w)
     y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
     _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
     return y, x, w, fmt, None
@@ -556,9 +565,9 @@ def _op_name(op: str, geom: tuple[Any, ...]) -> str:
 def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
                    geom: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any]:
     fn = _op_name(op, geom)
-    shape = _check_conv(fn, x, w, b, z, geom)
+    shape = check_conv(fn, x, w, b, z, geom)
     _note_devices()
-    fmt = _memory_format(x, w)
+    fmt = memory_format(x, w)
     if (not x.is_contiguous(memory_format=fmt) or not w.is_contiguous(memory_format=fmt)
             or (b is not None and not b.is_contiguous())
             or (z is not None and not z.is_contiguous(memory_format=fmt))):
@@ -781,7 +790,7 @@ def transposed_call(fn: str, x: Any, w: Any, b: Any, geom: tuple[Any, ...],
     e = _TRANSPOSED.get(key)
     if e is None:
         shape = check_transposed(fn, x, w, b, geom, output_padding)
-        fmt = _memory_format(x, w)
+        fmt = memory_format(x, w)
         shape_of = torch.empty((), dtype=x.dtype, device=x.device).expand(shape)
         e = (shape_of, fmt, x.is_contiguous(memory_format=fmt), w.is_contiguous(memory_format=fmt),
              (-1,) + (1,) * len(geom[0]))

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from .calls import (autocast_dtype, autocast_enabled, c_apply, convolution_backward, dense_grad,
                     forward_key, geometry, grad_enabled, pytorch_only, route_layer_to_torch,
                     run_backward, run_forward, threshold_backward, torch_layers)
+from .library import (compiler, dynamo_compiling, traced_conv2d, traced_conv2d_add_relu,
+                      traced_conv2d_bias_relu)
 
 
 # ---- autograd -------------------------------------------------------------------------------------
@@ -137,6 +139,9 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
         ConvolutionValueError: shapes, groups or geometry that do not fit (PyTorch's wording;
             a ``ValueError`` and a ``RuntimeError``).
     """
+    # dynamo or torch.export traces: the custom operator (library.py); an eager call pays ~25 ns
+    if dynamo_compiling() or compiler._is_compiling_flag:
+        return traced_conv2d(input, weight, bias, stride, padding, dilation, groups)
     if pytorch_only():
         return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
     if autocast_enabled():
@@ -160,6 +165,8 @@ def conv2d_bias_relu(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
     Arguments as `conv2d` (4-D input; ``bias=None`` adds nothing).
     Backward masks the gradient with ``y > 0`` and runs the convolution's backward.
     """
+    if dynamo_compiling() or compiler._is_compiling_flag:  # tracing: as in conv2d
+        return traced_conv2d_bias_relu(input, weight, bias, stride, padding, dilation, groups)
     if pytorch_only():
         return torch.relu(F.conv2d(input, weight, bias, stride, padding, dilation, groups))
     if autocast_enabled():
@@ -181,6 +188,9 @@ def conv2d_add_relu(input: Any, weight: Any, z: Any, bias: Any = None, alpha: fl
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"conv2d_add_relu: expected alpha to be a real number, got {alpha!r}")
+    if dynamo_compiling() or compiler._is_compiling_flag:  # tracing: as in conv2d
+        return traced_conv2d_add_relu(input, weight, z, bias, alpha, stride, padding, dilation,
+                                      groups)
     if pytorch_only():
         y = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
         return torch.relu(y + z if alpha == 1.0 else y + alpha * z)

@@ -272,6 +272,9 @@ class FusedConv2d(torch.nn.Module):
                                                                   requires_grad=False)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.relu, self.residual = relu, residual
+        # normalized once: out_shape runs on every residual call, and torch.compile would guard on
+        # the contents of geometry()'s cache
+        self._geometry = geometry(stride, padding, dilation, groups, self.weight)
 
     def extra_repr(self) -> str:
         k, c, r, s = self.weight.shape
@@ -296,8 +299,7 @@ class FusedConv2d(torch.nn.Module):
         return torch.relu(y) if self.relu else y
 
     def out_shape(self, x: Any) -> tuple[int, ...]:
-        geom, pre_pad = geometry(self.stride, self.padding, self.dilation, self.groups,
-                                  self.weight)
+        geom, pre_pad = self._geometry
         st, pad, dil, _ = geom
         k, _, r, s = self.weight.shape
         extra = (pre_pad[3], pre_pad[1]) if pre_pad is not None else (0, 0)
