@@ -234,3 +234,20 @@ def test_nchw_and_odd_channels_run_the_original_modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.float()
         assert rel(y, ref(x)) < 2e-2
+
+
+def test_in_place_activation_after_a_conv_bn_block():
+    """ConvBn2d's output changed in place (MobileNet's Hardswish(inplace=True)) before backward,
+    as PyTorch's batch norm allows: the gradients are still those of the original modules."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+                          nn.Hardswish(inplace=True)).to(DEV)
+    x = torch.randn(4, 8, 6, 6, device=DEV).to(memory_format=CL)
+    ref = copy.deepcopy(model).double()
+    fused = pt.fuse_for_training(copy.deepcopy(model).to(torch.bfloat16, memory_format=CL))
+    assert any(isinstance(m, pt.ConvBn2d) for m in fused.modules())
+    y = fused(x.to(torch.bfloat16))
+    y.float().sum().backward()
+    with torch.backends.cudnn.flags(enabled=False):
+        ref(x.double()).sum().backward()
+    assert rel(fused.get_submodule("0").weight.grad, ref[0].weight.grad) < 5e-2

@@ -205,7 +205,10 @@ class _ConvBnFunction(torch.autograd.Function):
                 raise _Unfusable from None
         if nbt is not None:
             nbt.add_(1)
-        ctx.save_for_backward(xd, wd, c, y, gamma, beta, stats, reserve, x, w, cb, z)
+        # y only where the backward kernel reads it (the ReLU's mask): a plain batch norm's
+        # output may be changed in place afterwards (an in-place activation), as PyTorch allows
+        ctx.save_for_backward(xd, wd, c, y if ops != _OPS_BN else None, gamma, beta, stats,
+                              reserve, x, w, cb, z)
         ctx.e, ctx.fmt, ctx.block = e, fmt, block
         return y
 
@@ -227,7 +230,7 @@ class _ConvBnFunction(torch.autograd.Function):
         d = dev.index
         st = e.backward(
             get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
-            c.data_ptr(), e.xd, y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
+            c.data_ptr(), e.xd, None if y is None else y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
             None if dz is None else dz.data_ptr(), e.xd, dc.data_ptr(), e.pd, gamma.data_ptr(),
             beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), block.bn.eps, stats.data_ptr(),
             stats.data_ptr() + 4 * e.channels, e.act, ws, e.bwd_ws,
