@@ -181,11 +181,13 @@ class _ConvBnFunction(torch.autograd.Function):
         stats = torch.empty(2 * e.channels, dtype=torch.float32, device=dev)  # mean, 1/std
         reserve = _empty(e.reserve, dev)
         ws = _scratch(e.fwd_ws, dev)
-        rm, rv, nbt = bn.running_mean, bn.running_var, bn.num_batches_tracked
+        rm: Any = bn.running_mean
+        rv: Any = bn.running_var
+        nbt: Any = bn.num_batches_tracked
         factor = 0.0
         if bn.track_running_stats and rm is not None:
             # nn.BatchNorm2d's rule; momentum=None is the cumulative average (reads the count)
-            factor = bn.momentum if bn.momentum is not None else 1.0 / (float(nbt) + 1.0)  # type: ignore[arg-type]
+            factor = bn.momentum if bn.momentum is not None else 1.0 / (float(nbt) + 1.0)
         else:
             rm = rv = nbt = None
         d = dev.index
@@ -436,7 +438,7 @@ def _rewrite(gm: Any) -> int:
         if len(users) != 1 or users[0].op != "call_module":
             continue
         bn_node = users[0]
-        bn = modules.get(bn_node.target)
+        bn: Any = modules.get(bn_node.target)
         if type(bn) is not torch.nn.BatchNorm2d or not bn.affine \
                 or bn.num_features != conv.out_channels or len(bn_node.args) != 1:
             continue
