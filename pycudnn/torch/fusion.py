@@ -4,13 +4,12 @@ Conv-BN-add-ReLU rewritten (torch.fx) into ``FusedConv2d`` blocks."""
 from __future__ import annotations
 
 import copy
-import operator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from .modules import CONVERSIONS, Conv2d, FusedConv2d
+from .training import is_add, is_relu
 
 
 # ---- inference fusion -----------------------------------------------------------------------------
@@ -72,8 +71,6 @@ def fuse_for_inference(model: Any) -> Any:
     return model if fused is None else fused
 
 
-_RELU_FUNCTIONS = {F.relu, F.relu_, torch.relu, torch.relu_}
-_ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
 
 
 def _fuse(module: Any) -> Any | None:
@@ -106,22 +103,6 @@ def _users(node: Any) -> list[Any]:
     return list(node.users)
 
 
-def _is_relu(node: Any, modules: dict[str, Any]) -> bool:
-    if node.op == "call_module":
-        return type(modules.get(node.target)) is torch.nn.ReLU
-    if node.op == "call_function":  # F.relu(x, inplace=...) included
-        return (node.target in _RELU_FUNCTIONS and len(node.args) + len(node.kwargs) <= 2
-                and all(type(a) is bool for a in node.args[1:]) and set(node.kwargs) <= {"inplace"})
-    return node.op == "call_method" and node.target in ("relu", "relu_") and len(node.args) == 1
-
-
-def _is_add(node: Any) -> bool:
-    if node.op == "call_function":
-        return node.target in _ADD_FUNCTIONS and len(node.args) == 2 and not node.kwargs
-    return node.op == "call_method" and node.target in ("add", "add_") and len(node.args) == 2 \
-        and not node.kwargs
-
-
 def _rewrite(gm: Any) -> bool:
     """Fuse the patterns in ``gm``'s graph (in place); whether anything changed."""
     import torch.fx
@@ -148,14 +129,14 @@ def _rewrite(gm: Any) -> bool:
             tail = users[0]
         users = _users(tail)
         relu_node = add_node = z = None
-        if len(users) == 1 and _is_relu(users[0], modules):
+        if len(users) == 1 and is_relu(users[0], modules):
             relu_node = users[0]
-        elif len(users) == 1 and _is_add(users[0]):
+        elif len(users) == 1 and is_add(users[0]):
             add = users[0]
             other = add.args[1] if add.args[0] is tail else add.args[0]
             after = _users(add)
             if (isinstance(other, torch.fx.Node) and other is not tail and len(after) == 1
-                    and _is_relu(after[0], modules)):
+                    and is_relu(after[0], modules)):
                 add_node, relu_node, z = add, after[0], other
         if tail is node and relu_node is None:
             continue  # a lone convolution: nothing to fuse

@@ -383,7 +383,9 @@ _RELU_FUNCTIONS = {F.relu, F.relu_, torch.relu, torch.relu_}
 _ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
 
 
-def _is_relu(node: Any, modules: dict[str, Any]) -> bool:
+def is_relu(node: Any, modules: dict[str, Any]) -> bool:
+    """Whether fx ``node`` is a ReLU: ``nn.ReLU``, ``F.relu``/``torch.relu`` (``inplace`` or not)
+    or ``.relu()`` (both fusion passes match the same spellings)."""
     if node.op == "call_module":
         return type(modules.get(node.target)) is torch.nn.ReLU
     if node.op == "call_function":
@@ -392,7 +394,9 @@ def _is_relu(node: Any, modules: dict[str, Any]) -> bool:
     return node.op == "call_method" and node.target in ("relu", "relu_") and len(node.args) == 1
 
 
-def _is_add(node: Any) -> bool:
+def is_add(node: Any) -> bool:
+    """Whether fx ``node`` adds two tensors: ``+``, ``+=``, ``torch.add`` or ``.add`` without
+    ``alpha``."""
     if node.op == "call_function":
         return node.target in _ADD_FUNCTIONS and len(node.args) == 2 and not node.kwargs
     return (node.op == "call_method" and node.target in ("add", "add_") and len(node.args) == 2
@@ -445,14 +449,14 @@ def _rewrite(gm: Any) -> int:
         after = list(bn_node.users)
         relu_node = add_node = z = None
         cls: type[_ConvBnBase]
-        if len(after) == 1 and _is_relu(after[0], modules):
+        if len(after) == 1 and is_relu(after[0], modules):
             relu_node, cls = after[0], ConvBnReLU2d
-        elif len(after) == 1 and _is_add(after[0]):
+        elif len(after) == 1 and is_add(after[0]):
             add = after[0]
             other = add.args[1] if add.args[0] is bn_node else add.args[0]
             then = list(add.users)
             if (isinstance(other, torch.fx.Node) and other is not bn_node and len(then) == 1
-                    and _is_relu(then[0], modules)):
+                    and is_relu(then[0], modules)):
                 add_node, relu_node, z, cls = add, then[0], other, ConvBnAddReLU2d
             else:
                 cls = ConvBn2d
