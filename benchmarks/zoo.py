@@ -19,6 +19,9 @@ benchmark = True``; pycudnn routes each convolution signature to the faster side
   ``torch.compile`` of the plain model, default mode.
 * ``infer``: inference img/s at ``--infer-batch``, eval mode: PyTorch eager against
   ``pycudnn.torch.fuse_for_inference`` (BatchNorm folded, Conv-BN-ReLU fused).
+* ``graph``: the training step captured whole in a CUDA graph (PyTorch's whole-network capture:
+  forward, backward and the optimizer step; static input), steps/s of graph replays: the GPU's
+  time alone, no host launch cost, for each of ``--train-sides`` but "compile".
 * ``first``: the first training step of a fresh process with an empty tuning database
   (``PYCUDNN_CACHE_DIR`` a new temporary folder), each side in its own subprocess, timed from
   the step's start (CUDA context, model and data already made) to its end.
@@ -147,6 +150,55 @@ def part_train(name: str, args) -> dict:
     return out
 
 
+def graphed_step(model, opt, x, y):
+    """A replay function of ``step`` captured in a CUDA graph (static ``x`` and ``y``), after
+    warm-up steps on a side stream, as PyTorch's CUDA-graph notes capture a whole network."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step(model, opt, x, y)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)  # the gradients are allocated inside the graph's pool
+    with torch.cuda.graph(g):
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return g.replay
+
+
+def part_graph(name: str, args) -> dict:
+    import pycudnn.torch as pt
+
+    out: dict = {}
+    for batch in args.batch:
+        base = make(name, torch.bfloat16)
+        makers = {"torch": lambda: copy.deepcopy(base),
+                  "pycudnn": lambda: pt.convert(copy.deepcopy(base)),
+                  "fused": lambda: pt.fuse_for_training(pt.convert(copy.deepcopy(base)))}
+        (x, y), = data(batch, torch.bfloat16, count=1)
+        replays = {}
+        for k in args.train_sides:
+            if k in makers:
+                m = makers[k]()
+                replays[k] = graphed_step(m, torch.optim.SGD(m.parameters(), lr=0.01,
+                                                             momentum=0.9), x, y)
+        del base
+        per = alternate(replays, args.steps, args.rounds)
+        row: dict = {k: {"steps_per_s": 1 / per[k]} for k in replays}
+        for k in replays:
+            if k != "torch":
+                row[f"{k}_over_torch"] = per["torch"] / per[k]
+        out[f"batch{batch}"] = row
+        others = "  ".join(f"{k} {row[k]['steps_per_s']:7.2f} ({row[f'{k}_over_torch']:.3f}x)"
+                           for k in replays if k != "torch")
+        print(f"{name:20} graph b{batch:<4} torch {row['torch']['steps_per_s']:7.2f} steps/s  "
+              f"{others}", flush=True)
+        del replays
+        torch.cuda.empty_cache()
+    return out
+
+
 def part_infer(name: str, args) -> dict:
     import pycudnn.torch as pt
 
@@ -244,7 +296,8 @@ def part_first(name: str, args) -> dict:
     return row
 
 
-PARTS = {"train": part_train, "infer": part_infer, "check": part_check, "first": part_first}
+PARTS = {"train": part_train, "graph": part_graph, "infer": part_infer, "check": part_check,
+         "first": part_first}
 
 
 def main(argv=None) -> int:
