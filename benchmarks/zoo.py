@@ -177,12 +177,13 @@ def part_graph(name: str, args) -> dict:
                   "pycudnn": lambda: pt.convert(copy.deepcopy(base)),
                   "fused": lambda: pt.fuse_for_training(pt.convert(copy.deepcopy(base)))}
         (x, y), = data(batch, torch.bfloat16, count=1)
-        replays = {}
+        replays, kept = {}, []
         for k in args.train_sides:
             if k in makers:
                 m = makers[k]()
-                replays[k] = graphed_step(m, torch.optim.SGD(m.parameters(), lr=0.01,
-                                                             momentum=0.9), x, y)
+                opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+                kept.append((m, opt))  # a graph replays into their memory: keep them alive
+                replays[k] = graphed_step(m, opt, x, y)
         del base
         per = alternate(replays, args.steps, args.rounds)
         row: dict = {k: {"steps_per_s": 1 / per[k]} for k in replays}
@@ -194,7 +195,7 @@ def part_graph(name: str, args) -> dict:
                            for k in replays if k != "torch")
         print(f"{name:20} graph b{batch:<4} torch {row['torch']['steps_per_s']:7.2f} steps/s  "
               f"{others}", flush=True)
-        del replays
+        del replays, kept
         torch.cuda.empty_cache()
     return out
 

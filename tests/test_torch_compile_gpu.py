@@ -107,6 +107,45 @@ def test_dynamo_finds_no_graph_break_in_torchvisions_resnet18():
                    "pycudnn.conv2d": 3}, ops
 
 
+def test_routing_decides_at_trace_time_which_convolutions_the_graph_gives_to_pytorch():
+    """Benchmark mode with routing on: dynamo measures each new signature as an eager first call
+    would; a signature PyTorch runs in every direction the graph needs is traced as its own
+    convolution (the compiler fuses around it), the others stay pycudnn's operators; the
+    compiled step computes what eager PyTorch does."""
+    torch.backends.cudnn.benchmark = True
+    pt.set_routing("auto")
+    pt.clear_cache()
+    pt.routing.clear_report()
+    torch.manual_seed(0)
+    plain = randomize_batchnorm(SmallResNet()).to(DEV).to(memory_format=CL)
+    converted = pt.convert(copy.deepcopy(plain))
+    x = torch.randn(4, 3, 16, 16, device=DEV).to(memory_format=CL)
+    breaks, graphs, ops, why = _explain(converted, x)
+    assert (breaks, graphs) == (0, 1), why
+    winners: dict[str, set[str]] = {}  # signature -> the sides that won its directions
+    for d in pt.routing_report():
+        winners.setdefault(d["signature"], set()).add(d["winner"])
+    assert winners, "nothing was measured at trace time"
+    e = torch._dynamo.explain(converted)(x)
+    aten = sum(n.op == "call_function" and n.target in (torch.conv2d, F.conv2d)
+               for g in e.graphs for n in g.graph.nodes)
+    assert aten + ops.get("pycudnn.conv2d", 0) == 14, (aten, ops)
+    assert (aten > 0) == any(w == {"torch"} for w in winners.values()), (aten, winners)
+    y = torch.randint(0, 10, (4,), device=DEV)
+    out = torch.compile(converted)(x)
+    F.cross_entropy(out, y).backward()
+    ref = plain(x)
+    F.cross_entropy(ref, y).backward()
+    assert rel_err(out, ref) < 1e-4
+    for (name, p), q in zip(converted.named_parameters(), plain.parameters()):
+        assert rel_err(p.grad, q.grad) < 1e-4, name
+    # routing off: every convolution is pycudnn's operator again
+    pt.set_routing("pycudnn")
+    pt.clear_cache()  # (decided signatures keep their side until then)
+    torch._dynamo.reset()
+    assert _explain(converted, x)[2] == {"pycudnn.conv2d": 14}
+
+
 def test_a_compiled_training_step_gives_pytorchs_output_and_gradients():
     torch.manual_seed(0)
     plain = randomize_batchnorm(SmallResNet()).to(DEV).to(memory_format=CL)

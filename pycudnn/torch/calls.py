@@ -698,6 +698,25 @@ def run_backward(gy: Any, x: Any, w: Any, fmt: Any, geom: tuple[Any, ...], need_
     return gx, gw, tx and tw
 
 
+def torch_runs_signature(x: Any, w: Any, b: Any, geom: tuple[Any, ...], need_x: bool,
+                         need_w: bool) -> bool:
+    """Whether PyTorch's convolution runs this plain convolution signature in every direction
+    asked for (forward, and backward data / filter where ``need_x`` / ``need_w``), as routing
+    decided it: the signature is run (twice: a first call searches, prepares and times both
+    sides in benchmark mode) on ``x``, ``w`` and ``b``, whose values are overwritten by nothing
+    and read for timing only. False where routing does not apply (benchmark mode off,
+    ``set_routing("pycudnn")``, pycudnn's flags stricter than PyTorch's)."""
+    run_forward("conv", x, w, b, None, 1.0, geom)
+    y, xd, wd, fmt, key = run_forward("conv", x, w, b, None, 1.0, geom)
+    if key is None:
+        return False
+    if not (need_x or need_w):
+        return True
+    gy = torch.randn_like(y)
+    run_backward(gy, xd, wd, fmt, geom, need_x, need_w)
+    return run_backward(gy, xd, wd, fmt, geom, need_x, need_w)[2]
+
+
 def _torch_backward(direction: str, a: Any, b: Any, other: Any, geom: tuple[Any, ...]) -> Any:
     """One direction through PyTorch's ``convolution_backward`` (``a, b, other`` as in
     `_backward_first`)."""

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from .calls import (check_conv, convolution_backward, dense_grad, memory_format,
                     normalize_geometry, run_backward_data, run_backward_filter, run_forward,
-                    threshold_backward)
+                    threshold_backward, torch_runs_signature)
 
 __all__ = ["AVAILABLE", "NAMESPACE", "OPS", "compiler", "define", "dynamo_compiling",
            "traced_conv2d", "traced_conv2d_add_relu", "traced_conv2d_bias_relu"]
@@ -284,10 +284,47 @@ def _autocast(*tensors: Any) -> tuple[Any, ...]:
                  and t.dtype is not dtype else t for t in tensors)
 
 
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+           torch.float64: "float64"}
+
+
+def _stand_in(shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int) -> Any:
+    return torch.empty_strided(shape, stride, dtype=getattr(torch, dtype),
+                               device=f"cuda:{device}").normal_()
+
+
+def _routed_to_torch(signature: tuple[Any, ...]) -> bool:
+    """Whether routing sends this convolution signature to PyTorch in every direction the graph
+    needs, measured now on stand-in tensors where it is new (`calls.torch_runs_signature`).
+    dynamo calls this while it traces (``assume_constant_result``: run once, its answer baked
+    into the graph), outside the fake-tensor mode."""
+    xs, xst, dtype, dev, ws, wst, wdtype, bias, geom, need_x, need_w = signature
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.enable_grad():
+        x, w = _stand_in(xs, xst, dtype, dev), _stand_in(ws, wst, wdtype, dev)
+        b = torch.zeros(ws[0], dtype=getattr(torch, wdtype), device=x.device) if bias else None
+        return torch_runs_signature(x, w, b, geom, need_x, need_w)
+
+
+if AVAILABLE:
+    _routed_to_torch = torch._dynamo.assume_constant_result(_routed_to_torch)
+
+
+def _static(shape: Any) -> bool:
+    return all(isinstance(n, int) for n in shape)
+
+
 def traced_conv2d(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
                   groups: int) -> Any:
     """`pycudnn.torch.conv2d` as ``pycudnn::conv2d`` (unbatched input and ``padding="same"``
-    with an odd total handled around it, as the eager function does)."""
+    with an odd total handled around it, as the eager function does).
+
+    Under dynamo, a signature that routing gives to PyTorch in every direction the graph needs
+    (measured at trace time where it is new, as an eager first call measures it) is traced as
+    ``F.conv2d`` instead: the compiler then sees PyTorch's own convolution, as in the plain
+    model, and fuses the operations around it (an opaque custom operator would stop that). Only
+    static shapes are measured; ``torch.export`` (no dynamo) always gets the custom operator."""
     input, weight, bias = _autocast(input, weight, bias)
     if isinstance(input, torch.Tensor) and input.dim() == 3:
         return traced_conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation,
@@ -295,6 +332,15 @@ def traced_conv2d(input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
     geom, pre_pad = normalize_geometry(stride, padding, dilation, groups, weight.shape[2:])
     if pre_pad is not None:
         input = F.pad(input, pre_pad)
+    if (dynamo_compiling() and input.is_cuda and input.dtype in _DTYPES and weight.dtype in _DTYPES
+            and _static(input.shape) and _static(weight.shape) and _static(input.stride())
+            and _static(weight.stride())):
+        grad = torch.is_grad_enabled()
+        if _routed_to_torch((tuple(input.shape), tuple(input.stride()), _DTYPES[input.dtype],
+                             input.device.index, tuple(weight.shape), tuple(weight.stride()),
+                             _DTYPES[weight.dtype], bias is not None, geom,
+                             grad and input.requires_grad, grad and weight.requires_grad)):
+            return F.conv2d(input, weight, bias, *geom)
     return torch.ops.pycudnn.conv2d(input, weight, bias, *geom)
 
 

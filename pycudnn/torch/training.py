@@ -70,7 +70,7 @@ class _BnLayout:
     convolution's output (shape, strides, dtype, device) and one cudnnBatchNormOps_t."""
 
     __slots__ = ("x_desc", "p_desc", "xd", "pd", "act", "fwd_ws", "reserve", "bwd_ws", "forward",
-                 "backward", "one", "zero", "ops", "channels")
+                 "backward", "one", "zero", "ops", "channels", "stats_bytes", "saved_bytes")
 
     def __init__(self, c: Any, ops: int) -> None:
         self.x_desc = TensorDescriptor(tuple(c.shape), _DTYPE_NAMES[c.dtype], tuple(c.stride()))
@@ -98,6 +98,10 @@ class _BnLayout:
             if st:
                 _lib.raise_status(st, name, f"  x: {self.x_desc!r}")
         self.fwd_ws, self.reserve, self.bwd_ws = fwd.value, res.value, bwd.value
+        # what the forward leaves for the backward, in one allocation: the batch's mean and
+        # 1/std (float32, C each), then cuDNN's reserve at a 256-byte boundary
+        self.stats_bytes = -(-8 * self.channels // 256) * 256
+        self.saved_bytes = self.stats_bytes + self.reserve
 
 
 _LAYOUTS: dict[tuple[Any, ...], _BnLayout | None] = {}  # None: cuDNN refused this layout
@@ -133,10 +137,6 @@ def clear_cache() -> None:
         _LAYOUTS.clear()
         _outgrown.extend(_scratches.values())  # a captured graph may still point at them
         _scratches.clear()
-
-
-def _empty(n: int, device: Any) -> Any:
-    return torch.empty(n, dtype=torch.uint8, device=device) if n else None
 
 
 _scratches: dict[tuple[int, int], Any] = {}
@@ -178,12 +178,13 @@ class _ConvBnFunction(torch.autograd.Function):
         bn = block.bn
         dev = c.device
         y = torch.empty_like(c)
-        stats = torch.empty(2 * e.channels, dtype=torch.float32, device=dev)  # mean, 1/std
-        reserve = _empty(e.reserve, dev)
+        saved = torch.empty(e.saved_bytes, dtype=torch.uint8, device=dev)
+        mean = saved.data_ptr()
         ws = _scratch(e.fwd_ws, dev)
-        rm: Any = bn.running_mean
-        rv: Any = bn.running_var
-        nbt: Any = bn.num_batches_tracked
+        buffers = bn._buffers  # (nn.Module.__getattr__ costs a microsecond a name)
+        rm: Any = buffers["running_mean"]
+        rv: Any = buffers["running_var"]
+        nbt: Any = buffers["num_batches_tracked"]
         factor = 0.0
         if bn.track_running_stats and rm is not None:
             # nn.BatchNorm2d's rule; momentum=None is the cumulative average (reads the count)
@@ -195,9 +196,8 @@ class _ConvBnFunction(torch.autograd.Function):
             get_handle(d, _stream(d)), _PERSISTENT, ops, e.one, e.zero, e.xd, c.data_ptr(), e.xd,
             None if z is None else z.data_ptr(), e.xd, y.data_ptr(), e.pd, gamma.data_ptr(),
             beta.data_ptr(), factor, None if rm is None else rm.data_ptr(),
-            None if rv is None else rv.data_ptr(), bn.eps, stats.data_ptr(),
-            stats.data_ptr() + 4 * e.channels, e.act, ws, e.fwd_ws,
-            None if reserve is None else reserve.data_ptr(), e.reserve)
+            None if rv is None else rv.data_ptr(), bn.eps, mean, mean + 4 * e.channels, e.act, ws,
+            e.fwd_ws, mean + e.stats_bytes if e.reserve else None, e.reserve)
         if st:
             try:
                 _lib.raise_status(st, "cudnnBatchNormalizationForwardTrainingEx",
@@ -208,35 +208,41 @@ class _ConvBnFunction(torch.autograd.Function):
         if nbt is not None:
             nbt.add_(1)
         # y only where the backward kernel reads it (the ReLU's mask): a plain batch norm's
-        # output may be changed in place afterwards (an in-place activation), as PyTorch allows
-        ctx.save_for_backward(xd, wd, c, y if ops != _OPS_BN else None, gamma, beta, stats,
-                              reserve, x, w, cb, z)
+        # output may be changed in place afterwards (an in-place activation), as PyTorch allows;
+        # the dense input and weight the convolution read only where they are copies
+        dense = xd is not x or wd is not w
+        ctx.save_for_backward(c, y if ops != _OPS_BN else None, saved, gamma, beta, x, w, cb, z,
+                              xd if dense else None, wd if dense else None)
         ctx.e, ctx.fmt, ctx.block = e, fmt, block
         return y
 
     @staticmethod
     def backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
-        xd, wd, c, y, gamma, beta, stats, reserve, x, w, cb, z = ctx.saved_tensors
+        c, y, saved, gamma, beta, x, w, cb, z, xd, wd = ctx.saved_tensors
         block, e = ctx.block, ctx.e
         need_x, need_w, need_cb, need_gamma, need_beta, need_z, _ = ctx.needs_input_grad
         if grad_enabled():  # create_graph=True: through PyTorch's differentiable operators
             return _recomputed_backward(block, gy, (x, w, cb, gamma, beta, z),
                                         ctx.needs_input_grad)
+        if xd is None:
+            xd, wd = x, w
         if not gy.is_contiguous(memory_format=_CL) or gy.stride() != c.stride():
             gy = gy.contiguous(memory_format=_CL)
         dev = c.device
         dc = torch.empty_like(c)
         dz = torch.empty_like(c) if e.ops == _OPS_ADD_RELU else None
-        dgamma, dbeta = torch.empty(2, e.channels, dtype=torch.float32, device=dev).unbind(0)
+        dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
         ws = _scratch(e.bwd_ws, dev)
         d = dev.index
+        mean = saved.data_ptr()
         st = e.backward(
             get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
             c.data_ptr(), e.xd, None if y is None else y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
             None if dz is None else dz.data_ptr(), e.xd, dc.data_ptr(), e.pd, gamma.data_ptr(),
-            beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), block.bn.eps, stats.data_ptr(),
-            stats.data_ptr() + 4 * e.channels, e.act, ws, e.bwd_ws,
-            None if reserve is None else reserve.data_ptr(), e.reserve)
+            beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), block.bn.eps, mean,
+            mean + 4 * e.channels, e.act, ws, e.bwd_ws, mean + e.stats_bytes if e.reserve else None,
+            e.reserve)
         if st:
             _lib.raise_status(st, "cudnnBatchNormalizationBackwardEx", f"  x: {e.x_desc!r}")
         geom, fmt = block.geometry[0], ctx.fmt
