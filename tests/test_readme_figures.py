@@ -19,19 +19,21 @@ def _table_module():
     return mod
 
 
-def test_readme_table_matches_its_results_file():
+@pytest.mark.parametrize("which", [0, 1], ids=["model-table", "training-table"])
+def test_readme_table_matches_its_results_file(which):
     mod = _table_module()
-    found = mod.current((ROOT / "README.md").read_text())
-    assert found is not None, "README.md lost its generated model table"
+    (begin, end), make, _ = mod.BLOCKS[which]
+    found = mod.current((ROOT / "README.md").read_text(), begin, end)
+    assert found is not None, f"README.md lost its generated table {begin}"
     block, results = found
     if results == mod.NONE:
-        assert block == mod.render(results)
+        assert block == make(results)
         return
     if not (ROOT / results).is_file() and not (ROOT / ".git").exists():
         pytest.skip("the measured results stay in the repository (the sdist does not carry them)")
     assert (ROOT / results).is_file(), f"README's table names {results}, which is not here"
-    assert block == mod.render(results), (
-        f"README.md's model table is stale: run python3 benchmarks/readme_table.py {results}")
+    assert block == make(results), (
+        f"README.md's table {begin} is stale: run python3 benchmarks/readme_table.py --check")
 
 
 def test_render_states_every_model_its_commit_and_missing_figures(tmp_path):
@@ -46,10 +48,31 @@ def test_render_states_every_model_its_commit_and_missing_figures(tmp_path):
     f = tmp_path / "zoo.json"
     f.write_text(json.dumps(data))
     text = mod.render(str(f))
-    assert "| resnet50 | 1.25x | 1.50x | 2.00x | 2.0 s / 4.0 s |" in text
-    assert "| densenet121 | not measured | not measured | not measured | not measured |" in text
-    assert "| geomean | 1.25x | 1.50x | 2.00x | |" in text
+    assert "| resnet50 | 1.25x | 2.00x | 2.0 s / 4.0 s |" in text
+    assert "| densenet121 | not measured | not measured | not measured |" in text
+    assert "| geomean | 1.25x | 2.00x | |" in text
     assert "commit abc1234" in text and "`benchmarks/zoo.py`" in text
+
+
+def test_render_training_states_each_batch_eager_and_in_a_cuda_graph(tmp_path):
+    mod = _table_module()
+    data = {"commit": "abc1234", "device": "NVIDIA H200", "torch": "2.11", "cudnn": 91900,
+            "command": "benchmarks/zoo.py --parts train,graph", "models": {
+                "resnet50": {
+                    "train": {"batch64": {"torch": {"steps_per_s": 60.0},
+                                          "pycudnn_over_torch": 0.9, "fused_over_torch": 1.1},
+                              "batch256": {"torch": {"steps_per_s": 18.0},
+                                           "pycudnn_over_torch": 1.0}},
+                    "graph": {"batch64": {"torch": {"steps_per_s": 65.0},
+                                          "pycudnn_over_torch": 1.0, "fused_over_torch": 1.3}}}}}
+    f = tmp_path / "zoo.json"
+    f.write_text(json.dumps(data))
+    text = mod.render_training(str(f))
+    assert "| resnet50, 64 | 60.0 | 0.90x | 1.10x | 65.0 | 1.00x | 1.30x |" in text
+    assert ("| resnet50, 256 | 18.0 | 1.00x | not measured | not measured | not measured | "
+            "not measured |") in text
+    assert text.index("resnet50, 64") < text.index("resnet50, 256")  # by batch, not as text
+    assert "commit abc1234" in text and text.startswith(mod.TRAIN_BEGIN)
 
 
 def test_render_of_no_results_says_so():
