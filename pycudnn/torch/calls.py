@@ -703,8 +703,7 @@ def torch_runs_signature(x: Any, w: Any, b: Any, geom: tuple[Any, ...], need_x: 
     """Whether PyTorch's convolution runs this plain convolution signature in every direction
     asked for (forward, and backward data / filter where ``need_x`` / ``need_w``), as routing
     decided it: the signature is run (twice: a first call searches, prepares and times both
-    sides in benchmark mode) on ``x``, ``w`` and ``b``, whose values are overwritten by nothing
-    and read for timing only. False where routing does not apply (benchmark mode off,
+    sides in benchmark mode) on ``x``, ``w`` and ``b``, which are only read. False where routing does not apply (benchmark mode off,
     ``set_routing("pycudnn")``, pycudnn's flags stricter than PyTorch's)."""
     run_forward("conv", x, w, b, None, 1.0, geom)
     y, xd, wd, fmt, key = run_forward("conv", x, w, b, None, 1.0, geom)

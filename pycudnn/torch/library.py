@@ -18,6 +18,12 @@ tracing uses; a custom operator is one node of the graph instead, with
 * autograd (``register_autograd``): the forward saves what the backward needs, and the backward
   calls the backward operators below, which AOTAutograd puts in the compiled backward graph.
 
+Routing at trace time: in benchmark mode a plain convolution whose signature PyTorch runs in every
+direction the graph needs is traced as ``F.conv2d``, not as the operator (`traced_conv2d`), so the
+compiler sees what it sees in the plain model and fuses around it. A signature new at trace time
+is measured then, on stand-in tensors (`_routed_to_torch`, which dynamo runs once per signature
+through ``assume_constant_result``).
+
 The backward operators are ``pycudnn::conv2d_backward_input`` and
 ``pycudnn::conv2d_backward_weight``, one per direction (each is one remembered launch; a custom
 operator cannot return an undefined tensor, which an output mask would need); the bias gradient
