@@ -27,7 +27,9 @@ each round the other side goes first. After warm-up, ``torch.profiler`` records 
 side: the kernels each ran are in the JSON, and the table marks the cells where they differ.
 
 Ratios are torch / pycudnn: above 1 means pycudnn's kernels are faster. A failing cell prints its
-error and the run goes on.
+error and the run goes on. ``zoo.py --parts kernels`` times the torchvision models' convolutions
+(rectangular kernels, dilation and groups too) through this script's ``_calls`` and
+``measure_cell``.
 """
 
 from __future__ import annotations
@@ -228,27 +230,38 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 # ---- measurement (GPU) ----------------------------------------------------------------------------
 
+def _pair(value: Any) -> list[int]:
+    """An int or a (height, width) pair as a [height, width] list."""
+    return [int(value)] * 2 if isinstance(value, int) else [int(v) for v in value]
+
+
 def _calls(torch: Any, F: Any, pycudnn: Any, layer: Any, direction: str, x: Any, w: Any, dy: Any,
            flags: dict[str, Any], stream: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    s, p = layer.stride, layer.pad
-    st, pd, dl = [s, s], [p, p], [1, 1]
+    """The PyTorch and pycudnn calls of one cell: ``layer`` has ``stride`` and ``pad`` (an int or
+    one per spatial dim), ``dilation`` and ``groups`` (as `pycudnn.cli.models.Layer`; both
+    default to 1 where absent); the kernel's size is ``w``'s."""
+    st, pd = _pair(layer.stride), _pair(layer.pad)
+    dl, g = _pair(getattr(layer, "dilation", 1)), int(getattr(layer, "groups", 1))
+    geometry = {"stride": st, "padding": pd, "dilation": dl, "groups": g}
     if direction == "fwd":
-        tfn = lambda: F.conv2d(x, w, None, s, p)  # noqa: E731
-        pfn = lambda: pycudnn.convolution(x, w, stride=s, padding=p, stream=stream, **flags)  # noqa: E731
+        tfn = lambda: F.conv2d(x, w, None, st, pd, dl, g)  # noqa: E731
+        pfn = lambda: pycudnn.convolution(x, w, stream=stream, **geometry, **flags)  # noqa: E731
     elif direction == "dgrad":
         mask = [True, False, False]
         xs = tuple(x.shape)
         tfn = lambda: torch.ops.aten.convolution_backward(  # noqa: E731
-            dy, x, w, None, st, pd, dl, False, [0, 0], 1, mask)
+            dy, x, w, None, st, pd, dl, False, [0, 0], g, mask)
         pfn = lambda: pycudnn.convolution_backward_data(  # noqa: E731
-            dy, w, xs, stride=s, padding=p, stream=stream, **flags)
-    else:
+            dy, w, xs, stream=stream, **geometry, **flags)
+    elif direction == "wgrad":
         mask = [False, True, False]
         ws = tuple(w.shape)
         tfn = lambda: torch.ops.aten.convolution_backward(  # noqa: E731
-            dy, x, w, None, st, pd, dl, False, [0, 0], 1, mask)
+            dy, x, w, None, st, pd, dl, False, [0, 0], g, mask)
         pfn = lambda: pycudnn.convolution_backward_filter(  # noqa: E731
-            x, dy, ws, stride=s, padding=p, stream=stream, **flags)
+            x, dy, ws, stream=stream, **geometry, **flags)
+    else:
+        raise ValueError(f"direction: expected one of {', '.join(DIRECTIONS)}, got {direction!r}")
     return tfn, pfn
 
 

@@ -4,6 +4,7 @@ Run on a GPU machine with PyTorch and torchvision (``weights=None``: nothing is 
 
     PYTHONPATH=. python3 benchmarks/zoo.py --json $OUT/zoo.json
     PYTHONPATH=. python3 benchmarks/zoo.py --models resnet50,convnext_tiny --parts train,infer
+    PYTHONPATH=. python3 benchmarks/zoo.py --parts kernels --json $OUT/zoo_kernels.json
 
 Per model, bfloat16 channels_last, both sides with benchmark mode on (``torch.backends.cudnn.
 benchmark = True``; pycudnn routes each convolution signature to the faster side, see
@@ -28,24 +29,44 @@ benchmark = True``; pycudnn routes each convolution signature to the faster side
 * ``check``: float32 with TF32 off, batch 4: the logits, the loss and the first convolution's
   weight gradient of the converted model against PyTorch's, each as a relative error next to
   PyTorch's own distance from a float64 run (the bound a pycudnn error should stay within).
+* ``kernels`` (not in the default ``--parts``): the distinct convolutions the model runs at the
+  first ``--batch`` in bfloat16 channels_last (forward pre-hooks on every ``nn.Conv2d``, one
+  training-mode forward; each signature with the layers that share it), each timed forward /
+  backward data / backward filter, pycudnn's functions against PyTorch's, kernel time with the
+  host far ahead exactly as ``conv_vs_torch.py`` times it (its ``_calls`` and ``measure_cell``:
+  gated batches, sides alternating, both searching; ``--kernel-reps`` calls x
+  ``--kernel-batches`` batches, its ``--quick`` settings by default). Backward data is left out
+  where no layer of the signature needs it in training (the stem: its input needs no
+  gradient). A signature is timed once per run and reported under every model that has it.
+  Ratios here are torch / pycudnn time (above 1: pycudnn is faster); per model and over the
+  run's distinct cells: the geomean, the cells below 0.90 (issue 23's targets: geomean >= 1.02,
+  no cell below 0.90) and ``time_ratio``, PyTorch's over pycudnn's summed kernel time with each
+  signature weighted by its layer count.
 
-Ratios are pycudnn over PyTorch throughput: above 1 means pycudnn is faster. Results (and the
-commit they were measured at) go to ``--json``; a part that fails records its error and the run
-goes on.
+Ratios are pycudnn over PyTorch throughput (``kernels``: torch over pycudnn time): above 1 means
+pycudnn is faster. Results (and the commit they were measured at) go to ``--json``; a part that
+fails records its error and the run goes on.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import conv_vs_torch  # this script's folder is on sys.path
+import gpu_timing
 import torch
 import torch.nn.functional as F
 
@@ -297,11 +318,316 @@ def part_first(name: str, args) -> dict:
     return row
 
 
+# ---- kernels: the distinct convolutions, kernel time against PyTorch's ------------------------------
+
+KERNEL_CONFIG = "bf16-nhwc"  # conv_vs_torch's config: bfloat16 channels_last, TF32 allowed
+GEOMEAN_TARGET = 1.02  # issue 23: geomean torch/pycudnn at least this, no cell below conv_vs_torch.BELOW
+
+
+@dataclass(frozen=True)
+class ConvSignature:
+    """One convolution as the GPU runs it: input ``(n, c, h, w)``, ``k`` filters of ``r x s``,
+    stride, padding and dilation as (height, width) pairs, ``groups``."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+
+    @property
+    def pad(self) -> tuple[int, int]:  # the name conv_vs_torch._calls reads
+        return self.padding
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        return tuple((i + 2 * p - d * (k - 1) - 1) // st + 1  # type: ignore[return-value]
+                     for i, k, st, p, d in zip((self.h, self.w), (self.r, self.s), self.stride,
+                                               self.padding, self.dilation))
+
+    @property
+    def x_shape(self) -> tuple[int, ...]:
+        return (self.n, self.c, self.h, self.w)
+
+    @property
+    def w_shape(self) -> tuple[int, ...]:
+        return (self.k, self.c // self.groups, self.r, self.s)
+
+    @property
+    def y_shape(self) -> tuple[int, ...]:
+        return (self.n, self.k) + self.out_hw
+
+    @property
+    def flops(self) -> int:
+        """2 * N * K * C/groups * R * S * output pixels: the same in every direction."""
+        return 2 * self.n * self.k * (self.c // self.groups) * self.r * self.s * math.prod(self.out_hw)
+
+    def shape_string(self) -> str:
+        """``N,C,H,W,K,R,S,stride,pad[,dilation,groups]`` (``pycudnn bench --shape``) where stride,
+        padding and dilation are the same along both dims; else each as ``HxW``."""
+        parts = [self.stride, self.padding, self.dilation]
+        if all(a == b for a, b in parts):
+            st, pd, dl = (a for a, _ in parts)
+        else:
+            st, pd, dl = ("x".join(map(str, p)) for p in parts)
+        out = [self.n, self.c, self.h, self.w, self.k, self.r, self.s, st, pd]
+        if self.dilation != (1, 1) or self.groups != 1:
+            out += [dl, self.groups]
+        return ",".join(map(str, out))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class CollectedConv:
+    """A distinct signature of one model: the layers (module names) that run it, how many calls
+    of them one forward makes, and whether any needs its input's gradient (backward data)."""
+
+    signature: ConvSignature
+    layers: list[str]
+    calls: int = 0
+    input_grad: bool = False
+
+    @property
+    def count(self) -> int:
+        return len(self.layers)
+
+
+def _hw_pair(value: Any, what: str) -> tuple[int, int]:
+    pair = (int(value),) * 2 if isinstance(value, int) else tuple(int(v) for v in value)
+    if len(pair) != 2:
+        raise ValueError(f"{what}: expected an int or a pair for a 2-D convolution, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+def conv_signature(module: torch.nn.Conv2d, x: torch.Tensor) -> ConvSignature:
+    """The convolution ``module`` runs on input ``x`` (``padding_mode`` other than zeros pads
+    ``x`` first and convolves with no padding, as ``nn.Conv2d`` does)."""
+    if x.dim() != 4:
+        raise ValueError(f"x: expected a 4-D (N, C, H, W) input of {module}, got shape {tuple(x.shape)}")
+    n, c, h, w = (int(v) for v in x.shape)
+    r, s = (int(v) for v in module.kernel_size)
+    dilation = _hw_pair(module.dilation, "dilation")
+    if isinstance(module.padding, str):  # "valid" or "same" (stride 1)
+        if module.padding == "valid":
+            padding = (0, 0)
+        else:
+            total = [d * (k - 1) for d, k in zip(dilation, (r, s))]
+            if any(t % 2 for t in total):
+                raise ValueError(f"padding: 'same' with an odd total padding {total} pads one side "
+                                 f"more, which this signature cannot hold ({module})")
+            padding = (total[0] // 2, total[1] // 2)
+    else:
+        padding = _hw_pair(module.padding, "padding")
+    if module.padding_mode != "zeros":
+        h, w, padding = h + 2 * padding[0], w + 2 * padding[1], (0, 0)
+    return ConvSignature(n, c, h, w, int(module.out_channels), r, s,
+                         _hw_pair(module.stride, "stride"), padding, dilation, int(module.groups))
+
+
+def collect_convolutions(model: torch.nn.Module, *inputs: Any) -> list[CollectedConv]:
+    """The distinct convolutions one forward of ``model(*inputs)`` runs, in order of first use:
+    forward pre-hooks on every ``torch.nn.Conv2d`` record each call's signature. Works on any
+    device, the meta device included; the model's mode (train/eval) and grad mode are the
+    caller's (under ``torch.no_grad`` no input needs a gradient, so ``input_grad`` is False)."""
+    found: dict[ConvSignature, CollectedConv] = {}
+    names = {m: name for name, m in model.named_modules()}
+
+    def hook(module: torch.nn.Module, args: tuple) -> None:
+        x = args[0]
+        sig = conv_signature(module, x)  # type: ignore[arg-type]
+        entry = found.setdefault(sig, CollectedConv(sig, []))
+        name = names.get(module, type(module).__name__)
+        if name not in entry.layers:
+            entry.layers.append(name)
+        entry.calls += 1
+        entry.input_grad = entry.input_grad or bool(x.requires_grad)
+
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules()
+               if isinstance(m, torch.nn.Conv2d)]
+    try:
+        model(*inputs)
+    finally:
+        for hd in handles:
+            hd.remove()
+    return list(found.values())
+
+
+def kernel_directions(conv: CollectedConv) -> list[str]:
+    """The directions training runs for ``conv``: backward data only where an input needs it."""
+    return [d for d in conv_vs_torch.DIRECTIONS if d != "dgrad" or conv.input_grad]
+
+
+def model_kernel_cells(convs: Sequence[CollectedConv], cache: dict[tuple[str, str], dict[str, Any]],
+                       measure: Callable[[ConvSignature, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """One cell per signature and direction of a model, ``measure(signature, direction)`` called
+    only for those not yet in ``cache`` (keyed by shape string and direction; shared across the
+    models of a run). Each returned cell is a copy with this model's layer count and names."""
+    out = []
+    for conv in convs:
+        key_shape = conv.signature.shape_string()
+        for d in kernel_directions(conv):
+            key = (key_shape, d)
+            if key not in cache:
+                cache[key] = measure(conv.signature, d)
+            out.append(dict(cache[key], layers=conv.count, layer_names=list(conv.layers)))
+    return out
+
+
+def _timed(cells: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [c for c in cells if isinstance(c.get("ratio"), float) and math.isfinite(c["ratio"])
+            and c.get("torch_us") and c.get("pycudnn_us")]
+
+
+def kernel_summary(cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """conv_vs_torch's summary of ``cells`` (geomean torch/pycudnn, min, cells below 0.90, failed
+    cells), plus ``time_ratio`` (summed PyTorch time over summed pycudnn time, each cell weighted
+    by its ``layers``) and ``meets_target`` (geomean >= 1.02 and no cell below 0.90)."""
+    s = conv_vs_torch.summarize(cells)
+    s.pop("per_config", None)
+    ok = _timed(cells)
+    t = sum(c["torch_us"] * c.get("layers", 1) for c in ok)
+    p = sum(c["pycudnn_us"] * c.get("layers", 1) for c in ok)
+    s["time_ratio"] = gpu_timing.ratio(t, p)
+    g = s["geomean"]
+    s["meets_target"] = bool(ok) and math.isfinite(g) and g >= GEOMEAN_TARGET and not s["below"] \
+        and not s["errors"]
+    return s
+
+
+def overall_kernel_summary(model_cells: dict[str, Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """`kernel_summary` over the distinct cells of all models (a signature and direction counted
+    once, its ``layers`` summed over the models that have it); ``models``: which have each cell
+    below 0.90 is in the per-model summaries."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for cells in model_cells.values():
+        for c in cells:
+            key = (c["shape"], c["direction"])
+            if key in merged:
+                merged[key]["layers"] += c.get("layers", 1)
+            else:
+                merged[key] = dict(c, layers=c.get("layers", 1))
+    s = kernel_summary(list(merged.values()))
+    s["models"] = list(model_cells)
+    return s
+
+
+def format_kernel_table(name: str, convs: Sequence[CollectedConv], cells: Sequence[dict[str, Any]]) -> str:
+    """One model's cells (Markdown): shape, layers sharing it, direction, both times, the ratio."""
+    fmt = conv_vs_torch._fmt
+    lines = [f"{name}: {len(convs)} distinct convolutions ({sum(c.count for c in convs)} layers), {KERNEL_CONFIG}",
+             "| shape N,C,H,W,K,R,S,stride,pad[,dil,groups] | layers | dir | torch us | pycudnn us | torch/pycudnn |",
+             "|---|---|---|---|---|---|"]
+    by_shape: dict[str, list[dict[str, Any]]] = {}
+    for c in cells:
+        by_shape.setdefault(c["shape"], []).append(c)
+    for conv in convs:
+        shape = conv.signature.shape_string()
+        for c in by_shape.get(shape, []):
+            note = f" ({c['error']})" if c.get("error") else ""
+            mark = " **<0.90**" if isinstance(c.get("ratio"), float) and c["ratio"] < conv_vs_torch.BELOW else ""
+            lines.append(f"| {shape} | {conv.count} | {c['direction']} | {fmt(c.get('torch_us'), '.2f')} | "
+                         f"{fmt(c.get('pycudnn_us'), '.2f')} | {fmt(c.get('ratio'), '.3f')}{note}{mark} |")
+        if not conv.input_grad:
+            lines.append(f"| {shape} | {conv.count} | dgrad | - | - | not run in training |")
+    return "\n".join(lines)
+
+
+def format_kernel_summary(label: str, s: dict[str, Any]) -> str:
+    mn = s.get("min")
+    below = s["below"]
+    return (f"{label}: geomean torch/pycudnn {conv_vs_torch._fmt(s['geomean'], '.3f')} over {s['timed']} "
+            f"of {s['cells']} cells, time ratio {conv_vs_torch._fmt(s['time_ratio'], '.3f')}, min "
+            + (f"{mn['ratio']:.3f} ({mn['cell']})" if mn else "-")
+            + f"; below {conv_vs_torch.BELOW:.2f}: {len(below)}" + (f" ({', '.join(below)})" if below else "")
+            + (f"; failed {len(s['errors'])}" if s["errors"] else "")
+            + f"; target (geomean >= {GEOMEAN_TARGET}, none below {conv_vs_torch.BELOW:.2f}) "
+            + ("met" if s["meets_target"] else "not met"))
+
+
+def _kernel_timing(args: argparse.Namespace) -> dict[str, Any]:
+    """What measuring needs, made once per run: the gate, conv_vs_torch's flags and settings."""
+    import pycudnn
+
+    dtype_name, channels_last, tf32 = conv_vs_torch.CONFIGS[KERNEL_CONFIG]
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
+    return {"pycudnn": pycudnn, "dtype": getattr(torch, dtype_name),
+            "format": torch.channels_last if channels_last else torch.contiguous_format,
+            "flags": {"benchmark": True, "allow_tf32": tf32, "engine": "graph", "tuning_db": False},
+            "gate": gpu_timing.get_gate(torch.cuda.current_device(), torch, "auto"),
+            "settings": argparse.Namespace(reps=args.kernel_reps, batches=args.kernel_batches,
+                                           no_kernel_names=not args.kernel_names),
+            "tensors": {}, "count": 0, "t0": time.perf_counter()}
+
+
+def _measure_signature(sig: ConvSignature, direction: str, k: dict[str, Any]) -> dict[str, Any]:
+    """One cell, timed by conv_vs_torch.measure_cell (errors in the cell, the run goes on)."""
+    row: dict[str, Any] = {"config": KERNEL_CONFIG, "layer": sig.shape_string(), "shape": sig.shape_string(),
+                           "direction": direction, "signature": sig.to_dict(), "gflop": sig.flops / 1e9,
+                           "first": "torch" if k["count"] % 2 == 0 else "pycudnn"}
+    k["count"] += 1
+    print(f"  [{k['count']}] {sig.shape_string()} {direction} ({time.perf_counter() - k['t0']:.0f} s)",
+          file=sys.stderr, flush=True)
+    try:
+        tensors = k["tensors"]
+        if tensors.get("sig") != sig:
+            tensors.clear()
+            dt, fmt = k["dtype"], k["format"]
+            tensors.update(sig=sig,
+                           x=torch.randn(sig.x_shape, device="cuda", dtype=dt).to(memory_format=fmt),
+                           w=(torch.randn(sig.w_shape, device="cuda", dtype=dt) * 0.05).to(memory_format=fmt),
+                           dy=torch.randn(sig.y_shape, device="cuda", dtype=dt).to(memory_format=fmt))
+        stream = torch.cuda.current_stream()
+        tfn, pfn = conv_vs_torch._calls(torch, F, k["pycudnn"], sig, direction, tensors["x"], tensors["w"],
+                                        tensors["dy"], k["flags"], stream)
+        conv_vs_torch.measure_cell(torch, k["pycudnn"], row, tfn, pfn, k["settings"], k["gate"], row["first"])
+    except Exception as exc:  # noqa: BLE001 - a failing cell is reported, the run goes on
+        row["error"] = gpu_timing.error_text(exc)
+        torch.cuda.synchronize()
+    if row.get("error"):
+        print(f"    error: {row['error']}", file=sys.stderr)
+    else:
+        print(f"    torch {row['torch_us']:.2f} us, pycudnn {row['pycudnn_us']:.2f} us, "
+              f"torch/pycudnn {row['ratio']:.3f}", file=sys.stderr)
+    return row
+
+
+def part_kernels(name: str, args) -> dict:
+    if args.kernel_state is None:
+        args.kernel_state = _kernel_timing(args)
+    k = args.kernel_state
+    batch = args.batch[0]
+    model = make(name, k["dtype"]).train()
+    (x, _), = data(batch, k["dtype"], count=1)
+    convs = collect_convolutions(model, x)  # grad on: which inputs need their gradient
+    del model, x
+    torch.cuda.empty_cache()
+    cells = model_kernel_cells(convs, args.kernel_cells,
+                               lambda sig, d: _measure_signature(sig, d, k))
+    k["tensors"].clear()
+    summary = kernel_summary(cells)
+    print(format_kernel_table(name, convs, cells))
+    print(format_kernel_summary(name, summary), flush=True)
+    return {"config": KERNEL_CONFIG, "batch": batch, "reps": args.kernel_reps,
+            "batches": args.kernel_batches, "gate": k["gate"].describe(),
+            "signatures": [{**c.signature.to_dict(), "shape": c.signature.shape_string(),
+                            "layers": c.count, "layer_names": c.layers, "calls": c.calls,
+                            "dgrad_in_training": c.input_grad} for c in convs],
+            "cells": cells, "summary": summary}
+
+
 PARTS = {"train": part_train, "graph": part_graph, "infer": part_infer, "check": part_check,
-         "first": part_first}
+         "first": part_first, "kernels": part_kernels}
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--parts", default="train,infer,check")
@@ -314,11 +640,32 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10, help="steps per timed block")
     ap.add_argument("--infer-steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3, help="timed blocks per side")
+    ap.add_argument("--kernel-reps", type=int, default=conv_vs_torch.QUICK["reps"],
+                    help="kernels: calls per gated batch (default %(default)s, conv_vs_torch --quick)")
+    ap.add_argument("--kernel-batches", type=int, default=conv_vs_torch.QUICK["batches"],
+                    help="kernels: gated batches per side and cell (default %(default)s)")
+    ap.add_argument("--kernel-names", action="store_true",
+                    help="kernels: record each side's kernel names (a torch.profiler pass per cell)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--first-child", choices=("torch", "pycudnn"), help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     args.batch = [int(b) for b in args.batch.split(",")]
     args.train_sides = ["torch"] + [k for k in args.train_sides.split(",") if k and k != "torch"]
+    unknown = [p for p in args.parts.split(",") if p not in PARTS]
+    if unknown:
+        ap.error(f"--parts: unknown part {unknown[0]!r}; expected a comma-separated list of "
+                 f"{', '.join(PARTS)}")
+    try:
+        gpu_timing.check_positive_int("--kernel-reps", args.kernel_reps)
+        gpu_timing.check_positive_int("--kernel-batches", args.kernel_batches)
+    except (TypeError, ValueError) as exc:
+        ap.error(str(exc))
+    args.kernel_cells, args.kernel_state = {}, None  # kernels: cells timed so far, shared by the models
     if not torch.cuda.is_available():
         sys.exit("zoo.py needs a CUDA build of PyTorch and an NVIDIA GPU")
     if args.first_child:
@@ -341,7 +688,7 @@ def main(argv=None) -> int:
                 traceback.print_exc()
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump(results, f, indent=1)
+                    json.dump(results, f, indent=1, default=str)
             torch.cuda.empty_cache()
     train = [r["train"][f"batch{args.batch[0]}"]["pycudnn_over_torch"]
              for r in results["models"].values()
@@ -357,9 +704,15 @@ def main(argv=None) -> int:
         results["train_fused_geomean"] = statistics.geometric_mean(fused)
         print(f"geomean fused training ratio (batch {args.batch[0]}): "
               f"{results['train_fused_geomean']:.3f}")
+    kernel_cells = {n: r["kernels"]["cells"] for n, r in results["models"].items()
+                    if "cells" in r.get("kernels", {})}
+    if kernel_cells:
+        results["kernels_summary"] = overall_kernel_summary(kernel_cells)
+        print(format_kernel_summary(f"all {len(kernel_cells)} models, distinct cells",
+                                    results["kernels_summary"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(results, f, indent=1, default=str)
     return 0
 
 
