@@ -125,6 +125,24 @@ def alternate(fns: dict, n: int, rounds: int) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+TRAIN_SIDES = ("torch", "pycudnn", "fused", "compile")
+
+
+def training_side(side: str, base: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``base`` as training side ``side`` (see ``--train-sides``) trains it."""
+    import pycudnn.torch as pt
+
+    if side not in TRAIN_SIDES:
+        raise ValueError(f"--train-sides: expected each of {', '.join(TRAIN_SIDES)}, got {side!r}")
+    model = copy.deepcopy(base)
+    if side == "torch":
+        return model
+    if side == "compile":
+        return torch.compile(model)
+    model = pt.convert(model)
+    return pt.fuse_for_training(model) if side == "fused" else model
+
+
 def part_train(name: str, args) -> dict:
     import pycudnn.torch as pt
 
@@ -132,11 +150,7 @@ def part_train(name: str, args) -> dict:
     for batch in args.batch:
         pt.routing.clear_report()
         base = make(name, torch.bfloat16)
-        makers = {"torch": lambda: copy.deepcopy(base),
-                  "pycudnn": lambda: pt.convert(copy.deepcopy(base)),
-                  "fused": lambda: pt.fuse_for_training(pt.convert(copy.deepcopy(base))),
-                  "compile": lambda: torch.compile(copy.deepcopy(base))}
-        sides = {k: makers[k]() for k in args.train_sides}
+        sides = {k: training_side(k, base) for k in args.train_sides}
         del base
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in sides.items()}
         batches = data(batch, torch.bfloat16)
@@ -189,19 +203,14 @@ def graphed_step(model, opt, x, y):
 
 
 def part_graph(name: str, args) -> dict:
-    import pycudnn.torch as pt
-
     out: dict = {}
     for batch in args.batch:
         base = make(name, torch.bfloat16)
-        makers = {"torch": lambda: copy.deepcopy(base),
-                  "pycudnn": lambda: pt.convert(copy.deepcopy(base)),
-                  "fused": lambda: pt.fuse_for_training(pt.convert(copy.deepcopy(base)))}
         (x, y), = data(batch, torch.bfloat16, count=1)
         replays, kept = {}, []
         for k in args.train_sides:
-            if k in makers:
-                m = makers[k]()
+            if k != "compile":
+                m = training_side(k, base)
                 opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
                 kept.append((m, opt))  # a graph replays into their memory: keep them alive
                 replays[k] = graphed_step(m, opt, x, y)

@@ -48,8 +48,9 @@ class ConvolutionTypeError(TypeError, RuntimeError):
     """An argument type PyTorch's convolutions refuse: a ``TypeError`` and a ``RuntimeError``."""
 
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-                torch.float64: "float64"}
+#: the dtypes the convolutions take, by pycudnn name
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+               torch.float64: "float64"}
 _CL = torch.channels_last
 _CL3D = torch.channels_last_3d
 _CONTIG = torch.contiguous_format
@@ -215,7 +216,7 @@ def _check_tensor(fn: str, name: str, t: Any, dims: tuple[int, ...] | None = Non
     if t.layout is not torch.strided:
         raise ConvolutionTypeError(
             f"{fn}: expected a strided (dense) {name}, got layout {t.layout}")
-    if t.dtype not in _DTYPE_NAMES:
+    if t.dtype not in DTYPE_NAMES:
         raise ConvolutionTypeError(
             f"{fn}: expected {name} of dtype torch.float32, torch.float16, "
             f"torch.bfloat16 or torch.float64, but got {t.dtype}")
@@ -449,7 +450,7 @@ def _signature(x: Any, w: Any, geom: tuple[Any, ...]) -> str:
     """A readable name of a convolution for reports: shapes, dtype, memory format, geometry."""
     fmt = "contiguous" if memory_format(x, w) is _CONTIG else "channels_last"
     st, pad, dil, g = geom
-    return (f"x{list(x.shape)} w{list(w.shape)} {_DTYPE_NAMES[x.dtype]} {fmt} stride={st} "
+    return (f"x{list(x.shape)} w{list(w.shape)} {DTYPE_NAMES[x.dtype]} {fmt} stride={st} "
             f"padding={pad} dilation={dil} groups={g}")
 
 
@@ -472,7 +473,7 @@ def _note_devices() -> None:
 
 def _view(t: Any) -> Tensor:
     """A pycudnn view of a (checked) torch CUDA tensor; ``t`` is kept as its owner."""
-    return tensor_from_pointer(t.data_ptr(), tuple(t.shape), _DTYPE_NAMES[t.dtype],
+    return tensor_from_pointer(t.data_ptr(), tuple(t.shape), DTYPE_NAMES[t.dtype],
                                strides=tuple(t.stride()), device=t.get_device(), owner=t)
 
 

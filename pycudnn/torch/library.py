@@ -63,7 +63,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .calls import (check_conv, convolution_backward, dense_grad, memory_format,
+from .calls import (DTYPE_NAMES, check_conv, convolution_backward, dense_grad, memory_format,
                     normalize_geometry, run_backward_data, run_backward_filter, run_forward,
                     threshold_backward, torch_runs_signature)
 
@@ -290,10 +290,6 @@ def _autocast(*tensors: Any) -> tuple[Any, ...]:
                  and t.dtype is not dtype else t for t in tensors)
 
 
-_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-           torch.float64: "float64"}
-
-
 def _stand_in(shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int) -> Any:
     return torch.empty_strided(shape, stride, dtype=getattr(torch, dtype),
                                device=f"cuda:{device}").normal_()
@@ -338,13 +334,13 @@ def traced_conv2d(input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
     geom, pre_pad = normalize_geometry(stride, padding, dilation, groups, weight.shape[2:])
     if pre_pad is not None:
         input = F.pad(input, pre_pad)
-    if (dynamo_compiling() and input.is_cuda and input.dtype in _DTYPES and weight.dtype in _DTYPES
-            and _static(input.shape) and _static(weight.shape) and _static(input.stride())
-            and _static(weight.stride())):
+    if (dynamo_compiling() and input.is_cuda and input.dtype in DTYPE_NAMES
+            and weight.dtype in DTYPE_NAMES and _static(input.shape) and _static(weight.shape)
+            and _static(input.stride()) and _static(weight.stride())):
         grad = torch.is_grad_enabled()
-        if _routed_to_torch((tuple(input.shape), tuple(input.stride()), _DTYPES[input.dtype],
+        if _routed_to_torch((tuple(input.shape), tuple(input.stride()), DTYPE_NAMES[input.dtype],
                              input.device.index, tuple(weight.shape), tuple(weight.stride()),
-                             _DTYPES[weight.dtype], bias is not None, geom,
+                             DTYPE_NAMES[weight.dtype], bias is not None, geom,
                              grad and input.requires_grad, grad and weight.requires_grad)):
             return F.conv2d(input, weight, bias, *geom)
     return torch.ops.pycudnn.conv2d(input, weight, bias, *geom)
