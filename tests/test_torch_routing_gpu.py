@@ -13,7 +13,9 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
     pytest.skip("PyTorch has no CUDA here", allow_module_level=True)
 
+import pycudnn  # noqa: E402
 import pycudnn.torch as pt  # noqa: E402
+from pycudnn.search import route_store  # noqa: E402
 from pycudnn.torch import calls, routing  # noqa: E402
 
 F = torch.nn.functional
@@ -28,9 +30,12 @@ def _benchmark_mode(monkeypatch):
     pt.set_routing("auto")
     pt.clear_cache()
     routing.clear_report()
+    route_store.clear()  # each test decides afresh (decisions are kept on disk between processes)
     yield
     torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = saved
     pt.clear_cache()
+    routing.clear_report()
+    route_store.clear()
 
 
 def _tensors(dtype, fmt, seed):
@@ -110,3 +115,67 @@ def test_pycudnn_determinism_is_kept(monkeypatch):
     monkeypatch.setattr(pycudnn.config, "deterministic", True)  # global: the backward thread too
     pt.conv2d(x, w, b, 1, 1).sum().backward()
     assert pt.routing_report() == []
+
+
+def _searched_shapes(direction):
+    return {tuple(r["params"].input_shape) for r in pycudnn.benchmark_cache()
+            if r["direction"] == direction}
+
+
+def test_a_signature_pytorch_runs_faster_than_a_pycudnn_call_costs_is_not_searched(monkeypatch):
+    """Once pycudnn's host cost per call is known (the least back-to-back time of a host-bound
+    launch), a new signature whose PyTorch call runs back to back in less goes to PyTorch
+    before pycudnn searches it; results still equal float64."""
+    pycudnn.clear_caches()
+    monkeypatch.setitem(routing._host_floor, "forward", float("inf"))
+    x, w, b = _tensors(torch.float32, torch.channels_last, seed=11)
+    with torch.no_grad():
+        y = pt.conv2d(x, w, b, 1, 1)
+    (d,) = pt.routing_report()
+    assert d["winner"] == "torch" and "not searched" in d["reason"], d
+    assert d["torch_call_us"] > 0 and d["pycudnn_gpu_us"] == 0
+    assert tuple(x.shape) not in _searched_shapes("forward")
+    ref = _reference(x, w, b, torch.ones_like(y))[0]
+    assert _err(y, ref) < 1e-4
+    # with no such bound the duel decides, after pycudnn's search
+    pt.clear_cache()
+    routing.clear_report()
+    monkeypatch.setitem(routing._host_floor, "forward", 0.0)
+    x, w, b = _tensors(torch.float32, torch.channels_last, seed=12)
+    x = x[:3].detach()
+    with torch.no_grad():
+        pt.conv2d(x, w, b, 1, 1)
+    (d,) = pt.routing_report()
+    assert "not searched" not in d["reason"] and d["pycudnn_gpu_us"] > 0
+    assert tuple(x.shape) in _searched_shapes("forward")
+
+
+def test_a_later_process_takes_the_stored_decisions(monkeypatch):
+    """Decisions are stored on disk; with this process's memory forgotten (what a later process
+    sees) each signature keeps its side without timing, and a direction PyTorch won is not
+    searched by pycudnn at all."""
+    x, w, b = _tensors(torch.float32, torch.channels_last, seed=13)
+    y = pt.conv2d(x, w, b, 1, 1)
+    y.backward(torch.ones_like(y))
+    first = {d["direction"]: d["winner"] for d in pt.routing_report()}
+    assert len(first) == 3
+    route_store.flush()
+    pt.clear_cache()
+    pycudnn.clear_caches()
+    routing.clear_report()
+    route_store.forget()
+    x.grad = w.grad = b.grad = None
+    y = pt.conv2d(x, w, b, 1, 1)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    again = pt.routing_report()
+    assert {d["direction"]: d["winner"] for d in again} == first
+    assert all(d["reason"].startswith("stored: ") for d in again)
+    names = {"forward": "forward", "backward data": "backward_data",
+             "backward filter": "backward_filter"}
+    for direction, winner in first.items():
+        searched = tuple(x.shape) in _searched_shapes(names[direction])
+        assert searched == (winner == "pycudnn"), (direction, winner)
+    ref_y, gx, gw, gb = _reference(x, w, b, gy)
+    for got, ref in ((y, ref_y), (x.grad, gx), (w.grad, gw), (b.grad, gb)):
+        assert _err(got, ref) < 1e-4

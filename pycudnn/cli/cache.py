@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from ..errors import TuningDatabaseWarning
-from ..search import tuning_db
+from ..search import route_store, tuning_db
 from .environment import version_text
 from .errors import RunError, UsageError
 from .models import SHORT
@@ -94,6 +94,9 @@ def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
     if action == "clear":
         n = tuning_db.clear()
         print(terminal_safe(f"removed {n} records from {tuning_db.path()}"))
+        n = route_store.clear()
+        if n:
+            print(terminal_safe(f"removed {n} routing decisions from {route_store.path()}"))
         return 0
     if not args.file:
         raise UsageError(f"cache {action} needs a FILE")
@@ -137,8 +140,10 @@ def _show_database(args: argparse.Namespace, tuning_db: Any) -> int:
         warnings.filterwarnings("ignore", message=r"pycudnn tuning database .* refused: ",
                                 category=TuningDatabaseWarning)  # shown as the state
         rows = tuning_db.entries(set_aside=False)
+        routes = route_store.entries(set_aside=False)
     if args.json:  # json.dumps escapes every control and non-ASCII character
-        print(json.dumps({"path": tuning_db.path(), "entries": rows}, indent=1))
+        print(json.dumps({"path": tuning_db.path(), "entries": rows,
+                          "routes_path": route_store.path(), "routes": routes}, indent=1))
     else:
         why = tuning_db.refused()
         state = ("" if tuning_db.enabled() else " (turned off: PYCUDNN_TUNING_DB=0)") + (
@@ -146,9 +151,28 @@ def _show_database(args: argparse.Namespace, tuning_db: Any) -> int:
         print(terminal_safe(f"{tuning_db.path()}: {len(rows)} records{state}"))
         if rows:
             print(text_table(_CACHE_COLUMNS, _summaries(rows), {8}))
+        _show_routes(routes)
     for w in caught:
         print(f"pycudnn cache show: {terminal_safe(w.message)}", file=sys.stderr)
     return 0
+
+
+_ROUTE_COLUMNS = ["direction", "winner", "layer", "torch us/call", "pycudnn us/call", "why"]
+
+
+def _show_routes(routes: list[dict[str, Any]]) -> None:
+    """The routing decisions of pycudnn.torch (which library runs each signature, and why);
+    nothing where there are none."""
+    if not routes:
+        return
+    torch_won = sum(r["winner"] == "torch" for r in routes)
+    print(terminal_safe(f"{route_store.path()}: {len(routes)} routing decisions of pycudnn.torch "
+                        f"({torch_won} to PyTorch's convolution)"))
+    rows = [[terminal_safe(c) for c in (
+            r["key"]["direction"], r["winner"], r["key"]["signature"],
+            format_number(r["torch_call_us"], 1), format_number(r["pycudnn_call_us"], 1),
+            r["reason"])] for r in routes]
+    print(text_table(_ROUTE_COLUMNS, rows, {3, 4}))
 
 
 def _show_file(args: argparse.Namespace, tuning_db: Any) -> int:

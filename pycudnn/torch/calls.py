@@ -15,6 +15,7 @@ unit height, as PyTorch's cuDNN path runs them.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import threading
 from typing import Any, Callable
@@ -575,24 +576,34 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
         _remember(_FWD, key, (None, _DENSE))
         return _forward_other(_DENSE, key, op, x, w, b, z, alpha, geom)
     tdev = x.device
+    fk = key[-1]
+    replayable = _aligned(x, w, b, z) and 0 not in shape and x.numel() > 0
+    measure = replayable and op == "conv" and z is None and routing.should_measure(fk[3], fk[1], fk[2])
+    verdict = None
+    if measure:
+        dev = tdev.index
+        signature = _signature(x, w, geom)
+        theirs = lambda: _TORCH_CONV[len(geom[0])](x, w, b, *geom)  # noqa: E731
+        verdict = routing.prejudge(signature, "forward", theirs, dev, _stream(dev), fk[1:3])
+        if verdict == "torch":  # decided before pycudnn's search: none runs
+            _remember(_FWD, key, (None, _TORCH, fmt))
+            return theirs(), x, w, fmt, key
     y = torch.empty(shape, dtype=x.dtype, device=tdev, memory_format=fmt)
     zero = 0
     if b is None and op != "conv":
         zb = _zero_bias(shape[1], x.dtype, tdev)
         zero = zb.data_ptr()
     prepared = None
-    if _aligned(x, w, y, b, z) and 0 not in shape and x.numel():
-        prepared = _forward_public(op, x, w, b, z, alpha, geom, y, key[-1], want_prepared=True)
+    if replayable:
+        prepared = _forward_public(op, x, w, b, z, alpha, geom, y, fk, want_prepared=True)
     else:
-        _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
+        _forward_public(op, x, w, b, z, alpha, geom, y, fk)
     if prepared is not None:
         _remember(_FWD, key, (prepared.launcher, shape, fmt, tdev, zero))
-        if op == "conv" and z is None and routing.should_measure(key[-1][3], key[-1][1], key[-1][2]):
-            dev = tdev.index
+        if measure and verdict is None:
             if not routing.pycudnn_wins(
-                    _signature(x, w, geom), "forward",
-                    lambda: run_forward(op, x, w, b, z, alpha, geom),
-                    lambda: _TORCH_CONV[len(geom[0])](x, w, b, *geom), dev, _stream(dev)):
+                    signature, "forward", lambda: run_forward(op, x, w, b, z, alpha, geom),
+                    theirs, dev, _stream(dev), fk[1:3]):
                 _remember(_FWD, key, (None, _TORCH, fmt))
     else:
         _remember(_FWD, key, (None, _PUBLIC))
@@ -740,31 +751,39 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other:
         return _torch_backward(direction, a, b, other, geom), True
     _note_devices()
     shape = other.shape
-    out = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
+    fk = key[-1]
     if e is not None:  # (None, _PUBLIC)
-        _backward_public(direction, a, b, out, geom, key[-1])
+        out = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
+        _backward_public(direction, a, b, out, geom, fk)
         return out, False
+    replayable = _aligned(a, b) and math.prod(shape) > 0 and a.numel() > 0 and b.numel() > 0
+    measure = replayable and routing.should_measure(fk[3], fk[1], fk[2])
+    verdict = None
+    if measure:
+        dev = a.get_device()
+        x, w = (other, b) if direction == "data" else (a, other)
+        signature, what = _signature(x, w, geom), f"backward {direction}"
+        theirs = lambda: _torch_backward(direction, a, b, other, geom)  # noqa: E731
+        verdict = routing.prejudge(signature, what, theirs, dev, _stream(dev), fk[1:3])
+        if verdict == "torch":  # decided before pycudnn's search: none runs
+            _remember(_BWD, key, (None, _TORCH))
+            return theirs(), True
+    out = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
     prepared = None
-    if _aligned(a, b, out) and out.numel() and a.numel() and b.numel():
-        prepared = _backward_public(direction, a, b, out, geom, key[-1], want_prepared=True)
+    if replayable:
+        prepared = _backward_public(direction, a, b, out, geom, fk, want_prepared=True)
     else:
-        _backward_public(direction, a, b, out, geom, key[-1])
+        _backward_public(direction, a, b, out, geom, fk)
     if prepared is None:
         _remember(_BWD, key, (None, _PUBLIC))
         return out, False
     _remember(_BWD, key, (prepared.launcher, tuple(shape), fmt, a.device, 0))
-    fk = key[-1]
-    if routing.should_measure(fk[3], fk[1], fk[2]):
-        dev = a.get_device()
+    if measure and verdict is None:
         if direction == "data":
-            x, w = other, b
             ours: Callable[[], Any] = lambda: run_backward_data(a, w, x, fmt, geom)
         else:
-            x, w = a, other
             ours = lambda: run_backward_filter(x, b, w, fmt, geom)
-        if not routing.pycudnn_wins(_signature(x, w, geom), f"backward {direction}", ours,
-                                    lambda: _torch_backward(direction, a, b, other, geom), dev,
-                                    _stream(dev)):
+        if not routing.pycudnn_wins(signature, what, ours, theirs, dev, _stream(dev), fk[1:3]):
             _remember(_BWD, key, (None, _TORCH))
     return out, False
 

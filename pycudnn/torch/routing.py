@@ -15,6 +15,16 @@ back to back; otherwise the signature runs through PyTorch's convolution from th
 cuDNN, a cheaper call). A layer whose forward and backward both went to PyTorch skips pycudnn's
 autograd function altogether. `report()` lists every decision with its figures.
 
+Two things keep this from costing a model's first step more than PyTorch's own:
+
+* a decision is stored on disk (`pycudnn.search.route_store`, beside the tuning database) and
+  the next process takes it from there: no timing, and no search of pycudnn's candidates for a
+  signature PyTorch won;
+* before pycudnn searches a new signature, PyTorch's call is timed alone (`prejudge`): where it
+  takes less time back to back than pycudnn's calls cost the host (`host_floor`, the least
+  back-to-back time of a host-bound pycudnn launch seen so far in that direction), pycudnn
+  cannot win the duel, and the signature goes to PyTorch unsearched.
+
 Routing applies to plain convolutions (with or without bias), not to the fused ones, which are
 pycudnn's to run; and only where PyTorch would honour the same numerical flags (pycudnn's own
 ``deterministic=True`` or ``allow_tf32=False`` beyond PyTorch's keep the signature in pycudnn).
@@ -34,8 +44,10 @@ import torch
 
 from pycudnn.configuration import config
 from pycudnn.runtime.gate import MAX_QUEUED, gate_for
+from pycudnn.search import route_store
 
-__all__ = ["MARGIN", "RouteDecision", "set_routing", "routing", "report", "clear_report"]
+__all__ = ["MARGIN", "RouteDecision", "set_routing", "routing", "report", "clear_report",
+           "prejudge", "pycudnn_wins", "host_floor"]
 
 #: how much lower pycudnn's GPU time per call must be to keep a signature (a tie goes to PyTorch,
 #: whose call costs less host time)
@@ -48,8 +60,12 @@ _MODES = ("auto", "pycudnn")
 _mode = os.environ.get("PYCUDNN_TORCH_ROUTING", "auto").strip().lower() or "auto"
 if _mode not in _MODES:
     _mode = "auto"
+#: a pycudnn launch whose GPU time is below this share of its back-to-back time is host-bound:
+#: its back-to-back time is what a pycudnn call costs the host (see `host_floor`)
+_HOST_BOUND_SHARE = 0.5
 _lock = threading.Lock()
 _decisions: collections.deque[RouteDecision] = collections.deque(maxlen=4096)
+_host_floor: dict[str, float] = {}  # direction -> least back-to-back us of a host-bound launch
 
 
 @dataclass(frozen=True)
@@ -88,8 +104,16 @@ def report() -> list[dict[str, Any]]:
 
 
 def clear_report() -> None:
+    """Forget this process's decisions and what it learnt of pycudnn's host cost."""
     with _lock:
         _decisions.clear()
+        _host_floor.clear()
+
+
+def host_floor(direction: str) -> float | None:
+    """The least time per call (us) a pycudnn launch of ``direction`` took back to back where the
+    host, not the GPU, bound it; None until such a launch has been timed in this process."""
+    return _host_floor.get(direction)
 
 
 def should_measure(benchmark: bool, torch_tf32: bool, torch_deterministic: bool) -> bool:
@@ -143,10 +167,56 @@ def _time(fn: Callable[[], Any], device: int, stream: int) -> tuple[float, float
     return start.elapsed_time(end) / n * 1e3, call_us
 
 
+def _stored_key(signature: str, direction: str, device: int,
+                flags: tuple[bool, bool] | None) -> dict[str, Any] | None:
+    if flags is None:
+        return None
+    try:
+        return route_store.decision_key(signature, direction, device, *flags, torch.__version__,
+                                        torch.backends.cudnn.version() or 0)
+    except Exception:  # noqa: BLE001 - no identity for this device: decide in this process only
+        return None
+
+
+def prejudge(signature: str, direction: str, theirs: Callable[[], Any], device: int,
+             stream: int, flags: tuple[bool, bool] | None = None) -> str | None:
+    """What is known of a new signature before pycudnn searches it: ``"torch"`` or
+    ``"pycudnn"`` where a stored decision (for PyTorch's ``flags``: allow_tf32, deterministic)
+    says so, ``"torch"`` where PyTorch's call ``theirs`` runs back to back in less time than a
+    pycudnn call costs the host (`host_floor`), else None (the duel decides, `pycudnn_wins`).
+    ``theirs`` runs (PyTorch's own search, benchmark mode) only in the second case."""
+    key = _stored_key(signature, direction, device, flags)
+    stored = route_store.lookup(key) if key is not None else None
+    if stored is not None:
+        _record(RouteDecision(signature, direction, stored["winner"], stored["pycudnn_gpu_us"],
+                              stored["torch_gpu_us"], stored["pycudnn_call_us"],
+                              stored["torch_call_us"], f"stored: {stored['reason']}"))
+        return str(stored["winner"])
+    floor = _host_floor.get(direction)
+    if floor is None:
+        return None
+    try:
+        theirs()
+    except Exception:  # noqa: BLE001 - the duel records PyTorch's refusal
+        return None
+    tg, tc = _time(theirs, device, stream)
+    if tc >= floor:
+        return None
+    decision = RouteDecision(signature, direction, "torch", 0.0, tg, floor, tc,
+                             f"PyTorch's call {tc:.1f} us back to back, below pycudnn's host cost "
+                             f"{floor:.1f} us: not searched")
+    _record(decision)
+    if key is not None:
+        route_store.store(key, "torch", asdict(decision), decision.reason)
+    return "torch"
+
+
 def pycudnn_wins(signature: str, direction: str, ours: Callable[[], Any],
-                 theirs: Callable[[], Any], device: int, stream: int) -> bool:
+                 theirs: Callable[[], Any], device: int, stream: int,
+                 flags: tuple[bool, bool] | None = None) -> bool:
     """Time ``ours`` (pycudnn's launch) and ``theirs`` (PyTorch's call) twice each, alternating;
-    record the decision; whether pycudnn keeps the signature."""
+    record the decision (and store it, given PyTorch's ``flags``: allow_tf32, deterministic);
+    whether pycudnn keeps the signature."""
     try:
         theirs()  # PyTorch's own search for this signature (benchmark mode), outside the timing
     except Exception as exc:  # noqa: BLE001 - PyTorch refuses what pycudnn runs: pycudnn's then
@@ -163,8 +233,15 @@ def pycudnn_wins(signature: str, direction: str, ours: Callable[[], Any],
         win, reason = False, "slower back to back (host time)"
     else:
         win, reason = True, "faster on the GPU and back to back"
-    _record(RouteDecision(signature, direction, "pycudnn" if win else "torch", og, tg, oc, tc,
-                          reason))
+    decision = RouteDecision(signature, direction, "pycudnn" if win else "torch", og, tg, oc, tc,
+                             reason)
+    _record(decision)
+    if og < _HOST_BOUND_SHARE * oc:
+        with _lock:
+            _host_floor[direction] = min(oc, _host_floor.get(direction, oc))
+    key = _stored_key(signature, direction, device, flags)
+    if key is not None:
+        route_store.store(key, decision.winner, asdict(decision), reason)
     return win
 
 
