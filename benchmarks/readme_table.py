@@ -2,12 +2,14 @@
 
     python3 benchmarks/readme_table.py benchmarks/results/2026-12-01/zoo.json   # rewrite README
     python3 benchmarks/readme_table.py --training zoo_resnet50.json             # the training table
+    python3 benchmarks/readme_table.py --first zoo_first.json                   # the first-step table
     python3 benchmarks/readme_table.py --check                                  # 1 if stale
 
-Two tables, each between its markers in README.md: the model table (`render`: converted
-training, fused inference, first step, per zoo model) and the training table (`render_training`:
+Three tables, each between its markers in README.md: the model table (`render`: converted
+training and fused inference per zoo model), the training table (`render_training`:
 converted and fused training, eager and in a CUDA graph, per model and batch; the
-``train,graph`` parts). The first line inside each names the results file it was made from, so
+``train,graph`` parts) and the first-step table (`render_first`: the first training step of a
+fresh process, with an empty and with a filled tuning database; the ``first`` part). The first line inside each names the results file it was made from, so
 ``--check`` (and the CPU test that runs it) can tell whether the README still says what that
 file says; the two may come from different runs (each figure's commit is in its table).
 """
@@ -24,6 +26,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- zoo-table:begin -->", "<!-- zoo-table:end -->"
 TRAIN_BEGIN, TRAIN_END = "<!-- training-table:begin -->", "<!-- training-table:end -->"
+FIRST_BEGIN, FIRST_END = "<!-- first-step-table:begin -->", "<!-- first-step-table:end -->"
 
 
 #: the results "file" of a README that quotes no figure (none measured at its code)
@@ -40,8 +43,8 @@ def render(results_file: str) -> str:
                            "commit, in CHANGELOG.md.", END])
     data = json.loads((ROOT / results_file).read_text())
     lines = [BEGIN, f"<!-- made by benchmarks/readme_table.py from {results_file} -->", "",
-             "| model | training step, batch 64: convert | fused inference, batch 128 | first training step of a fresh process, pycudnn / PyTorch |",
-             "|---|---|---|---|"]
+             "| model | training step, batch 64: convert | fused inference, batch 128 |",
+             "|---|---|---|"]
     train, infer = [], []
     for name, row in data["models"].items():
         t = row.get("train", {}).get("batch64", {})
@@ -52,13 +55,10 @@ def render(results_file: str) -> str:
             train.append(tr)
         if ir is not None:
             infer.append(ir)
-        f = row.get("first", {})
-        first = (f"{f['pycudnn']:.1f} s / {f['torch']:.1f} s" if "pycudnn" in f and "torch" in f
-                 else "not measured")
-        lines.append(f"| {name} | {_x(tr)} | {_x(ir)} | {first} |")
+        lines.append(f"| {name} | {_x(tr)} | {_x(ir)} |")
     if train or infer:
         lines.append(f"| geomean | {_x(statistics.geometric_mean(train) if train else None)} | "
-                     f"{_x(statistics.geometric_mean(infer) if infer else None)} | |")
+                     f"{_x(statistics.geometric_mean(infer) if infer else None)} |")
     lines += ["", _measured(data), END]
     return "\n".join(lines)
 
@@ -94,6 +94,36 @@ def render_training(results_file: str) -> str:
     return "\n".join(lines)
 
 
+def render_first(results_file: str) -> str:
+    """The first-step table's README block for ``results_file``: per model, PyTorch's first
+    training step in a fresh process and pycudnn's, with an empty and with a filled tuning
+    database, as seconds and as a share of PyTorch's."""
+    if results_file == NONE:
+        return "\n".join([FIRST_BEGIN, f"<!-- made by benchmarks/readme_table.py from {NONE} -->",
+                           "", "No first-step figures measured at the current code yet.", FIRST_END])
+    data = json.loads((ROOT / results_file).read_text())
+    lines = [FIRST_BEGIN, f"<!-- made by benchmarks/readme_table.py from {results_file} -->", "",
+             "| model | PyTorch | pycudnn, empty tuning database | pycudnn, filled tuning database |",
+             "|---|---|---|---|"]
+    for name, row in data["models"].items():
+        f = row.get("first", {})
+        torch_s = f.get("torch")
+
+        def cell(key: str) -> str:
+            s = f.get(key)
+            if s is None or not torch_s:
+                return "not measured"
+            return f"{s:.1f} s ({s / torch_s:.2f}x)"
+
+        lines.append(f"| {name} | {'not measured' if torch_s is None else f'{torch_s:.1f} s'} | "
+                     f"{cell('pycudnn')} | {cell('pycudnn_filled_db')} |")
+    lines += ["", f"Seconds of the first training step of a fresh process (below 1x is better), "
+              f"batch 64, bf16 channels_last, benchmark mode, {data['device']}, PyTorch "
+              f"{data['torch']}, cuDNN {data['cudnn']}; measured at commit {data['commit']} by "
+              f"`{data['command']}`.", FIRST_END]
+    return "\n".join(lines)
+
+
 def _rate(row: dict) -> str:
     r = row.get("torch", {}).get("steps_per_s")
     return "not measured" if r is None else f"{r:.1f}"
@@ -114,8 +144,9 @@ def current(readme: str, begin: str = BEGIN, end: str = END) -> tuple[str, str] 
 
 
 #: the generated blocks: (markers, renderer, the option that names its results file)
-BLOCKS = (((BEGIN, END), render, "results"), ((TRAIN_BEGIN, TRAIN_END), render_training,
-                                              "training"))
+BLOCKS = (((BEGIN, END), render, "results"),
+          ((TRAIN_BEGIN, TRAIN_END), render_training, "training"),
+          ((FIRST_BEGIN, FIRST_END), render_first, "first"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"(default: the one README names)")
     ap.add_argument("--training", help="zoo.py results file (train,graph parts) for the "
                                        "training table (default: the one README names)")
+    ap.add_argument("--first", help="zoo.py results file (first part) for the first-step table "
+                                    "(default: the one README names)")
     ap.add_argument("--check", action="store_true", help="exit 1 if a README table is stale")
     args = ap.parse_args(argv)
     readme_path = ROOT / "README.md"

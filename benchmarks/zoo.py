@@ -292,7 +292,9 @@ def part_check(name: str, args) -> dict:
 
 
 def first_step_child(name: str, side: str, batch: int) -> None:
-    """In a fresh process: one training step of ``side``, its seconds printed as JSON."""
+    """In a fresh process: one training step of ``side``, its seconds printed as JSON (for
+    pycudnn, with how routing decided the signatures: measured, taken from the stored decisions,
+    or given to PyTorch unsearched)."""
     torch.backends.cudnn.benchmark = True
     model = make(name, torch.bfloat16)
     if side == "pycudnn":
@@ -305,25 +307,42 @@ def first_step_child(name: str, side: str, batch: int) -> None:
     t0 = time.perf_counter()
     step(model, opt, x, y)
     torch.cuda.synchronize()
-    print(json.dumps({"first_step_s": time.perf_counter() - t0}))
+    out: dict[str, Any] = {"first_step_s": time.perf_counter() - t0}
+    if side == "pycudnn":
+        decisions = pt.routing_report()
+        out["routing"] = {
+            "to_torch": sum(d["winner"] == "torch" for d in decisions),
+            "kept": sum(d["winner"] == "pycudnn" for d in decisions),
+            "stored": sum(d["reason"].startswith("stored: ") for d in decisions),
+            "unsearched": sum("not searched" in d["reason"] for d in decisions)}
+    print(json.dumps(out))
 
 
 def part_first(name: str, args) -> dict:
+    """The first training step of a fresh process (batch ``--batch``): PyTorch's, pycudnn's with
+    an empty tuning database, and pycudnn's again in a second process on the database (and
+    routing decisions) the first one left."""
     import tempfile
 
     row: dict = {}
-    for side in ("torch", "pycudnn"):
-        with tempfile.TemporaryDirectory() as cache:
-            env = dict(os.environ, PYCUDNN_CACHE_DIR=cache)
+    runs = (("torch", "torch"), ("pycudnn", "pycudnn"), ("pycudnn_filled_db", "pycudnn"))
+    with tempfile.TemporaryDirectory() as cache:
+        for label, side in runs:
+            env = dict(os.environ, PYCUDNN_CACHE_DIR=os.path.join(cache, side))
             out = subprocess.run([sys.executable, __file__, "--first-child", side, "--models", name,
                                   "--batch", str(args.batch[0])], env=env, capture_output=True,
                                  text=True, timeout=600)
             if out.returncode:
-                raise RuntimeError(f"{side} child failed: {out.stderr.strip().splitlines()[-1:]}")
-            row[side] = json.loads(out.stdout.strip().splitlines()[-1])["first_step_s"]
+                raise RuntimeError(f"{label} child failed: {out.stderr.strip().splitlines()[-1:]}")
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            row[label] = got["first_step_s"]
+            if "routing" in got:
+                row[f"{label}_routing"] = got["routing"]
     row["pycudnn_over_torch_time"] = row["pycudnn"] / row["torch"]
+    row["filled_db_over_torch_time"] = row["pycudnn_filled_db"] / row["torch"]
     print(f"{name:20} first step b{args.batch[0]:<4} torch {row['torch']:6.2f} s  pycudnn "
-          f"{row['pycudnn']:6.2f} s", flush=True)
+          f"{row['pycudnn']:6.2f} s  (filled tuning database {row['pycudnn_filled_db']:6.2f} s)",
+          flush=True)
     return row
 
 

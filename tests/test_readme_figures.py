@@ -19,7 +19,7 @@ def _table_module():
     return mod
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["model-table", "training-table"])
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["model-table", "training-table", "first-step-table"])
 def test_readme_table_matches_its_results_file(which):
     mod = _table_module()
     (begin, end), make, _ = mod.BLOCKS[which]
@@ -42,15 +42,14 @@ def test_render_states_every_model_its_commit_and_missing_figures(tmp_path):
             "command": "benchmarks/zoo.py", "models": {
                 "resnet50": {"train": {"batch64": {"pycudnn_over_torch": 1.25,
                                                    "fused_over_torch": 1.5}},
-                             "infer": {"fused_over_torch": 2.0},
-                             "first": {"pycudnn": 2.0, "torch": 4.0}},
+                             "infer": {"fused_over_torch": 2.0}},
                 "densenet121": {"train": {"error": "RuntimeError: boom"}}}}
     f = tmp_path / "zoo.json"
     f.write_text(json.dumps(data))
     text = mod.render(str(f))
-    assert "| resnet50 | 1.25x | 2.00x | 2.0 s / 4.0 s |" in text
-    assert "| densenet121 | not measured | not measured | not measured |" in text
-    assert "| geomean | 1.25x | 2.00x | |" in text
+    assert "| resnet50 | 1.25x | 2.00x |" in text
+    assert "| densenet121 | not measured | not measured |" in text
+    assert "| geomean | 1.25x | 2.00x |" in text
     assert "commit abc1234" in text and "`benchmarks/zoo.py`" in text
 
 
@@ -73,6 +72,20 @@ def test_render_training_states_each_batch_eager_and_in_a_cuda_graph(tmp_path):
             "not measured |") in text
     assert text.index("resnet50, 64") < text.index("resnet50, 256")  # by batch, not as text
     assert "commit abc1234" in text and text.startswith(mod.TRAIN_BEGIN)
+
+
+def test_render_first_gives_seconds_and_shares_of_pytorchs(tmp_path):
+    mod = _table_module()
+    data = {"commit": "abc1234", "device": "NVIDIA H200", "torch": "2.11", "cudnn": 91900,
+            "command": "benchmarks/zoo.py --parts first", "models": {
+                "resnet50": {"first": {"torch": 12.0, "pycudnn": 4.0, "pycudnn_filled_db": 3.0}},
+                "convnext_tiny": {"first": {"error": "RuntimeError: boom"}}}}
+    f = tmp_path / "zoo.json"
+    f.write_text(json.dumps(data))
+    text = mod.render_first(str(f))
+    assert "| resnet50 | 12.0 s | 4.0 s (0.33x) | 3.0 s (0.25x) |" in text
+    assert "| convnext_tiny | not measured | not measured | not measured |" in text
+    assert "commit abc1234" in text and text.startswith(mod.FIRST_BEGIN)
 
 
 def test_render_of_no_results_says_so():

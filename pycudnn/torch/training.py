@@ -42,6 +42,7 @@ from pycudnn.runtime.handle import get_handle
 
 from .calls import (autocast_dtype, autocast_enabled, c_apply, geometry, grad_enabled,
                     pytorch_only, run_backward, run_forward)
+from .library import compiler, dynamo_compiling
 
 __all__ = ["ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d", "fuse_for_training", "unfuse_training"]
 
@@ -318,6 +319,10 @@ class _ConvBnBase(torch.nn.Module):
         """The fused call, or None where this call does not fit cuDNN's fused kernels."""
         bn, conv = self.bn, self.conv
         if not (bn.training and x.is_cuda) or pytorch_only():
+            return None
+        if dynamo_compiling() or compiler._is_compiling_flag:
+            # traced (torch.compile, torch.export): the original modules, which the compiler
+            # sees through (the converted convolutions included) and fuses by itself
             return None
         w, cb = conv.weight, conv.bias
         if autocast_enabled():
