@@ -92,7 +92,8 @@ def test_info_json(tmp_path):
     info = json.loads(proc.stdout)
     assert info["cudnn"]["found_via"] and info["cudnn"]["path"]
     assert info["tuning_db"] == {"path": str(tmp_path / tuning_db.FILE_NAME), "enabled": True,
-                                 "entries": 0}
+                                 "entries": 0, "routes": {"path": str(tmp_path / "routes-v1.json"),
+                                                          "entries": 0, "to_torch": 0}}
     assert (info["devices"] == []) == (info["no_gpu_reason"] is not None)
 
 

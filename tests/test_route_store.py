@@ -185,6 +185,9 @@ def test_pycudnn_cache_lists_and_clears_the_decisions(store):
     assert "1 routing decisions of pycudnn.torch (1 to PyTorch's convolution)" in out
     assert "slower back to back (host time)" in out and "x[64, 64, 56, 56]" in out
     assert json.loads(cli("show", "--json"))["routes"][0]["winner"] == "torch"
+    info = subprocess.run([sys.executable, "-m", "pycudnn", "info"], env=env, cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
+    assert "1 decisions of pycudnn.torch, 1 to PyTorch's convolution" in info
     assert "removed 1 routing decisions" in cli("clear")
     store.forget()
     assert store.lookup(key("forward")) is None and "routing decisions" not in cli("show")

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import CudnnNotFoundError, TuningDatabaseWarning
 from ..ffi import library as _lib
-from ..search import tuning_db
+from ..search import route_store, tuning_db
 from .environment import cuda_mismatches, cuda_text, dist_version, list_devices, version_text
 from .report import format_bytes, terminal_safe
 
@@ -52,6 +52,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         with warnings.catch_warnings(record=True) as caught:  # shown in the report below
             warnings.simplefilter("always", TuningDatabaseWarning)
             db["entries"] = len(tuning_db.entries(set_aside=False))  # info changes nothing
+            routes = route_store.entries(set_aside=False)
+            db["routes"] = {"path": route_store.path(), "entries": len(routes),
+                            "to_torch": sum(r["winner"] == "torch" for r in routes)}
         if caught:
             db["warnings"] = [str(w.message) for w in caught]
     except OSError as exc:
@@ -96,6 +99,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     state = "" if db["enabled"] else " [disabled: PYCUDNN_TUNING_DB=0 or config.tuning_db=False]"
     count = f"{db['entries']} records" if "entries" in db else f"unreadable: {db.get('error')}"
     out.append(f"tuning DB    {db['path']} ({count}){state}")
+    routes = db.get("routes")
+    if routes and routes["entries"]:
+        out.append(f"routing      {routes['path']} ({routes['entries']} decisions of "
+                   f"pycudnn.torch, {routes['to_torch']} to PyTorch's convolution: "
+                   f"pycudnn cache show lists them)")
     out.extend(f"warning      {terminal_safe(w)}" for w in db.get("warnings", ()))
     pk = ", ".join(f"{k} {v}" for k, v in info["packages"].items() if v)
     out.append(f"packages     {pk}")
