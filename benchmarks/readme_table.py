@@ -69,15 +69,23 @@ def _measured(data: dict) -> str:
             f"commit {data['commit']} by `{data['command']}`.")
 
 
+def _head(begin: str, results_file: str) -> list[str]:
+    """A block's first lines: its marker and the results file it is made from."""
+    return [begin, f"<!-- made by benchmarks/readme_table.py from {results_file} -->", ""]
+
+
+def _no_figures(begin: str, end: str, text: str) -> str:
+    return "\n".join([*_head(begin, NONE), text, end])
+
+
 def render_training(results_file: str) -> str:
     """The training table's README block for ``results_file``: per model and batch size, the
     converted model and the converted + `fuse_for_training` one, eager and with the whole step
     in a CUDA graph, each against PyTorch's eager / CUDA-graph step."""
     if results_file == NONE:
-        return "\n".join([TRAIN_BEGIN, f"<!-- made by benchmarks/readme_table.py from {NONE} -->",
-                           "", "No training figures measured at the current code yet.", TRAIN_END])
+        return _no_figures(TRAIN_BEGIN, TRAIN_END, "No training figures measured at the current code yet.")
     data = json.loads((ROOT / results_file).read_text())
-    lines = [TRAIN_BEGIN, f"<!-- made by benchmarks/readme_table.py from {results_file} -->", "",
+    lines = [*_head(TRAIN_BEGIN, results_file),
              "| model, batch | PyTorch eager steps/s | convert | convert + fuse_for_training | PyTorch in a CUDA graph, steps/s | convert, CUDA graph | fused, CUDA graph |",
              "|---|---|---|---|---|---|---|"]
     for name, row in data["models"].items():
@@ -99,10 +107,9 @@ def render_first(results_file: str) -> str:
     training step in a fresh process and pycudnn's, with an empty and with a filled tuning
     database, as seconds and as a share of PyTorch's."""
     if results_file == NONE:
-        return "\n".join([FIRST_BEGIN, f"<!-- made by benchmarks/readme_table.py from {NONE} -->",
-                           "", "No first-step figures measured at the current code yet.", FIRST_END])
+        return _no_figures(FIRST_BEGIN, FIRST_END, "No first-step figures measured at the current code yet.")
     data = json.loads((ROOT / results_file).read_text())
-    lines = [FIRST_BEGIN, f"<!-- made by benchmarks/readme_table.py from {results_file} -->", "",
+    lines = [*_head(FIRST_BEGIN, results_file),
              "| model | PyTorch | pycudnn, empty tuning database | pycudnn, filled tuning database |",
              "|---|---|---|---|"]
     for name, row in data["models"].items():
