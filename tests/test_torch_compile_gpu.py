@@ -93,25 +93,26 @@ def test_dynamo_finds_no_graph_break_in_a_converted_and_a_fused_model():
 def test_dynamo_traces_a_fused_training_model_through_its_original_modules():
     """fuse_for_training's blocks in training mode: dynamo traces their unfused path (the
     converted convolution, batch norm, add, ReLU) without a graph break, and the compiled
-    step computes the eager model's output and gradients."""
+    step computes the unfused model's output and gradients (float32, TF32 off: the fused model's
+    batch norms are the unfused one's, so the two agree to float32 rounding)."""
     torch.manual_seed(0)
-    base = randomize_batchnorm(SmallResNet()).to(DEV, torch.bfloat16).to(memory_format=CL)
+    base = randomize_batchnorm(SmallResNet()).to(DEV).to(memory_format=CL)
     fused = pt.fuse_for_training(pt.convert(copy.deepcopy(base)))
     assert any(isinstance(m, pt.ConvBnReLU2d) for m in fused.modules())
-    x = torch.randn(4, 3, 16, 16, device=DEV, dtype=torch.bfloat16).to(memory_format=CL)
+    x = torch.randn(4, 3, 16, 16, device=DEV).to(memory_format=CL)
     breaks, graphs, ops, why = _explain(fused, x)
     assert (breaks, graphs) == (0, 1), why
     assert set(ops) == {"pycudnn.conv2d"}, ops
     eager = copy.deepcopy(base)
     out = torch.compile(fused, backend="aot_eager")(x)
-    out.float().sum().backward()
+    out.sum().backward()
     ref = eager(x)
-    ref.float().sum().backward()
-    assert rel_err(out, ref) < 0.05
+    ref.sum().backward()
+    assert rel_err(out, ref) < 1e-4
     theirs = dict(eager.named_parameters())
     for name, p in fused.named_parameters():
         assert p.grad is not None, name
-        assert rel_err(p.grad, theirs[name].grad) < 0.1, name
+        assert rel_err(p.grad, theirs[name].grad) < 1e-3, name
 
 
 def test_dynamo_finds_no_graph_break_in_torchvisions_resnet18():
