@@ -99,10 +99,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     state = "" if db["enabled"] else " [disabled: PYCUDNN_TUNING_DB=0 or config.tuning_db=False]"
     count = f"{db['entries']} records" if "entries" in db else f"unreadable: {db.get('error')}"
     out.append(f"tuning DB    {db['path']} ({count}){state}")
-    routes = db.get("routes")
-    if routes and routes["entries"]:
-        out.append(f"routing      {routes['path']} ({routes['entries']} decisions of "
-                   f"pycudnn.torch, {routes['to_torch']} to PyTorch's convolution: "
+    decided = db.get("routes")
+    if decided and decided["entries"]:
+        out.append(f"routing      {decided['path']} ({decided['entries']} decisions of "
+                   f"pycudnn.torch, {decided['to_torch']} to PyTorch's convolution: "
                    f"pycudnn cache show lists them)")
     out.extend(f"warning      {terminal_safe(w)}" for w in db.get("warnings", ()))
     pk = ", ".join(f"{k} {v}" for k, v in info["packages"].items() if v)
