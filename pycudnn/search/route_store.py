@@ -24,23 +24,36 @@ import atexit
 import datetime
 import json
 import logging
-import math
 import os
 import threading
 from typing import Any
 
 from . import tuning_db
-from .tuning_files import (RefusedFile, file_signature, locked, move_aside, process_lock,
-                           read_database, write_database)
-from .tuning_records import CorruptFile, canonical_json
+from .tuning_files import (
+    RefusedFile,
+    file_signature,
+    locked,
+    move_aside,
+    process_lock,
+    read_database,
+    write_database,
+)
+from .tuning_records import (
+    CorruptFile,
+    canonical_json,
+    checked_real,
+    checked_text,
+    document_text,
+    parse_document,
+    validate_gpu,
+)
 
-__all__ = ["FILE_NAME", "decision_key", "lookup", "store", "flush", "clear", "entries", "path"]
+__all__ = ["FILE_NAME", "clear", "decision_key", "entries", "flush", "lookup", "path", "store"]
 
 log = logging.getLogger("pycudnn")
 
 FILE_NAME = "routes-v1.json"
-_FORMAT = "pycudnn-routes"
-_FORMAT_VERSION = 1
+_DOCUMENT = ("pycudnn-routes", 1)  # the file's format name and version
 WINNERS = ("pycudnn", "torch")
 _FIGURES = ("pycudnn_gpu_us", "torch_gpu_us", "pycudnn_call_us", "torch_call_us")
 _KEY_FIELDS = {"gpu": dict, "cudnn": int, "torch": str, "torch_cudnn": int, "signature": str,
@@ -73,12 +86,6 @@ def decision_key(signature: str, direction: str, device: int, allow_tf32: bool,
             "deterministic": bool(deterministic)}
 
 
-def _check_text(name: str, v: Any, limit: int) -> str:
-    if not isinstance(v, str) or len(v) > limit or not v.isprintable():
-        raise ValueError(f"{name}: expected printable text of at most {limit} characters")
-    return v
-
-
 def _checked(entry: Any) -> tuple[str, dict[str, Any]]:
     """(key text, a checked copy of ``entry``); TypeError or ValueError naming what is wrong."""
     if not isinstance(entry, dict):
@@ -89,53 +96,21 @@ def _checked(entry: Any) -> tuple[str, dict[str, Any]]:
     for name, kind in _KEY_FIELDS.items():
         if type(key[name]) is not kind:
             raise TypeError(f"key.{name}: expected {kind.__name__}, got {type(key[name]).__name__}")
-    gpu = key["gpu"]
-    if set(gpu) != {"name", "compute_capability", "sm_count"}:
-        raise ValueError("key.gpu: expected name, compute_capability and sm_count")
+    validate_gpu(key["gpu"])
     for name in ("signature", "torch", "direction"):
-        _check_text(f"key.{name}", key[name], 512)
-    _check_text("key.gpu.name", gpu["name"], 256)
+        checked_text(f"key.{name}", key[name], 512)
     if entry.get("winner") not in WINNERS:
         raise ValueError(f"winner: expected one of {list(WINNERS)}, got {str(entry.get('winner'))[:40]!r}")
     out: dict[str, Any] = {"key": json.loads(canonical_json(key)), "winner": entry["winner"],
-           "reason": _check_text("reason", entry.get("reason", ""), 200)}
+           "reason": checked_text("reason", entry.get("reason", ""), 200)}
     for name in _FIGURES:
-        v: Any = entry.get(name)
-        if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"{name}: expected a finite number >= 0, got {str(v)[:40]!r}")
-        out[name] = float(v)
+        out[name] = checked_real(name, entry.get(name), 0.0)
     if "created" in entry:
-        out["created"] = _check_text("created", entry["created"], 64)
-    unknown = set(entry) - set(out) - {"created"}
+        out["created"] = checked_text("created", entry["created"], 64)
+    unknown = set(entry) - set(out)
     if unknown:
         raise ValueError(f"unknown field(s) {sorted(map(str, unknown))[:4]}")
     return canonical_json(out["key"]), out
-
-
-def _parse(text: str, where: str) -> dict[str, dict[str, Any]]:
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise CorruptFile(f"not JSON ({type(exc).__name__})") from None
-    if (not isinstance(doc, dict) or doc.get("format") != _FORMAT
-            or doc.get("version") != _FORMAT_VERSION or not isinstance(doc.get("entries"), list)):
-        raise CorruptFile(f"not a version-{_FORMAT_VERSION} {_FORMAT} document")
-    out: dict[str, dict[str, Any]] = {}
-    for i, entry in enumerate(doc["entries"]):
-        try:
-            k, checked = _checked(entry)
-        except (TypeError, ValueError, RecursionError) as exc:
-            log.warning("routing decisions %s: dropping entry %d (%s)", where, i, exc)
-            continue
-        out[k] = checked
-    return out
-
-
-def _text(entries_: dict[str, dict[str, Any]]) -> str:
-    lines = [json.dumps(e, sort_keys=True, separators=(",", ":"), allow_nan=False)
-             for e in entries_.values()]
-    return (json.dumps({"format": _FORMAT, "version": _FORMAT_VERSION})[:-1] + ', "entries": [\n'
-            + ",\n".join(lines) + ("\n" if lines else "") + "]}\n")
 
 
 def _read(file: str, set_aside: bool = True) -> dict[str, dict[str, Any]]:
@@ -147,7 +122,10 @@ def _read(file: str, set_aside: bool = True) -> dict[str, dict[str, Any]]:
     """
     try:
         text, _ = read_database(file)
-        return {} if text is None else _parse(text, file)
+        if text is None:
+            return {}
+        return parse_document(text, file, document=_DOCUMENT, validate=_checked,
+                              what="routing decisions")[0]
     except CorruptFile as exc:
         if set_aside:
             move_aside(file, str(exc))
@@ -232,7 +210,7 @@ def flush() -> None:
         with process_lock(), locked(file):
             current = _read(file)
             current.update(pending)
-            write_database(file, _text(current))
+            write_database(file, document_text(current.values(), document=_DOCUMENT))
         with _lock:
             _entries, _loaded_from = current, file
     except RefusedFile as exc:
@@ -269,7 +247,7 @@ def clear() -> int:
     try:
         with process_lock(), locked(file):
             n = len(_read(file))
-            write_database(file, _text({}))
+            write_database(file, document_text((), document=_DOCUMENT))
     except RefusedFile as exc:
         _refuse(file, exc)
         return 0

@@ -10,7 +10,7 @@ import datetime
 import json
 import logging
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .._version import __version__
 from .._types import BwdDataAlgo, BwdFilterAlgo, FwdAlgo, MathType
@@ -107,7 +107,9 @@ def _choice(name: str, v: Any, allowed: tuple[Any, ...]) -> Any:
     return v
 
 
-def _real(name: str, v: Any, lo: float | None = None) -> float:
+def checked_real(name: str, v: Any, lo: float | None = None) -> float:
+    """``v`` as a float when it is a finite int or float (not a bool) of at least ``lo``;
+    TypeError or ValueError naming ``name`` otherwise."""
     if type(v) not in (int, float):
         raise TypeError(f"{name}: expected a number, got {_brief(v)}")
     f = float(v)
@@ -117,7 +119,9 @@ def _real(name: str, v: Any, lo: float | None = None) -> float:
     return f
 
 
-def _text(name: str, v: Any, limit: int, printable: bool = True) -> str:
+def checked_text(name: str, v: Any, limit: int, printable: bool = True) -> str:
+    """``v`` when it is a string of at most ``limit`` characters, printable unless told;
+    TypeError or ValueError naming ``name`` otherwise."""
     if type(v) is not str:
         raise TypeError(f"{name}: expected a string, got {_brief(v)}")
     if len(v) > limit:
@@ -193,7 +197,7 @@ def params_from_dict(data: Any, device: int) -> Any:
     if (zs is not None) != (ep == "add_relu"):
         raise ValueError("params.z_strides: given exactly when the epilogue is 'add_relu'")
     v["z_strides"] = None if zs is None else _ints("params.z_strides", zs, rank, 0, _INT64_MAX)
-    v["alpha"] = alpha = _real("params.alpha", d["alpha"])
+    v["alpha"] = alpha = checked_real("params.alpha", d["alpha"])
     if ep != "add_relu" and alpha != 1.0:
         raise ValueError("params.alpha: other than 1.0 only with the 'add_relu' epilogue")
     n_align = 0 if eng == "v7" else {"": 3, "bias": 4, "bias_relu": 4, "add_relu": 5}[ep]
@@ -263,12 +267,12 @@ def validate_record(record: Any, params: Any) -> dict[str, Any]:
                   "engine_id": (True, lambda v: _int("record.engine_id", v, 0, _INT_MAX)),
                   "knobs": (True, _knobs),
                   "workspace": (True, lambda v: _int("record.workspace", v, 0)),
-                  "tag": (False, lambda v: _text("record.tag", v, 1024)),
+                  "tag": (False, lambda v: checked_text("record.tag", v, 1024)),
                   # written by earlier versions; plans are rebuilt from engine id and knobs now,
                   # so it is accepted (a string) and left out of the checked record
-                  "plan_json": (False, lambda v: _text("record.plan_json", v, 8 << 20,
+                  "plan_json": (False, lambda v: checked_text("record.plan_json", v, 8 << 20,
                                                        printable=False))}
-    checks["time_ms"] = (False, lambda v: _real("record.time_ms", v, 0.0))
+    checks["time_ms"] = (False, lambda v: checked_real("record.time_ms", v, 0.0))
     unknown = set(record) - set(checks)
     if unknown:
         raise ValueError(f"record: unknown field(s) {_brief(sorted(map(str, unknown)))} for the "
@@ -283,11 +287,13 @@ def validate_record(record: Any, params: Any) -> dict[str, Any]:
     return out
 
 
-def _validate_gpu(gpu: Any) -> dict[str, Any]:
+def validate_gpu(gpu: Any) -> dict[str, Any]:
+    """A checked copy of a stored GPU identity (`tuning_db.device_identity`'s fields);
+    ValueError naming what is wrong."""
     if not isinstance(gpu, dict) or set(gpu) != {"name", "compute_capability", "sm_count"}:
         raise ValueError(f"gpu: expected an object of name, compute_capability and sm_count, got "
                          f"{_brief(gpu)}")
-    return {"name": _text("gpu.name", gpu["name"], 256),
+    return {"name": checked_text("gpu.name", gpu["name"], 256),
             "compute_capability": list(_ints("gpu.compute_capability", gpu["compute_capability"],
                                              2, 0, 1000)),
             "sm_count": _int("gpu.sm_count", gpu["sm_count"], 0, 1 << 20)}
@@ -325,12 +331,12 @@ def validate_entry(entry: Any) -> tuple[str, dict[str, Any]]:
                          f"{p.cudnn_version}")
     if _choice("engine", entry["engine"], _ENGINES) != p.engine:
         raise ValueError(f"engine {entry['engine']!r} differs from the params' {p.engine!r}")
-    out = {"schema": schema, "gpu": _validate_gpu(entry["gpu"]),
+    out = {"schema": schema, "gpu": validate_gpu(entry["gpu"]),
            "cudnn_version": p.cudnn_version, "engine": p.engine, "params": params_to_dict(p),
            "record": validate_record(entry["record"], p)}
     for k in _OPTIONAL:
         if k in entry:
-            out[k] = _text(k, entry[k], 64)
+            out[k] = checked_text(k, entry[k], 64)
     return entry_key(out), out
 
 
@@ -409,35 +415,43 @@ def _too_deep(doc: Any) -> bool:
     return True
 
 
-def parse_document(text: str | bytes, where: str) -> tuple[dict[str, dict[str, Any]], int]:
-    """(key -> checked entry, number of entries dropped); CorruptFile when the document is broken."""
+def parse_document(text: str | bytes, where: str, *, document: tuple[str, int] = (_FORMAT, _FORMAT_VERSION),
+                   validate: Callable[[Any], tuple[str, dict[str, Any]]] = validate_entry,
+                   what: str = "tuning database") -> tuple[dict[str, dict[str, Any]], int]:
+    """(key -> checked entry, number of entries dropped) of a ``document`` (format name and
+    version: the tuning database's unless told) whose entries ``validate`` checks (`validate_entry`
+    unless told); CorruptFile when the document is broken. ``what`` names the file in the log."""
+    fmt, version = document
     try:
         doc = json.loads(text, parse_int=_bounded_int)
         if _too_deep(doc):
             raise ValueError(f"nested more than {_MAX_DEPTH} deep")
     except (ValueError, RecursionError, MemoryError) as exc:  # ValueError: JSON, UTF-8, int digits
         raise CorruptFile(f"not JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
-    if (not isinstance(doc, dict) or doc.get("format") != _FORMAT
-            or doc.get("version") != _FORMAT_VERSION or not isinstance(doc.get("entries"), list)):
-        raise CorruptFile(f"not a version-{_FORMAT_VERSION} {_FORMAT} document")
+    if (not isinstance(doc, dict) or doc.get("format") != fmt
+            or doc.get("version") != version or not isinstance(doc.get("entries"), list)):
+        raise CorruptFile(f"not a version-{version} {fmt} document")
     out: dict[str, dict[str, Any]] = {}
     dropped = 0
     for i, entry in enumerate(doc["entries"]):
         try:
-            key, checked = validate_entry(entry)
+            key, checked = validate(entry)
         except (KeyError, TypeError, ValueError, RecursionError, OverflowError) as exc:
             dropped += 1
             if dropped <= _LOG_DROPPED:
-                log.warning("tuning database %s: dropping entry %d (%s: %s)", where, i,
+                log.warning("%s %s: dropping entry %d (%s: %s)", what, where, i,
                             type(exc).__name__, exc)
             continue
         out[key] = checked
     if dropped > _LOG_DROPPED:
-        log.warning("tuning database %s: dropped %d unusable entries in all", where, dropped)
+        log.warning("%s %s: dropped %d unusable entries in all", what, where, dropped)
     return out, dropped
 
 
-def document_text(entries_: Iterable[dict[str, Any]]) -> str:
+def document_text(entries_: Iterable[dict[str, Any]], *,
+                  document: tuple[str, int] = (_FORMAT, _FORMAT_VERSION)) -> str:
+    """The file text of ``entries_``: one entry a line, in a ``document`` (format name and
+    version: the tuning database's unless told)."""
     lines = [json.dumps(e, sort_keys=True, separators=(",", ":"), allow_nan=False) for e in entries_]
-    head = json.dumps({"format": _FORMAT, "version": _FORMAT_VERSION})[:-1]
+    head = json.dumps({"format": document[0], "version": document[1]})[:-1]
     return head + ', "entries": [\n' + ",\n".join(lines) + ("\n" if lines else "") + "]}\n"
