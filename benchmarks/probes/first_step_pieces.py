@@ -2,8 +2,8 @@
 side (PyTorch with cudnn.benchmark on, PyTorch with it off, converted with an empty tuning
 database, converted again on the database the previous process filled), bf16 channels_last,
 batch 64. In the converted processes the time is split into pycudnn's own searches
-(`algos.try_all` for each direction, plan build and first run included), PyTorch's search inside
-the routing duel (its first call of the signature) and the duel's timing.
+(`try_all` as `pycudnn.api.conv` calls it, for each direction, plan build and first run
+included), PyTorch's search inside the routing duel (its first call of the signature) and the duel's timing.
 
     PYTHONPATH=. python3 benchmarks/probes/first_step_pieces.py --models resnet50,mobilenet_v3_large
 """
@@ -33,10 +33,10 @@ def child(model_name: str, side: str, batch: int) -> None:
               "duel_timing_s": 0.0, "duels": 0, "to_torch": 0}
     if side.startswith("pycudnn"):
         import pycudnn.torch as pt
-        from pycudnn.search import algos
+        from pycudnn.api import conv as api_conv
         from pycudnn.torch import calls, routing
 
-        inner_try_all = algos.try_all
+        inner_try_all = api_conv.try_all  # the name the convolutions call it by
 
         def timed_try_all(*a, **k):
             t = time.perf_counter()
@@ -46,7 +46,7 @@ def child(model_name: str, side: str, batch: int) -> None:
                 pieces["pycudnn_search_s"] += time.perf_counter() - t
                 pieces["searches"] += 1
 
-        algos.try_all = timed_try_all
+        api_conv.try_all = timed_try_all
         inner_wins = routing.pycudnn_wins
 
         def timed_wins(signature, direction, ours, theirs, device, stream):

@@ -583,7 +583,7 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
     if measure:
         dev = tdev.index
         signature = _signature(x, w, geom)
-        theirs = lambda: _TORCH_CONV[len(geom[0])](x, w, b, *geom)  # noqa: E731
+        theirs = lambda: _TORCH_CONV[len(geom[0])](x, w, b, *geom)
         verdict = routing.prejudge(signature, "forward", theirs, dev, _stream(dev), fk[1:3])
         if verdict == "torch":  # decided before pycudnn's search: none runs
             _remember(_FWD, key, (None, _TORCH, fmt))
@@ -600,11 +600,10 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
         _forward_public(op, x, w, b, z, alpha, geom, y, fk)
     if prepared is not None:
         _remember(_FWD, key, (prepared.launcher, shape, fmt, tdev, zero))
-        if measure and verdict is None:
-            if not routing.pycudnn_wins(
-                    signature, "forward", lambda: run_forward(op, x, w, b, z, alpha, geom),
-                    theirs, dev, _stream(dev), fk[1:3]):
-                _remember(_FWD, key, (None, _TORCH, fmt))
+        if measure and verdict is None and not routing.pycudnn_wins(
+                signature, "forward", lambda: run_forward(op, x, w, b, z, alpha, geom),
+                theirs, dev, _stream(dev), fk[1:3]):
+            _remember(_FWD, key, (None, _TORCH, fmt))
     else:
         _remember(_FWD, key, (None, _PUBLIC))
     return y, x, w, fmt, None
@@ -763,7 +762,7 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other:
         dev = a.get_device()
         x, w = (other, b) if direction == "data" else (a, other)
         signature, what = _signature(x, w, geom), f"backward {direction}"
-        theirs = lambda: _torch_backward(direction, a, b, other, geom)  # noqa: E731
+        theirs = lambda: _torch_backward(direction, a, b, other, geom)
         verdict = routing.prejudge(signature, what, theirs, dev, _stream(dev), fk[1:3])
         if verdict == "torch":  # decided before pycudnn's search: none runs
             _remember(_BWD, key, (None, _TORCH))
