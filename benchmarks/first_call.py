@@ -195,9 +195,9 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
 
     info: dict[str, Any] = {"config": repr(pycudnn.config), "flags": sorted(configuration.FLAG_NAMES)}
     try:
-        from pycudnn.search import graph_engine
+        from pycudnn.engines import graph
 
-        info["benchmark_time_budget_s"] = getattr(graph_engine, "BENCHMARK_TIME_BUDGET_S", None)
+        info["benchmark_time_budget_s"] = getattr(graph, "BENCHMARK_TIME_BUDGET_S", None)
     except Exception:  # noqa: BLE001 - informational only
         pass
     return {"torch_import_ms": t_torch_import * 1e3, "pycudnn_import_ms": t_pycudnn_import * 1e3,

@@ -51,8 +51,9 @@ def _layers(opts):
 def phase_pycudnn(opts) -> dict:
     t0 = time.perf_counter()
     import pycudnn
-    from pycudnn.dispatch.engines import strategy_for
-    from pycudnn.search import algos, tuning_db
+    from pycudnn.engines.registry import engine_for
+    from pycudnn.search import tuning_db
+    from pycudnn.search.cache import caches
     from pycudnn.cli.options import DTYPES
     from pycudnn.runtime.memory import synchronize
 
@@ -92,7 +93,7 @@ def phase_pycudnn(opts) -> dict:
     # database lookup, graph, plan); the rest is the launch itself, including CUDA loading the
     # engine's kernels on their first use in the process (lazy module loading).
     rebuild = [0.0]
-    for strategy in (strategy_for("graph"), strategy_for("v7")):
+    for strategy in (engine_for("graph"), engine_for("v7")):
         original = strategy.restore
 
         def timed(args, data, _orig=original):
@@ -110,26 +111,26 @@ def phase_pycudnn(opts) -> dict:
         call(warm, d, t)
     synchronize(0)
     t_warm = time.perf_counter() - t0
-    searches_before = {d: algos.caches[d].searches for d in directions}
+    searches_before = {d: caches[d].searches for d in directions}
     rows = []
     for layer in layers:
         t = make(layer)
         for d in directions:
             synchronize(0)
-            n0 = algos.caches[d].searches
+            n0 = caches[d].searches
             rebuild[0] = 0.0
             t0 = time.perf_counter()
             call(layer, d, t)
             synchronize(0)
             ms = (time.perf_counter() - t0) * 1e3
-            items = algos.caches[d].items()  # LRU order: the entry just used is last
+            items = caches[d].items()  # LRU order: the entry just used is last
             rows.append({"layer": layer.name, "direction": d, "ms": ms, "rebuild_ms": rebuild[0] * 1e3,
-                         "searched": algos.caches[d].searches > n0,
+                         "searched": caches[d].searches > n0,
                          "choice": items[-1][1].describe() if items else None})
         del t
     return {"import_ms": t_import * 1e3, "load_ms": t_load * 1e3, "warmup_ms": t_warm * 1e3,
             "preload_ms": t_preload * 1e3, "preload": preload_report,
-            "searches": {d: algos.caches[d].searches - searches_before[d] for d in directions},
+            "searches": {d: caches[d].searches - searches_before[d] for d in directions},
             "cudnn": pycudnn.version(), "rows": rows,
             "tuning_db": tuning_db.path()}
 

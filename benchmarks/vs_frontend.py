@@ -97,9 +97,9 @@ BREAKDOWN = [
     ("operation graph built (build_convolution_graph)", "graph/build.py", "build_convolution_graph"),
     ("heuristics (plan.engine_configs)", "graph/plan.py", "engine_configs"),
     ("plans finalized (ExecutionPlan.finalize)", "graph/plan.py", "finalize"),
-    ("candidates measured (GraphSearch._measure)", "search/graph_engine.py", "_measure"),
+    ("candidates measured (GraphEngine._measure)", "engines/graph.py", "_measure"),
     ("plan executed (ExecutionPlan.execute)", "graph/plan.py", "execute"),
-    ("the search iterator (algos.try_all)", "search/algos.py", "try_all"),
+    ("the search iterator (iterate.try_all)", "search/iterate.py", "try_all"),
 ]
 
 

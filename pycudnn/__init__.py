@@ -48,8 +48,8 @@ _EXPORTS: dict[str, str] = {
     # configuration
     "config": "configuration", "flags": "configuration",
     # algorithm search and caches
-    "benchmark_cache": "dispatch.engines", "clear_caches": "dispatch.engines", "set_cache_limit": "dispatch.engines",
-    "ConvolutionParams": "search.problem",
+    "benchmark_cache": "api.caches", "clear_caches": "api.caches", "set_cache_limit": "api.caches",
+    "ConvolutionParams": "engines.problem",
     # the tuning database's records made ready ahead of the first call
     "preload": "dispatch.preloading", "PreloadReport": "dispatch.preloading",
     # prepared convolutions
@@ -132,9 +132,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
                                 flags as flags)
     from .runtime.handle import (device_count as device_count, get_handle as get_handle)
     from .runtime.interop import current_stream as current_stream
-    from .dispatch.engines import (benchmark_cache as benchmark_cache, clear_caches as clear_caches,
+    from .api.caches import (benchmark_cache as benchmark_cache, clear_caches as clear_caches,
                                    set_cache_limit as set_cache_limit)
-    from .search.problem import ConvolutionParams as ConvolutionParams
+    from .engines.problem import ConvolutionParams as ConvolutionParams
     from .dispatch.preloading import (PreloadReport as PreloadReport, preload as preload)
     from .api.conv import (conv_transpose as conv_transpose, convolution as convolution,
                            convolution_add_relu as convolution_add_relu,

@@ -2,14 +2,14 @@
 
 The iterator, caches, key and tuning database under test are pycudnn's real ones; a stand-in only
 decides which candidates exist and which of them fail. It implements the real
-[`Engine`][pycudnn.search.engine.Engine] contract, so a change to the contract shows up here too.
+[`Engine`][pycudnn.engines.contract.Engine] contract, so a change to the contract shows up here too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pycudnn.search.engine import Engine
+from pycudnn.engines.contract import Engine
 
 
 class ScriptedEngine(Engine):

@@ -12,10 +12,13 @@ import time
 
 import pytest
 
-from pycudnn.search import algos
-from pycudnn.dispatch import engines
-from pycudnn.search.algos import AlgoRecord, BenchmarkCache, check_precision, try_all
-from pycudnn.search.problem import ConvolutionArgs, ConvolutionParams
+from pycudnn.api.caches import benchmark_cache, clear_caches
+from pycudnn.engines import v7
+from pycudnn.engines.contract import check_precision
+from pycudnn.engines.v7 import AlgoRecord
+from pycudnn.search.cache import BenchmarkCache, caches
+from pycudnn.search.iterate import try_all
+from pycudnn.engines.problem import ConvolutionArgs, ConvolutionParams
 from scripted_engine import ScriptedEngine
 from pycudnn.errors import (CudnnBadParamError, CudnnNotSupportedError, NoAlgorithmError,
                             OutOfMemoryError, PycudnnError)
@@ -237,16 +240,16 @@ def test_cache_is_bounded_and_clearable():
 
 
 def test_benchmark_cache_listing_and_clear_caches():
-    engines.clear_caches()
+    clear_caches()
     p = make_params(epilogue="add_relu")
-    algos.caches["forward"].insert(p, AlgoRecord(1, 0, 128, 0.5, True, "forward", "find"))
-    rows = engines.benchmark_cache()
+    caches["forward"].insert(p, AlgoRecord(1, 0, 128, 0.5, True, "forward", "find"))
+    rows = benchmark_cache()
     assert len(rows) == 1
     row = rows[0]
     assert row["direction"] == "forward" and row["fused"] is True and row["workspace"] == 128
     assert "IMPLICIT_PRECOMP_GEMM" in row["choice"] and "0.5000 ms" in row["choice"]
-    engines.clear_caches()
-    assert engines.benchmark_cache() == []
+    clear_caches()
+    assert benchmark_cache() == []
 
 
 # ---- v7 rules that need no GPU ----------------------------------------------------------------------
@@ -261,7 +264,7 @@ def test_precision_rule():
 
 
 def _perf(direction, rows):
-    table = algos.v7_direction(direction)
+    table = v7.v7_direction(direction)
     arr = (table.perf_struct * len(rows))()
     for i, (algo, status, det, math, mem) in enumerate(rows):
         arr[i].algo, arr[i].status, arr[i].determinism = algo, status, det
@@ -272,21 +275,21 @@ def _perf(direction, rows):
 def test_valid_algorithm_filter():
     rows = [(1, 0, 0, 0, 10), (0, 3000, 1, 0, 0), (2, 0, 1, 1, 20), (3, 0, 1, 3, 30)]
     perf = _perf("forward", rows)
-    got = algos.V7Search.valid_algorithms(make_params(), perf, 4, "find")
+    got = v7.V7Engine.valid_algorithms(make_params(), perf, 4, "find")
     assert [r.algo for r in got] == [1, 2, 3]  # status != success dropped, order kept
-    det = algos.V7Search.valid_algorithms(make_params(deterministic=True), perf, 4, "find")
+    det = v7.V7Engine.valid_algorithms(make_params(deterministic=True), perf, 4, "find")
     assert [r.algo for r in det] == [2, 3]
-    strict = algos.V7Search.valid_algorithms(make_params(allow_tf32=False), perf, 4, "find")
+    strict = v7.V7Engine.valid_algorithms(make_params(allow_tf32=False), perf, 4, "find")
     assert [r.algo for r in strict] == [3]  # only FMA math for strict float32
     with pytest.raises(NoAlgorithmError, match="no valid convolution algorithms"):
-        algos.V7Search.valid_algorithms(make_params(), _perf("forward", [(0, 3000, 1, 0, 0)]), 1, "find")
+        v7.V7Engine.valid_algorithms(make_params(), _perf("forward", [(0, 3000, 1, 0, 0)]), 1, "find")
 
 
 def test_backward_filter_search_leaves_out_winograd():
-    assert 4 not in algos.v7_direction("backward_filter").algos
-    assert len(algos.v7_direction("backward_filter").algos) == 6
-    assert len(algos.v7_direction("forward").algos) == 8
-    assert len(algos.v7_direction("backward_data").algos) == 6
+    assert 4 not in v7.v7_direction("backward_filter").algos
+    assert len(v7.v7_direction("backward_filter").algos) == 6
+    assert len(v7.v7_direction("forward").algos) == 8
+    assert len(v7.v7_direction("backward_data").algos) == 6
 
 
 # ---- the v7 Find under concurrent cold searches (round 3, defect 9) ----------------------------
@@ -326,22 +329,22 @@ class _Device:
 
 
 def _v7_with_fake_find(monkeypatch, device, rows_fail_first=0):
-    """A V7Search whose descriptors are libcudnn's and whose Find and workspace sizes are
+    """A V7Engine whose descriptors are libcudnn's and whose Find and workspace sizes are
     scripted: algorithm i needs sizes[i] bytes; the first ``rows_fail_first`` Finds fail every
     row."""
     import ctypes
 
     sizes = [0, 64 << 20, 512 << 20, 900 << 20]
     calls = []
-    engine = algos.V7Search()
+    engine = v7.V7Engine()
     monkeypatch.setattr(engine, "workspace_size",
                         lambda args, algo, math_type=None: sizes[int(algo) % len(sizes)])
-    monkeypatch.setattr(algos, "mem_get_info", device.mem_get_info)
-    monkeypatch.setattr(algos, "allocate", device.allocate)
-    monkeypatch.setattr(algos, "error_if_capturing", lambda *a: None)
+    monkeypatch.setattr(v7, "mem_get_info", device.mem_get_info)
+    monkeypatch.setattr(v7, "allocate", device.allocate)
+    monkeypatch.setattr(v7, "error_if_capturing", lambda *a: None)
 
     def find(handle, a, a_ptr, b, b_ptr, conv, out, out_ptr, n, count, perf, ws_ptr, ws_size):
-        calls.append((ws_size, algos._sizing_lock(0).locked()))
+        calls.append((ws_size, v7._sizing_lock(0).locked()))
         time.sleep(0.03)  # a Find takes a while: the others' sizing happens meanwhile
         fail = len(calls) <= rows_fail_first
         for i in range(4):
@@ -356,7 +359,7 @@ def _v7_with_fake_find(monkeypatch, device, rows_fail_first=0):
 
     fake = type("Lib", (), {})()
     fake.cudnnFindConvolutionForwardAlgorithmEx = find
-    monkeypatch.setattr(algos._lib, "lib", lambda: fake)
+    monkeypatch.setattr(v7._lib, "lib", lambda: fake)
     monkeypatch.setattr(engine, "_heuristics", lambda args: pytest.fail("heuristics used"))
     return engine, calls, sizes
 
@@ -387,7 +390,7 @@ def test_find_leaves_headroom_and_threads_never_size_from_the_same_free_bytes(mo
     assert len(calls) == 8
     # each Find left free memory besides its workspace, for CUDA's lazy module loads: sized
     # from the free bytes as they were when it took its workspace
-    assert all(n <= free - algos.find_headroom(free) for n, free in device.taken)
+    assert all(n <= free - v7.find_headroom(free) for n, free in device.taken)
     assert max(ws for ws, _ in calls) == 512 << 20  # 900 MiB would leave under 128 MiB
 
 
@@ -397,10 +400,10 @@ def test_a_find_whose_rows_all_failed_is_retried_alone_before_the_heuristics(mon
     got = engine.candidates(args_for(make_params(), benchmark=True))
     assert [r.source for r in got] == ["find"] * 3 and got[0].algo == 0
     assert [locked for _, locked in calls] == [False, True]  # the retry held the sizing lock
-    assert not algos._sizing_lock(0).locked() and device.in_use == 0
+    assert not v7._sizing_lock(0).locked() and device.in_use == 0
 
 
 def test_find_headroom():
-    assert algos.find_headroom(1 << 34) == algos.FIND_HEADROOM
-    assert algos.find_headroom(100 << 20) == 25 << 20
-    assert algos.find_headroom(0) == 0 and algos.find_headroom(-5) == 0
+    assert v7.find_headroom(1 << 34) == v7.FIND_HEADROOM
+    assert v7.find_headroom(100 << 20) == 25 << 20
+    assert v7.find_headroom(0) == 0 and v7.find_headroom(-5) == 0

@@ -464,7 +464,7 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
 
 
 def test_candidate_row_of_a_v7_record():
-    from pycudnn.search.algos import AlgoRecord
+    from pycudnn.engines.v7 import AlgoRecord
 
     row = timing.candidate_row(AlgoRecord(1, 1, 4096, 0.25, True, "forward", "find"))
     assert row["choice"] == "IMPLICIT_PRECOMP_GEMM TENSOR_OP_MATH"
@@ -493,7 +493,7 @@ class _ScriptedV7(ScriptedEngine):
     name = "scripted"
 
     def __init__(self):
-        from pycudnn.search.algos import AlgoRecord
+        from pycudnn.engines.v7 import AlgoRecord
 
         self.cands = [AlgoRecord(0, 1, 0, 0.10, True, "forward", "find"),
                       AlgoRecord(1, 1, 4096, 0.20, True, "forward", "find")]
@@ -517,7 +517,7 @@ class _ScriptedV7(ScriptedEngine):
                 "time_ms": record.time_ms}
 
     def restore(self, args, data):
-        from pycudnn.search.algos import AlgoRecord
+        from pycudnn.engines.v7 import AlgoRecord
 
         return AlgoRecord(data["algo"], data["math_type"], data["workspace"], data["time_ms"], True,
                           "forward", "tuning-db")
@@ -526,12 +526,13 @@ class _ScriptedV7(ScriptedEngine):
 @pytest.fixture
 def scripted(db, monkeypatch):
     """run_layer against the real caches, iterator and database, with a scripted engine."""
-    from pycudnn.dispatch import engines
-    from pycudnn.search.algos import try_all
-    from pycudnn.search.problem import ConvolutionArgs
+    from pycudnn.api.caches import clear_caches
+    from pycudnn.engines import registry
+    from pycudnn.search.iterate import try_all
+    from pycudnn.engines.problem import ConvolutionArgs
 
     strategy = _ScriptedV7()
-    monkeypatch.setitem(engines.ENGINES, "scripted", strategy)
+    monkeypatch.setitem(registry.ENGINES, "scripted", strategy)
     monkeypatch.setattr(timing, "_CudaTimer", _FakeTimer)
     params = make_params()  # v7 parameters (the database takes the engines it knows only)
 
@@ -541,7 +542,7 @@ def scripted(db, monkeypatch):
 
     monkeypatch.setattr(timing, "_pycudnn_fn", fake_fn)
     yield strategy, params
-    engines.clear_caches()
+    clear_caches()
 
 
 def _opts(**over):

@@ -105,7 +105,7 @@ def test_bench_all_candidates(tmp_path, engine):
 CHILD = r"""
 import json, sys, time
 import pycudnn
-from pycudnn.search import algos
+from pycudnn.search.cache import caches
 from pycudnn.cli.models import parse_shape
 from pycudnn.runtime.memory import synchronize
 
@@ -129,9 +129,9 @@ for text in sys.argv[1:]:
         fn()
         synchronize(0)
         rows.append({"layer": text, "direction": direction, "ms": (time.perf_counter() - t0) * 1e3})
-sources = sorted({getattr(r, "source", "?") for c in algos.caches.values() for _, r in c.items()})
+sources = sorted({getattr(r, "source", "?") for c in caches.values() for _, r in c.items()})
 print(json.dumps({"load_ms": load_ms, "rows": rows, "sources": sources,
-                  "searches": {d: c.searches for d, c in algos.caches.items()}}))
+                  "searches": {d: c.searches for d, c in caches.items()}}))
 """
 
 

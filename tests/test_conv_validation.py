@@ -93,7 +93,7 @@ def test_suggest_memory_format():
 
 
 def test_repro_snippet_covers_bfloat16_and_channels_last():
-    from pycudnn.search.problem import ConvolutionParams
+    from pycudnn.engines.problem import ConvolutionParams
     from pycudnn.api.repro import repro_lines
 
     x = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8, 8), "bfloat16", strides=(256, 1, 32, 4))

@@ -140,7 +140,7 @@ def test_api_reference_docstrings_render_without_sphinx_roles():
         pytest.skip("could not import 'griffe' (not installed)")
     ext = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ext)
-    assert ext.convert(":func:`~pycudnn.search.algos.try_all` and :class:`pycudnn.Tensor`") == \
+    assert ext.convert(":func:`~pycudnn.search.iterate.try_all` and :class:`pycudnn.Tensor`") == \
         "`try_all()` and `pycudnn.Tensor`"
     assert ext.convert("Args:\n    stride, padding: an int\n        or a tuple.\n") == \
         "Args:\n    stride: an int\n        or a tuple.\n    padding: an int\n        or a tuple.\n"

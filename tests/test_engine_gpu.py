@@ -41,9 +41,9 @@ def _check(y, ref, tol=2e-5):
 
 def _inject(monkeypatch, engine, failures):
     """Make the strategy's run() raise the given exceptions on its first calls, then behave."""
-    from pycudnn.dispatch.engines import strategy_for
+    from pycudnn.engines.registry import engine_for
 
-    strategy = strategy_for(engine)
+    strategy = engine_for(engine)
     real = strategy.run
     calls = []
 
@@ -171,7 +171,7 @@ def test_thread_hammer(engine):
     for t in threads:
         t.join()
     assert errors == []
-    from pycudnn.search.algos import caches
+    from pycudnn.search.cache import caches
 
     # one search per key, not per thread; on the graph engine a benchmark=True call carries its
     # benchmark_limit in the key, so the measured and the heuristic calls are two keys per shape
@@ -275,9 +275,9 @@ def test_a_v7_find_with_no_successful_row_falls_back_to_the_heuristics(monkeypat
     The call then takes the heuristics' candidates instead of failing."""
     import pycudnn
     from pycudnn.errors import NoAlgorithmError
-    from pycudnn.search.algos import V7Search
+    from pycudnn.engines.v7 import V7Engine
 
-    real = V7Search.valid_algorithms
+    real = V7Engine.valid_algorithms
     sources = []
 
     def finds_fail(p, perf, count, source):
@@ -286,7 +286,7 @@ def test_a_v7_find_with_no_successful_row_falls_back_to_the_heuristics(monkeypat
             raise NoAlgorithmError("no valid convolution algorithms (injected)")
         return real(p, perf, count, source)
 
-    monkeypatch.setattr(V7Search, "valid_algorithms", staticmethod(finds_fail))
+    monkeypatch.setattr(V7Engine, "valid_algorithms", staticmethod(finds_fail))
     x, w, ref = _problem(seed=3)
     with caplog.at_level("WARNING", logger="pycudnn"):
         y = pycudnn.convolution(x, w, padding=1, engine="v7", benchmark=True, tuning_db=False)

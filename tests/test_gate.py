@@ -15,7 +15,7 @@ import types
 import pytest
 
 from pycudnn.runtime import gate as G
-from pycudnn.search import graph_engine
+from pycudnn.engines import graph
 
 
 class _Runtime:
@@ -75,7 +75,7 @@ class _Plan:
 def _round(rt, gate, runs=()):
     search = types.SimpleNamespace(_rt=lambda: rt)
     args = types.SimpleNamespace(stream=0x1234, handle=0)
-    return graph_engine.GraphSearch._gated_round(search, args, gate, list(runs), (), 0)
+    return graph.GraphEngine._gated_round(search, args, gate, list(runs), (), 0)
 
 
 def test_a_watchdog_that_cannot_start_still_opens_the_hold_and_frees_the_events():

@@ -25,15 +25,16 @@ LAYERS: list[tuple[str, list[str], list[str]]] = [
     ("C boundary", [], ["ffi"]),
     ("CUDA resources and views", [], ["runtime"]),
     ("cuDNN objects", [], ["cudnn"]),
-    ("the problem, engines and search", [], ["search"]),
-    ("registry, replay and preloading", [], ["dispatch"]),
+    ("the problem and its engines", [], ["engines"]),
+    ("search and persistence", [], ["search"]),
+    ("replay and preloading", [], ["dispatch"]),
     ("operations", [], ["api", "ops"]),
     ("entry points", ["__main__", "__init__"], ["torch", "cli", "cupy_compat"]),
 ]
 
 
 def _module_name(path: Path) -> str:
-    """'search.algos' for pycudnn/search/algos.py, 'ffi' for pycudnn/ffi/__init__.py."""
+    """'engines.v7' for pycudnn/engines/v7.py, 'ffi' for pycudnn/ffi/__init__.py."""
     parts = list(path.relative_to(PKG).with_suffix("").parts)
     if parts[-1] == "__init__" and len(parts) > 1:
         parts.pop()

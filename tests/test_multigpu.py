@@ -132,7 +132,7 @@ def test_caches_are_per_device():
     """The same shapes on devices 0 and 1: two cache entries (the key holds the device), each
     record built on its own device (a plan from device 0 never runs on device 1)."""
     import pycudnn
-    from pycudnn.search import algos
+    from pycudnn.search.cache import caches
 
     x, w, ref = _data(2)
     pycudnn.clear_caches()
@@ -140,7 +140,7 @@ def test_caches_are_per_device():
         y = pycudnn.convolution(pycudnn.from_numpy(x, device=dev), pycudnn.from_numpy(w, device=dev),
                                 padding=1, allow_tf32=False, tuning_db=False)
         assert y.device == dev and _err(y.numpy(), ref) <= 3e-5
-    devices = sorted(p.device for p, _ in algos.caches["forward"].items()
+    devices = sorted(p.device for p, _ in caches["forward"].items()
                      if p.input_shape == x.shape)
     assert devices == [0, 1], devices
 
@@ -163,8 +163,8 @@ def test_tuning_records_follow_the_device_model(tmp_path):
                                 padding=1, benchmark=True, allow_tf32=False, tuning_db=True)
         ref = R.conv_forward(x, w, (1, 1), (1, 1), (1, 1), 1)
         err = float(np.abs(y.numpy() - ref).max() / np.abs(ref).max())
-        from pycudnn.search import algos
-        sources = [getattr(r, "source", "?") for p, r in algos.caches["forward"].items()]
+        from pycudnn.search.cache import caches
+        sources = [getattr(r, "source", "?") for p, r in caches["forward"].items()]
         print(json.dumps({"err": err, "sources": sources, "identity": tuning_db.device_identity(dev),
                           "entries": len(tuning_db.entries())}))
     """)

@@ -14,7 +14,7 @@ import pytest
 from pycudnn.api import conv as C
 from pycudnn.dispatch import prepared as P
 from pycudnn.cudnn import tensor_ops
-from pycudnn.search.problem import ConvolutionParams
+from pycudnn.engines.problem import ConvolutionParams
 from pycudnn.runtime.tensor import tensor_from_pointer
 from scripted_engine import ScriptedEngine
 

@@ -80,12 +80,12 @@ def figure(name: str, value) -> None:
 # ---- helpers ----------------------------------------------------------------------------------------------
 
 def _modules():
-    from pycudnn.search import algos
+    from pycudnn.search import cache
     from pycudnn.ffi import backend
     from pycudnn.cudnn import descriptors
     from pycudnn.runtime import handle, memory
 
-    return algos, backend, descriptors, handle, memory
+    return cache, backend, descriptors, handle, memory
 
 
 def rss_bytes() -> int:
@@ -232,7 +232,7 @@ def check(problem: Problem, y, stream=None) -> float:
 # ---- the cache's bound and order (no GPU needed) ----------------------------------------------------------
 
 def test_benchmark_cache_honours_its_bound():
-    from pycudnn.search.algos import BenchmarkCache
+    from pycudnn.search.cache import BenchmarkCache
 
     cache = BenchmarkCache("forward", maxsize=3)
     for k in range(10):
@@ -242,7 +242,7 @@ def test_benchmark_cache_honours_its_bound():
 
 
 def test_benchmark_cache_is_least_recently_used():
-    from pycudnn.search.algos import BenchmarkCache
+    from pycudnn.search.cache import BenchmarkCache
 
     cache = BenchmarkCache("forward", maxsize=3)
     for k in "abc":
@@ -257,18 +257,18 @@ def test_benchmark_cache_is_least_recently_used():
 
 def test_set_cache_limit_bounds_every_cache():
     import pycudnn
-    from pycudnn.search import algos
+    from pycudnn.search.cache import caches
     from pycudnn.dispatch import prepared
 
     try:
         pycudnn.set_cache_limit(2)
-        assert all(c.maxsize == 2 for c in algos.caches.values())
+        assert all(c.maxsize == 2 for c in caches.values())
         assert prepared.FAST_CALLS_MAX == 2
         with pytest.raises(ValueError, match="entries"):
             pycudnn.set_cache_limit(0)
     finally:
         pycudnn.set_cache_limit(None)
-        for c in algos.caches.values():
+        for c in caches.values():
             c.set_maxsize(4096)
 
 
@@ -384,9 +384,9 @@ def test_short_lived_streams_leave_device_memory_flat():
 @gpu
 def test_benchmark_cache_bound_evicts_and_searches_again():
     import pycudnn
-    from pycudnn.search import algos
+    from pycudnn.search.cache import caches
 
-    cache = algos.caches["forward"]
+    cache = caches["forward"]
     old = cache.maxsize
     rng = np.random.default_rng(4)
     w = pycudnn.from_numpy(rng.standard_normal((4, 4, 3, 3)).astype(np.float32))
@@ -667,14 +667,14 @@ def test_cold_cache_threads_search_each_key_once(measure):
     """The caches cold; 16 threads released at once on the same keys (plain convolutions in every
     direction, both engines): one search per key, and every result right."""
     import pycudnn
-    from pycudnn.search import algos
+    from pycudnn.search.cache import caches
 
     problems = make_problems(seed=8, fused=False)
     extra = {"benchmark": measure, "benchmark_limit": 3}
     for p in problems:
         p.kwargs.update(extra)
     pycudnn.clear_caches()
-    before = {d: c.searches for d, c in algos.caches.items()}
+    before = {d: c.searches for d, c in caches.items()}
     streams = _streams(THREADS)
     try:
         wrong, errors, n, elapsed = _hammer(problems, streams, 3 * len(problems),
@@ -684,8 +684,8 @@ def test_cold_cache_threads_search_each_key_once(measure):
         _destroy(streams)
     assert not errors, errors[:5]
     assert not wrong, wrong[:10]
-    searches = {d: algos.caches[d].searches - before[d] for d in algos.caches}
-    keys = {d: len(algos.caches[d]) for d in algos.caches}
+    searches = {d: caches[d].searches - before[d] for d in caches}
+    keys = {d: len(caches[d]) for d in caches}
     figure(f"cold cache (benchmark={measure}): searches vs keys per direction",
            f"{searches} vs {keys} over {n} calls in {elapsed:.1f} s")
     assert searches == keys, f"searches {searches} != distinct keys {keys}"

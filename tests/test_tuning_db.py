@@ -1,7 +1,7 @@
 """The persistent tuning database (CPU): keys, round trips, corruption, export/merge, processes.
 
 The GPU identity is monkeypatched (``tuning_db.device_identity``), so nothing here needs a GPU;
-records are stored against real :class:`~pycudnn.search.algos.ConvolutionParams` objects.
+records are stored against real :class:`~pycudnn.engines.problem.ConvolutionParams` objects.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from pycudnn.search import algos, tuning_db, tuning_files, tuning_records
-from pycudnn.search.algos import try_all
-from pycudnn.search.problem import ConvolutionArgs, ConvolutionParams
+from pycudnn.search import iterate, tuning_db, tuning_files, tuning_records
+from pycudnn.search.cache import BenchmarkCache
+from pycudnn.search.iterate import try_all
+from pycudnn.engines.problem import ConvolutionArgs, ConvolutionParams
 from pycudnn.configuration import config, flags
 from pycudnn.errors import CudnnNotSupportedError, NoDeviceError, TuningDatabaseWarning
 from scripted_engine import ScriptedEngine
@@ -521,11 +522,11 @@ def _args(p: ConvolutionParams, benchmark: bool = True) -> ConvolutionArgs:
 def test_a_later_process_skips_the_search(db):
     p = graph_params()
     first = Persisting()
-    assert try_all(_args(p), first, algos.BenchmarkCache("forward")).name == "best"
+    assert try_all(_args(p), first, BenchmarkCache("forward")).name == "best"
     assert first.searches == 1
     assert db.lookup(p) == stored("best")
     new_process()
-    later, cache = Persisting(), algos.BenchmarkCache("forward")
+    later, cache = Persisting(), BenchmarkCache("forward")
     got = try_all(_args(p), later, cache)
     assert got.name == "best" and got.source == "tuning-db"
     assert later.searches == 0 and cache.searches == 0 and later.ran == ["best"]
@@ -534,7 +535,7 @@ def test_a_later_process_skips_the_search(db):
 
 def test_heuristic_choices_are_not_stored(db):
     p = make_params()
-    try_all(_args(p, benchmark=False), Persisting(), algos.BenchmarkCache("forward"))
+    try_all(_args(p, benchmark=False), Persisting(), BenchmarkCache("forward"))
     assert db.entries() == []
 
 
@@ -544,7 +545,7 @@ def test_a_record_that_no_longer_rebuilds_is_dropped_and_searched_again(db, capl
     new_process()
     s = Persisting(broken_restore=True)
     with caplog.at_level("WARNING", logger="pycudnn"):
-        assert try_all(_args(p), s, algos.BenchmarkCache("forward")).name == "best"
+        assert try_all(_args(p), s, BenchmarkCache("forward")).name == "best"
     assert s.searches == 1 and "dropping the record" in caplog.text
     assert db.lookup(p) == stored("best")  # the new search's choice replaced it
 
@@ -718,7 +719,7 @@ def test_a_deeply_nested_file_is_set_aside_by_every_function(db, tmp_path, call)
         "lookup": lambda: db.lookup(p), "entries": db.entries, "clear": db.clear,
         "store": lambda: db.store(p, V7_RECORD), "drop": lambda: db.drop(p),
         "merge": lambda: db.merge(good),
-        "end of a measured search": lambda: algos._to_tuning_db(
+        "end of a measured search": lambda: iterate._to_tuning_db(
             ConvolutionArgs(params=p, handle=0, stream=0, x=0, w=0, y=0, benchmark=True),
             Serializing(), object()),
     }[call]

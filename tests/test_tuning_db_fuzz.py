@@ -119,7 +119,7 @@ def record_problem(record: Any, params: Any) -> str | None:
 
 def entry_problem(entry: Any) -> str | None:
     """Why an entry that entries() gave back is not well formed (None when it is)."""
-    from pycudnn.search.problem import ConvolutionParams
+    from pycudnn.engines.problem import ConvolutionParams
 
     if not isinstance(entry, dict):
         return f"entry is a {type(entry).__name__}"

@@ -58,15 +58,15 @@ def _err(got, ref):
 
 
 def _only_entry():
-    from pycudnn.search import algos
+    from pycudnn.search.cache import caches
 
-    items = algos.caches["forward"].items()
+    items = caches["forward"].items()
     assert len(items) == 1
     return items[0]
 
 
 def test_later_process_reuses_the_measured_plan(db):
-    from pycudnn.search import algos
+    from pycudnn.search.cache import caches
 
     x, w, ref = _case()
     assert _err(_run(x, w), ref) < 2e-5
@@ -78,7 +78,7 @@ def test_later_process_reuses_the_measured_plan(db):
     _new_process(db)
     assert _err(_run(x, w), ref) < 2e-5
     _, again = _only_entry()
-    assert algos.caches["forward"].searches == 0
+    assert caches["forward"].searches == 0
     assert again.source == "tuning-db" and again.plan.key == first.plan.key
 
 
@@ -143,7 +143,7 @@ def test_plan_json_of_another_convolution_is_never_run(db):
     ("knobs", [[1]]), ("knobs", "x"), ("knobs", [[10**30, 1]]),
 ])
 def test_records_that_do_not_check_out_are_dropped_and_searched_again(db, field, value):
-    from pycudnn.search import algos
+    from pycudnn.search.cache import caches
 
     import json
 
@@ -162,7 +162,7 @@ def test_records_that_do_not_check_out_are_dropped_and_searched_again(db, field,
     out, changed = _guarded_run(x, w)
     assert changed == 0 and _err(out, ref) < 2e-5
     _, rec = _only_entry()
-    assert rec.source != "tuning-db" and algos.caches["forward"].searches == 1
+    assert rec.source != "tuning-db" and caches["forward"].searches == 1
     stored = db.lookup(params)
     assert stored is None or stored.get(field) != value  # dropped (or replaced by the new search)
 
@@ -170,7 +170,7 @@ def test_records_that_do_not_check_out_are_dropped_and_searched_again(db, field,
 def test_a_nondeterministic_record_is_not_used_for_a_deterministic_key(db):
     """Whatever a v7 record claims, determinism is what cuDNN's heuristics say of the algorithm."""
     import pycudnn
-    from pycudnn.search import algos
+    from pycudnn.search.cache import caches
     from pycudnn._types import BwdFilterAlgo
 
     rng = np.random.default_rng(8)
@@ -185,12 +185,12 @@ def test_a_nondeterministic_record_is_not_used_for_a_deterministic_key(db):
                                                    engine="v7", benchmark=True, deterministic=True,
                                                    allow_tf32=False).numpy()
     assert _err(run(), ref) < 2e-5
-    params, _ = algos.caches["backward_filter"].items()[0]
+    params, _ = caches["backward_filter"].items()[0]
     db.store(params, {"algo": int(BwdFilterAlgo.ALGO_0), "math_type": 3, "workspace": 0,
                       "time_ms": 0.0, "deterministic": True})  # ALGO_0 uses atomics
     _new_process(db)
     assert _err(run(), ref) < 2e-5
-    _, rec = algos.caches["backward_filter"].items()[0]
+    _, rec = caches["backward_filter"].items()[0]
     assert rec.algo != BwdFilterAlgo.ALGO_0 and rec.source == "find"
 
 
@@ -200,7 +200,7 @@ def test_plans_run_from_several_threads_at_once(db):
     import threading
 
     import pycudnn
-    from pycudnn.search import algos
+    from pycudnn.search.cache import caches
     from pycudnn.runtime import memory
 
     rng = np.random.default_rng(9)
@@ -239,7 +239,7 @@ def test_plans_run_from_several_threads_at_once(db):
         t.join()
     memory.synchronize()
     assert not errors, errors
-    assert algos.caches["forward"].searches == 1  # every thread replayed the same plan
+    assert caches["forward"].searches == 1  # every thread replayed the same plan
     assert len(results) == len(xs)
     for i, outs in results.items():
         for o in outs:
@@ -287,9 +287,9 @@ def _calls():
 
 
 def _searches():
-    from pycudnn.search import algos
+    from pycudnn.search.cache import caches
 
-    return sum(c.searches for c in algos.caches.values())
+    return sum(c.searches for c in caches.values())
 
 
 def test_preload_makes_the_first_calls_cache_hits(db, monkeypatch):

@@ -15,10 +15,12 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from pycudnn.search import algos
 from pycudnn._types import BwdFilterAlgo, Determinism, MathType, Status
-from pycudnn.search.algos import AlgoRecord, BenchmarkCache, V7Search, try_all
-from pycudnn.search.problem import ConvolutionArgs, ConvolutionParams
+from pycudnn.engines import contract, v7
+from pycudnn.engines.v7 import AlgoRecord, V7Engine
+from pycudnn.search.cache import BenchmarkCache
+from pycudnn.search.iterate import try_all
+from pycudnn.engines.problem import ConvolutionArgs, ConvolutionParams
 from pycudnn.errors import NoAlgorithmError
 from scripted_engine import ScriptedEngine
 
@@ -56,14 +58,14 @@ def db(tmp_path, monkeypatch):
 
 def _perf(direction, rows):
     """A cudnnGet*_v7 answer: (algo, status, determinism, math type) per row."""
-    table = algos.v7_direction(direction)
+    table = v7.v7_direction(direction)
     arr = (table.perf_struct * len(rows))()
     for i, (algo, status, det, math) in enumerate(rows):
         arr[i].algo, arr[i].status, arr[i].determinism, arr[i].mathType = algo, status, det, math
     return arr, len(rows)
 
 
-class V7(V7Search):
+class V7(V7Engine):
     """The real v7 strategy with cuDNN's GPU-side answers stood in: its heuristics say
     backward-filter ALGO_0 is non-deterministic and ALGO_1 deterministic; workspaces are 512 MiB
     for ALGO_1 and 0 for the others; a search offers ALGO_1 then ALGO_3."""
@@ -88,7 +90,7 @@ class V7(V7Search):
         return self.valid_algorithms(args.params, *self._heuristics(args), "find")
 
     def run(self, args, record):
-        algos.check_precision(args.params, record.math_type)
+        contract.check_precision(args.params, record.math_type)
         self.ran.append(record)
 
 
@@ -140,9 +142,9 @@ def test_v7_record_that_checks_out_is_used_with_cudnns_workspace_and_determinism
 def test_precision_rule_refuses_down_conversion_of_wide_data():
     p32, p64 = wgrad_params(), wgrad_params(dtype="float64")
     for p in (p32, p64):
-        assert "half precision" in algos.precision_problem(p, MathType.TENSOR_OP_MATH_ALLOW_CONVERSION)
-    assert algos.precision_problem(wgrad_params(dtype="float16"), MathType.TENSOR_OP_MATH) is None
-    assert "unknown math type" in algos.precision_problem(p32, 7)
+        assert "half precision" in contract.precision_problem(p, MathType.TENSOR_OP_MATH_ALLOW_CONVERSION)
+    assert contract.precision_problem(wgrad_params(dtype="float16"), MathType.TENSOR_OP_MATH) is None
+    assert "unknown math type" in contract.precision_problem(p32, 7)
 
 
 # ---- bookkeeping that must not grow with the number of distinct calls ----------------------------
@@ -228,7 +230,7 @@ def test_benchmark_limit_is_part_of_the_key():
 @pytest.mark.parametrize("dtype, itemsize", [("float64", 8), ("float32", 4), ("float16", 2),
                                              ("bfloat16", 2)])
 def test_scratch_sizes_follow_the_dtype_the_descriptors_use(dtype, itemsize):
-    from pycudnn.search.problem import role_bytes, written_bytes
+    from pycudnn.engines.problem import role_bytes, written_bytes
 
     p = wgrad_params(dtype=dtype)
     span = 32 * 64 * 56 * 56
@@ -237,7 +239,7 @@ def test_scratch_sizes_follow_the_dtype_the_descriptors_use(dtype, itemsize):
 
 
 def test_scratch_size_refuses_an_unknown_dtype():
-    from pycudnn.search.problem import written_bytes
+    from pycudnn.engines.problem import written_bytes
 
     with pytest.raises((TypeError, ValueError)):
         written_bytes(wgrad_params(dtype="complex-ish"))

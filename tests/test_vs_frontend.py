@@ -79,7 +79,7 @@ def test_breakdown_sums_the_named_functions_of_the_named_files_only():
     stats = {
         ("/x/pycudnn/ffi/library.py", 522, "_load"): (1, 1, 0.01, 0.120, {}),
         ("/x/pycudnn/cudnn/graph/plan.py", 290, "finalize"): (2, 2, 0.0, 0.030, {}),
-        ("/x/pycudnn/search/graph_engine.py", 82, "finalize"): (2, 2, 0.0, 0.031, {}),  # another file
+        ("/x/pycudnn/engines/graph.py", 82, "finalize"): (2, 2, 0.0, 0.031, {}),  # another file
         ("/x/other/library.py", 1, "_load"): (1, 1, 0.0, 5.0, {}),
     }
     rows = {r["what"]: r for r in V.breakdown_from_stats(stats, 0.3)}

@@ -1,7 +1,7 @@
 """A griffe extension for the API reference (mkdocs.yml loads it): docstrings written for
 readers of the source become Markdown that mkdocstrings renders well.
 
-* Sphinx roles (``:func:`~pycudnn.search.algos.try_all```) that some docstrings still use become inline
+* Sphinx roles (``:func:`~pycudnn.search.iterate.try_all```) that some docstrings still use become inline
   code (`try_all()`), so the reference never shows a raw role.
 * A parameter line that documents several parameters at once (``stride, padding, dilation: ...``)
   becomes one entry per parameter, so each gets its type and default from the signature instead

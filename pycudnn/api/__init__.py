@@ -1,2 +1,2 @@
-"""Layer 6, the public convolution functions: one call path (remembered replay, full path,
-fallback) and the repro attached to a failing call's error."""
+"""Layer 7, the public convolution functions: one call path (remembered replay, full path,
+fallback), the repro attached to a failing call's error, and what acts on every cache."""

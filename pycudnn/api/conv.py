@@ -3,7 +3,7 @@
 Each function validates its arguments in Python (PyTorch's wording), chooses the memory format
 the way ``cudnn_conv_suggest_memory_format`` does, turns 1-D convolutions into 2-D ones with a
 unit height, splits the batch when a tensor exceeds 2^31 - 1 elements, and hands one
-`ConvolutionArgs` per piece to the engine's search strategy through
+`ConvolutionArgs` per piece to the engine through
 `try_all()`. How the search is done is not this module's business.
 
 Nothing is launched before every argument has been checked, so bad input leaves the caller's
@@ -30,7 +30,7 @@ from ..dispatch.arguments import check_bias as _check_bias
 from ..dispatch.arguments import check_out_reads as _check_out_reads
 from ..dispatch.arguments import check_pair as _check_pair
 from ..dispatch.arguments import check_z as _check_z
-from ..dispatch.engines import strategy_for
+from ..engines.registry import engine_for
 from ..dispatch.prepared import PreparedConvolution
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..ffi import library as _lib
@@ -40,8 +40,8 @@ from ..runtime.memory import StreamLike, callers_device, resolve_stream, restore
 from ..runtime.memory.workspaces import shared_zeros
 from ..runtime.tensor import (Tensor, TensorLike, as_tensor, check_writable, empty,
                               has_internal_overlap, spans_overlap, tensor_from_pointer, zeros)
-from ..search.algos import try_all
-from ..search.problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
+from ..search.iterate import try_all
+from ..engines.problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
 from .repro import repro_lines
 
 if sys.version_info >= (3, 11):  # at run time too: typing.get_type_hints() resolves the flags
@@ -247,7 +247,7 @@ class ConvolutionCall:
         self._handle: int | None = None
         self.fmt = suggest_memory_format(*given)
         self.epilogue, self.z, self.bias, self.alpha = epilogue, z, bias, float(alpha)
-        self.strategy = strategy_for(flags["engine"])
+        self.engine = engine_for(flags["engine"])
         # what ran, for the prepared fast path: one piece, nothing staged -> reusable as is
         self.staged = False
         self.pieces: list[tuple[ConvolutionParams, Any]] = []
@@ -397,7 +397,7 @@ class ConvolutionCall:
             out_may_hold_data=any(spans_overlap(written, t) for t in reads),
             tuning_db=self.flags.get("tuning_db", True))
         try:
-            record = try_all(args, self.strategy)
+            record = try_all(args, self.engine)
         except (CudnnError, NoAlgorithmError, OutOfMemoryError) as exc:
             raise exc.add_context(*self._context(params)) from None
         self.pieces.append((params, record))
@@ -627,7 +627,7 @@ def _prepare(call: "ConvolutionCall") -> "PreparedConvolution | None":
         shapes["b"], strides["b"] = call.bias.shape, call.bias.strides
     written = {"x": call.x, "w": call.w, "y": call.y}[DIRECTION[call.direction].written]
     return _prepared.PreparedConvolution(
-        params, record, call.strategy, call.x.dtype if call.x is not None else call.y.dtype,
+        params, record, call.engine, call.x.dtype if call.x is not None else call.y.dtype,
         shapes, strides, None, has_bias=call.bias is not None, has_z=call.z is not None,
         out_size_bytes=written.span_bytes)
 
@@ -676,7 +676,7 @@ def _forward_with_epilogue(call: ConvolutionCall, y: Tensor, b: Tensor | None, r
         if relu and y.size:
             relu_(call.handle, y)
         return y, False
-    if (b is not None or relu) and call.strategy.supports(EpilogueKind.BIAS_RELU if relu else EpilogueKind.BIAS):
+    if (b is not None or relu) and call.engine.supports(EpilogueKind.BIAS_RELU if relu else EpilogueKind.BIAS):
         b_fused = _zero_bias(call, y.shape[1], y) if b is None else _contiguous_bias(b, call.stream, call)
         call.epilogue, call.bias = ("bias_relu" if relu else "bias"), b_fused
         if call.run_fused():

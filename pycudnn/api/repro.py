@@ -63,7 +63,7 @@ def repro_lines(call: Any, params: Any) -> list[str]:
         t = getattr(call, name, None)
         if t is not None:
             lines.append(_tensor_line(name, t))
-    describe = getattr(call.strategy, "describe_params", None)
+    describe = getattr(call.engine, "describe_params", None)
     if describe is not None:
         try:
             lines.extend("  " + d for d in describe(params))

@@ -13,10 +13,11 @@ from typing import Any, Callable
 
 from .._types import MathType
 from ..configuration import flags
-from ..dispatch.engines import strategy_for
+from ..engines.registry import engine_for
 from ..ffi.backend import BehaviorNote, NumericalNote
 from ..runtime.memory import check_cuda, device_guard, empty_cache
-from ..search import algos, tuning_db
+from ..search import tuning_db
+from ..search.cache import caches
 from .models import SHORT, Layer
 from .report import Progress, first_line
 
@@ -184,14 +185,14 @@ def _steady(fn: Callable[[], Any], timer: _CudaTimer | _TorchTimer, trials: int 
 
 class _CandidateSpy:
     """Keeps what the engine's ``candidates()`` returned during a measured search (what
-    ``--all-candidates`` shows); installed on the strategy instance, removed on exit."""
+    ``--all-candidates`` shows); installed on the engine instance, removed on exit."""
 
-    def __init__(self, strategy: Any) -> None:
-        self.strategy = strategy
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
         self.seen: list[Any] = []
 
     def __enter__(self) -> "_CandidateSpy":
-        real = self.strategy.candidates
+        real = self.engine.candidates
 
         def spy(args: Any) -> Any:
             got = real(args)
@@ -200,11 +201,11 @@ class _CandidateSpy:
                 self.seen.extend(got)
             return got
 
-        self.strategy.candidates = spy
+        self.engine.candidates = spy
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.strategy.__dict__.pop("candidates", None)
+        self.engine.__dict__.pop("candidates", None)
 
 
 def _note_name(enum: Any, value: Any) -> str:
@@ -235,15 +236,15 @@ def candidate_row(rec: Any) -> dict[str, Any]:
             "source": rec.source, "detail": rec.describe()}
 
 
-def _store_winners(direction: str, strategy: Any) -> None:
+def _store_winners(direction: str, engine: Any) -> None:
     """After a search run with the database off (--fresh/--all-candidates): keep the winner."""
 
     if not tuning_db.enabled():
         return
-    for params, record in algos.caches[direction].items():
+    for params, record in caches[direction].items():
         if record.source in ("measured", "find"):
             try:
-                tuning_db.store(params, strategy.serialize(record))
+                tuning_db.store(params, engine.serialize(record))
             except OSError as exc:
                 print(f"warning: could not write the tuning database: {exc}", file=sys.stderr)
 
@@ -269,23 +270,23 @@ def run_layer(layer: Layer, direction: str, bufs: _Buffers, opts: dict[str, Any]
     import pycudnn
 
 
-    strategy = strategy_for(opts["engine"])
+    engine = engine_for(opts["engine"])
     row = new_row(layer, direction)
     pycudnn.clear_caches()
     fn = _pycudnn_fn(layer, direction, bufs, opts["flags"])
     timer = _CudaTimer()
     try:
         fresh = opts["fresh"] or opts["all_candidates"]
-        with _CandidateSpy(strategy) as spy:
+        with _CandidateSpy(engine) as spy:
             if fresh:
                 with flags(tuning_db=False):
                     row["first_call_ms"] = _first_call(fn, timer)
                 if opts["use_db"]:
-                    _store_winners(direction, strategy)
+                    _store_winners(direction, engine)
             else:
                 row["first_call_ms"] = _first_call(fn, timer)
-        cached = algos.caches[direction].items()
-        row["searches"] = algos.caches[direction].searches
+        cached = caches[direction].items()
+        row["searches"] = caches[direction].searches
         if cached:
             record = cached[-1][1]
             info = candidate_row(record)

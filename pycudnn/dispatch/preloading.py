@@ -26,9 +26,9 @@ from ..runtime.memory import (allocate, callers_device, ensure_device, mem_get_i
                               normalize_device, restore_device, stream_synchronize)
 from ..runtime.tensor import span_elements
 from ..search import tuning_db, tuning_records
-from ..search.algos import caches
-from ..search.problem import ConvolutionArgs, ConvolutionParams, role_bytes
-from .engines import strategy_for
+from ..search.cache import caches
+from ..engines.problem import ConvolutionArgs, ConvolutionParams, role_bytes
+from ..engines.registry import engine_for
 
 __all__ = ["preload", "PreloadReport", "params_from_dict"]
 
@@ -83,7 +83,7 @@ def params_from_dict(data: dict[str, Any], device: int) -> ConvolutionParams:
 
 
 def _scratch_bytes(p: ConvolutionParams) -> list[int]:
-    """Bytes of each pointer role the strategies read: x, w, y, z, bias (z and bias 0 if unused)."""
+    """Bytes of each pointer role the engines read: x, w, y, z, bias (z and bias 0 if unused)."""
     x, w, y = (role_bytes(p, role) for role in ("x", "w", "y"))
     z = 0
     if p.epilogue == "add_relu" and p.z_strides:
@@ -186,7 +186,7 @@ def _preload_one(entry: dict[str, Any], dev: int, handle: int, scratch: _Scratch
     """Rebuild (and launch) one entry; returns the report counters it adds to."""
     try:
         params = params_from_dict(entry["params"], dev)
-        strategy = strategy_for(params.engine)
+        engine = engine_for(params.engine)
         cache = caches[params.direction]
         sizes = _scratch_bytes(params)
     except Exception as exc:  # noqa: BLE001 - a record from disk may be hand-edited or newer
@@ -207,7 +207,7 @@ def _preload_one(entry: dict[str, Any], dev: int, handle: int, scratch: _Scratch
         try:
             args = ConvolutionArgs(params=params, handle=handle, stream=0, x=x, w=w, y=y,
                                    benchmark=True, z=z, bias=bias)
-            record = strategy.restore(args, dict(entry["record"]))
+            record = engine.restore(args, dict(entry["record"]))
         except OutOfMemoryError:
             return ("skipped",)
         except Exception as exc:  # noqa: BLE001 - stale record: drop it as a call would
@@ -215,7 +215,7 @@ def _preload_one(entry: dict[str, Any], dev: int, handle: int, scratch: _Scratch
         launched = False
         if run:
             try:
-                strategy.run(args, record)
+                engine.run(args, record)
                 launched = True
             except OutOfMemoryError:
                 pass  # the record is fine; its kernels load on the first call instead

@@ -28,8 +28,8 @@ from ..runtime.memory import devices as _devices
 from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
 from ..runtime.tensor import (Tensor, as_tensor, check_writable, span_elements, spans_overlap,
                               views_overlap)
-from ..search.engine import Engine
-from ..search.problem import DIRECTION, ConvolutionParams
+from ..engines.contract import Engine
+from ..engines.problem import DIRECTION, ConvolutionParams
 from .arguments import check_bias, check_out_reads, check_z
 
 __all__ = ["PreparedConvolution", "prepare_convolution", "remembered_calls", "clear_fast_calls",
@@ -57,13 +57,13 @@ class PreparedConvolution:
     _torch_out_layout: tuple[Any, Any, Any, int] | None = None
     _torch_out_class: type | None = None
 
-    def __init__(self, params: ConvolutionParams, record: Any, strategy: Engine, dtype: Any,
+    def __init__(self, params: ConvolutionParams, record: Any, engine: Engine, dtype: Any,
                  shapes: dict[str, tuple], strides: dict[str, tuple],
                  slow: Callable[..., Tensor] | None,
                  has_bias: bool = False, has_z: bool = False, out_size_bytes: int = 0) -> None:
         self.params = params
         self.record = record
-        self.strategy = strategy
+        self.engine = engine
         self.direction = params.direction
         self.device = params.device
         self.dtype = dtype
@@ -90,7 +90,7 @@ class PreparedConvolution:
         self._out_span = span_elements(self.out_shape, self._out_strides) * item
         #: the bias used when a call passes none (a fused epilogue whose first call made one up)
         self.default_bias: Tensor | None = None
-        self.launcher = strategy.launcher(params, record)
+        self.launcher = engine.launcher(params, record)
         # forward: (a, b, out) are already in the graph's pointer order, nothing to permute
         self._in_order = self._positions == (0, 1, 2)
         self._plain = not has_bias and not has_z  # no epilogue tensor to take or check

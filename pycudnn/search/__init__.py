@@ -1,2 +1,2 @@
-"""Layer 4, the problem and its engines: the direction table and cache key, the engine
-contract, the legacy (v7) and graph engines, the search iterator and the tuning database."""
+"""Layer 5, choosing a record: the benchmark caches, the iterator that tries candidates in order,
+and the tuning database that keeps measured choices across processes."""

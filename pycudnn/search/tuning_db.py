@@ -1,6 +1,6 @@
 """The persistent tuning database: measured choices that survive the process.
 
-Every choice measured with ``benchmark=True`` is written here (by `pycudnn.search.algos`,
+Every choice measured with ``benchmark=True`` is written here (by `pycudnn.search.iterate`,
 through `store()`) and read back on the first use of the same key in a later process (`lookup()`),
 so that process skips the search. A record is applied only where it is valid: the key holds the
 GPU's identity (name, compute capability, SM count), the cuDNN version, pycudnn's record schema

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 from .._version import __version__
 from .._types import BwdDataAlgo, BwdFilterAlgo, FwdAlgo, MathType
-from .problem import ConvolutionParams
+from ..engines.problem import ConvolutionParams
 
 log = logging.getLogger("pycudnn")
 
@@ -215,7 +215,7 @@ def params_from_dict(data: Any, device: int) -> Any:
     return ConvolutionParams(**v)
 
 
-#: the fields of each engine's ``serialize()`` (algos.V7Search, graph_engine.GraphSearch):
+#: the fields of each engine's ``serialize()`` (v7.V7Engine, graph.GraphEngine):
 #: name -> (required, check); a field not listed refuses the record
 def _v7_algo(direction: str, v: Any) -> int:
 

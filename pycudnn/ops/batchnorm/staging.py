@@ -11,8 +11,8 @@ import numpy as np
 from ...cudnn.tensor_ops import transform
 from ...runtime.memory import allocate_fast
 from ...runtime.tensor import Tensor, channels_last_strides, contiguous_strides
-from ...search.engine import release as _release_workspace
-from ...search.engine import workspace as _workspace
+from ...engines.contract import release as _release_workspace
+from ...engines.contract import workspace as _workspace
 from .arguments import memory_format_of, param_view
 
 

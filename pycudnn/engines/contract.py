@@ -1,6 +1,6 @@
 """The engine contract: what the legacy (v7) and the graph engine each supply.
 
-The key, the caches, the iterator with its fallbacks (``pycudnn.search.algos.try_all``), the
+The key, the caches, the iterator with its fallbacks (``pycudnn.search.iterate.try_all``), the
 tuning database and the prepared (repeated) calls are shared; an engine supplies only:
 
 * candidates for a key (heuristics, or measured when ``benchmark``), and the default when
@@ -11,7 +11,9 @@ tuning database and the prepared (repeated) calls are shared; an engine supplies
   against the key: the database is untrusted);
 * what it fuses (``supports``), how it describes a key for error messages, and ``clear``.
 
-Workspace has one policy for both engines and every launch: `workspace`.
+Workspace has one policy for both engines and every launch: `workspace`. Both engines keep the
+reference's precision rule (`check_precision`) and refuse to measure during capture
+(`error_if_capturing`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import functools
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
+from .._types import MathType
+from ..errors import PycudnnError, StreamCaptureError
 from ..runtime.memory import allocate_fast, stream_is_capturing
 from ..runtime.memory.workspaces import thread_workspace
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind
 
-__all__ = ["Engine", "Record", "workspace", "release"]
+__all__ = ["Engine", "Record", "workspace", "release", "check_precision", "precision_problem",
+           "error_if_capturing"]
 
 
 class Record(Protocol):
@@ -68,8 +73,45 @@ def release(owned: Any, stream: int) -> None:
         owned.close(stream)
 
 
+# ---- guards ---------------------------------------------------------------------------------------
+
+def precision_problem(params: ConvolutionParams, math_type: int) -> str | None:
+    """Why ``math_type`` may not run ``params`` (None when it may).
+
+    The reference's rule: strict float32 runs on FMA math only. Beyond it, float32 and float64
+    data never run with ``TENSOR_OP_MATH_ALLOW_CONVERSION`` (which converts the inputs down to
+    half precision), and the math type must be one cuDNN defines.
+    """
+    try:
+        math = MathType(math_type)
+    except ValueError:
+        return f"unknown math type {math_type!r}"
+    if params.dtype == "float32" and not params.allow_tf32 and math != MathType.FMA_MATH:
+        return f"float32 with allow_tf32=False must run with FMA math, got {math.name}"
+    if params.dtype in ("float32", "float64") and math == MathType.TENSOR_OP_MATH_ALLOW_CONVERSION:
+        return f"{params.dtype} data may not be converted down to half precision ({math.name})"
+    return None
+
+
+def check_precision(params: ConvolutionParams, math_type: int) -> None:
+    """The reference's ASSERT_CORRECT_PRECISION (see `precision_problem()`), before a launch."""
+    problem = precision_problem(params, math_type)
+    if problem is not None:
+        raise PycudnnError(f"internal error: {problem}")
+
+
+def error_if_capturing(stream: int, what: str) -> None:
+    """Measuring during CUDA stream capture is refused (the reference's errorIfCapturingCudnnBenchmark)."""
+    if stream_is_capturing(stream):
+        raise StreamCaptureError(
+            f"{what}: cannot benchmark (search by measurement) while the stream is being captured "
+            f"into a CUDA graph; run the convolution once with the same shapes before capturing "
+            f"(a warm-up fills the cache), or pass benchmark=False")
+
+
+
 class Engine(ABC):
-    """A search strategy and launcher behind the shared key, caches and iterator."""
+    """A search and launcher behind the shared key, caches and iterator."""
 
     #: the value of the ``engine`` flag that selects it
     name: ClassVar[str]

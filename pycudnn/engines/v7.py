@@ -1,23 +1,9 @@
-"""Algorithm search, the benchmark cache and the iterator that tries candidates in order.
+"""The legacy (v7) engine: PyTorch's ``Conv_v7.cpp`` search behind the engine contract.
 
-This is the behaviour of PyTorch's ``Conv_v7.cpp`` (see ``docs/architecture.md``):
-
-* `ConvolutionParams` is the immutable cache key: everything
-  that changes the answer.
-* `BenchmarkCache` holds one record per key, one cache per direction, thread-safe, with a
-  per-key search lock so two threads asking for the same new key run one search, and a reader
-  never waits on a search for another key.
-* `try_all()` is the reference's ``AlgoIterator::try_all``: the cached record first (searched
-  again when it runs out of memory), else every candidate in order, skipping those that run out of
-  memory or fail inside cuDNN, caching the first that succeeds; when all fail it raises
-  `NoAlgorithmError` listing each candidate and why.
-* An *engine* (`Engine`) supplies the candidates and runs one.
-  `V7Search` here is the legacy Get/Find engine; the graph engine implements the same contract,
-  so the key, caches, iterator, tuning database and guards are shared.
-
-The key and the arguments live in `pycudnn.search.problem` (re-exported here); the
-registry of engines and the functions that act on every engine and cache (``clear_caches``,
-``set_cache_limit``, ``benchmark_cache``, ``strategy_for``) in `pycudnn.dispatch.engines`.
+`V7Engine` asks cuDNN's heuristics (cudnnGet*_v7) or measures (cudnnFind*Ex), filters the rows
+as the reference's getValidAlgorithms does, sizes workspaces and launches an `AlgoRecord`
+(algorithm, math type and workspace, applied together). `V7Choice` is what the tuning database
+keeps of a record, checked field by field when it is read back.
 """
 
 from __future__ import annotations
@@ -28,35 +14,26 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Iterable
+from typing import Any
 
 from .._types import (BwdDataAlgo, BwdFilterAlgo, ConvolutionBwdDataAlgoPerf,
                        ConvolutionBwdFilterAlgoPerf, ConvolutionFwdAlgoPerf, Determinism, FwdAlgo,
                        MathType, Status)
 from ..cudnn.descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor
 from ..cudnn.tensor_ops import relu_descriptor, scalar, scalar_pointers
-from ..errors import (CudnnError, NoAlgorithmError, OutOfMemoryError, PycudnnError,
-                      StreamCaptureError)
+from ..errors import CudnnError, NoAlgorithmError
 from ..ffi import library as _lib
-from ..runtime.memory import allocate, mem_get_info, stream_is_capturing
-from . import tuning_db
-from .engine import Engine, Record, release, workspace
-from .problem import (DIRECTION, DIRECTIONS, ConvolutionArgs, ConvolutionParams, EpilogueKind,
-                      written_bytes)
+from ..runtime.memory import allocate, mem_get_info
+from .contract import (Engine, check_precision, error_if_capturing, precision_problem, release,
+                       workspace)
+from .problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind, written_bytes
 
-__all__ = [
-    "DIRECTIONS", "ConvolutionParams", "ConvolutionArgs", "AlgoRecord", "BenchmarkCache",
-    "SearchStrategy", "V7Search", "try_all", "caches", "check_precision", "precision_problem",
-    "error_if_capturing", "relu_descriptor", "scalar_pointers", "scalar", "V7Direction", "v7_direction",
-]
-
-#: the engine contract under its earlier name
-SearchStrategy = Engine
+__all__ = ["AlgoRecord", "V7Engine", "V7Direction", "v7_direction", "find_headroom", "FIND_HEADROOM"]
 
 log = logging.getLogger("pycudnn")
 
 
-# ---- records and arguments ------------------------------------------------------------------------
+# ---- records ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class AlgoRecord:
@@ -84,272 +61,7 @@ class AlgoRecord:
                 f"workspace={self.workspace} B{t}, {self.source})")
 
 
-# ---- the cache ------------------------------------------------------------------------------------
-
-class _SearchLock:
-    """A per-key lock that exists only while a thread holds or waits for it.
-
-    Keeping one lock per key for ever grew without bound for keys that never get a record
-    (deterministic v7 calls, failed searches); counting users and removing the entry when the last
-    one leaves keeps the map as small as the number of searches in flight.
-    """
-
-    __slots__ = ("cache", "key", "lock", "users")
-
-    def __init__(self, cache: "BenchmarkCache", key: ConvolutionParams) -> None:
-        self.cache = cache
-        self.key = key
-        self.lock = threading.Lock()
-        self.users = 0
-
-    def __enter__(self) -> "_SearchLock":
-        self.lock.acquire()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.lock.release()
-        self.cache._leave(self)
-
-
-class BenchmarkCache:
-    """Thread-safe map ConvolutionParams -> record, bounded, with per-key search locks.
-
-    Reads take no lock (a dict lookup is atomic in CPython); writes and evictions do.
-    """
-
-    def __init__(self, direction: str, maxsize: int | None = 4096) -> None:
-        self.direction = direction
-        self.maxsize = maxsize
-        self._map: OrderedDict[ConvolutionParams, Record] = OrderedDict()
-        self._lock = threading.Lock()
-        self._search_locks: dict[ConvolutionParams, _SearchLock] = {}
-        self.searches = 0  # number of searches run (tests assert one per key)
-
-    def get(self, key: ConvolutionParams) -> Any:
-        """The record for ``key`` (and it becomes the most recently used), or None."""
-        record = self._map.get(key)
-        if record is not None and self.maxsize is not None:
-            with self._lock:  # the hot path never comes here: it replays prepared convolutions
-                try:
-                    self._map.move_to_end(key)
-                except KeyError:  # evicted meanwhile
-                    pass
-        return record
-
-    def set_maxsize(self, maxsize: int | None) -> None:
-        """Bound the cache (None: unbounded), evicting the least recently used entries now."""
-        with self._lock:
-            self.maxsize = maxsize
-            self._evict()
-
-    def insert(self, key: ConvolutionParams, record: Any) -> None:
-        with self._lock:
-            self._map[key] = record
-            self._map.move_to_end(key)
-            self._evict()
-
-    def _evict(self) -> None:
-        if self.maxsize is not None:
-            while len(self._map) > self.maxsize:
-                self._map.popitem(last=False)
-
-    def search_lock(self, key: ConvolutionParams) -> _SearchLock:
-        """The lock serializing searches for ``key``; use it as ``with cache.search_lock(key):``
-        (the entry is removed when no thread holds or waits for it any more)."""
-        with self._lock:
-            entry = self._search_locks.get(key)
-            if entry is None:
-                entry = self._search_locks[key] = _SearchLock(self, key)
-            entry.users += 1
-            return entry
-
-    def _leave(self, entry: _SearchLock) -> None:
-        with self._lock:
-            entry.users -= 1
-            if entry.users == 0 and self._search_locks.get(entry.key) is entry:
-                del self._search_locks[entry.key]
-
-    @property
-    def searches_in_flight(self) -> int:
-        """Keys a thread is searching (or waiting to search) right now."""
-        return len(self._search_locks)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._map.clear()
-            self.searches = 0
-
-    def items(self) -> list[tuple[ConvolutionParams, Record]]:
-        with self._lock:
-            return list(self._map.items())
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-
-caches: dict[str, BenchmarkCache] = {d: BenchmarkCache(d) for d in DIRECTIONS}
-
-
-# ---- guards ---------------------------------------------------------------------------------------
-
-def precision_problem(params: ConvolutionParams, math_type: int) -> str | None:
-    """Why ``math_type`` may not run ``params`` (None when it may).
-
-    The reference's rule: strict float32 runs on FMA math only. Beyond it, float32 and float64
-    data never run with ``TENSOR_OP_MATH_ALLOW_CONVERSION`` (which converts the inputs down to
-    half precision), and the math type must be one cuDNN defines.
-    """
-    try:
-        math = MathType(math_type)
-    except ValueError:
-        return f"unknown math type {math_type!r}"
-    if params.dtype == "float32" and not params.allow_tf32 and math != MathType.FMA_MATH:
-        return f"float32 with allow_tf32=False must run with FMA math, got {math.name}"
-    if params.dtype in ("float32", "float64") and math == MathType.TENSOR_OP_MATH_ALLOW_CONVERSION:
-        return f"{params.dtype} data may not be converted down to half precision ({math.name})"
-    return None
-
-
-def check_precision(params: ConvolutionParams, math_type: int) -> None:
-    """The reference's ASSERT_CORRECT_PRECISION (see `precision_problem()`), before a launch."""
-    problem = precision_problem(params, math_type)
-    if problem is not None:
-        raise PycudnnError(f"internal error: {problem}")
-
-
-def error_if_capturing(stream: int, what: str) -> None:
-    """Measuring during CUDA stream capture is refused (the reference's errorIfCapturingCudnnBenchmark)."""
-    if stream_is_capturing(stream):
-        raise StreamCaptureError(
-            f"{what}: cannot benchmark (search by measurement) while the stream is being captured "
-            f"into a CUDA graph; run the convolution once with the same shapes before capturing "
-            f"(a warm-up fills the cache), or pass benchmark=False")
-
-
-# ---- the iterator -------------------------------------------------------------------------------
-
-def try_all(args: ConvolutionArgs, strategy: Engine, cache: BenchmarkCache | None = None) -> Any:
-    """Run the convolution with the first record that works; return that record.
-
-    Order: the cached record (on out-of-memory, search again); else the strategy's candidates
-    (defaults only when deterministic without benchmark), skipping candidates above the workspace
-    limit, those that run out of memory, and those that fail inside cuDNN. The first success is
-    cached. One search per key at a time.
-    """
-    params = args.params
-    if cache is None:
-        cache = caches[params.direction]
-    # Conv_v7's rule: deterministic without benchmark runs only the default algorithm (uncached).
-    only_default = params.deterministic and not args.benchmark and strategy.deterministic_uses_default
-    failed_cached = None
-    if not only_default:
-        record = cache.get(params)
-        if record is not None:
-            try:
-                strategy.run(args, record)
-                return record
-            except OutOfMemoryError:
-                failed_cached = record  # search again: the next candidate may need less memory
-
-    failures: list[tuple[str, str]] = []
-    with cache.search_lock(params):
-        if not only_default:
-            # Another thread may have finished the search while this one waited for the lock.
-            record = cache.get(params)
-            if record is not None and record is not failed_cached:
-                try:
-                    strategy.run(args, record)
-                    return record
-                except OutOfMemoryError as exc:
-                    failures.append((record.describe(), f"OutOfMemoryError: {exc}"))
-            if args.benchmark and failed_cached is None:
-                record = _from_tuning_db(args, strategy)
-                if record is not None:
-                    cache.insert(params, record)
-                    return record
-        if only_default:
-            candidates: Iterable[Any] = strategy.default_candidates(args)
-        else:
-            cache.searches += 1
-            log.debug("searching (%s, %s): %s", strategy.name,
-                      "benchmark" if args.benchmark else "heuristics", params.short())
-            candidates = strategy.candidates(args)
-        limit = params.workspace_limit
-        for record in candidates:
-            if limit is not None and record.workspace > limit:
-                failures.append((record.describe(),
-                                 f"needs a workspace of {record.workspace} B, above workspace_limit={limit}"))
-                continue
-            try:
-                strategy.run(args, record)
-            except (OutOfMemoryError, CudnnError) as exc:
-                failures.append((record.describe(), f"{type(exc).__name__}: {_first_line(exc)}"))
-                log.debug("candidate failed, trying the next: %s: %s", record.describe(),
-                          failures[-1][1])
-                continue
-            if not only_default:
-                cache.insert(params, record)
-                if args.benchmark:
-                    _to_tuning_db(args, strategy, record)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("chose %s for %s%s", record.describe(), params.short(),
-                          f" after {len(failures)} failed candidate(s)" if failures else "")
-            return record
-    lines = [f"  - {what}: {why}" for what, why in failures] or ["  (no candidate was offered)"]
-    raise NoAlgorithmError(
-        f"unable to find a valid cuDNN algorithm to run the convolution ({params.short()}); "
-        f"candidates tried:\n" + "\n".join(lines), failures)
-
-
-# ---- the persistent tuning database hooks ---------------------------------------------------------
-# pycudnn.search.tuning_db owns the file; the engines own what a record is (serialize / restore).
-
-def _database_on(args: ConvolutionArgs) -> bool:
-    return args.tuning_db and tuning_db.enabled()
-
-
-def _from_tuning_db(args: ConvolutionArgs, strategy: Engine) -> Any:
-    """A record measured by an earlier process for this key, rebuilt and run once; else None.
-
-    A record that does not check out for this key, no longer rebuilds or fails to run (driver or
-    library changed, hand-edited, imported from elsewhere) is dropped and logged, and the search
-    runs as if it had never been there.
-    """
-    if not _database_on(args):
-        return None
-    data = tuning_db.lookup(args.params)
-    if data is None:
-        return None
-    try:
-        record = strategy.restore(args, data)
-        strategy.run(args, record)
-    except OutOfMemoryError:
-        return None  # memory is short now: search this time, keep the record for later
-    except Exception as exc:  # a record from disk may be stale or hand-edited: never fatal
-        log.warning("tuning database: dropping the record for %s (%s: %s); searching again",
-                    args.params.short(), type(exc).__name__, _first_line(exc))
-        tuning_db.drop(args.params)
-        return None
-    log.debug("tuning database: reused %s for %s", record.describe(), args.params.short())
-    return record
-
-
-def _to_tuning_db(args: ConvolutionArgs, strategy: Engine, record: Any) -> None:
-    if not _database_on(args):
-        return
-    try:
-        tuning_db.store(args.params, strategy.serialize(record))
-    except Exception as exc:  # noqa: BLE001 - a read-only disk or a bad file must not fail the call
-        log.warning("tuning database: could not store a record (%s: %s)", type(exc).__name__,
-                    _first_line(exc))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.split("\n", 1)[0]
-
-
-# ---- the v7 (legacy API) strategy -----------------------------------------------------------------
+# ---- the v7 (legacy API) engine -------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class V7Direction:
@@ -443,7 +155,7 @@ class V7Descriptors:
         return descs[a], ptrs[a], descs[b], ptrs[b], descs[out], ptrs[out]
 
 
-class V7Search(Engine):
+class V7Engine(Engine):
     """Conv_v7.cpp's search: cudnnGet*_v7 (heuristics) or cudnnFind*Ex (measurement)."""
 
     name = "v7"
@@ -453,23 +165,23 @@ class V7Search(Engine):
     # streams needs device-wide synchronization, which fails while any stream captures
     cached_workspace = False
 
-    def __init__(self, max_prepared: int = 1024) -> None:
-        self._prepared: OrderedDict[ConvolutionParams, V7Descriptors] = OrderedDict()
+    def __init__(self, max_descriptors: int = 1024) -> None:
+        self._descriptors: OrderedDict[ConvolutionParams, V7Descriptors] = OrderedDict()
         self._lock = threading.Lock()
-        self.max_prepared = max_prepared
+        self.max_descriptors = max_descriptors
 
     def clear(self) -> None:
         with self._lock:
-            self._prepared.clear()
+            self._descriptors.clear()
 
     def descriptors(self, params: ConvolutionParams) -> V7Descriptors:
-        descs = self._prepared.get(params)
+        descs = self._descriptors.get(params)
         if descs is None:
             descs = V7Descriptors(params)
             with self._lock:
-                self._prepared[params] = descs
-                while len(self._prepared) > self.max_prepared:
-                    self._prepared.popitem(last=False)
+                self._descriptors[params] = descs
+                while len(self._descriptors) > self.max_descriptors:
+                    self._descriptors.popitem(last=False)
         return descs
 
     def serialize(self, record: AlgoRecord) -> dict[str, Any]:
@@ -752,3 +464,8 @@ def _plain_int(value: Any, name: str) -> int:
     if type(value) is not int:
         raise ValueError(f"{name}: expected an int, got {value!r}")
     return value
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.split("\n", 1)[0]

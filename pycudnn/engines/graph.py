@@ -1,8 +1,8 @@
 """The graph engine: cuDNN's backend API behind the same search contract as the v7 engine.
 
-`GraphSearch` supplies candidates and runs one; the cache key, the per-direction caches,
+`GraphEngine` supplies candidates and runs one; the cache key, the per-direction caches,
 the iterator with its fallbacks, the guards and the batch splitting are those of
-`pycudnn.search.algos` and `pycudnn.api.conv`. Only the search differs:
+`pycudnn.search` and `pycudnn.api.conv`. Only the search differs:
 
 * candidates are cuDNN's heuristics (modes A, B and FALLBACK, in that order), every engine config
   with its knob choices, filtered by their notes as PyTorch does (no down-converting engines; no
@@ -32,11 +32,10 @@ from ..cudnn.graph.plan import EngineConfig, ExecutionPlan, engine_configs, filt
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..runtime.gate import MAX_QUEUED, StreamGate, gate_for
 from ..runtime.memory import allocate, check_cuda, mem_get_info
-from .algos import check_precision, error_if_capturing
-from .engine import Engine, release, workspace
+from .contract import Engine, check_precision, error_if_capturing, release, workspace
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind, written_bytes
 
-__all__ = ["GraphSearch", "GraphRecord", "BENCHMARK_TIME_BUDGET_S", "HEURISTIC_MODES"]
+__all__ = ["GraphEngine", "GraphRecord", "BENCHMARK_TIME_BUDGET_S", "HEURISTIC_MODES"]
 
 log = logging.getLogger("pycudnn")
 
@@ -101,7 +100,7 @@ def _weight_strides(params: ConvolutionParams) -> tuple[int, ...]:
     return nhwc_strides(params.weight_shape) if params.weight_format == "NHWC" else nchw_strides(params.weight_shape)
 
 
-class _Prepared:
+class _KeyGraphs:
     """The operation graph(s) of one ConvolutionParams and its candidates, per heuristics mode,
     built on first need: without benchmark, mode B (25-38 ms of heuristics per graph on an H200)
     is asked only when every candidate of mode A failed."""
@@ -115,8 +114,8 @@ class _Prepared:
         self.problems: list[str] = []
 
 
-class GraphSearch(Engine):
-    """The graph (backend API) search strategy."""
+class GraphEngine(Engine):
+    """The graph (backend API) engine."""
 
     name = "graph"
     #: deterministic without benchmark still searches (deterministic engines only) and caches;
@@ -125,14 +124,14 @@ class GraphSearch(Engine):
     epilogues = frozenset(EpilogueKind)
     cached_workspace = True  # replays (launcher) reuse this thread's workspace
 
-    def __init__(self, max_prepared: int = 512) -> None:
-        self._prepared: OrderedDict[ConvolutionParams, _Prepared] = OrderedDict()
+    def __init__(self, max_keys: int = 512) -> None:
+        self._key_graphs: OrderedDict[ConvolutionParams, _KeyGraphs] = OrderedDict()
         self._lock = threading.Lock()
-        self.max_prepared = max_prepared
+        self.max_keys = max_keys
 
     def clear(self) -> None:
         with self._lock:
-            self._prepared.clear()
+            self._key_graphs.clear()
 
     # -- graphs -----------------------------------------------------------------------------
     def _specs(self, p: ConvolutionParams) -> dict[str, TensorSpec]:
@@ -163,19 +162,19 @@ class GraphSearch(Engine):
         # alpha on the add's ALPHA2 first; else alpha as a multiply by a by-value scalar
         return [first, Epilogue(z=specs["z"], alpha=p.alpha, bias=specs["b"], relu=True, alpha_mode="mul")]
 
-    def prepared(self, args: ConvolutionArgs) -> _Prepared:
+    def key_graphs(self, args: ConvolutionArgs) -> _KeyGraphs:
         p = args.params
-        prep = self._prepared.get(p)
+        prep = self._key_graphs.get(p)
         if prep is None:
             with self._lock:
-                prep = self._prepared.get(p)
+                prep = self._key_graphs.get(p)
                 if prep is None:
-                    prep = self._prepared[p] = _Prepared()
-                    while len(self._prepared) > self.max_prepared:
-                        self._prepared.popitem(last=False)
+                    prep = self._key_graphs[p] = _KeyGraphs()
+                    while len(self._key_graphs) > self.max_keys:
+                        self._key_graphs.popitem(last=False)
         return prep
 
-    def _graphs(self, args: ConvolutionArgs, prep: _Prepared) -> list[OperationGraph]:
+    def _graphs(self, args: ConvolutionArgs, prep: _KeyGraphs) -> list[OperationGraph]:
         if prep.graphs is None:
             p = args.params
             specs = self._specs(p)
@@ -190,7 +189,7 @@ class GraphSearch(Engine):
             prep.graphs = graphs
         return prep.graphs
 
-    def _mode(self, args: ConvolutionArgs, prep: _Prepared, gi: int, mode: str) -> list[GraphRecord]:
+    def _mode(self, args: ConvolutionArgs, prep: _KeyGraphs, gi: int, mode: str) -> list[GraphRecord]:
         """The candidates of graph ``gi`` from one heuristics mode, deduplicated and filtered."""
         records = prep.by_mode.get((gi, mode))
         if records is not None:
@@ -221,12 +220,12 @@ class GraphSearch(Engine):
                           mode, len(records))
         return records
 
-    def _iter_candidates(self, args: ConvolutionArgs, prep: _Prepared, gi: int) -> Iterator[GraphRecord]:
+    def _iter_candidates(self, args: ConvolutionArgs, prep: _KeyGraphs, gi: int) -> Iterator[GraphRecord]:
         for mode in HEURISTIC_MODES:
             yield from self._mode(args, prep, gi, mode)
 
     def describe_params(self, params: ConvolutionParams) -> list[str]:
-        prep = self._prepared.get(params)
+        prep = self._key_graphs.get(params)
         if prep is None:
             return []
         lines = [f"graph: {g.description}" for g in (prep.graphs or [])]
@@ -235,7 +234,7 @@ class GraphSearch(Engine):
         lines.extend(f"heuristics: {pr}" for pr in prep.problems[:4])
         return lines
 
-    # -- the strategy contract ------------------------------------------------------------------
+    # -- the engine contract --------------------------------------------------------------------
     def candidates(self, args: ConvolutionArgs) -> Iterable[GraphRecord]:
         """Heuristic candidates lazily, mode by mode (without benchmark), or timed (with).
 
@@ -244,7 +243,7 @@ class GraphSearch(Engine):
         only when none of the earlier graph's could be. Some engines take the by-value form but
         compute it wrong (eng8 of FALLBACK gave NaN on cuDNN 9.19), so it is never preferred.
         """
-        prep = self.prepared(args)
+        prep = self.key_graphs(args)
         if not args.benchmark:
             return self._lazy(args, prep)
         for gi in range(len(self._graphs(args, prep))):
@@ -259,7 +258,7 @@ class GraphSearch(Engine):
         self._none_left(args, prep, [])
         return []
 
-    def _lazy(self, args: ConvolutionArgs, prep: _Prepared) -> Iterator[GraphRecord]:
+    def _lazy(self, args: ConvolutionArgs, prep: _KeyGraphs) -> Iterator[GraphRecord]:
         offered = 0
         for gi in range(len(self._graphs(args, prep))):
             for rec in self._iter_candidates(args, prep, gi):
@@ -268,7 +267,7 @@ class GraphSearch(Engine):
         if not offered:
             self._none_left(args, prep, [])
 
-    def _none_left(self, args: ConvolutionArgs, prep: _Prepared, cands: list) -> None:
+    def _none_left(self, args: ConvolutionArgs, prep: _KeyGraphs, cands: list) -> None:
         if cands:
             return
         raise NoAlgorithmError(
@@ -352,7 +351,7 @@ class GraphSearch(Engine):
             CudnnError: cuDNN does not take the engine and knobs for this graph.
         """
         p = args.params
-        prep = self.prepared(args)
+        prep = self.key_graphs(args)
         graphs = self._graphs(args, prep)
         gi = data.get("graph", 0)
         if type(gi) is not int or not 0 <= gi < len(graphs):

@@ -1,40 +1,19 @@
-"""The engines by name, and what acts on every engine and cache at once.
+"""What acts on every engine and cache at once.
 
-`strategy_for` gives the engine a call's ``engine`` flag names
-(``"v7"``: ``pycudnn.search.algos.V7Search``, ``"graph"``:
-``pycudnn.search.graph_engine.GraphSearch``); `clear_caches`,
-`set_cache_limit` and
-`benchmark_cache` act on every engine's state, the benchmark
-caches and the remembered calls. This module sits above both engines, so neither imports the other.
+`clear_caches`, `set_cache_limit` and `benchmark_cache` act on every engine's per-key state
+(`pycudnn.engines.registry.ENGINES`), the benchmark caches (`pycudnn.search.cache.caches`)
+and the remembered calls (`pycudnn.dispatch.prepared`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..search.algos import V7Search, caches
-from ..search.engine import Engine
-from ..search.graph_engine import GraphSearch
-from . import prepared
+from ..dispatch import prepared
+from ..engines.registry import ENGINES
+from ..search.cache import caches
 
-__all__ = ["strategy_for", "register_strategy", "clear_caches", "set_cache_limit",
-           "benchmark_cache", "ENGINES"]
-
-#: the engines by the name the ``engine`` flag uses
-ENGINES: dict[str, Engine] = {"v7": V7Search(), "graph": GraphSearch()}
-
-
-def register_strategy(engine: Engine) -> None:
-    """Make an engine available under ``engine.name`` (the ``engine`` flag's value)."""
-    ENGINES[engine.name] = engine
-
-
-def strategy_for(engine: str) -> Engine:
-    """The engine the ``engine`` flag names."""
-    found = ENGINES.get(engine)
-    if found is None:
-        raise ValueError(f"engine: expected one of {sorted(ENGINES)}, got {engine!r}")
-    return found
+__all__ = ["clear_caches", "set_cache_limit", "benchmark_cache"]
 
 
 def benchmark_cache() -> list[dict[str, Any]]:
