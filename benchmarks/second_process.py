@@ -52,7 +52,7 @@ def phase_pycudnn(opts) -> dict:
     t0 = time.perf_counter()
     import pycudnn
     from pycudnn.engines.registry import engine_for
-    from pycudnn.search import tuning_db
+    from pycudnn.tuning import db as tuning_db
     from pycudnn.search.cache import caches
     from pycudnn.cli.options import DTYPES
     from pycudnn.runtime.memory import synchronize

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import has_gpu
 from pycudnn.cli import bench, models, options, program, report, timing
-from pycudnn.search import tuning_db
+from pycudnn.tuning import db as tuning_db
 from pycudnn.configuration import config
 from pycudnn.errors import TuningDatabaseWarning
 from scripted_engine import ScriptedEngine

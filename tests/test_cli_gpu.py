@@ -36,7 +36,7 @@ def cli(*args: str, cache: Path, timeout: float = 300) -> subprocess.CompletedPr
 
 
 def db_entries(cache: Path) -> list[dict]:
-    from pycudnn.search import tuning_db
+    from pycudnn.tuning import db as tuning_db
 
     doc = json.loads((cache / tuning_db.FILE_NAME).read_text())
     return doc["entries"]

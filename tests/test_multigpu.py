@@ -152,7 +152,7 @@ def test_tuning_records_follow_the_device_model(tmp_path):
         import json, sys
         import numpy as np
         import pycudnn
-        from pycudnn.search import tuning_db
+        from pycudnn.tuning import db as tuning_db
         sys.path.insert(0, "tests")
         import reference as R
         dev = int(sys.argv[1])

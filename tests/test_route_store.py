@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from pycudnn.configuration import config
-from pycudnn.search import route_store, tuning_db
+from pycudnn.tuning import db as tuning_db
+from pycudnn.tuning import routes as route_store
 
 REPO = Path(__file__).resolve().parents[1]
 H200 = {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
@@ -81,7 +82,8 @@ def test_another_process_merges_instead_of_replacing(store):
     store.store(key("forward"), "torch", FIGURES, "mine")
     store.flush()
     code = (
-        "from pycudnn.search import route_store, tuning_db\n"
+        "from pycudnn.tuning import db as tuning_db\n"
+        "from pycudnn.tuning import routes as route_store\n"
         f"tuning_db.device_identity = lambda d: {H200!r}\n"
         "k = route_store.decision_key(" + repr(SIG) + ", 'backward data', 0, True, False, "
         "'2.11.0+cu130', 91900)\n"

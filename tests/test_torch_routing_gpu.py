@@ -15,7 +15,7 @@ if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
 
 import pycudnn  # noqa: E402
 import pycudnn.torch as pt  # noqa: E402
-from pycudnn.search import route_store  # noqa: E402
+from pycudnn.tuning import routes as route_store  # noqa: E402
 from pycudnn.torch import calls, routing  # noqa: E402
 
 F = torch.nn.functional

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from pycudnn.search import iterate, tuning_db, tuning_files, tuning_records
+from pycudnn.search import iterate
+from pycudnn.tuning import db as tuning_db
+from pycudnn.tuning import files as tuning_files
+from pycudnn.tuning import records as tuning_records
 from pycudnn.search.cache import BenchmarkCache
 from pycudnn.search.iterate import try_all
 from pycudnn.engines.problem import ConvolutionArgs, ConvolutionParams
@@ -107,7 +110,7 @@ def test_enabled_follows_config_and_flags(db):
 def test_env_zero_turns_it_off(tmp_path):
     code = (
         "import os, json\n"
-        "from pycudnn import config\nfrom pycudnn.search import tuning_db\n"
+        "from pycudnn import config\nfrom pycudnn.tuning import db as tuning_db\n"
         "tuning_db.device_identity = lambda d: {'name': 'X', 'compute_capability': [9, 0], 'sm_count': 1}\n"
         "import sys; sys.path.insert(0, 'tests')\n"
         "from test_algos import make_params\n"
@@ -294,7 +297,7 @@ def test_miss_sees_a_record_another_process_stored(db, tmp_path):
     assert db.lookup(p) is None  # this process has read the (empty) file
     code = (
         "import sys; sys.path.insert(0, 'tests')\n"
-        "from pycudnn.search import tuning_db\n"
+        "from pycudnn.tuning import db as tuning_db\n"
         f"tuning_db.device_identity = lambda d: {H200!r}\n"
         "from test_algos import make_params\n"
         "tuning_db.store(make_params(groups=2, weight_shape=(8, 2, 3, 3)),\n"
@@ -414,7 +417,7 @@ def test_merge_refuses_what_is_not_a_database(db, tmp_path):
 WRITER = r"""
 import sys, json
 sys.path.insert(0, "tests")
-from pycudnn.search import tuning_db
+from pycudnn.tuning import db as tuning_db
 tuning_db.device_identity = lambda d: {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
 from scripted_engine import ScriptedEngine
 from test_algos import make_params

@@ -1,6 +1,6 @@
 """Fuzzing the tuning database's files: the file is untrusted input (another machine's export, a
 shared directory, another user), so whatever it holds, the public functions of
-:mod:`pycudnn.search.tuning_db` and ``pycudnn cache`` must
+:mod:`pycudnn.tuning.db` and ``pycudnn cache`` must
 
 * never raise (``merge`` may refuse a file that is not a database with its documented
   ValueError) and never hang;
@@ -36,7 +36,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pycudnn.cli import program
-from pycudnn.search import tuning_db, tuning_records
+from pycudnn.tuning import db as tuning_db
+from pycudnn.tuning import records as tuning_records
 from pycudnn.configuration import config
 from test_algos import make_params
 

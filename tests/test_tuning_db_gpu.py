@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture
 def db(tmp_path, monkeypatch):
     import pycudnn
-    from pycudnn.search import tuning_db
+    from pycudnn.tuning import db as tuning_db
     from pycudnn.configuration import config
 
     monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(tmp_path / "cache"))

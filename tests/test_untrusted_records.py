@@ -40,7 +40,7 @@ def wgrad_params(**over) -> ConvolutionParams:
 
 @pytest.fixture
 def db(tmp_path, monkeypatch):
-    from pycudnn.search import tuning_db
+    from pycudnn.tuning import db as tuning_db
     from pycudnn.configuration import config
 
     monkeypatch.setenv("PYCUDNN_CACHE_DIR", str(tmp_path / "cache"))

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from ..ffi import library as _lib
-from ..search import tuning_db
+from ..tuning import db as tuning_db
 from .environment import cuda_text, dist_version, list_devices, require_gpu, version_text
 from .errors import UsageError
 from .models import SHORT, Layer, layers_from_args, parse_directions

@@ -11,7 +11,8 @@ import warnings
 from typing import Any
 
 from ..errors import TuningDatabaseWarning
-from ..search import route_store, tuning_db
+from ..tuning import db as tuning_db
+from ..tuning import routes as route_store
 from .environment import version_text
 from .errors import RunError, UsageError
 from .models import SHORT

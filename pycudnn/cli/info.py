@@ -11,7 +11,8 @@ from typing import Any
 
 from ..errors import CudnnNotFoundError, TuningDatabaseWarning
 from ..ffi import library as _lib
-from ..search import route_store, tuning_db
+from ..tuning import db as tuning_db
+from ..tuning import routes as route_store
 from .environment import cuda_mismatches, cuda_text, dist_version, list_devices, version_text
 from .report import format_bytes, terminal_safe
 

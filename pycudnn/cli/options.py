@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from ..configuration import config
-from ..search import tuning_db
+from ..tuning import db as tuning_db
 from .models import DIRECTIONS, MODELS, SHAPE_FORMAT
 
 #: --dtype -> (pycudnn dtype, allow_tf32 to pass; None leaves pycudnn.config's)

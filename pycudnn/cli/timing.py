@@ -16,7 +16,7 @@ from ..configuration import flags
 from ..engines.registry import engine_for
 from ..ffi.backend import BehaviorNote, NumericalNote
 from ..runtime.memory import check_cuda, device_guard, empty_cache
-from ..search import tuning_db
+from ..tuning import db as tuning_db
 from ..search.cache import caches
 from .models import SHORT, Layer
 from .report import Progress, first_line

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..search import tuning_db
+from ..tuning import db as tuning_db
 from .environment import require_gpu
 from .errors import UsageError
 from .models import SHORT, layers_from_args, parse_directions

@@ -1,7 +1,7 @@
 """Preloading: the tuning database's choices for one GPU, made ready before the first call.
 
 A later process finds each layer's stored choice on its first call and skips the search
-(`pycudnn.search.tuning_db`), but that first call still pays for rebuilding the choice
+(`pycudnn.tuning.db`), but that first call still pays for rebuilding the choice
 (graph and plan, about 1 ms) and for CUDA loading the chosen kernels on their first launch (CUDA
 loads modules lazily: 40-100 ms for the first kernel of an engine family, a few ms for each further
 one; PyTorch pays the same). `preload()` pays both at a moment the
@@ -25,7 +25,8 @@ from ..runtime.handle import get_handle
 from ..runtime.memory import (allocate, callers_device, ensure_device, mem_get_info,
                               normalize_device, restore_device, stream_synchronize)
 from ..runtime.tensor import span_elements
-from ..search import tuning_db, tuning_records
+from ..tuning import db as tuning_db
+from ..tuning import records as tuning_records
 from ..search.cache import caches
 from ..engines.problem import ConvolutionArgs, ConvolutionParams, role_bytes
 from ..engines.registry import engine_for
@@ -68,11 +69,11 @@ class PreloadReport:
 
 def params_from_dict(data: dict[str, Any], device: int) -> ConvolutionParams:
     """The `ConvolutionParams` of a database entry's ``params``
-    (the inverse of `pycudnn.search.tuning_records.params_to_dict()`), on device ``device``.
+    (the inverse of `pycudnn.tuning.records.params_to_dict()`), on device ``device``.
 
     The entry is untrusted input: every field is parsed as strictly as a call's arguments are,
     and only values a call can produce are accepted (see
-    `pycudnn.search.tuning_records.params_from_dict()`), so scratch sizes and launches never rest on a
+    `pycudnn.tuning.records.params_from_dict()`), so scratch sizes and launches never rest on a
     value no call would give (``"double"`` for ``"float64"``, a negative size, an output shape
     the geometry does not give, ...).
 

@@ -1,2 +1,2 @@
-"""Layer 5, choosing a record: the benchmark caches, the iterator that tries candidates in order,
-and the tuning database that keeps measured choices across processes."""
+"""Layer 6, choosing a record: the benchmark caches and the iterator that tries candidates in
+order (with the tuning database looked up before a search and written after it)."""

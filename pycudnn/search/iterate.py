@@ -15,7 +15,7 @@ from typing import Any, Iterable
 from ..engines.contract import Engine
 from ..engines.problem import ConvolutionArgs
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
-from . import tuning_db
+from ..tuning import db as tuning_db
 from .cache import BenchmarkCache, caches
 
 __all__ = ["try_all"]
@@ -97,7 +97,7 @@ def try_all(args: ConvolutionArgs, engine: Engine, cache: BenchmarkCache | None 
 
 
 # ---- the persistent tuning database hooks ---------------------------------------------------------
-# pycudnn.search.tuning_db owns the file; the engines own what a record is (serialize / restore).
+# pycudnn.tuning.db owns the file; the engines own what a record is (serialize / restore).
 
 def _database_on(args: ConvolutionArgs) -> bool:
     return args.tuning_db and tuning_db.enabled()

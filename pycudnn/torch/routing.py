@@ -17,7 +17,7 @@ autograd function altogether. `report()` lists every decision with its figures.
 
 Two things keep this from costing a model's first step more than PyTorch's own:
 
-* a decision is stored on disk (`pycudnn.search.route_store`, beside the tuning database) and
+* a decision is stored on disk (`pycudnn.tuning.routes`, beside the tuning database) and
   the next process takes it from there: no timing, and no search of pycudnn's candidates for a
   signature PyTorch won;
 * before pycudnn searches a new signature, PyTorch's call is timed alone (`prejudge`): where it
@@ -44,7 +44,7 @@ import torch
 
 from pycudnn.configuration import config
 from pycudnn.runtime.gate import MAX_QUEUED, gate_for
-from pycudnn.search import route_store
+from pycudnn.tuning import routes as route_store
 
 __all__ = ["MARGIN", "RouteDecision", "set_routing", "routing", "report", "clear_report",
            "prejudge", "pycudnn_wins", "host_floor"]

@@ -60,8 +60,8 @@ and only when the file changed, so a record written meanwhile by another process
 
 **Modules.** This one is the database (where it is, on or off, this process's copy, lookup,
 store, drop, listing, clearing, import and export); what an entry is and how it is checked is
-`pycudnn.search.tuning_records`; how files are opened, locked and replaced
-safely is `pycudnn.search.tuning_files`.
+`pycudnn.tuning.records`; how files are opened, locked and replaced
+safely is `pycudnn.tuning.files`.
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ from typing import Any, Callable
 
 from ..configuration import config
 from ..runtime.memory import check_cuda
-from .tuning_files import (RefusedFile, atomic_write, file_signature, locked, move_aside, process_lock,
+from .files import (RefusedFile, atomic_write, file_signature, locked, move_aside, process_lock,
                            read_database, read_import, warn, write_database)
-from .tuning_records import (CorruptFile, canonical_json, document_text, new_entry, params_key,
+from .records import (CorruptFile, canonical_json, document_text, new_entry, params_key,
                              parse_document, validate_entry)
 
 __all__ = ["enabled", "lookup", "store", "drop", "path", "cache_dir", "entries", "clear", "export",
@@ -241,7 +241,7 @@ def _edit(st: _State, change: Callable[[dict[str, dict[str, Any]]], bool]) -> No
     changed them; changed entries are written back.
 
     Raises:
-        RefusedFile, OSError: as `tuning_files.locked` and `_load_locked`.
+        RefusedFile, OSError: as `files.locked` and `_load_locked`.
     """
     with locked(st.file):
         entries_ = dict(_load_locked(st))

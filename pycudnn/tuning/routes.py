@@ -3,14 +3,14 @@
 `pycudnn.torch.routing` (this module needs no PyTorch: ``pycudnn cache`` reads it) times pycudnn's launch against PyTorch's convolution once per signature
 and direction. The decision depends on the GPU, the two libraries' versions and PyTorch's flags,
 not on the process, so it is kept beside the tuning database (``routes-v1.json`` in
-`pycudnn.search.tuning_db.cache_dir()`) and read back by the next process, which then neither
+`pycudnn.tuning.db.cache_dir()`) and read back by the next process, which then neither
 times the two sides again nor, where PyTorch won, searches pycudnn's own candidates.
 
 A decision's key: the GPU's identity (name, compute capability, SM count), pycudnn's cuDNN
 version, PyTorch's version and its cuDNN version, the signature (shapes, dtype, memory format,
 geometry), the direction, and PyTorch's TF32 and determinism flags.
 
-The file is untrusted input as the tuning database is (`pycudnn.search.tuning_files` opens,
+The file is untrusted input as the tuning database is (`pycudnn.tuning.files` opens,
 locks and replaces it): each entry is checked when read, and one that does not check is dropped;
 a file that does not parse is set aside. Decisions of one process are written together, a
 moment after the first of them and at exit, so a model's first step does not write the file once
@@ -28,8 +28,8 @@ import os
 import threading
 from typing import Any
 
-from . import tuning_db
-from .tuning_files import (
+from . import db as tuning_db
+from .files import (
     RefusedFile,
     file_signature,
     locked,
@@ -38,7 +38,7 @@ from .tuning_files import (
     read_database,
     write_database,
 )
-from .tuning_records import (
+from .records import (
     CorruptFile,
     canonical_json,
     checked_real,

@@ -17,7 +17,7 @@ import warnings
 from typing import Any, Iterator
 
 from ..errors import TuningDatabaseWarning
-from .tuning_records import CorruptFile
+from .records import CorruptFile
 
 
 #: a database or import file larger than this is not read (set aside as unusable)
@@ -199,7 +199,7 @@ def atomic_write(file: str, text: str) -> None:
 
 
 #: the tuning database's modules: a warning names the first caller outside them
-_OWN_MODULES = (f"{__package__}.tuning_db", f"{__package__}.tuning_records", __name__)
+_OWN_MODULES = (f"{__package__}.db", f"{__package__}.records", __name__)
 
 
 def warn(msg: str) -> None:
