@@ -51,9 +51,9 @@ _EXPORTS: dict[str, str] = {
     "benchmark_cache": "api.caches", "clear_caches": "api.caches", "set_cache_limit": "api.caches",
     "ConvolutionParams": "engines.problem",
     # the tuning database's records made ready ahead of the first call
-    "preload": "dispatch.preloading", "PreloadReport": "dispatch.preloading",
+    "preload": "search.preload", "PreloadReport": "search.preload",
     # prepared convolutions
-    "prepare_convolution": "api.conv", "PreparedConvolution": "dispatch.prepared",
+    "prepare_convolution": "api.conv", "PreparedConvolution": "api.prepared",
     # convolutions
     "convolution": "api.conv", "conv_transpose": "api.conv", "convolution_backward_data": "api.conv",
     "convolution_backward_filter": "api.conv", "convolution_add_relu": "api.conv",
@@ -135,13 +135,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .api.caches import (benchmark_cache as benchmark_cache, clear_caches as clear_caches,
                                    set_cache_limit as set_cache_limit)
     from .engines.problem import ConvolutionParams as ConvolutionParams
-    from .dispatch.preloading import (PreloadReport as PreloadReport, preload as preload)
+    from .search.preload import (PreloadReport as PreloadReport, preload as preload)
     from .api.conv import (conv_transpose as conv_transpose, convolution as convolution,
                            convolution_add_relu as convolution_add_relu,
                            convolution_backward_data as convolution_backward_data,
                            convolution_backward_filter as convolution_backward_filter,
                            prepare_convolution as prepare_convolution)
-    from .dispatch.prepared import PreparedConvolution as PreparedConvolution
+    from .api.prepared import PreparedConvolution as PreparedConvolution
     from .ops.activation import (activation_backward as activation_backward,
                                  activation_forward as activation_forward)
     from .ops.softmax import (softmax_backward as softmax_backward,

@@ -190,7 +190,7 @@ def test_remembered_call_hands_an_overlapping_out_to_the_full_path():
     goes to the full path (which refuses it), never straight to the kernel."""
     import numpy as np
 
-    from pycudnn.dispatch.prepared import PreparedConvolution
+    from pycudnn.api.prepared import PreparedConvolution
 
     x, w = t(2, 4, 8, 8, ptr=BASE), t(8, 4, 3, 3, ptr=BASE + (1 << 30))
     prepared = object.__new__(PreparedConvolution)  # just the layout a remembered call has

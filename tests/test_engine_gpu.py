@@ -68,7 +68,7 @@ def test_cached_choice_out_of_memory_searches_again(monkeypatch, engine):
     assert len(cached) == 1
     # the remembered-call path launches the cached plan directly; this test is about the
     # iterator behind it (which that path falls back to on any failure), so go through it
-    from pycudnn.dispatch.prepared import clear_fast_calls
+    from pycudnn.api.prepared import clear_fast_calls
 
     clear_fast_calls()
     calls = _inject(monkeypatch, engine, [OutOfMemoryError("injected: cached choice out of memory")])

@@ -428,7 +428,7 @@ def test_prepared_path_refuses_like_the_full_path(engine):
     layout must still be accepted (the fast path's checks are the full path's, not stricter or
     looser; its key holds x's device but not w's or the bias's)."""
     import pycudnn
-    from pycudnn.dispatch import prepared as P
+    from pycudnn.api import prepared as P
 
     x, w, b, kw = _prepared_pair(engine)
     ref = _host(pycudnn.convolution(x, w, b, **kw))

@@ -39,7 +39,7 @@ def _err(got, ref):
 
 def test_a_configuration_change_is_another_signature():
     import pycudnn
-    from pycudnn.dispatch import prepared
+    from pycudnn.api import prepared
 
     x, w = _data(1)
     X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)
@@ -61,7 +61,7 @@ def test_a_configuration_change_is_another_signature():
 def test_torch_tensors_and_views_of_one_layout_share_a_signature():
     torch = pytest.importorskip("torch")
     import pycudnn
-    from pycudnn.dispatch import prepared
+    from pycudnn.api import prepared
 
     x, w = _data(2)
     tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
@@ -103,7 +103,7 @@ def test_first_call_on_a_fresh_thread_binds_its_device():
     """The remembered call made by this thread, replayed first thing on a new thread: its output
     allocation needs the device's context current there (bound on that thread's first use)."""
     import pycudnn
-    from pycudnn.dispatch import prepared
+    from pycudnn.api import prepared
 
     x, w = _data(4)
     X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)

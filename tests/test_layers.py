@@ -28,7 +28,6 @@ LAYERS: list[tuple[str, list[str], list[str]]] = [
     ("the problem and its engines", [], ["engines"]),
     ("what survives the process", [], ["tuning"]),
     ("choosing a record", [], ["search"]),
-    ("replay and preloading", [], ["dispatch"]),
     ("operations", [], ["api", "ops"]),
     ("entry points", ["__main__", "__init__"], ["torch", "cli", "cupy_compat"]),
 ]

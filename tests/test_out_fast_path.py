@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycudnn.dispatch import prepared as P
+from pycudnn.api import prepared as P
 from pycudnn.runtime.tensor import tensor_from_pointer
 
 torch = pytest.importorskip("torch")

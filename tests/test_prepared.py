@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pycudnn.api import conv as C
-from pycudnn.dispatch import prepared as P
+from pycudnn.api import prepared as P
 from pycudnn.cudnn import tensor_ops
 from pycudnn.engines.problem import ConvolutionParams
 from pycudnn.runtime.tensor import tensor_from_pointer

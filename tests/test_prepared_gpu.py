@@ -36,7 +36,7 @@ def _err(got, ref):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_repeated_calls_take_the_remembered_path_and_stay_right(engine):
     import pycudnn
-    from pycudnn.dispatch import prepared
+    from pycudnn.api import prepared
 
     x, w = _data(0)
     X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)
@@ -59,7 +59,7 @@ def test_repeated_calls_take_the_remembered_path_and_stay_right(engine):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_geometry_given_as_lists_runs_and_is_not_remembered(engine):
     import pycudnn
-    from pycudnn.dispatch import prepared
+    from pycudnn.api import prepared
 
     x, w = _data(4)
     X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)
@@ -263,7 +263,7 @@ def test_prepared_strided_bias_is_read_as_strided():
 
 def test_prepared_refusals_launch_nothing_and_leave_out_untouched():
     import pycudnn
-    from pycudnn.dispatch import prepared as P
+    from pycudnn.api import prepared as P
 
     rng = np.random.default_rng(7)
     xh = rng.standard_normal((1, 16, 8, 8))
@@ -313,7 +313,7 @@ def test_torch_out_takes_the_lean_path_and_every_other_out_the_full_checks(engin
     import torch.nn.functional as F
 
     import pycudnn
-    from pycudnn.dispatch import prepared
+    from pycudnn.api import prepared
 
     torch.manual_seed(0)
     x = torch.randn(2, 8, 10, 10, device="cuda")

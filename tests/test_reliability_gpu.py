@@ -258,7 +258,7 @@ def test_benchmark_cache_is_least_recently_used():
 def test_set_cache_limit_bounds_every_cache():
     import pycudnn
     from pycudnn.search.cache import caches
-    from pycudnn.dispatch import prepared
+    from pycudnn.api import prepared
 
     try:
         pycudnn.set_cache_limit(2)

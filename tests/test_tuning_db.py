@@ -595,7 +595,7 @@ def test_round_trip_covers_every_field():
 
 @pytest.mark.parametrize("field", [None] + sorted(ROUND_TRIP))
 def test_params_from_dict_inverts_params_to_dict(field):
-    from pycudnn.dispatch.preloading import params_from_dict
+    from pycudnn.search.preload import params_from_dict
 
     p = make_params(**ROUND_TRIP[field]) if field else make_params()
     data = json.loads(json.dumps(tuning_records.params_to_dict(p)))  # as read back from the file
@@ -638,7 +638,7 @@ REFUSED_PARAMS = [
 
 @pytest.mark.parametrize("case", REFUSED_PARAMS, ids=lambda c: f"{c[0]}={c[1]!r}"[:50])
 def test_params_from_dict_refuses_what_no_call_writes(case):
-    from pycudnn.dispatch.preloading import params_from_dict
+    from pycudnn.search.preload import params_from_dict
 
     field, *rest = case
     graph = field.startswith("graph:")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import pycudnn
 import pycudnn.torch as pt
 from pycudnn.torch import calls
-from pycudnn.dispatch.prepared import remembered_calls
+from pycudnn.api.prepared import remembered_calls
 from pycudnn.runtime.handle import get_handle
 
 torch.backends.cudnn.benchmark = True

@@ -2,14 +2,14 @@
 
 `clear_caches`, `set_cache_limit` and `benchmark_cache` act on every engine's per-key state
 (`pycudnn.engines.registry.ENGINES`), the benchmark caches (`pycudnn.search.cache.caches`)
-and the remembered calls (`pycudnn.dispatch.prepared`).
+and the remembered calls (`pycudnn.api.prepared`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..dispatch import prepared
+from . import prepared
 from ..engines.registry import ENGINES
 from ..search.cache import caches
 

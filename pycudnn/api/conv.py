@@ -25,13 +25,13 @@ from ..cudnn.tensor_ops import (add_bias, add_tensor, contiguous_bias, is_contig
                                 transform)
 from ..cudnn.tensor_ops import fill_zero as _fill_zero
 from ..cudnn.tensor_ops import unsqueeze_1d as _unsqueeze
-from ..dispatch import prepared as _prepared
-from ..dispatch.arguments import check_bias as _check_bias
-from ..dispatch.arguments import check_out_reads as _check_out_reads
-from ..dispatch.arguments import check_pair as _check_pair
-from ..dispatch.arguments import check_z as _check_z
+from . import prepared as _prepared
+from ..runtime.tensor.checks import check_bias as _check_bias
+from ..runtime.tensor.checks import check_out_reads as _check_out_reads
+from ..runtime.tensor.checks import check_pair as _check_pair
+from ..runtime.tensor.checks import check_z as _check_z
 from ..engines.registry import engine_for
-from ..dispatch.prepared import PreparedConvolution
+from .prepared import PreparedConvolution
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..ffi import library as _lib
 from ..runtime.memory import devices as _devices

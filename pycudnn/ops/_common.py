@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..cudnn.tensor_ops import scalar_pointers, transform
-from ..dispatch.arguments import check_no_broadcast
+from ..runtime.tensor.checks import check_no_broadcast
 from ..ffi import library as _lib
 from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
 from ..runtime.tensor import (

@@ -31,7 +31,7 @@ import numpy as np
 from .._types import normalize_dtype
 from ..cudnn.descriptors import TensorDescriptor, Descriptor
 from ..cudnn.tensor_ops import transform
-from ..dispatch.arguments import check_no_broadcast
+from ..runtime.tensor.checks import check_no_broadcast
 from ..ffi import library as _lib
 from ..ops._common import PlanCache, Reserve, c_function
 from ..runtime.handle import get_handle

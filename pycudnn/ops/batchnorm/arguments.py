@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...dispatch.arguments import check_no_broadcast
+from ...runtime.tensor.checks import check_no_broadcast
 from ...runtime.memory import resolve_stream
 from ...runtime.tensor import Tensor, as_tensor, check_writable, has_internal_overlap, views_overlap
 

@@ -27,7 +27,7 @@ from ..runtime.memory import (allocate, callers_device, ensure_device, mem_get_i
 from ..runtime.tensor import span_elements
 from ..tuning import db as tuning_db
 from ..tuning import records as tuning_records
-from ..search.cache import caches
+from .cache import caches
 from ..engines.problem import ConvolutionArgs, ConvolutionParams, role_bytes
 from ..engines.registry import engine_for
 

@@ -30,7 +30,7 @@ from ..runtime.tensor import (Tensor, as_tensor, check_writable, span_elements, 
                               views_overlap)
 from ..engines.contract import Engine
 from ..engines.problem import DIRECTION, ConvolutionParams
-from .arguments import check_bias, check_out_reads, check_z
+from ..runtime.tensor.checks import check_bias, check_out_reads, check_z
 
 __all__ = ["PreparedConvolution", "prepare_convolution", "remembered_calls", "clear_fast_calls",
            "FAST_CALLS_MAX"]

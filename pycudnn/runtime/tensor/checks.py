@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..runtime.tensor import Tensor, as_tensor, views_overlap
+from .importers import as_tensor
+from .view import Tensor, views_overlap
 
 __all__ = ["check_no_broadcast", "check_pair", "check_bias", "check_z", "check_out_reads"]
 
