@@ -10,6 +10,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -625,8 +626,8 @@ REFUSED_PARAMS = [
     ("workspace_limit", -1, "in \\[0"), ("workspace_limit", 1.5, "integer"),
     ("cudnn_version", "9.2", "integer"), ("z_strides", [512, 64, 8, 1], "exactly when"),
     ("alpha", 0.5, "only with the 'add_relu'"), ("alpha", "1", "a number"),
-    ("alignments", [16, 16, 16], "3 values|0 values"), ("benchmark_limit", 4, "graph engine only"),
-    ("epilogue", "bias", "graph engine only"), ("device", -1, "params.device"),
+    ("alignments", [16, 16, 16], "0 values"), ("benchmark_limit", 4, "v7 engine takes none"),
+    ("epilogue", "bias", "not fused by the v7 engine"), ("device", -1, "params.device"),
     ("graph:alignments", [16, 16], "3 values"), ("graph:alignments", [16, 16, 3], "powers of two"),
     ("graph:epilogue", "add_relu", "exactly when"),
     ("graph:direction", "backward_data", "forward direction only", {"epilogue": "bias",
@@ -1015,3 +1016,121 @@ def test_a_document_nested_beyond_the_files_limit_is_corrupt_on_every_python(db,
         assert db.entries() == []
     aside = glob.glob(db.path() + ".corrupt-*")
     assert bool(aside) == corrupt, [str(w.message) for w in caught]
+
+
+# ---- records owned by their engine -----------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _ToyChoice:
+    """A registered engine's record identity: one level in [0, 7]."""
+
+    level: int
+
+    @classmethod
+    def from_stored(cls, data, params):
+        if not isinstance(data, dict) or set(data) != {"level"}:
+            raise ValueError(f"record: expected exactly the field 'level', got {data!r}")
+        if type(data["level"]) is not int or not 0 <= data["level"] <= 7:
+            raise ValueError(f"record.level: expected an integer in [0, 7], got {data['level']!r}")
+        return cls(data["level"])
+
+
+class _ToyEngine(ScriptedEngine):
+    """An engine the tuning database has never heard of, registered at run time."""
+
+    name = "toy"
+
+    def check_stored(self, data, params):
+        return dataclasses.asdict(_ToyChoice.from_stored(data, params))
+
+    def check_stored_params(self, params):
+        super().check_stored_params(params)
+        if params.workspace_limit is not None:
+            raise ValueError("params.workspace_limit: the toy engine takes none")
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    from pycudnn.engines import registry
+
+    monkeypatch.setitem(registry.ENGINES, "toy", _ToyEngine())
+
+
+def test_a_registered_engine_keeps_records_that_it_checks_itself(db, toy):
+    p = make_params(engine="toy")
+    db.store(p, {"level": 3})
+    new_process()
+    assert db.lookup(p) == {"level": 3}
+    entry, = db.entries()
+    assert entry["engine"] == "toy" and entry["record"] == {"level": 3}
+
+
+@pytest.mark.parametrize("record, why", [({"level": 9}, "record.level"),
+                                         ({"level": 3, "algo": 1}, "exactly the field"),
+                                         ({"algo": 1, "math_type": 0, "workspace": 0}, "exactly")])
+def test_a_registered_engines_own_check_refuses_its_bad_records(db, toy, caplog, record, why):
+    p = make_params(engine="toy")
+    with caplog.at_level("WARNING", logger="pycudnn"):
+        db.store(p, record)
+    assert "not storing a record" in caplog.text and why in caplog.text
+    assert db.lookup(p) is None and db.entries() == []
+
+
+def test_a_registered_engines_parameter_rule_applies_to_stored_keys(toy):
+    data = tuning_records.params_to_dict(make_params(engine="toy", workspace_limit=1 << 20))
+    with pytest.raises(ValueError, match="the toy engine takes none"):
+        tuning_records.params_from_dict(data, 0)
+    data["workspace_limit"] = None
+    assert tuning_records.params_from_dict(data, 0) == make_params(engine="toy")
+
+
+def test_an_entry_of_an_engine_no_longer_registered_is_dropped_on_read(db, toy, monkeypatch):
+    from pycudnn.engines import registry
+
+    db.store(make_params(engine="toy"), {"level": 3})
+    new_process()
+    monkeypatch.delitem(registry.ENGINES, "toy")
+    assert db.entries() == []
+
+
+def test_the_tuning_package_names_no_engine_and_no_engines_record_field():
+    """Its code (docstrings and comments aside) names no engine, engine class or record field."""
+    import ast
+
+    import pycudnn.tuning
+
+    names = {"v7", "graph", "algo", "math_type", "engine_id", "knobs", "V7Engine", "GraphEngine",
+             "V7Choice", "GraphChoice"}
+    for path in Path(pycudnn.tuning.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+        used = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                used.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                used.add(node.attr)
+            elif isinstance(node, ast.alias):
+                used.update(node.name.split("."))
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and id(node) not in docstrings):
+                used.update(re.findall(r"\w+", node.value))
+        assert not used & names, (path.name, sorted(used & names))
+
+
+def test_each_engines_stored_choice_round_trips_through_its_own_check():
+    from pycudnn.engines.graph import GraphChoice, GraphEngine
+    from pycudnn.engines.v7 import AlgoRecord, V7Engine
+
+    v7 = V7Engine()
+    data = v7.serialize(AlgoRecord(1, 1, 4096, 0.25, True, "forward", "find"))
+    assert data == V7_RECORD and v7.check_stored(data, make_params()) == V7_RECORD
+    unmeasured = v7.serialize(AlgoRecord(1, 1, 4096, -1.0, True, "forward", "heuristics"))
+    assert "time_ms" not in unmeasured and v7.check_stored(unmeasured, make_params()) == unmeasured
+    choice = GraphChoice.from_stored(dict(GRAPH_RECORD, plan_json="{}"), graph_params())
+    assert choice.knobs == ((3, 1), (17, 0)) and choice.to_stored() == GRAPH_RECORD
+    assert GraphEngine().check_stored(GRAPH_RECORD, graph_params()) == GRAPH_RECORD
+    with pytest.raises(ValueError, match="record.graph"):  # one graph unless alpha needs two
+        GraphChoice.from_stored(dict(GRAPH_RECORD, graph=1), graph_params())
+    with pytest.raises(ValueError, match="for the v7 engine"):
+        v7.check_stored(GRAPH_RECORD, make_params())

@@ -1,19 +1,17 @@
 """The engine contract: what the legacy (v7) and the graph engine each supply.
 
-The key, the caches, the iterator with its fallbacks (``pycudnn.search.iterate.try_all``), the
-tuning database and the prepared (repeated) calls are shared; an engine supplies only:
+The key, the caches, the iterator (``pycudnn.search.iterate.try_all``), the tuning database and
+the prepared calls are shared; an engine supplies only:
 
 * candidates for a key (heuristics, or measured when ``benchmark``), and the default when
   deterministic without benchmark;
-* ``run``: the first launch of a record for a call, with the checks a record must pass;
-* ``launch``: a repeated launch of a record already run for the key (the hot path);
-* ``serialize`` / ``restore``: a record as data for the tuning database, and back (checked
-  against the key: the database is untrusted);
+* ``run`` (the first launch, with the checks a record must pass) and ``launch`` (the hot path);
+* ``serialize`` / ``restore`` / ``check_stored``: a record as data for the tuning database, back,
+  and checked field by field when read (the database is untrusted);
 * what it fuses (``supports``), how it describes a key for error messages, and ``clear``.
 
-Workspace has one policy for both engines and every launch: `workspace`. Both engines keep the
-reference's precision rule (`check_precision`) and refuse to measure during capture
-(`error_if_capturing`).
+Shared by both: the workspace policy (`workspace`), the reference's precision rule
+(`check_precision`) and the refusal to measure during capture (`error_if_capturing`).
 """
 
 from __future__ import annotations
@@ -152,6 +150,28 @@ class Engine(ABC):
     @abstractmethod
     def serialize(self, record: Any) -> dict[str, Any]:
         """What the tuning database keeps of ``record`` (JSON data only)."""
+
+    def check_stored(self, data: Any, params: ConvolutionParams) -> dict[str, Any]:
+        """A checked copy of ``data``, a record of this engine read back from the tuning
+        database for ``params`` (untrusted): exactly the fields `serialize` writes, each of its
+        type and range. An engine checks it through the frozen value it keeps a record's
+        identity in (as cudnn-frontend's ``PlanConfig``), so the database names no engine field.
+
+        Raises:
+            TypeError, ValueError: naming the first field that is wrong.
+        """
+        raise ValueError(f"record: the {self.name} engine keeps no tuning records")
+
+    def check_stored_params(self, params: ConvolutionParams) -> None:
+        """Refuse stored ``params`` (already checked field by field) that no call with this
+        engine writes: here an epilogue it does not fuse; engines add their own fields' rules.
+
+        Raises:
+            ValueError: naming the field.
+        """
+        if params.epilogue and not self.supports(params.epilogue):
+            raise ValueError(f"params.epilogue: {params.epilogue!r} is not fused by the "
+                             f"{self.name} engine")
 
     @abstractmethod
     def restore(self, args: ConvolutionArgs, data: dict[str, Any]) -> Any:

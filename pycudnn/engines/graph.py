@@ -34,8 +34,10 @@ from ..runtime.gate import MAX_QUEUED, StreamGate, gate_for
 from ..runtime.memory import allocate, check_cuda, mem_get_info
 from .contract import Engine, check_precision, error_if_capturing, release, workspace
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind, written_bytes
+from .stored import (INT64_MAX, INT_MAX, brief, checked_int, checked_ints, checked_record,
+                     checked_text)
 
-__all__ = ["GraphEngine", "GraphRecord", "BENCHMARK_TIME_BUDGET_S", "HEURISTIC_MODES"]
+__all__ = ["GraphEngine", "GraphRecord", "GraphChoice", "BENCHMARK_TIME_BUDGET_S", "HEURISTIC_MODES"]
 
 log = logging.getLogger("pycudnn")
 
@@ -94,6 +96,62 @@ class GraphRecord:
         rc = ", runtime-compiled" if self.plan.runtime_compiled else ""
         return (f"graph {self.plan.tag} (mode {self.mode}, {ws}{t}, notes=[{notes}]{rc}, "
                 f"{self.source}) for {self.plan.graph.description}")
+
+
+@dataclass(frozen=True)
+class GraphChoice:
+    """What the tuning database keeps of a `GraphRecord`: its identity as a frozen value (as
+    cudnn-frontend's ``PlanConfig``): which graph, the engine id and the knob choices, read back
+    with `from_stored`, which checks every field."""
+
+    graph: int
+    engine_id: int
+    knobs: tuple[tuple[int, int], ...]
+    workspace: int
+    tag: str | None = None        # None: not stored
+    time_ms: float | None = None  # None: not measured
+
+    @classmethod
+    def from_stored(cls, data: Any, params: ConvolutionParams) -> "GraphChoice":
+        """The choice ``data`` (a stored record for ``params``) holds, once exactly the fields
+        `to_stored` writes are there, each of its type and range (a ``plan_json`` written by
+        earlier versions is accepted and left out: plans are rebuilt from engine id and knobs).
+
+        Raises:
+            TypeError, ValueError: naming the first field that is wrong.
+        """
+        graphs = 2 if params.epilogue == "add_relu" and params.alpha != 1.0 else 1
+
+        def knobs(v: Any) -> tuple[tuple[int, int], ...]:
+            if not isinstance(v, list) or len(v) > 64:
+                raise TypeError(f"record.knobs: expected a list of at most 64 [type, value] pairs, "
+                                f"got {brief(v)}")
+            out = []
+            for kv in v:
+                t, value = checked_ints("record.knobs[]", kv, 2, -INT64_MAX - 1, INT64_MAX)
+                out.append((checked_int("record.knobs[] type", t, 0, INT_MAX), value))
+            return tuple(out)
+
+        fields = checked_record(data, "graph", {
+            "graph": (True, lambda v: checked_int("record.graph", v, 0, graphs - 1)),
+            "engine_id": (True, lambda v: checked_int("record.engine_id", v, 0, INT_MAX)),
+            "knobs": (True, knobs),
+            "workspace": (True, lambda v: checked_int("record.workspace", v, 0)),
+            "tag": (False, lambda v: checked_text("record.tag", v, 1024)),
+            "plan_json": (False, lambda v: checked_text("record.plan_json", v, 8 << 20,
+                                                        printable=False))})
+        fields.pop("plan_json", None)
+        return cls(**fields)
+
+    def to_stored(self) -> dict[str, Any]:
+        """The record as the tuning database keeps it (JSON data; fields not known left out)."""
+        out: dict[str, Any] = {"graph": self.graph, "engine_id": self.engine_id,
+                               "knobs": [list(kv) for kv in self.knobs], "workspace": self.workspace}
+        if self.tag is not None:
+            out["tag"] = self.tag
+        if self.time_ms is not None:
+            out["time_ms"] = self.time_ms
+        return out
 
 
 def _weight_strides(params: ConvolutionParams) -> tuple[int, ...]:
@@ -332,10 +390,21 @@ class GraphEngine(Engine):
         rebuilt on the local graph from engine id and knobs.
         """
         plan = record.plan
-        return {"graph": record.graph_index, "engine_id": plan.engine_id,
-                "knobs": [[int(t), int(v)] for t, v in plan.key[1]],
-                "workspace": plan.workspace_size or 0, "time_ms": record.time_ms,
-                "tag": plan.tag}
+        return GraphChoice(record.graph_index, plan.engine_id,
+                           tuple((int(t), int(v)) for t, v in plan.key[1]),
+                           plan.workspace_size or 0, plan.tag,
+                           record.time_ms if record.time_ms >= 0 else None).to_stored()
+
+    def check_stored(self, data: Any, params: ConvolutionParams) -> dict[str, Any]:
+        return GraphChoice.from_stored(data, params).to_stored()
+
+    def check_stored_params(self, params: ConvolutionParams) -> None:
+        super().check_stored_params(params)
+        # a call gives the alignment of each pointer the graph reads: x, w, y (z, bias)
+        n = {"": 3, "bias": 4, "bias_relu": 4, "add_relu": 5}[params.epilogue]
+        if len(params.alignments) != n:
+            raise ValueError(f"params.alignments: expected {n} values, got "
+                             f"{len(params.alignments)}: {list(params.alignments)}")
 
     def restore(self, args: ConvolutionArgs, data: dict[str, Any]) -> GraphRecord:
         """Rebuild a stored choice on this process's graph for ``args`` (no heuristics).
@@ -347,25 +416,18 @@ class GraphEngine(Engine):
         non-deterministic engine when determinism is asked) and the workspace limit.
 
         Raises:
-            ValueError: the record does not check out for this key (the caller drops it).
+            TypeError, ValueError: the record does not check out for this key (the caller drops it).
             CudnnError: cuDNN does not take the engine and knobs for this graph.
         """
         p = args.params
         prep = self.key_graphs(args)
         graphs = self._graphs(args, prep)
-        gi = data.get("graph", 0)
-        if type(gi) is not int or not 0 <= gi < len(graphs):
+        stored = GraphChoice.from_stored(data, p)
+        gi = stored.graph
+        if not gi < len(graphs):
             raise ValueError(f"graph: expected an int in [0, {len(graphs)}), got {gi!r}")
-        engine_id = data.get("engine_id")
-        if type(engine_id) is not int or engine_id < 0:
-            raise ValueError(f"engine_id: expected an int >= 0, got {engine_id!r}")
-        knobs = data.get("knobs", [])
-        if not isinstance(knobs, list) or not all(
-                isinstance(k, list) and len(k) == 2 and all(type(v) is int for v in k) for k in knobs):
-            raise ValueError(f"knobs: expected a list of [type, value] int pairs, got {knobs!r}")
-        time_ms = data.get("time_ms", -1.0)
-        time_ms = float(time_ms) if type(time_ms) in (int, float) and time_ms >= 0 else -1.0
-        cfg = EngineConfig.from_key(graphs[gi], engine_id, [(t, v) for t, v in knobs])
+        time_ms = -1.0 if stored.time_ms is None else stored.time_ms
+        cfg = EngineConfig.from_key(graphs[gi], stored.engine_id, list(stored.knobs))
         _, dropped = filter_candidates([cfg], p.dtype, p.allow_tf32, p.deterministic)
         if dropped:
             cfg.close()

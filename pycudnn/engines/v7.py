@@ -9,6 +9,7 @@ keeps of a record, checked field by field when it is read back.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import threading
 from collections import OrderedDict
@@ -27,8 +28,9 @@ from ..runtime.memory import allocate, mem_get_info
 from .contract import (Engine, check_precision, error_if_capturing, precision_problem, release,
                        workspace)
 from .problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind, written_bytes
+from .stored import INT_MAX, checked_bool, checked_int, checked_record
 
-__all__ = ["AlgoRecord", "V7Engine", "V7Direction", "v7_direction", "find_headroom", "FIND_HEADROOM"]
+__all__ = ["AlgoRecord", "V7Choice", "V7Engine", "V7Direction", "v7_direction", "find_headroom", "FIND_HEADROOM"]
 
 log = logging.getLogger("pycudnn")
 
@@ -59,6 +61,55 @@ class AlgoRecord:
         t = f", {self.time_ms:.4f} ms" if self.time_ms >= 0 else ""
         return (f"{self.algo_name} (math={MathType(self.math_type).name}, "
                 f"workspace={self.workspace} B{t}, {self.source})")
+
+
+@dataclass(frozen=True)
+class V7Choice:
+    """What the tuning database keeps of an `AlgoRecord`: its identity as a frozen value (as
+    cudnn-frontend's ``PlanConfig``), read back with `from_stored`, which checks every field."""
+
+    algo: int
+    math_type: int
+    workspace: int
+    deterministic: bool | None = None  # None: not stored
+    time_ms: float | None = None       # None: not measured
+
+    @classmethod
+    def from_stored(cls, data: Any, params: ConvolutionParams) -> "V7Choice":
+        """The choice ``data`` (a stored record for ``params``) holds, once exactly the fields
+        `to_stored` writes are there, each of its type and range.
+
+        Raises:
+            TypeError, ValueError: naming the first field that is wrong.
+        """
+        enum = _V7_TABLE[params.direction].algo_enum
+
+        def algo(v: Any) -> int:
+            a = checked_int("record.algo", v, 0, INT_MAX)
+            if a not in set(e.value for e in enum):
+                raise ValueError(f"record.algo: {a} is not a {enum.__name__} value")
+            return a
+
+        def math_type(v: Any) -> int:
+            m = checked_int("record.math_type", v, 0, INT_MAX)
+            if m not in set(e.value for e in MathType):
+                raise ValueError(f"record.math_type: {m} is not a cudnnMathType_t value")
+            return m
+
+        return cls(**checked_record(data, "v7", {
+            "algo": (True, algo), "math_type": (True, math_type),
+            "workspace": (True, lambda v: checked_int("record.workspace", v, 0)),
+            "deterministic": (False, lambda v: checked_bool("record.deterministic", v))}))
+
+    @classmethod
+    def of(cls, record: AlgoRecord) -> "V7Choice":
+        """The choice ``record`` made."""
+        return cls(record.algo, record.math_type, record.workspace, record.deterministic,
+                   record.time_ms if record.time_ms >= 0 else None)
+
+    def to_stored(self) -> dict[str, Any]:
+        """The record as the tuning database keeps it (JSON data; fields not known left out)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 # ---- the v7 (legacy API) engine -------------------------------------------------------------------
@@ -185,9 +236,20 @@ class V7Engine(Engine):
         return descs
 
     def serialize(self, record: AlgoRecord) -> dict[str, Any]:
-        """What the tuning database keeps of a v7 record (data only)."""
-        return {"algo": record.algo, "math_type": record.math_type, "workspace": record.workspace,
-                "time_ms": record.time_ms, "deterministic": record.deterministic}
+        """What the tuning database keeps of a v7 record (data only): its `V7Choice`."""
+        return V7Choice.of(record).to_stored()
+
+    def check_stored(self, data: Any, params: ConvolutionParams) -> dict[str, Any]:
+        return V7Choice.from_stored(data, params).to_stored()
+
+    def check_stored_params(self, params: ConvolutionParams) -> None:
+        super().check_stored_params(params)
+        if params.alignments:
+            raise ValueError(f"params.alignments: expected 0 values for the v7 engine (it takes "
+                             f"no pointer alignments), got {len(params.alignments)}")
+        if params.benchmark_limit is not None:
+            raise ValueError(f"params.benchmark_limit: the v7 engine takes none (Find times every "
+                             f"algorithm), got {params.benchmark_limit}")
 
     def restore(self, args: ConvolutionArgs, data: dict[str, Any]) -> AlgoRecord:
         """A record from the tuning database, checked as a search checks its candidates.
@@ -198,14 +260,11 @@ class V7Engine(Engine):
         the workspace is asked of cuDNN again and held to ``workspace_limit``.
 
         Raises:
-            ValueError: the record does not check out for this key (the caller drops it).
+            TypeError, ValueError: the record does not check out for this key (the caller drops it).
         """
         p = args.params
-        algo, math = _plain_int(data.get("algo"), "algo"), _plain_int(data.get("math_type"), "math_type")
-        try:
-            _V7_TABLE[p.direction].algo_enum(algo)
-        except ValueError:
-            raise ValueError(f"algo {algo} is not a {p.direction} algorithm of this cuDNN") from None
+        stored = V7Choice.from_stored(data, p)
+        algo, math = stored.algo, stored.math_type
         problem = precision_problem(p, math)
         if problem is not None:
             raise ValueError(problem)
@@ -221,8 +280,7 @@ class V7Engine(Engine):
             raise ValueError(f"cuDNN reports an absurd workspace of {ws} bytes")
         if p.workspace_limit is not None and ws > p.workspace_limit:
             raise ValueError(f"needs a workspace of {ws} B, above workspace_limit={p.workspace_limit}")
-        time_ms = data.get("time_ms", -1.0)
-        time_ms = float(time_ms) if type(time_ms) in (int, float) and time_ms >= 0 else -1.0
+        time_ms = -1.0 if stored.time_ms is None else stored.time_ms
         return AlgoRecord(algo, math, ws, time_ms, match[0].deterministic, p.direction, "tuning-db")
 
     def _heuristics(self, args: ConvolutionArgs) -> tuple[Any, int]:
@@ -457,13 +515,6 @@ def _sizing_lock(device: int) -> threading.Lock:
 
 #: the reference's guard: cuDNN sometimes reports workspaces near 2^64 (treated as unusable)
 _ABSURD_WORKSPACE = 1 << 40
-
-
-def _plain_int(value: Any, name: str) -> int:
-    """``value`` when it is an int (not a bool), else ValueError naming ``name``."""
-    if type(value) is not int:
-        raise ValueError(f"{name}: expected an int, got {value!r}")
-    return value
 
 
 def _first_line(exc: BaseException) -> str:

@@ -13,8 +13,16 @@ import math
 from typing import Any, Callable, Iterable
 
 from .._version import __version__
-from .._types import BwdDataAlgo, BwdFilterAlgo, FwdAlgo, MathType
 from ..engines.problem import ConvolutionParams
+from ..engines.registry import ENGINES, engine_for
+from ..engines.stored import INT64_MAX as _INT64_MAX
+from ..engines.stored import INT_MAX as _INT_MAX
+from ..engines.stored import brief as _brief
+from ..engines.stored import checked_bool as _bool
+from ..engines.stored import checked_choice as _choice
+from ..engines.stored import checked_int as _int
+from ..engines.stored import checked_ints as _ints
+from ..engines.stored import checked_real, checked_text
 
 log = logging.getLogger("pycudnn")
 
@@ -24,8 +32,6 @@ _FORMAT = "pycudnn-tuning-db"
 _FORMAT_VERSION = 1
 _REQUIRED = ("schema", "gpu", "cudnn_version", "engine", "params", "record")
 _OPTIONAL = ("created", "pycudnn")
-_INT_MAX = 2**31 - 1      # cuDNN takes sizes, padding, strides of the v7 API, groups as C ints
-_INT64_MAX = 2**63 - 1
 #: log at most this many dropped entries one by one per read (then a count)
 _LOG_DROPPED = 5
 
@@ -60,75 +66,9 @@ def canonical_json(obj: Any) -> str:
 # The rules are those of a call (conv.py): a record whose parameters no call can produce is refused.
 _DIRECTIONS = ("forward", "backward_data", "backward_filter")
 _DTYPES = ("float32", "float16", "bfloat16", "float64")  # the names a call writes (numpy's)
-_ENGINES = ("v7", "graph")
 _EPILOGUES = ("", "bias", "bias_relu", "add_relu")
 _WEIGHT_FORMATS = ("NCHW", "NHWC")
 _ALIGNMENTS = (1, 2, 4, 8, 16)
-
-
-def _brief(value: Any, limit: int = 60) -> str:
-    """``repr`` of an untrusted value for a message: escaped and cut to ``limit`` characters."""
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - a message must never fail
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _int(name: str, v: Any, lo: int, hi: int = _INT64_MAX) -> int:
-    if type(v) is not int:  # bool is not an int here, nor is 1.0
-        raise TypeError(f"{name}: expected an integer, got {_brief(v)}")
-    if not lo <= v <= hi:
-        raise ValueError(f"{name}: expected an integer in [{lo}, {hi}], got {v}")
-    return v
-
-
-def _ints(name: str, v: Any, length: int, lo: int, hi: int) -> tuple[int, ...]:
-    if not isinstance(v, (list, tuple)):
-        raise TypeError(f"{name}: expected a list of {length} integers, got {_brief(v)}")
-    if len(v) != length:
-        raise ValueError(f"{name}: expected {length} values, got {len(v)}: {_brief(v)}")
-    if not all(type(i) is int for i in v):
-        raise TypeError(f"{name}: {name} must hold integers, got {_brief(v)}")
-    if not all(lo <= i <= hi for i in v):
-        raise ValueError(f"{name}: expected every value in [{lo}, {hi}], got {_brief(v)}")
-    return tuple(v)
-
-
-def _bool(name: str, v: Any) -> bool:
-    if type(v) is not bool:
-        raise TypeError(f"{name}: expected true or false, got {_brief(v)}")
-    return v
-
-
-def _choice(name: str, v: Any, allowed: tuple[Any, ...]) -> Any:
-    if type(v) is not str or v not in allowed:
-        raise ValueError(f"{name}: expected one of {', '.join(map(repr, allowed))}, got {_brief(v)}")
-    return v
-
-
-def checked_real(name: str, v: Any, lo: float | None = None) -> float:
-    """``v`` as a float when it is a finite int or float (not a bool) of at least ``lo``;
-    TypeError or ValueError naming ``name`` otherwise."""
-    if type(v) not in (int, float):
-        raise TypeError(f"{name}: expected a number, got {_brief(v)}")
-    f = float(v)
-    if not math.isfinite(f) or (lo is not None and f < lo):
-        raise ValueError(f"{name}: expected a finite number{'' if lo is None else f' >= {lo}'}, "
-                         f"got {_brief(v)}")
-    return f
-
-
-def checked_text(name: str, v: Any, limit: int, printable: bool = True) -> str:
-    """``v`` when it is a string of at most ``limit`` characters, printable unless told;
-    TypeError or ValueError naming ``name`` otherwise."""
-    if type(v) is not str:
-        raise TypeError(f"{name}: expected a string, got {_brief(v)}")
-    if len(v) > limit:
-        raise ValueError(f"{name}: longer than {limit} characters")
-    if printable and not v.isprintable():  # no control or escape characters: it gets displayed
-        raise ValueError(f"{name}: holds non-printable characters: {_brief(v)}")
-    return v
 
 
 def params_from_dict(data: Any, device: int) -> Any:
@@ -136,7 +76,8 @@ def params_from_dict(data: Any, device: int) -> Any:
     (the inverse of `params_to_dict()`), on device ``device``, parsed as strictly as a call's
     arguments: every value must be one that a call can produce (canonical dtype names, known
     directions, engines and epilogues, ranks, sizes and a geometry that gives the stored output
-    shape).
+    shape); the engine the params name checks what only its calls write (its epilogues,
+    alignments, benchmark limit).
 
     Raises:
         TypeError, ValueError: a field is missing, unknown, of the wrong kind or out of range.
@@ -187,12 +128,10 @@ def params_from_dict(data: Any, device: int) -> Any:
     v["allow_tf32"] = _bool("params.allow_tf32", d["allow_tf32"])
     wl = d["workspace_limit"]
     v["workspace_limit"] = None if wl is None else _int("params.workspace_limit", wl, 0)
-    v["engine"] = eng = _choice("params.engine", d["engine"], _ENGINES)
+    v["engine"] = eng = _choice("params.engine", d["engine"], tuple(sorted(ENGINES)))
     v["epilogue"] = ep = _choice("params.epilogue", d["epilogue"], _EPILOGUES)
     if ep and v["direction"] != "forward":
         raise ValueError(f"params.epilogue: {ep!r} exists for the forward direction only")
-    if ep in ("bias", "bias_relu") and eng != "graph":
-        raise ValueError(f"params.epilogue: {ep!r} is fused by the graph engine only")
     zs = d["z_strides"]
     if (zs is not None) != (ep == "add_relu"):
         raise ValueError("params.z_strides: given exactly when the epilogue is 'add_relu'")
@@ -200,91 +139,30 @@ def params_from_dict(data: Any, device: int) -> Any:
     v["alpha"] = alpha = checked_real("params.alpha", d["alpha"])
     if ep != "add_relu" and alpha != 1.0:
         raise ValueError("params.alpha: other than 1.0 only with the 'add_relu' epilogue")
-    n_align = 0 if eng == "v7" else {"": 3, "bias": 4, "bias_relu": 4, "add_relu": 5}[ep]
-    al = _ints("params.alignments", d["alignments"], n_align, 1, 16)
+    al = d["alignments"]  # how many: the engine's rule (check_stored_params), below
+    al = _ints("params.alignments", al, len(al) if isinstance(al, (list, tuple)) else 0, 1, 16)
     if any(a not in _ALIGNMENTS for a in al):
         raise ValueError(f"params.alignments: expected powers of two up to 16, got {list(al)}")
     v["alignments"] = al
     bl = d.get("benchmark_limit")
-    if bl is not None and eng != "graph":
-        raise ValueError("params.benchmark_limit: set for the graph engine only")
     v["benchmark_limit"] = None if bl is None else _int("params.benchmark_limit", bl, 0)
     unparsed = set(fields) - set(v)
     if unparsed:  # a field added to ConvolutionParams needs its rule here
         raise ValueError(f"params: no rule to read field(s) {sorted(unparsed)}")
-    return ConvolutionParams(**v)
-
-
-#: the fields of each engine's ``serialize()`` (v7.V7Engine, graph.GraphEngine):
-#: name -> (required, check); a field not listed refuses the record
-def _v7_algo(direction: str, v: Any) -> int:
-
-    enum = {"forward": FwdAlgo, "backward_data": BwdDataAlgo, "backward_filter": BwdFilterAlgo}[direction]
-    algo = _int("record.algo", v, 0, _INT_MAX)
-    if algo not in set(e.value for e in enum):
-        raise ValueError(f"record.algo: {algo} is not a {enum.__name__} value")
-    return algo
-
-
-def _math_type(v: Any) -> int:
-
-    m = _int("record.math_type", v, 0, _INT_MAX)
-    if m not in set(e.value for e in MathType):
-        raise ValueError(f"record.math_type: {m} is not a cudnnMathType_t value")
-    return m
-
-
-def _knobs(v: Any) -> list[list[int]]:
-    if not isinstance(v, list) or len(v) > 64:
-        raise TypeError(f"record.knobs: expected a list of at most 64 [type, value] pairs, got "
-                        f"{_brief(v)}")
-    out = []
-    for kv in v:
-        t, value = _ints("record.knobs[]", kv, 2, -_INT64_MAX - 1, _INT64_MAX)
-        out.append([_int("record.knobs[] type", t, 0, _INT_MAX), value])
-    return out
+    params = ConvolutionParams(**v)
+    engine_for(eng).check_stored_params(params)  # what only this engine's calls write
+    return params
 
 
 def validate_record(record: Any, params: Any) -> dict[str, Any]:
     """A copy of ``record`` (what an engine's ``serialize()`` gave for ``params``) once every
-    field has been checked: exactly the fields that engine writes, each of its type and range
-    (``time_ms``, when present, a finite number >= 0).
+    field has been checked by that engine (`Engine.check_stored`): exactly the fields it writes,
+    each of its type and range (``time_ms``, when present, a finite number >= 0).
 
     Raises:
         TypeError, ValueError: naming the first field that is wrong.
     """
-    if not isinstance(record, dict):
-        raise TypeError(f"record: expected an object, got {type(record).__name__}")
-    checks: dict[str, tuple[bool, Any]]
-    if params.engine == "v7":
-        checks = {"algo": (True, lambda v: _v7_algo(params.direction, v)),
-                  "math_type": (True, _math_type),
-                  "workspace": (True, lambda v: _int("record.workspace", v, 0)),
-                  "deterministic": (False, lambda v: _bool("record.deterministic", v))}
-    else:
-        graphs = 2 if params.epilogue == "add_relu" and params.alpha != 1.0 else 1
-        checks = {"graph": (True, lambda v: _int("record.graph", v, 0, graphs - 1)),
-                  "engine_id": (True, lambda v: _int("record.engine_id", v, 0, _INT_MAX)),
-                  "knobs": (True, _knobs),
-                  "workspace": (True, lambda v: _int("record.workspace", v, 0)),
-                  "tag": (False, lambda v: checked_text("record.tag", v, 1024)),
-                  # written by earlier versions; plans are rebuilt from engine id and knobs now,
-                  # so it is accepted (a string) and left out of the checked record
-                  "plan_json": (False, lambda v: checked_text("record.plan_json", v, 8 << 20,
-                                                       printable=False))}
-    checks["time_ms"] = (False, lambda v: checked_real("record.time_ms", v, 0.0))
-    unknown = set(record) - set(checks)
-    if unknown:
-        raise ValueError(f"record: unknown field(s) {_brief(sorted(map(str, unknown)))} for the "
-                         f"{params.engine} engine")
-    out: dict[str, Any] = {}
-    for name, (required, check) in checks.items():
-        if name in record:
-            out[name] = check(record[name])
-        elif required:
-            raise ValueError(f"record: missing field {name!r}")
-    out.pop("plan_json", None)
-    return out
+    return engine_for(params.engine).check_stored(record, params)
 
 
 def validate_gpu(gpu: Any) -> dict[str, Any]:
@@ -329,7 +207,7 @@ def validate_entry(entry: Any) -> tuple[str, dict[str, Any]]:
     if _int("cudnn_version", entry["cudnn_version"], 1, _INT_MAX) != p.cudnn_version:
         raise ValueError(f"cudnn_version {entry['cudnn_version']} differs from the params' "
                          f"{p.cudnn_version}")
-    if _choice("engine", entry["engine"], _ENGINES) != p.engine:
+    if _choice("engine", entry["engine"], tuple(sorted(ENGINES))) != p.engine:
         raise ValueError(f"engine {entry['engine']!r} differs from the params' {p.engine!r}")
     out = {"schema": schema, "gpu": validate_gpu(entry["gpu"]),
            "cudnn_version": p.cudnn_version, "engine": p.engine, "params": params_to_dict(p),
