@@ -2,9 +2,10 @@
 
 Timing a ~10 us kernel by launching it from Python measures the launch as much as the kernel:
 the GPU waits for the host between launches. With the stream held on a GPU-side wait
-(``cuStreamWaitValue32`` on a 4-byte word of host-mapped memory, through the driver by ctypes) the host queues every run and
-its events first, then writes the word, and the GPU runs the queue back to back: the events
-then time the kernels alone. The search uses this to rank candidate plans.
+(``cuStreamWaitValue32`` on a 4-byte word of host-mapped memory, through the driver by ctypes)
+the host queues every run and its events first, then writes the word, and the GPU runs the
+queue back to back: the events then time the kernels alone. The search uses this to rank
+candidate plans.
 
 Each hold waits for a new generation of the word (greater-or-equal), so a late write for an
 earlier hold never opens a later one. A watchdog opens a hold the host failed to open in time
@@ -21,7 +22,8 @@ import time
 from .memory import check_driver
 from .memory import driver as _driver
 from .memory.devices import require_driver
-from .memory.streams import event_create, event_destroy, event_query, event_record, event_synchronize
+from .memory.streams import (event_create, event_destroy, event_query, event_record,
+                             event_synchronize)
 
 __all__ = ["StreamGate", "gate_for", "MAX_QUEUED"]
 

@@ -1,18 +1,13 @@
-"""Device memory and CUDA runtime helpers. This package knows nothing of cuDNN. Its modules,
-lowest first:
-
-* `bindings`: ``cuda.bindings.runtime``, imported on first use (status names); the shutdown flag.
-* `driver`: the CUDA driver API by ctypes: the prototype table every call below goes through.
-* `errors`: `check_driver()` / `check_cuda()` and the exceptions a status becomes (`CudaError`).
-* `devices`: device count and the reason there is none, the current device and its guards,
-  device validation, the owner of a pointer, device-wide synchronize and free/total memory.
-* `streams`: `resolve_stream()` and `StreamLike`, stream waits, events, thread tokens, stream ids.
-* `capture`: whether a stream is being captured, and the relaxed capture-mode block.
-* `copies`: host/device copies and fills.
-* `pool`: the blocks kept for reuse on the legacy default stream.
-* `buffers`: `allocate()` and `DeviceBuffer` from the device's memory pool; `empty_cache()`.
-* `stream_allocation`: the hot path's `allocate_fast()` and its `StreamAllocation`.
-* `workspaces`: per-thread workspaces and the zeros every stream may read.
+"""Device memory and CUDA runtime helpers; nothing of cuDNN. Its modules, lowest first:
+`bindings` (``cuda.bindings.runtime`` on first use, for status names; the shutdown flag);
+`driver` (the CUDA driver by ctypes: the prototype table every call below goes through);
+`errors` (`check_driver()` / `check_cuda()`, `CudaError`); `devices` (count, the reason there is
+none, the current device and its guards, validation, a pointer's owner, synchronize, free/total
+memory); `streams` (`resolve_stream()`, `StreamLike`, waits, events, thread tokens, stream ids);
+`capture` (capture status, the relaxed capture-mode block); `copies` (host/device copies and
+fills); `pool` (blocks kept for reuse on the legacy stream; every stream-ordered free);
+`buffers` (`allocate()`, `DeviceBuffer`, `empty_cache()`); `stream_allocation` (the hot path's
+`allocate_fast()`); `workspaces` (per-thread workspaces, zeros every stream may read).
 
 None imports ``cuda.bindings`` or cuda.core (each costs 100-130 ms of a first result). The
 names below are the public ones; the rest are imported from their modules.
@@ -32,7 +27,8 @@ from .streams import (HasCudaStreamHandle, HasStreamPointer, StreamLike, Support
                       thread_token)
 
 __all__ = [
-    "CudaError", "check_cuda", "check_driver", "device_count", "device_identity", "no_device_reason", "normalize_device",
+    "CudaError", "check_cuda", "check_driver", "device_count", "device_identity",
+    "no_device_reason", "normalize_device",
     "current_device", "ensure_device", "device_guard", "callers_device", "restore_device",
     "DeviceBuffer", "allocate", "allocate_fast", "thread_token",
     "mem_get_info", "relaxed_capture_mode", "stream_is_capturing", "synchronize",

@@ -172,7 +172,7 @@ class DeviceBuffer:
         self._stream = stream
         self._stream_ref = stream_ref
         self._plain = plain  # from cuMemAlloc (a device without memory pools): freed synchronously
-        self._thread = thread  # the allocating thread's token when allocated on the per-thread stream
+        self._thread = thread  # the allocating thread's token (memory of the per-thread stream)
         if ptr:
             self._finalizer: Any = weakref.finalize(self, _release, ptr, device, stream, stream_ref,
                                                     sync_release or plain, thread)

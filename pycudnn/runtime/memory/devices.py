@@ -296,7 +296,8 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     dev = normalize_device(device)
     free, total = c_size_t(), c_size_t()
     with device_guard(dev):
-        check_driver(require_driver("cuMemGetInfo").cuMemGetInfo(byref(free), byref(total)), "cuMemGetInfo")
+        err = require_driver("cuMemGetInfo").cuMemGetInfo(byref(free), byref(total))
+        check_driver(err, "cuMemGetInfo")
     return free.value, total.value
 
 

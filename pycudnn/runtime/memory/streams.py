@@ -134,7 +134,8 @@ def _stream_int(handle: int) -> int:
 def stream_synchronize(stream: Any) -> None:
     """Wait for all work on ``stream`` (anything `resolve_stream()` accepts)."""
     handle = stream if type(stream) is int else resolve_stream(stream)
-    check_driver(require_driver("cuStreamSynchronize").cuStreamSynchronize(handle), "cuStreamSynchronize")
+    err = require_driver("cuStreamSynchronize").cuStreamSynchronize(handle)
+    check_driver(err, "cuStreamSynchronize")
 
 
 
@@ -188,7 +189,8 @@ def event_query(event: int) -> bool:
 
 def event_synchronize(event: int) -> None:
     """Wait on the host for the work before ``event``."""
-    check_driver(require_driver("cuEventSynchronize").cuEventSynchronize(event), "cuEventSynchronize")
+    err = require_driver("cuEventSynchronize").cuEventSynchronize(event)
+    check_driver(err, "cuEventSynchronize")
 
 
 def event_elapsed_ms(start: int, end: int) -> float:
