@@ -12,7 +12,9 @@ loop waits for at its first step. Both sides get the same torch tensors.
 How: each pycudnn setting runs in its own fresh process with an empty tuning database
 (``PYCUDNN_CACHE_DIR`` a new temporary directory, so no record from an earlier run is found).
 In that process both libraries first run a tiny unrelated convolution in all three directions
-(loading cuDNN's sub-libraries: one-time costs, reported apart), then each cell is called once by
+(loading cuDNN's sub-libraries: one-time costs, reported apart; the very first of them is each
+library's first result in a fresh process, reported with the ``cuda.core`` / ``cuda.bindings``
+modules pycudnn's first call imported), then each cell is called once by
 each library; which library goes first alternates from cell to cell, because kernels loaded
 lazily by one library's call may serve the other's (the same libcudnn). A second call of each is
 timed too, so the search's share shows as first minus second.
@@ -135,8 +137,10 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.synchronize()
         return (time.perf_counter() - t) * 1e3
 
-    # one-time costs: a tiny unrelated shape in every direction and config, each library
+    # one-time costs: a tiny unrelated shape in every direction and config, each library; the
+    # first call of each is its first result in this process
     warm: dict[str, float] = {"torch": 0.0, "pycudnn": 0.0}
+    first_result: dict[str, Any] = {}
     n, c, h, wd, k, r = WARMUP_SHAPE
     for cname in opts["configs"]:
         dtype_name, channels_last, tf32 = CONFIGS[cname]
@@ -150,10 +154,19 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         dy = torch.randn(n, k, h, wd, device="cuda", dtype=dt).to(memory_format=fmt)
         for d in DIRECTIONS:
             for side, fn in sides(x, w, dy, 1, 1, d).items():
+                before = set(sys.modules)
                 try:
-                    warm[side] += timed(fn)
+                    ms = timed(fn)
+                    warm[side] += ms
                 except Exception as exc:  # noqa: BLE001
                     warm[f"{side}_error"] = gpu_timing.error_text(exc)  # type: ignore[assignment]
+                    ms = float("nan")
+                if f"{side}_ms" not in first_result:
+                    first_result[f"{side}_ms"] = ms
+                    first_result[f"{side}_call"] = f"{cname} {d}"
+                    first_result[f"{side}_cuda_python_imports"] = sorted(
+                        m for m in set(sys.modules) - before
+                        if m.startswith(("cuda.core", "cuda.bindings")))
     cells: list[dict[str, Any]] = []
     layers = select_layers(resnet50_layers(opts["batch"]), opts["layers"])
     for cname in opts["configs"]:
@@ -201,7 +214,7 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - informational only
         pass
     return {"torch_import_ms": t_torch_import * 1e3, "pycudnn_import_ms": t_pycudnn_import * 1e3,
-            "warmup_ms": warm, "cells": cells, "pycudnn_settings": info,
+            "warmup_ms": warm, "first_result": first_result, "cells": cells, "pycudnn_settings": info,
             "cache_dir": os.environ.get("PYCUDNN_CACHE_DIR"), "torch": torch.__version__,
             "device": torch.cuda.get_device_name(), "pycudnn_cudnn": pycudnn.version(),
             "torch_cudnn": torch.backends.cudnn.version()}
@@ -302,6 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["seconds"] = time.perf_counter() - t_start
     print(format_table(rows))
     for p in report["processes"]:
+        if "first_result" in p:
+            fr = p["first_result"]
+            print(f"{p['setting']['name']}: first result in the process ({fr.get('pycudnn_call')}): "
+                  f"torch {fr.get('torch_ms', float('nan')):.0f} ms, pycudnn "
+                  f"{fr.get('pycudnn_ms', float('nan')):.0f} ms (torch's call first); CUDA Python "
+                  f"modules pycudnn's first call imported: "
+                  f"{', '.join(fr.get('pycudnn_cuda_python_imports', [])) or 'none'}")
         if "warmup_ms" in p:
             print(f"{p['setting']['name']}: one-time warm-up torch {p['warmup_ms'].get('torch', 0):.0f} ms, "
                   f"pycudnn {p['warmup_ms'].get('pycudnn', 0):.0f} ms; imports torch "

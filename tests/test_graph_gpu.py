@@ -500,6 +500,44 @@ def test_candidates_are_deduplicated_and_described(handle):
                   [getattr(n, "name", n) for n in c.behavior_notes]) for c in cands]}
 
 
+def _keys_with_fresh_receivers(handle, g, modes):
+    """The configs' keys described on a new thread (so with knob receivers never used before)."""
+    out = []
+    t = threading.Thread(target=lambda: out.extend(c.key for c in G.engine_configs(handle, g, modes)))
+    t.start()
+    t.join()
+    return out
+
+
+def test_lazy_candidates_describe_only_what_is_reached_in_the_eager_order(handle):
+    from pycudnn.cudnn.graph import plan as P
+
+    g, *_ = _small_forward(handle, BF16, "NHWC", (4, 16, 8, 8), 16)
+    eager = [c.key for c in G.engine_configs(handle, g)]
+    lazy = G.iter_engine_configs(handle, g)
+    first = next(lazy)
+    assert first.key == eager[0]
+    assert lazy._modes == [("B", P.HeurMode.B), ("FALLBACK", P.HeurMode.FALLBACK)]  # not queried
+    pending = list(lazy._pending)
+    lazy.close()
+    assert all(d.closed for d in pending) and list(lazy) == []
+    assert [c.key for c in G.iter_engine_configs(handle, g)] == eager
+
+
+def test_knob_receivers_reused_across_shapes_read_the_same_choices_as_fresh_ones(handle):
+    """Each thread keeps its knob receivers for every later shape: the choices read through
+    them for a new shape must be those read through receivers never used before."""
+    shapes = [((4, 16, 8, 8), 16), ((2, 32, 14, 14), 64), ((8, 8, 5, 5), 24)]
+    with_knobs = 0
+    for dtype, layout in ((BF16, "NHWC"), (FLOAT, "NCHW")):
+        for xshape, k in shapes:
+            g, *_ = _small_forward(handle, dtype, layout, xshape, k)
+            reused = [c.key for c in G.engine_configs(handle, g)]
+            assert reused == _keys_with_fresh_receivers(handle, g, ("A", "B", "FALLBACK"))
+            with_knobs += sum(1 for _, knobs in reused if knobs)
+    assert with_knobs  # knob choices were read at all
+
+
 def test_plan_from_key_and_json_roundtrip(handle):
     g, xshape, wshape, yshape = _small_forward(handle)
     rng = np.random.default_rng(3)

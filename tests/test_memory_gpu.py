@@ -30,10 +30,12 @@ gpu = pytest.mark.gpu
 # ---- CPU: the stream and device of each free ---------------------------------------------------
 
 class _Driver:
-    """Stands in for libcuda's cuMemAllocAsync / cuMemFreeAsync."""
+    """Stands in for libcuda's cuMemAllocAsync / cuMemFreeAsync, and records the calls of a
+    synchronous free in ``sync.calls``."""
 
-    def __init__(self, current: list) -> None:
+    def __init__(self, current: list, sync: "_Runtime") -> None:
         self.current = current
+        self.sync = sync
         self.frees: list[tuple[int, int, int]] = []  # (ptr, stream, device current at the free)
         self.next_ptr = 0x7F0000000000
 
@@ -45,20 +47,21 @@ class _Driver:
         self.frees.append((ptr, stream, self.current[0]))
         return 0
 
+    def cuCtxSynchronize(self) -> int:
+        self.sync.calls.append(("cuCtxSynchronize",))
+        return self.sync.status
+
+    def cuMemFree(self, ptr: int) -> int:
+        self.sync.calls.append(("cuMemFree", ptr))
+        return 0
+
 
 class _Runtime:
-    """Stands in for the few cuda.bindings runtime calls a synchronous free makes."""
+    """The record of a synchronous free's calls (``status``: what the synchronize answers)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
-
-    def cudaDeviceSynchronize(self):
-        self.calls.append(("cudaDeviceSynchronize",))
-        return (0,)
-
-    def cudaFree(self, ptr):
-        self.calls.append(("cudaFree", ptr))
-        return (0,)
+        self.status = 0
 
 
 @pytest.fixture
@@ -76,9 +79,9 @@ def fake_cuda(monkeypatch):
         finally:
             current[0] = prev
 
-    drv, rt = _Driver(current), _Runtime()
+    rt = _Runtime()
+    drv = _Driver(current, rt)
     monkeypatch.setattr(memory.driver, "loaded", drv)
-    monkeypatch.setattr(memory.bindings, "rt", rt)
     monkeypatch.setattr(memory.devices, "visible_devices", 2)
     _patch_everywhere(monkeypatch, "device_guard", device_guard)
     # blocks kept for reuse: the made-up ones must never reach a real allocation (nor real ones
@@ -198,7 +201,7 @@ def test_free_on_a_created_stream_needs_no_device_switch(fake_cuda):
 
 
 def test_synchronous_free_waits_for_the_device_first(fake_cuda):
-    """cudaFree does not wait for stream-ordered work still using the memory."""
+    """cuMemFree does not wait for stream-ordered work still using the memory."""
     from pycudnn.runtime import memory
 
     drv, rt, _ = fake_cuda
@@ -207,7 +210,7 @@ def test_synchronous_free_waits_for_the_device_first(fake_cuda):
     ptr = a.ptr
     del a
     gc.collect()
-    assert rt.calls == [("cudaDeviceSynchronize",), ("cudaFree", ptr)]
+    assert rt.calls == [("cuCtxSynchronize",), ("cuMemFree", ptr)]
     assert drv.frees == []
 
 
@@ -222,7 +225,7 @@ def test_evicted_thread_workspace_is_freed_after_a_device_synchronize(fake_cuda)
             ptrs.append(workspaces.thread_workspace(1 << 20, 0, stream))
 
     _in_thread(work)
-    assert rt.calls[:2] == [("cudaDeviceSynchronize",), ("cudaFree", ptrs[0])]
+    assert rt.calls[:2] == [("cuCtxSynchronize",), ("cuMemFree", ptrs[0])]
 
 
 def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_streams_handle(
@@ -255,7 +258,7 @@ def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_strea
     assert got[0] == got[1] and got[2] == got[3] and got[2] != got[0]
     # the old stream's workspace freed after a device synchronize (its stream is gone), never
     # ordered on the handle, which now names the new stream
-    assert rt.calls[:2] == [("cudaDeviceSynchronize",), ("cudaFree", got[0])]
+    assert rt.calls[:2] == [("cuCtxSynchronize",), ("cuMemFree", got[0])]
     assert all(f[0] != got[0] for f in drv.frees)
 
 
@@ -267,13 +270,12 @@ def test_stream_identity_of_the_default_streams_is_their_handle(fake_cuda):
 
 
 def test_a_synchronous_free_that_cannot_synchronize_keeps_the_memory_and_does_not_raise(fake_cuda):
-    """While another thread captures a CUDA graph, cudaDeviceSynchronize fails: the evicting call
+    """While another thread captures a CUDA graph, cuCtxSynchronize fails: the evicting call
     must neither free memory that may still be in use nor fail because of it."""
     from pycudnn.runtime.memory import workspaces
 
     drv, rt, _ = fake_cuda
-    capturing = 906  # cudaErrorStreamCaptureUnsupported
-    rt.cudaDeviceSynchronize = lambda: (rt.calls.append(("cudaDeviceSynchronize",)), (capturing,))[1]
+    rt.status = 900  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
     ptrs = []
 
     def work():
@@ -282,7 +284,7 @@ def test_a_synchronous_free_that_cannot_synchronize_keeps_the_memory_and_does_no
 
     _in_thread(work)  # the eviction of the first workspace neither raised ...
     assert len(ptrs) == workspaces.THREAD_WORKSPACES_MAX + 1
-    assert ("cudaFree", ptrs[0]) not in rt.calls  # ... nor freed it
+    assert ("cuMemFree", ptrs[0]) not in rt.calls  # ... nor freed it
 
 
 def test_nothing_is_freed_once_interpreter_shutdown_began(fake_cuda, monkeypatch):
@@ -297,32 +299,34 @@ def test_nothing_is_freed_once_interpreter_shutdown_began(fake_cuda, monkeypatch
     assert drv.frees == [] and rt.calls == []
 
 
-class _CoreBuffer:
-    def __init__(self, closes: list) -> None:
-        self.closes = closes
-
-    def close(self, stream=None):
-        self.closes.append(stream)
-
-
-def test_device_buffer_of_the_per_thread_stream_freed_by_another_thread(fake_cuda, monkeypatch):
+def test_device_buffer_of_the_per_thread_stream_freed_by_another_thread(fake_cuda):
     from pycudnn.runtime import memory
 
-    legacy = object()
-    monkeypatch.setattr(memory.buffers, "_core_stream", lambda handle: legacy if handle <= 1 else None)
-    closes: list = []
+    drv, _, _ = fake_cuda
     token = memory.thread_token()
-    own = memory.DeviceBuffer(0x1000, 256, 0, _CoreBuffer(closes), thread=token)
-    other = memory.DeviceBuffer(0x2000, 256, 0, _CoreBuffer(closes), thread=token)
+    own = memory.DeviceBuffer(0x1000, 256, 0, 2, thread=token)
+    other = memory.DeviceBuffer(0x2000, 256, 0, 2, thread=token)
     own.close()
-    assert closes == [None]  # the allocation (per-thread) stream, on the allocating thread
+    assert [f[:2] for f in drv.frees] == [(0x1000, 2)]  # its per-thread stream, on its thread
     holder = [other]
     del other
     _in_thread(lambda: holder.pop())
-    assert closes == [None, legacy]
-    closed = memory.DeviceBuffer(0x3000, 256, 0, _CoreBuffer(closes), thread=token)
+    assert [f[:2] for f in drv.frees] == [(0x1000, 2), (0x2000, 1)]  # the legacy stream
+    closed = memory.DeviceBuffer(0x3000, 256, 0, 2, thread=token)
     _in_thread(closed.close)
-    assert closes == [None, legacy, legacy]
+    assert [f[:2] for f in drv.frees][-1] == (0x3000, 1)
+
+
+def test_device_buffer_on_a_raw_stream_handle_is_freed_after_a_device_synchronize(fake_cuda):
+    """A raw handle's stream may be destroyed before the buffer is collected: the finalizer
+    synchronizes the device and frees with cuMemFree, never ordered on the handle."""
+    from pycudnn.runtime import memory
+
+    drv, rt, _ = fake_cuda
+    buf = memory.DeviceBuffer(0x4000, 256, 0, 0x5000, sync_release=True)
+    del buf
+    gc.collect()
+    assert rt.calls == [("cuCtxSynchronize",), ("cuMemFree", 0x4000)] and drv.frees == []
 
 
 # ---- GPU ---------------------------------------------------------------------------------------

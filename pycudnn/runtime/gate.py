@@ -2,9 +2,10 @@
 
 Timing a ~10 us kernel by launching it from Python measures the launch as much as the kernel:
 the GPU waits for the host between launches. With the stream held on a GPU-side wait
-(``cuStreamWaitValue32`` on a 4-byte word of host-mapped memory) the host queues every run and
-its events first, then writes the word, and the GPU runs the queue back to back: the events
-then time the kernels alone. The search uses this to rank candidate plans.
+(``cuStreamWaitValue32`` on a 4-byte word of host-mapped memory, through the driver by ctypes)
+the host queues every run and its events first, then writes the word, and the GPU runs the
+queue back to back: the events then time the kernels alone. The search uses this to rank
+candidate plans.
 
 Each hold waits for a new generation of the word (greater-or-equal), so a late write for an
 earlier hold never opens a later one. A watchdog opens a hold the host failed to open in time
@@ -18,7 +19,11 @@ import logging
 import threading
 import time
 
-from .memory import check_cuda
+from .memory import check_driver
+from .memory import driver as _driver
+from .memory.devices import require_driver
+from .memory.streams import (event_create, event_destroy, event_query, event_record,
+                             event_synchronize)
 
 __all__ = ["StreamGate", "gate_for", "MAX_QUEUED"]
 
@@ -37,20 +42,19 @@ class StreamGate:
     """Holds streams of one device on a host-mapped word; see the module docstring."""
 
     def __init__(self, device: int) -> None:
-        from cuda.bindings import driver, runtime
-
-        self._rt, self._drv = runtime, driver
+        drv = self._drv = require_driver("cuMemHostAlloc")
         self.device = device
-        flags = runtime.cudaHostAllocMapped | runtime.cudaHostAllocPortable
-        err, host = runtime.cudaHostAlloc(4, flags)
-        check_cuda(err, "cudaHostAlloc(mapped)")
-        self._host = int(host)
+        host = ctypes.c_void_p()
+        check_driver(drv.cuMemHostAlloc(ctypes.byref(host), 4, _driver.MEMHOSTALLOC_DEVICEMAP
+                                        | _driver.MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc(mapped)")
+        self._host = int(host.value or 0)
         self._word = ctypes.c_uint32.from_address(self._host)
         self._word.value = 0
-        err, dptr = runtime.cudaHostGetDevicePointer(self._host, 0)
-        check_cuda(err, "cudaHostGetDevicePointer")
-        self._dptr = int(dptr)
-        self._geq = int(driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+        dptr = ctypes.c_uint64()
+        check_driver(drv.cuMemHostGetDevicePointer(ctypes.byref(dptr), self._host, 0),
+                     "cuMemHostGetDevicePointer")
+        self._dptr = int(dptr.value)
+        self._geq = _driver.STREAM_WAIT_VALUE_GEQ
         self._generation = 0
         self._lock = threading.Lock()
         self.opened_by_watchdog = 0
@@ -61,9 +65,9 @@ class StreamGate:
             self._generation += 1
             g = self._generation
         try:
-            (err,) = self._drv.cuStreamWaitValue32(stream, self._dptr, g & 0xFFFFFFFF, self._geq)
-            if int(err):
-                raise RuntimeError(f"cuStreamWaitValue32 failed: {err!r}")
+            err = self._drv.cuStreamWaitValue32(stream, self._dptr, g & 0xFFFFFFFF, self._geq)
+            if err:
+                check_driver(err, "cuStreamWaitValue32")
         except BaseException:
             # the wait may be queued although the call did not return (an interrupt): open it,
             # since the caller never learns the generation to open
@@ -97,23 +101,25 @@ class StreamGate:
 
     def self_test(self) -> None:
         """Raise unless a hold really holds a stream and an open really lets it go."""
-        rt = self._rt
-        err, stream = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
-        check_cuda(err, "cudaStreamCreateWithFlags")
-        err, ev = rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming)
-        check_cuda(err, "cudaEventCreateWithFlags")
+        drv = self._drv
+        out = ctypes.c_void_p()
+        check_driver(drv.cuStreamCreate(ctypes.byref(out), _driver.STREAM_NON_BLOCKING),
+                     "cuStreamCreate")
+        stream = int(out.value or 0)
+        ev = 0
         try:
-            g = self.hold(int(stream))
-            check_cuda(rt.cudaEventRecord(ev, stream)[0], "cudaEventRecord")
+            ev = event_create(timing=False)
+            g = self.hold(stream)
+            event_record(ev, stream)
             time.sleep(0.002)
-            held = int(rt.cudaEventQuery(ev)[0]) != 0
+            held = not event_query(ev)
             self.open(g)
-            check_cuda(rt.cudaEventSynchronize(ev)[0], "cudaEventSynchronize")
+            event_synchronize(ev)
             if not held:
                 raise RuntimeError("the stream did not wait for the word")
         finally:
-            rt.cudaEventDestroy(ev)
-            rt.cudaStreamDestroy(stream)
+            event_destroy(ev)
+            drv.cuStreamDestroy(stream)
 
 
 _gates: dict[int, StreamGate | None] = {}

@@ -22,12 +22,13 @@ reusable only with the same buffers; a small LRU keeps the packs of the last few
 
 from .build import (DIRECTIONS, Epilogue, OperationGraph, PointwiseStep, TensorSpec, bias_spec,
                     build_convolution_graph, build_pointwise_graph, nchw_strides, nhwc_strides)
-from .plan import (CandidateList, EngineConfig, ExecutionPlan, engine_configs, filter_candidates,
-                   first_plan)
+from .plan import (CandidateList, EngineConfig, ExecutionPlan, LazyCandidates, candidate_refusal,
+                   engine_configs, filter_candidates, first_plan, iter_engine_configs)
 
 __all__ = [
     "TensorSpec", "Epilogue", "OperationGraph", "EngineConfig", "CandidateList", "ExecutionPlan",
-    "build_convolution_graph", "engine_configs", "filter_candidates", "first_plan",
+    "build_convolution_graph", "engine_configs", "iter_engine_configs", "LazyCandidates",
+    "filter_candidates", "candidate_refusal", "first_plan",
     "nchw_strides", "nhwc_strides", "bias_spec", "DIRECTIONS", "PointwiseStep",
     "build_pointwise_graph",
 ]

@@ -1,6 +1,7 @@
 """From a graph to something that runs: engine configs from cuDNN's heuristics (modes A, B,
-FALLBACK; deduplicated), filtering by numerical and behaviour notes, and `ExecutionPlan` (the
-finalized plan, executed with reusable variant packs: the hot path).
+FALLBACK; deduplicated; `iter_engine_configs()` describes each only when it is reached, with
+receivers each thread reuses across shapes), filtering by numerical and behaviour notes, and
+`ExecutionPlan` (the finalized plan, executed with reusable variant packs: the hot path).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Iterable, Mapping, NoReturn, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NoReturn, Sequence
 
 import numpy.typing as npt
 
@@ -142,7 +143,26 @@ _MODE_NAMES = {"A": HeurMode.A, "B": HeurMode.B, "FALLBACK": HeurMode.FALLBACK,
                "INSTANT": HeurMode.INSTANT}
 
 
-def _describe(cfg: BackendDescriptor, knob_pool: list[BackendDescriptor]
+class _Receivers(threading.local):
+    """This thread's `_KNOB_POOL_SIZE` KNOB_CHOICE receivers for describing heuristic results,
+    made on the thread's first description and reused for every config of every later shape
+    (cuDNN copies into them; their content is read at once)."""
+
+    knobs: list[BackendDescriptor] | None = None
+
+
+_receivers = _Receivers()
+
+
+def _fresh_knobs(old: list[BackendDescriptor] | None) -> list[BackendDescriptor]:
+    fresh = [BackendDescriptor(DescriptorType.KNOB_CHOICE) for _ in range(_KNOB_POOL_SIZE)]
+    for k in old or ():
+        k.close()
+    _receivers.knobs = fresh
+    return fresh
+
+
+def _describe(cfg: BackendDescriptor
               ) -> tuple[int, tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]]:
     engine = cfg.get_descriptor(Attr.ENGINECFG_ENGINE, DescriptorType.ENGINE)
     try:
@@ -151,14 +171,12 @@ def _describe(cfg: BackendDescriptor, knob_pool: list[BackendDescriptor]
         beh = tuple(engine.get_enums(Attr.ENGINE_BEHAVIOR_NOTE, _NOTES_MAX))
     finally:
         engine.close()
+    knob_pool = _receivers.knobs or _fresh_knobs(None)
     try:
         n = cfg.fill_descriptors(Attr.ENGINECFG_KNOB_CHOICES, knob_pool)
     except CudnnError:
         # receivers reused from an earlier config refused: retry once with fresh ones
-        fresh = [BackendDescriptor(DescriptorType.KNOB_CHOICE) for _ in range(len(knob_pool))]
-        for k in knob_pool:
-            k.close()
-        knob_pool[:] = fresh
+        knob_pool = _fresh_knobs(knob_pool)
         n = cfg.fill_descriptors(Attr.ENGINECFG_KNOB_CHOICES, knob_pool)
     knobs = []
     for kc in knob_pool[:n]:
@@ -168,57 +186,118 @@ def _describe(cfg: BackendDescriptor, knob_pool: list[BackendDescriptor]
     return eid, tuple(knobs), num, beh
 
 
-def engine_configs(handle: int, graph: OperationGraph,
-                   modes: Sequence[str | HeurMode] = ("A", "B", "FALLBACK")) -> CandidateList:
-    """Candidate engine configs from cuDNN's heuristics, in the order of ``modes`` and then of
-    each mode's ranking, deduplicated by `EngineConfig.key`.
-
-    A mode that fails is recorded in ``problems`` and skipped (the others still answer).
-    """
-    if not isinstance(graph, OperationGraph):
-        raise TypeError(f"graph must be an OperationGraph, got {type(graph).__name__}")
+def _mode_enums(modes: Sequence[str | HeurMode]) -> list[tuple[str, HeurMode]]:
     if isinstance(modes, str):
         modes = (modes,)
-    mode_enums = []
+    out = []
     for m in modes:
         key = m.name if isinstance(m, HeurMode) else str(m).upper()
         if key not in _MODE_NAMES:
             raise ValueError(f"unknown heuristic mode {m!r}; expected one of {sorted(_MODE_NAMES)}")
-        mode_enums.append((key, _MODE_NAMES[key]))
-    out = CandidateList()
-    seen: set = set()
-    knob_pool = [BackendDescriptor(DescriptorType.KNOB_CHOICE) for _ in range(_KNOB_POOL_SIZE)]
-    try:
-        for name, mode in mode_enums:
-            heur = BackendDescriptor(DescriptorType.ENGINEHEUR)
-            try:
-                heur.set_descriptor(Attr.ENGINEHEUR_OPERATION_GRAPH, graph.descriptor)
-                heur.set_enum(Attr.ENGINEHEUR_MODE, mode)
-                heur.finalize()
-                count = heur.get_count(Attr.ENGINEHEUR_RESULTS)
-                cfgs = heur.get_descriptors(Attr.ENGINEHEUR_RESULTS, DescriptorType.ENGINECFG, count)
-            except CudnnError as exc:
-                out.problems.append(f"heuristics mode {name}: {exc}")
-                continue
-            finally:
-                heur.close()
-            for rank, cfg in enumerate(cfgs):
-                try:
-                    eid, knobs, num, beh = _describe(cfg, knob_pool)
-                except CudnnError as exc:
-                    out.problems.append(f"mode {name} result {rank}: {exc}")
-                    cfg.close()
-                    continue
-                c = EngineConfig(cfg, graph, eid, knobs, num, beh, name, rank)
-                if c.key in seen:
-                    cfg.close()
-                    continue
-                seen.add(c.key)
-                out.append(c)
-    finally:
-        for k in knob_pool:
-            k.close()
+        out.append((key, _MODE_NAMES[key]))
     return out
+
+
+class LazyCandidates(Iterator[EngineConfig]):
+    """Candidate engine configs from cuDNN's heuristics, produced one at a time: each mode is
+    queried when the configs before it are used up, and each config is described (engine id,
+    knobs, notes: a dozen ``cudnnBackendGetAttribute`` calls) only when it is reached, so a
+    caller that stops at the first usable one describes no more. Order and deduplication are
+    `engine_configs()`'s; ``problems`` grows as modes or configs fail. `close()` frees the
+    configs not reached yet."""
+
+    def __init__(self, graph: OperationGraph, modes: Sequence[str | HeurMode]) -> None:
+        if not isinstance(graph, OperationGraph):
+            raise TypeError(f"graph must be an OperationGraph, got {type(graph).__name__}")
+        self.graph = graph
+        self.problems: list[str] = []
+        self._modes = _mode_enums(modes)
+        self._seen: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
+        self._pending: list[BackendDescriptor] = []  # this mode's results not reached yet
+        self._mode = ""
+        self._rank = 0
+
+    def __iter__(self) -> "LazyCandidates":
+        return self
+
+    def _query(self, name: str, mode: HeurMode) -> None:
+        heur = BackendDescriptor(DescriptorType.ENGINEHEUR)
+        try:
+            heur.set_descriptor(Attr.ENGINEHEUR_OPERATION_GRAPH, self.graph.descriptor)
+            heur.set_enum(Attr.ENGINEHEUR_MODE, mode)
+            heur.finalize()
+            count = heur.get_count(Attr.ENGINEHEUR_RESULTS)
+            cfgs = heur.get_descriptors(Attr.ENGINEHEUR_RESULTS, DescriptorType.ENGINECFG, count)
+        except CudnnError as exc:
+            self.problems.append(f"heuristics mode {name}: {exc}")
+            cfgs = []
+        finally:
+            heur.close()
+        cfgs.reverse()  # popped from the end, best first
+        self._pending, self._mode, self._rank = cfgs, name, 0
+
+    def __next__(self) -> EngineConfig:
+        while True:
+            if not self._pending:
+                if not self._modes:
+                    raise StopIteration
+                self._query(*self._modes.pop(0))
+                continue
+            cfg = self._pending.pop()
+            rank = self._rank
+            self._rank += 1
+            try:
+                eid, knobs, num, beh = _describe(cfg)
+            except CudnnError as exc:
+                self.problems.append(f"mode {self._mode} result {rank}: {exc}")
+                cfg.close()
+                continue
+            c = EngineConfig(cfg, self.graph, eid, knobs, num, beh, self._mode, rank)
+            if c.key in self._seen:
+                cfg.close()
+                continue
+            self._seen.add(c.key)
+            return c
+
+    def close(self) -> None:
+        """Free the configs not reached yet, and query no further mode."""
+        for cfg in self._pending:
+            cfg.close()
+        self._pending = []
+        self._modes = []
+
+
+def iter_engine_configs(handle: int, graph: OperationGraph,
+                        modes: Sequence[str | HeurMode] = ("A", "B", "FALLBACK")) -> LazyCandidates:
+    """`engine_configs()` as a `LazyCandidates`: described as they are reached."""
+    return LazyCandidates(graph, modes)
+
+
+def engine_configs(handle: int, graph: OperationGraph,
+                   modes: Sequence[str | HeurMode] = ("A", "B", "FALLBACK")) -> CandidateList:
+    """Candidate engine configs from cuDNN's heuristics, in the order of ``modes`` and then of
+    each mode's ranking, deduplicated by `EngineConfig.key`, every one described (see
+    `iter_engine_configs()` for the lazy form).
+
+    A mode that fails is recorded in ``problems`` and skipped (the others still answer).
+    """
+    lazy = LazyCandidates(graph, modes)
+    out = CandidateList(lazy)
+    out.problems = lazy.problems
+    return out
+
+
+def candidate_refusal(c: EngineConfig, is_float32: bool, allow_tf32: bool,
+                      deterministic: bool) -> str | None:
+    """Why `filter_candidates()` drops ``c`` (None: kept); ``is_float32``: the data is float32."""
+    notes = c.numerical_notes
+    if NumericalNote.DOWN_CONVERT_INPUTS in notes:
+        return "DOWN_CONVERT_INPUTS"
+    if is_float32 and not allow_tf32 and NumericalNote.TENSOR_CORE in notes:
+        return "TENSOR_CORE with float32 and allow_tf32=False"
+    if deterministic and NumericalNote.NONDETERMINISTIC in notes:
+        return "NONDETERMINISTIC with deterministic=True"
+    return None
 
 
 def filter_candidates(cands: Iterable[EngineConfig], dtype: int | npt.DTypeLike, allow_tf32: bool,
@@ -229,15 +308,11 @@ def filter_candidates(cands: Iterable[EngineConfig], dtype: int | npt.DTypeLike,
     is_float32 = to_data_type(dtype) == DT_FLOAT
     kept, dropped = [], []
     for c in cands:
-        notes = c.numerical_notes
-        if NumericalNote.DOWN_CONVERT_INPUTS in notes:
-            dropped.append((c, "DOWN_CONVERT_INPUTS"))
-        elif is_float32 and not allow_tf32 and NumericalNote.TENSOR_CORE in notes:
-            dropped.append((c, "TENSOR_CORE with float32 and allow_tf32=False"))
-        elif deterministic and NumericalNote.NONDETERMINISTIC in notes:
-            dropped.append((c, "NONDETERMINISTIC with deterministic=True"))
-        else:
+        why = candidate_refusal(c, is_float32, allow_tf32, deterministic)
+        if why is None:
             kept.append(c)
+        else:
+            dropped.append((c, why))
     return kept, dropped
 
 
@@ -348,12 +423,7 @@ class ExecutionPlan:
         cfg_desc = None
         try:  # the engine config the plan carries, to report engine id and notes
             cfg_desc = d.get_descriptor(Attr.EXECUTION_PLAN_ENGINE_CONFIG, DescriptorType.ENGINECFG)
-            pool = [BackendDescriptor(DescriptorType.KNOB_CHOICE) for _ in range(_KNOB_POOL_SIZE)]
-            try:
-                eid, knobs, num, beh = _describe(cfg_desc, pool)
-            finally:
-                for k in pool:
-                    k.close()
+            eid, knobs, num, beh = _describe(cfg_desc)
             cfg = EngineConfig(cfg_desc, graph, eid, knobs, num, beh, "json", 0)
         except BaseException:
             # no engine config, no notes: nothing to check the plan against (never run it)

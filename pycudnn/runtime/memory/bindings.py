@@ -1,9 +1,10 @@
-"""The CUDA modules the runtime layer calls, imported on first use, and whether interpreter
-shutdown has begun (when finalizers must touch none of them).
+"""``cuda.bindings.runtime``, imported on first use, and whether interpreter shutdown has begun
+(when finalizers must touch no CUDA library).
 
-``cuda.bindings.runtime`` is `runtime()` (and `rt` once loaded: the hot paths read
-``bindings.rt or bindings.runtime()``); cuda.core is `core()` (it takes ~0.4 s to import, so it is
-first imported by the first allocation). Tests swap `rt` for a made-up runtime.
+`runtime()` (and `rt` once loaded) is only for naming the statuses of ``cuda.bindings.runtime``
+calls made elsewhere (`pycudnn.runtime.memory.errors.check_cuda`): importing it costs ~110 ms,
+so nothing on the way to a first result calls it; the runtime layer's own calls go through the
+driver by ctypes (`pycudnn.runtime.memory.driver`).
 """
 
 from __future__ import annotations
@@ -23,21 +24,6 @@ def runtime() -> Any:
 
         rt = module
     return rt
-
-
-_cc: Any = None
-
-
-def core() -> Any:
-    """The cuda.core namespace (top-level from cuda-core 1.0; ``cuda.core.experimental`` before)."""
-    global _cc
-    if _cc is None:
-        import cuda.core as cc
-
-        if not hasattr(cc, "Device"):  # cuda-core < 1.0 kept everything under .experimental
-            import cuda.core.experimental as cc
-        _cc = cc
-    return _cc
 
 
 #: True once the interpreter has begun to exit: the driver reclaims device memory then, so the

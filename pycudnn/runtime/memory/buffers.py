@@ -1,21 +1,24 @@
-"""Allocation through cuda.core: `allocate()` returns a `DeviceBuffer` from the stream-ordered
-memory resource of the device (``Device(i).memory_resource``, the driver's memory pool), with the
-1 TiB guard (`MAX_ALLOCATION`), one retry after a synchronize when memory runs out and a
-message that names the device's free and total memory; a graph allocation while a stream is
-being captured. `empty_cache()` gives the pools' memory back to the driver."""
+"""Allocation through the driver: `allocate()` returns a `DeviceBuffer` from ``cuMemAllocAsync``
+on the device's current memory pool (a graph allocation node while the stream is captured), with
+the 1 TiB guard (`MAX_ALLOCATION`), one retry after a synchronize when memory runs out and a
+message that names the device's free and total memory; plain ``cuMemAlloc`` on a device without
+memory pools. `empty_cache()` gives the pools' memory back to the driver."""
 
 from __future__ import annotations
 
+import ctypes
 import operator
 import threading
 import weakref
 from typing import Any
 
-from ...errors import OutOfMemoryError, PycudnnError
+from ...errors import OutOfMemoryError
 from . import bindings as _bindings
+from . import driver as _driver
 from .capture import stream_is_capturing
-from .devices import current_device, device_count, device_guard, mem_get_info, normalize_device
-from .errors import CudaError, check_cuda
+from .devices import (current_device, device_count, device_guard, mem_get_info, normalize_device,
+                      require_driver)
+from .errors import check_driver, driver_error_text
 from .pool import release_kept_blocks
 from .streams import LEGACY, resolve_stream, thread_token
 
@@ -31,68 +34,54 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-_core_streams: dict[int, Any] = {}
-_memory_resources: dict[int, Any] = {}
-_core_lock = threading.Lock()
+#: device -> its memory pool, made ready for pycudnn's allocations (the release threshold raised)
+_pools: dict[int, int] = {}
+#: devices without stream-ordered allocation (no memory-pool support): plain cuMemAlloc there
+_no_pool: set[int] = set()
+_pools_lock = threading.Lock()
 
 
-def _core_stream(handle: int) -> Any:
-    """A cuda.core ``Stream`` for a raw handle (cached: ``Stream.from_handle`` costs ~16 us).
-
-    0 and 1 map to cuda.core's ``LEGACY_DEFAULT_STREAM``, 2 to ``PER_THREAD_DEFAULT_STREAM``.
-    A cached wrapper only borrows the handle: it never destroys the stream.
-    """
-    s = _core_streams.get(handle)
-    if s is None:
-        cc = _bindings.core()
-        if handle <= 1:
-            s = getattr(cc, "LEGACY_DEFAULT_STREAM", None)
-        elif handle == 2:
-            s = getattr(cc, "PER_THREAD_DEFAULT_STREAM", None)
-        if s is None:
-            s = cc.Stream.from_handle(handle)
-        with _core_lock:
-            if len(_core_streams) >= 64:
-                _core_streams.clear()
-            _core_streams[handle] = s
-    return s
-
-
-def _memory_resource(device: int) -> Any:
-    mr = _memory_resources.get(device)
-    if mr is None:
-        Device = _bindings.core().Device
-        with _core_lock:
-            mr = _memory_resources.get(device)
-            if mr is None:
-                mr = _memory_resources[device] = Device(device).memory_resource
-    return mr
+def _prepare_pool(drv: Any, device: int) -> None:
+    """On the first allocation on ``device`` (current): raise its current memory pool's release
+    threshold to the maximum, so memory freed stays reserved for the next allocation instead of
+    going back to the driver at every synchronize (cuda.core's memory resources do the same);
+    note a device without memory pools."""
+    with _pools_lock:
+        if device in _pools or device in _no_pool:
+            return
+        supported = ctypes.c_int()
+        err = drv.cuDeviceGetAttribute(ctypes.byref(supported), _driver.ATTR_MEMORY_POOLS_SUPPORTED,
+                                       device)
+        if err or not supported.value:
+            _no_pool.add(device)
+            return
+        pool = ctypes.c_void_p()
+        check_driver(drv.cuDeviceGetMemPool(ctypes.byref(pool), device), "cuDeviceGetMemPool")
+        threshold = ctypes.c_uint64(2**64 - 1)
+        check_driver(drv.cuMemPoolSetAttribute(pool, _driver.MEMPOOL_RELEASE_THRESHOLD,
+                                               ctypes.byref(threshold)), "cuMemPoolSetAttribute")
+        _pools[device] = int(pool.value or 0)
 
 
 def empty_cache(device: Any = None) -> None:
     """Return the memory that the device's stream-ordered pool keeps for reuse to the driver
     (with the blocks pycudnn keeps for reuse on the legacy default stream).
 
-    cuda.core raises the release threshold of the device's current memory pool to the maximum, so
-    memory freed by pycudnn stays reserved in that pool, where allocators that do not use it
-    (PyTorch's caching allocator, CuPy's default pool) cannot reach it. Call this before handing a
-    large amount of memory over to them. Memory still in use is not touched. Does nothing before
-    pycudnn's first allocation on the device.
+    pycudnn raises the release threshold of the device's current memory pool to the maximum (as
+    cuda.core does), so memory freed by pycudnn stays reserved in that pool, where allocators that
+    do not use it (PyTorch's caching allocator, CuPy's default pool) cannot reach it. Call this
+    before handing a large amount of memory over to them. Memory still in use is not touched. Does
+    nothing before pycudnn's first allocation on the device.
     """
     dev = normalize_device(device)
     release_kept_blocks(dev)
-    mr = _memory_resources.get(dev)
-    if mr is None:
+    pool = _pools.get(dev)
+    if pool is None:
         return
+    drv = require_driver("cuMemPoolTrimTo")
     with device_guard(dev):
-        check_cuda((_bindings.rt or _bindings.runtime()).cudaDeviceSynchronize(), "cudaDeviceSynchronize")
-        if not isinstance(mr, _bindings.core().DeviceMemoryResource):  # no memory-pool support: nothing is kept
-            return
-        from cuda.bindings import driver
-
-        err, = driver.cuMemPoolTrimTo(mr.handle, 0)
-        if int(err):
-            raise CudaError(int(err), "cuMemPoolTrimTo", str(err))
+        check_driver(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        check_driver(drv.cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo")
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -127,27 +116,29 @@ def _check_nbytes(nbytes: Any) -> int:
 
 
 
-def _release(buffer: Any, device: int, stream_ref: Any = None, sync: bool = False,
-             thread: Any = None, legacy: Any = None) -> None:
+def _release(ptr: int, device: int, stream: int, stream_ref: Any = None, sync: bool = False,
+             thread: Any = None) -> None:
     """Finalizer of a DeviceBuffer: free stream-ordered on the stream recorded at allocation
-    (``thread``: the allocating thread's token for a per-thread-stream allocation, freed on
-    ``legacy``, the cuda.core legacy stream, when another thread drops it).
+    (``thread``: the allocating thread's token for a per-thread-stream allocation, freed on the
+    legacy stream when another thread drops it); ``sync``: after a device synchronize, for a raw
+    stream handle that may be destroyed by now, or memory from plain ``cuMemAlloc``.
 
     Binds everything it needs as arguments (``stream_ref`` keeps the caller's stream object alive
     until the free is queued): it never refers to the DeviceBuffer, and takes no lock.
     """
-    if _bindings.shutting_down:  # interpreter exit: the driver reclaims the memory; touch nothing
+    drv = _driver.loaded
+    if _bindings.shutting_down or not drv:  # interpreter exit: the driver reclaims the memory
         return
     try:
         with device_guard(device):
-            if sync:  # the allocation stream was a raw handle that may be destroyed by now
-                if (_bindings.rt or _bindings.runtime()).cudaDeviceSynchronize()[0]:
+            if sync:
+                if drv.cuCtxSynchronize():
                     return  # work may still use the memory: losing it is the safe choice
-                buffer.close()
+                drv.cuMemFree(ptr)
             elif thread is not None and thread is not thread_token():
-                buffer.close(legacy)
+                drv.free(ptr, LEGACY)
             else:
-                buffer.close()
+                drv.free(ptr, stream)
     except Exception:  # a finalizer must not raise; the memory is lost at worst
         pass
 
@@ -169,21 +160,22 @@ class DeviceBuffer:
     another one (when ``stream`` was an object, the buffer keeps a reference to it).
     """
 
-    __slots__ = ("_ptr", "nbytes", "device", "_buffer", "_finalizer", "_stream_ref", "_thread",
-                 "__weakref__")
+    __slots__ = ("_ptr", "nbytes", "device", "_stream", "_finalizer", "_stream_ref", "_thread",
+                 "_plain", "__weakref__")
 
-    def __init__(self, ptr: int, nbytes: int, device: int, buffer: Any = None,
-                 stream_ref: Any = None, sync_release: bool = False, thread: Any = None) -> None:
+    def __init__(self, ptr: int, nbytes: int, device: int, stream: int = 0,
+                 stream_ref: Any = None, sync_release: bool = False, thread: Any = None,
+                 plain: bool = False) -> None:
         self._ptr: int | None = ptr
         self.nbytes = nbytes
         self.device = device
-        self._buffer = buffer
+        self._stream = stream
         self._stream_ref = stream_ref
-        self._thread = thread  # the allocating thread's token when allocated on the per-thread stream
-        if buffer is not None:
-            legacy = _core_stream(LEGACY) if thread is not None else None
-            self._finalizer: Any = weakref.finalize(self, _release, buffer, device, stream_ref,
-                                                    sync_release, thread, legacy)
+        self._plain = plain  # from cuMemAlloc (a device without memory pools): freed synchronously
+        self._thread = thread  # the allocating thread's token (memory of the per-thread stream)
+        if ptr:
+            self._finalizer: Any = weakref.finalize(self, _release, ptr, device, stream, stream_ref,
+                                                    sync_release or plain, thread)
             self._finalizer.atexit = False
         else:
             self._finalizer = None
@@ -202,22 +194,26 @@ class DeviceBuffer:
     def close(self, stream: Any = None) -> None:
         """Free the memory now, ordered on ``stream`` (default: the stream it was allocated on).
         Closing twice is harmless."""
-        if self._ptr is None:
+        ptr = self._ptr
+        if ptr is None:
             return
-        buffer = self._buffer
         self._ptr = None
-        self._buffer = None
         self._stream_ref = None
-        if buffer is None:
+        if self._finalizer is None:
             return
         self._finalizer.detach()
+        drv = _driver.loaded
+        if not drv:
+            return
         with device_guard(self.device):
-            if stream is not None:
-                buffer.close(_core_stream(resolve_stream(stream)))
+            if self._plain:
+                _release(ptr, self.device, 0, None, True)
+            elif stream is not None:
+                drv.free(ptr, resolve_stream(stream))
             elif self._thread is not None and self._thread is not thread_token():
-                buffer.close(_core_stream(LEGACY))  # see LEGACY
+                drv.free(ptr, LEGACY)  # see LEGACY
             else:
-                buffer.close()
+                drv.free(ptr, self._stream)
 
     def __enter__(self) -> "DeviceBuffer":
         return self
@@ -232,7 +228,7 @@ class DeviceBuffer:
 
 def allocate(nbytes: int, device: Any = None, stream: Any = None, *,
              what: str = "allocate") -> DeviceBuffer:
-    """Allocate ``nbytes`` of device memory, stream-ordered on ``stream``, through cuda.core.
+    """Allocate ``nbytes`` of device memory, stream-ordered on ``stream`` (``cuMemAllocAsync``).
 
     Args:
         nbytes: size in bytes; 0 gives a buffer with ``ptr == 0`` without touching the device.
@@ -241,8 +237,7 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None, *,
         what: the public call on whose behalf this allocates (``"from_numpy"``): a missing
             device is reported under that name.
 
-    On a stream being captured into a CUDA graph, cuda.core's pool refuses to allocate; the
-    allocation then goes through cuda.core's ``GraphMemoryResource`` (a graph allocation node),
+    On a stream being captured into a CUDA graph the allocation is a graph allocation node,
     which must be freed (``close(stream)``) before the capture ends.
 
     Raises:
@@ -267,26 +262,41 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None, *,
     dev = normalize_device(device, what=what)
     handle = stream if type(stream) is int else resolve_stream(stream)
     stream_ref = None if stream is None or type(stream) is int else stream
-    s = _core_stream(handle)
+    drv = require_driver("cuMemAllocAsync")
     with device_guard(dev):
-        mr = _memory_resource(dev)
-        try:
-            buf = mr.allocate(n, stream=s)
-        except Exception as exc:
-            buf = _allocate_slow(exc, mr, n, dev, handle, s)
+        if dev not in _pools:
+            _prepare_pool(drv, dev)
+        if dev in _no_pool:
+            return DeviceBuffer(_allocate_plain(drv, n, dev), n, dev, plain=True)
+        out = ctypes.c_uint64()
+        err = drv.cuMemAllocAsync(ctypes.byref(out), n, handle)
+        if err:
+            _allocate_slow(drv, err, out, n, dev, handle)
     # A raw handle of a user's stream (not 0/1/2, no object to keep alive) may be destroyed before
     # the buffer is collected: freeing on it then would crash the driver. Such buffers are freed,
-    # when collected, on the legacy default stream after a device synchronization.
+    # when collected, after a device synchronization.
     sync_release = stream_ref is None and handle > 2
-    if sync_release:
-        buf.set_deallocation_stream(_core_stream(0))
-    return DeviceBuffer(int(buf.handle), n, dev, buf, stream_ref, sync_release,
+    return DeviceBuffer(int(out.value), n, dev, handle, stream_ref, sync_release,
                         thread_token() if handle == 2 else None)
 
 
-def _allocate_slow(exc: Exception, mr: Any, n: int, dev: int, handle: int, s: Any) -> Any:
-    """The failure path of `allocate()` (the device is current)."""
-    if _is_oom(exc):
+def _allocate_plain(drv: Any, n: int, dev: int) -> int:
+    """``cuMemAlloc`` on a device without memory pools (the device is current)."""
+    out = ctypes.c_uint64()
+    err = drv.cuMemAlloc(ctypes.byref(out), n)
+    if err == _OOM:
+        check_driver(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        err = drv.cuMemAlloc(ctypes.byref(out), n)
+    if err == _OOM:
+        raise _oom(n, dev, driver_error_text(err))
+    check_driver(err, f"cuMemAlloc({n} bytes) on device {dev}")
+    return int(out.value)
+
+
+def _allocate_slow(drv: Any, err: int, out: Any, n: int, dev: int, handle: int) -> None:
+    """The failure path of `allocate()` (the device is current): one retry after a synchronize
+    when memory ran out (not while the stream is captured: nothing can be waited for then)."""
+    if err == _OOM:
         try:
             _free, total = mem_get_info(dev)
         except Exception:
@@ -295,27 +305,13 @@ def _allocate_slow(exc: Exception, mr: Any, n: int, dev: int, handle: int, s: An
             # Frees still pending on other streams return to the pool once they complete; the
             # blocks kept for reuse on the legacy stream go back to it too.
             release_kept_blocks(dev)
-            rt = _bindings.rt or _bindings.runtime()
-            check_cuda(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
-            try:
-                return mr.allocate(n, stream=s)
-            except Exception as again:
-                if not _is_oom(again):
-                    raise _wrap(again, n, dev) from again
-                exc = again
-        raise _oom(n, dev, str(exc) or type(exc).__name__) from exc
-    if not isinstance(exc, PycudnnError) and stream_is_capturing(handle):
-        try:
-            return _bindings.core().GraphMemoryResource(dev).allocate(n, stream=s)
-        except Exception as graph_exc:
-            if _is_oom(graph_exc):
-                raise _oom(n, dev, str(graph_exc)) from graph_exc
-            raise _wrap(graph_exc, n, dev) from graph_exc
-    raise _wrap(exc, n, dev) from exc
+            check_driver(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+            err = drv.cuMemAllocAsync(ctypes.byref(out), n, handle)
+            if not err:
+                return
+        if err == _OOM:
+            raise _oom(n, dev, driver_error_text(err))
+    check_driver(err, f"cuMemAllocAsync({n} bytes) on device {dev}")
 
 
-def _wrap(exc: Exception, n: int, dev: int) -> Exception:
-    if isinstance(exc, PycudnnError):
-        return exc
-    return CudaError(-1, f"allocating {n} bytes on device {dev} through cuda.core",
-                     f"{type(exc).__name__}: {exc}")
+_OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY

@@ -6,18 +6,22 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from . import bindings as _bindings
-from .errors import check_cuda
+from ctypes import byref, c_int
+
+from . import driver as _driver
+from .errors import check_driver
+from .devices import require_driver
 from .streams import resolve_stream
 
 def stream_is_capturing(stream: Any) -> bool:
-    """Whether ``stream`` is being captured into a CUDA graph (``cudaStreamIsCapturing``; an
+    """Whether ``stream`` is being captured into a CUDA graph (``cuStreamIsCapturing``; an
     invalidated capture counts as capturing)."""
     handle = stream if type(stream) is int else resolve_stream(stream)
-    err, status = (_bindings.rt or _bindings.runtime()).cudaStreamIsCapturing(handle)
+    status = c_int()
+    err = require_driver("cuStreamIsCapturing").cuStreamIsCapturing(handle, byref(status))
     if err:
-        check_cuda(err, "cudaStreamIsCapturing")
-    return int(status) != 0
+        check_driver(err, "cuStreamIsCapturing")
+    return status.value != 0
 
 
 @contextlib.contextmanager
@@ -29,17 +33,14 @@ def relaxed_capture_mode() -> Iterator[None]:
     one included, and such a call invalidates the capture. Code that only builds (cuDNN's
     runtime-compiled plans load a module when they are finalized) and queues no work runs in
     this block so it cannot break someone's capture. The thread's earlier mode is restored at
-    the end. Without the mode (an old binding) the block runs as it is.
+    the end. Without a driver the block runs as it is.
     """
-    rt = _bindings.rt or _bindings.runtime()
-    try:
-        err, previous = rt.cudaThreadExchangeStreamCaptureMode(
-            rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed)
-        swapped = not err
-    except Exception:  # an old driver or binding: the default mode stays
-        swapped = False
+    drv = _driver.loaded or _driver.driver()
+    mode = c_int(_driver.CAPTURE_MODE_RELAXED)
+    # the call swaps: ``mode`` holds the thread's earlier mode afterwards
+    swapped = bool(drv) and not drv.cuThreadExchangeStreamCaptureMode(byref(mode))
     try:
         yield
     finally:
         if swapped:
-            rt.cudaThreadExchangeStreamCaptureMode(previous)
+            drv.cuThreadExchangeStreamCaptureMode(byref(mode))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import bindings as _bindings
-from .errors import check_cuda
+from .errors import check_driver
+from . import driver as _driver
+from .devices import require_driver
 from .streams import resolve_stream
 
 def copy_host_to_device(dst_ptr: int, array: Any, stream: Any = None) -> None:
@@ -18,11 +19,11 @@ def copy_host_to_device(dst_ptr: int, array: Any, stream: Any = None) -> None:
     n = a.nbytes
     if not n:
         return
-    rt = _bindings.rt or _bindings.runtime()
+    drv = require_driver("cuMemcpyHtoDAsync")
     handle = stream if type(stream) is int else resolve_stream(stream)
-    check_cuda(rt.cudaMemcpyAsync(dst_ptr, a.ctypes.data, n, rt.cudaMemcpyKind.cudaMemcpyHostToDevice,
-                                  handle), f"cudaMemcpyAsync (host to device, {n} bytes)")
-    check_cuda(rt.cudaStreamSynchronize(handle), "cudaStreamSynchronize")
+    check_driver(drv.cuMemcpyHtoDAsync(dst_ptr, a.ctypes.data, n, handle),
+                 f"cuMemcpyHtoDAsync ({n} bytes)")
+    check_driver(drv.cuStreamSynchronize(handle), "cuStreamSynchronize")
 
 
 def copy_device_to_host(array: Any, src_ptr: int, stream: Any = None) -> None:
@@ -33,12 +34,11 @@ def copy_device_to_host(array: Any, src_ptr: int, stream: Any = None) -> None:
     n = array.nbytes
     if not n:
         return
-    rt = _bindings.rt or _bindings.runtime()
+    drv = require_driver("cuMemcpyDtoHAsync")
     handle = stream if type(stream) is int else resolve_stream(stream)
-    check_cuda(rt.cudaMemcpyAsync(array.ctypes.data, src_ptr, n,
-                                  rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, handle),
-               f"cudaMemcpyAsync (device to host, {n} bytes)")
-    check_cuda(rt.cudaStreamSynchronize(handle), "cudaStreamSynchronize")
+    check_driver(drv.cuMemcpyDtoHAsync(array.ctypes.data, src_ptr, n, handle),
+                 f"cuMemcpyDtoHAsync ({n} bytes)")
+    check_driver(drv.cuStreamSynchronize(handle), "cuStreamSynchronize")
 
 
 def memset(ptr: int, nbytes: int, stream: Any = None, value: int = 0) -> None:
@@ -46,5 +46,5 @@ def memset(ptr: int, nbytes: int, stream: Any = None, value: int = 0) -> None:
     if not nbytes:
         return
     handle = stream if type(stream) is int else resolve_stream(stream)
-    check_cuda((_bindings.rt or _bindings.runtime()).cudaMemsetAsync(ptr, value, nbytes, handle),
-               f"cudaMemsetAsync ({nbytes} bytes)")
+    check_driver(require_driver("cuMemsetD8Async").cuMemsetD8Async(ptr, value, nbytes, handle),
+                 f"cuMemsetD8Async ({nbytes} bytes)")

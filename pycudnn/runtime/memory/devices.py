@@ -1,25 +1,27 @@
 """Devices: how many there are (`device_count()`, 0 without a driver; never raises), why none is
 usable (`no_device_reason()`), the calling thread's current device (`current_device()`,
 `ensure_device()`, `device_guard`, `callers_device()` / `restore_device()`), validating a device
-argument (`normalize_device()`), the device that owns a pointer, and device-wide waits and memory
-figures.
+argument (`normalize_device()`), the device that owns a pointer, a device's name and figures,
+and device-wide waits and memory figures, all through the CUDA driver by ctypes (`driver`).
 
-Everything uses the runtime's notion of the current device (``cudaGetDevice`` /
-``cudaSetDevice``, as PyTorch does), so it agrees with PyTorch, CuPy and cuDNN itself, and skips
-``cudaSetDevice`` when the device is already current. `visible_devices` is read by the hot
-paths (as ``devices.visible_devices``: it is set on the first count) to skip device bookkeeping
-when there is only one.
+The current device is the runtime's notion of it (what ``cudaGetDevice`` answers: the device of
+the thread's current context, 0 where none is current), so it agrees with PyTorch, CuPy and
+cuDNN; making a device current makes its primary context current, as ``cudaSetDevice`` does,
+and is skipped when the device already is. `visible_devices` is read by the hot paths (as
+``devices.visible_devices``: it is set on the first count) to skip device bookkeeping when
+there is only one.
 """
 
 from __future__ import annotations
 
 import operator
 import threading
+from ctypes import addressof, byref, c_int, c_size_t, c_uint, c_void_p, create_string_buffer
 from typing import Any
 
 from ...errors import NoDeviceError
-from . import bindings as _bindings
-from .errors import DRIVER_HINTS, NO_DRIVER, NO_DRIVER_ADVICE, check_cuda, driver_found, error_text
+from . import driver as _driver
+from .errors import NO_DRIVER, NO_DRIVER_ADVICE, check_driver, driver_error_text, driver_found
 
 #: how many devices this process sees, once known (None before the first ask); cached once
 #: positive: the set of visible devices never changes. The hot paths read it to skip device
@@ -30,16 +32,32 @@ visible_devices: int | None = None
 def _probe_devices() -> tuple[int, str | None]:
     if not driver_found():
         return 0, NO_DRIVER
-    try:
-        err, n = _bindings.runtime().cudaGetDeviceCount()
-    except Exception as exc:  # e.g. cuda.pathfinder failing to find libcuda
-        return 0, f"cudaGetDeviceCount raised {type(exc).__name__}: {exc}"
-    if int(err):
-        code = int(err)
-        return 0, f"{error_text(code)}{DRIVER_HINTS.get(code, '')}"
-    if not n:
-        return 0, "cudaErrorNoDevice: no CUDA-capable device is detected (cudaGetDeviceCount returned 0)"
-    return int(n), None
+    drv = _driver.loaded or _driver.driver()
+    if not drv:
+        return 0, _driver.problem
+    if drv.init_status:
+        return 0, f"cuInit failed: {driver_error_text(drv.init_status)}"
+    n = c_int()
+    err = drv.cuDeviceGetCount(byref(n))
+    if err:
+        return 0, f"cuDeviceGetCount failed: {driver_error_text(err)}"
+    if not n.value:
+        return 0, "no CUDA-capable device is detected (cuDeviceGetCount returned 0)"
+    return n.value, None
+
+
+def require_driver(what: str) -> Any:
+    """The loaded driver (`driver.Driver`), or the NoDeviceError for ``what`` (a driver call)
+    where there is none."""
+    drv = _driver.loaded
+    if drv:
+        return drv
+    drv = _driver.driver()
+    if not drv:
+        if not driver_found():
+            raise NoDeviceError(f"{what}: {NO_DRIVER}\n{NO_DRIVER_ADVICE}")
+        raise NoDeviceError(f"{what}: no usable CUDA device: {_driver.problem}")
+    return drv
 
 
 def device_count() -> int:
@@ -55,8 +73,8 @@ def device_count() -> int:
 
 def no_device_reason() -> str | None:
     """None when a CUDA device is usable, else why not, in one line: `NO_DRIVER` where there is
-    no NVIDIA driver at all, else the CUDA runtime's reason (e.g. ``"cudaErrorNoDevice: no
-    CUDA-capable device is detected"``)."""
+    no NVIDIA driver at all, else the driver's reason (e.g. ``"cuInit failed:
+    CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected"``)."""
     if visible_devices:
         return None
     return _probe_devices()[1]
@@ -89,11 +107,48 @@ def require_device(what: str = "pycudnn") -> int:
 
 
 def current_device() -> int:
-    """The calling thread's current device (``cudaGetDevice``)."""
-    err, dev = (_bindings.rt or _bindings.runtime()).cudaGetDevice()
+    """The calling thread's current device: that of its current context (``cuCtxGetDevice``),
+    0 where no context is current (what ``cudaGetDevice`` answers then)."""
+    drv = require_driver("cuCtxGetCurrent")
+    ctx = c_void_p()
+    err = drv.cuCtxGetCurrent(byref(ctx))
     if err:
-        check_cuda(err, "cudaGetDevice")
-    return dev
+        check_driver(err, "cuCtxGetCurrent")
+    if not ctx.value:
+        return 0
+    dev = c_int()
+    err = drv.cuCtxGetDevice(byref(dev))
+    if err:
+        check_driver(err, "cuCtxGetDevice")
+    return dev.value
+
+
+#: device -> its retained primary context (retained once per process and never released, as the
+#: CUDA runtime does)
+_primary: dict[int, int] = {}
+_primary_lock = threading.Lock()
+
+
+def _primary_context(drv: Any, device: int) -> int:
+    ctx = _primary.get(device)
+    if ctx is None:
+        with _primary_lock:
+            ctx = _primary.get(device)
+            if ctx is None:
+                handle, out = c_int(), c_void_p()
+                check_driver(drv.cuDeviceGet(byref(handle), device), f"cuDeviceGet({device})")
+                check_driver(drv.cuDevicePrimaryCtxRetain(byref(out), handle.value),
+                             f"cuDevicePrimaryCtxRetain({device})")
+                ctx = _primary[device] = int(out.value or 0)
+    return ctx
+
+
+def set_device(device: int) -> None:
+    """Make ``device``'s primary context current on this thread (what ``cudaSetDevice`` does)."""
+    drv = require_driver("cuCtxSetCurrent")
+    err = drv.cuCtxSetCurrent(_primary_context(drv, device))
+    if err:
+        check_driver(err, f"cuCtxSetCurrent(device {device})")
 
 
 def normalize_device(device: Any, parameter: str = "device", what: str = "pycudnn") -> int:
@@ -136,13 +191,13 @@ _tls = threading.local()
 def ensure_device(device: int) -> int:
     """Make ``device``'s primary context current on this thread; return the previous device.
 
-    Cheap when it is already current: one ``cudaGetDevice``. The first call on each thread also
-    calls ``cudaSetDevice`` once, because ``cudaGetDevice`` answers 0 on a thread where no context
-    was ever made current, and driver-API work (cuda.core allocations) needs a current context.
+    Cheap when it is already current: two driver queries. The first call on each thread also
+    makes the primary context current once, because 0 is answered on a thread where no context
+    was ever made current, and driver-API work (allocations) needs a current context.
     No validation: callers pass an ordinal checked by `normalize_device()`.
 
     With one device visible, once this thread has bound it there is nothing to ask: it is the
-    current device (the hot path of every call skips ``cudaGetDevice`` that way).
+    current device (the hot path of every call skips the driver queries that way).
     """
     if device == 0 and visible_devices == 1:
         try:
@@ -150,14 +205,9 @@ def ensure_device(device: int) -> int:
                 return 0
         except AttributeError:  # the thread's first call
             pass
-    rt = _bindings.rt or _bindings.runtime()
-    err, cur = rt.cudaGetDevice()
-    if err:
-        check_cuda(err, "cudaGetDevice")
+    cur = current_device()
     if cur != device or not getattr(_tls, "bound", False):
-        err, = rt.cudaSetDevice(device)
-        if err:
-            check_cuda(err, f"cudaSetDevice({device})")
+        set_device(device)
         _tls.bound = True
     return cur
 
@@ -165,7 +215,7 @@ def ensure_device(device: int) -> int:
 class device_guard:
     """Context manager: ``device`` is current inside, and the previous device is restored after.
 
-    ``with device_guard(1): ...`` costs one ``cudaGetDevice`` when device 1 is already current.
+    ``with device_guard(1): ...`` costs two driver queries when device 1 is already current.
     """
 
     __slots__ = ("device", "_prev")
@@ -181,9 +231,11 @@ class device_guard:
     def __exit__(self, *exc: Any) -> None:
         prev = self._prev
         if prev != self.device:
-            err, = (_bindings.rt or _bindings.runtime()).cudaSetDevice(prev)
-            if err and exc[0] is None:
-                check_cuda(err, f"cudaSetDevice({prev})")
+            try:
+                set_device(prev)
+            except Exception:
+                if exc[0] is None:
+                    raise
 
 
 def callers_device() -> int | None:
@@ -199,14 +251,15 @@ def restore_device(prev: int | None) -> None:
     """Make ``prev`` (from `callers_device()`) current again if a call switched away from it."""
     if prev is None:
         return
-    rt = _bindings.rt or _bindings.runtime()
-    err, cur = rt.cudaGetDevice()
-    if not err and cur != prev:
-        rt.cudaSetDevice(prev)
+    try:
+        if current_device() != prev:
+            set_device(prev)
+    except Exception:  # the call's own result or error matters more than restoring the device
+        pass
 
 
 def pointer_device(ptr: int) -> int:
-    """The device that owns the memory at ``ptr`` (``cudaPointerGetAttributes``).
+    """The device that owns the memory at ``ptr`` (``cuPointerGetAttributes``).
 
     ``ptr == 0`` (an empty array) gives the current device. Where no device is usable at all this
     returns 0 instead of raising: such a tensor cannot be used by any operation anyway, which will
@@ -217,29 +270,54 @@ def pointer_device(ptr: int) -> int:
         return 0
     if not ptr:
         return current_device()
-    rt = _bindings.rt or _bindings.runtime()
-    err, attrs = rt.cudaPointerGetAttributes(ptr)
+    drv = require_driver("cuPointerGetAttributes")
+    # the plural call answers 0 (not an error) for memory CUDA does not know: plain host memory
+    mtype, dev = c_uint(0), c_int(-1)
+    attrs = (c_int * 2)(_driver.POINTER_MEMORY_TYPE, _driver.POINTER_DEVICE_ORDINAL)
+    data = (c_void_p * 2)(addressof(mtype), addressof(dev))
+    err = drv.cuPointerGetAttributes(2, attrs, data, ptr)
     if err:
-        check_cuda(err, f"cudaPointerGetAttributes({ptr:#x})")
-    mtype = int(attrs.type)
-    if mtype == 0:  # cudaMemoryTypeUnregistered: ordinary host memory
+        check_driver(err, f"cuPointerGetAttributes({ptr:#x})")
+    if mtype.value == 0:  # not registered with CUDA: ordinary host memory
         raise TypeError(f"pointer {ptr:#x} is host memory, not CUDA device memory")
-    return int(attrs.device)
-
+    return dev.value
 
 
 def synchronize(device: Any = None) -> None:
     """Wait for all work on ``device`` (default: the current device)."""
     dev = normalize_device(device)
     with device_guard(dev):
-        check_cuda((_bindings.rt or _bindings.runtime()).cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        check_driver(require_driver("cuCtxSynchronize").cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
-    """``(free, total)`` bytes of ``device`` (default: the current device), ``cudaMemGetInfo``."""
+    """``(free, total)`` bytes of ``device`` (default: the current device), ``cuMemGetInfo``."""
     dev = normalize_device(device)
+    free, total = c_size_t(), c_size_t()
     with device_guard(dev):
-        err, free, total = (_bindings.rt or _bindings.runtime()).cudaMemGetInfo()
-        check_cuda(err, "cudaMemGetInfo")
-    return int(free), int(total)
+        err = require_driver("cuMemGetInfo").cuMemGetInfo(byref(free), byref(total))
+        check_driver(err, "cuMemGetInfo")
+    return free.value, total.value
+
+
+def device_identity(device: int) -> dict[str, Any]:
+    """``{"name", "compute_capability", "sm_count"}`` of ``device`` (an ordinal checked by
+    `normalize_device()`), from the driver's attributes.
+
+    Raises:
+        NoDeviceError, CudaError: the driver could not answer.
+    """
+    drv = require_driver("cuDeviceGetAttribute")
+    handle = c_int()
+    check_driver(drv.cuDeviceGet(byref(handle), device), f"cuDeviceGet({device})")
+    name = create_string_buffer(256)
+    check_driver(drv.cuDeviceGetName(name, 256, handle.value), f"cuDeviceGetName({device})")
+    values = []
+    for attr in (_driver.ATTR_CC_MAJOR, _driver.ATTR_CC_MINOR, _driver.ATTR_MULTIPROCESSOR_COUNT):
+        v = c_int()
+        check_driver(drv.cuDeviceGetAttribute(byref(v), attr, handle.value),
+                     f"cuDeviceGetAttribute({attr}, device {device})")
+        values.append(v.value)
+    text = name.value.decode("utf-8", "replace").strip()
+    return {"name": text, "compute_capability": [values[0], values[1]], "sm_count": values[2]}

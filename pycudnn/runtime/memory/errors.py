@@ -1,14 +1,16 @@
-"""CUDA runtime status codes as Python exceptions: `check_cuda()` turns a
-``cuda.bindings.runtime`` status into `NoDeviceError` (no driver, an old driver, no device, an
-invalid ordinal: the message names the driver's reason), `OutOfMemoryError`
-(``cudaErrorMemoryAllocation``) or `CudaError` (anything else)."""
+"""CUDA status codes as Python exceptions: `check_cuda()` turns a ``cuda.bindings.runtime``
+status, and `check_driver()` a driver ``CUresult``, into `NoDeviceError` (no driver, an old
+driver, no device, an invalid ordinal: the message names the driver's reason),
+`OutOfMemoryError` (out of memory) or `CudaError` (anything else)."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Callable
 
 from ...errors import NoDeviceError, OutOfMemoryError, PycudnnError
 from . import bindings as _bindings
+from . import driver as _driver
 
 class CudaError(PycudnnError):
     """A CUDA runtime call failed for a reason other than "no device" or "out of memory".
@@ -66,8 +68,6 @@ def driver_found() -> bool:
     """Whether the NVIDIA driver library (``libcuda.so.1``) loads in this process (asked once)."""
     global _driver_found
     if _driver_found is None:
-        import ctypes
-
         try:
             ctypes.CDLL("libcuda.so.1")
             _driver_found = True
@@ -120,14 +120,45 @@ def cuda_error(err: Any, what: str) -> Exception:
 
 def _device_count() -> int:
     """What `pycudnn.runtime.memory.devices.device_count()` answers, asked here directly (that
-    module reads this one): the visible devices, 0 where the runtime cannot say."""
-    if not driver_found():
+    module reads this one): the visible devices, 0 where the driver cannot say."""
+    drv: Any = (_driver.loaded or _driver.driver()) if driver_found() else False
+    if not drv or drv.init_status:
         return 0
-    try:
-        err, n = _bindings.runtime().cudaGetDeviceCount()
-    except Exception:  # e.g. cuda.pathfinder failing to find libcuda
-        return 0
-    return 0 if int(err) else int(n)
+    n = ctypes.c_int()
+    return 0 if drv.cuDeviceGetCount(ctypes.byref(n)) else n.value
+
+
+#: ``CUresult`` values that mean "no usable device" (not initialised, the stub library, devices
+#: unavailable, no device, system not ready, driver mismatch, compat unsupported)
+DRIVER_NO_DEVICE = frozenset({3, 34, 46, 100, 802, 803, 804})
+
+
+def driver_error_text(code: int) -> str:
+    """``"CUDA_ERROR_NAME: description"`` for a driver ``CUresult``."""
+    drv = _driver.loaded or _driver.driver()
+    return drv.error_text(int(code)) if drv else f"CUresult {int(code)}"
+
+
+def driver_error(code: int, what: str) -> Exception:
+    """The exception `check_driver()` raises for a failed ``code`` (not raised here)."""
+    code = int(code)
+    text = driver_error_text(code)
+    if code in DRIVER_NO_DEVICE:
+        if not driver_found():
+            return NoDeviceError(f"{what}: {NO_DRIVER}\n{NO_DRIVER_ADVICE}")
+        return NoDeviceError(f"{what}: no usable CUDA device: {text}")
+    if code == _INVALID_DEVICE:
+        return NoDeviceError(f"{what}: {text} (this machine has {_device_count()} CUDA device(s))")
+    if code == _OOM_CODE:
+        return OutOfMemoryError(f"{what}: out of device memory: {text}")
+    return CudaError(code, what, text)
+
+
+def check_driver(code: int, what: str) -> None:
+    """Raise if the driver's ``code`` (a ``CUresult``) is not ``CUDA_SUCCESS``: the exceptions of
+    `check_cuda()`, with the driver's name and description of the error."""
+    if code:
+        raise driver_error(code, what)
 
 
 def check_cuda(err: Any, what: str) -> None:

@@ -7,13 +7,15 @@ default stream is kept here instead and handed to the next allocation of the sam
 so the block is free once the earlier work is done, as with PyTorch's caching allocator. Only the
 legacy stream (0 or 1): it is never destroyed, so a kept block never outlives its stream. Bounded;
 `empty_cache()` and an allocation that fails give the blocks back. Lists, not locks: finalizers
-append here from any thread.
+append here from any thread. `free_async()` is every stream-ordered free, with the right device
+current.
 """
 
 from __future__ import annotations
 
+from . import devices as _devices
+from . import driver as _driver
 from .devices import device_guard
-from .driver import free_async
 
 #: bytes kept at most, and the largest block kept
 KEEP_BYTES_MAX = 256 << 20
@@ -50,3 +52,30 @@ def release_kept_blocks(device: int | None = None) -> int:
                 freed += nbytes
     block_bytes[0] = sum(n * len(k) for (_, n), k in blocks.items())
     return freed
+
+
+def free_async(ptr: int, s: int, device: int) -> None:
+    """``cuMemFreeAsync(ptr, s)`` with ``device`` current where the handle does not say the device.
+
+    0, 1 and 2 name a stream of the current device: freeing a device-0 buffer on them while
+    device 1 is current would order the free on device 1's stream, after none of the work that
+    uses the buffer. A created stream belongs to its own device; and with one device visible
+    there is no other, so those cases skip the device check (one retry with the device made
+    current covers a thread on which no context was ever current). Takes no lock.
+    """
+    drv = _driver.loaded
+    if not drv:
+        return  # nothing was allocated through a driver that never loaded
+    if s > 2 or _devices.visible_devices == 1:
+        if not drv.free(ptr, s):
+            return
+    free_guarded(ptr, s, device)
+
+
+def free_guarded(ptr: int, s: int, device: int) -> None:
+    """The free of `free_async()` with ``device`` made current first (and back after)."""
+    drv = _driver.loaded
+    if not drv:
+        return
+    with device_guard(device):
+        drv.free(ptr, s)

@@ -12,12 +12,11 @@ from . import devices as _devices
 from . import driver as _driver
 from .buffers import MAX_ALLOCATION, allocate
 from .devices import device_guard
-from .driver import free_async, free_guarded
-from .pool import block_bytes, blocks, keep_block, release_kept_blocks
+from .pool import block_bytes, blocks, free_async, free_guarded, keep_block, release_kept_blocks
 from .streams import LEGACY, resolve_stream, thread_token
 
 class StreamAllocation:
-    """Device memory from ``cudaMallocAsync`` on a stream, freed with ``cudaFreeAsync``.
+    """Device memory from ``cuMemAllocAsync`` on a stream, freed with ``cuMemFreeAsync``.
 
     The lean twin of `DeviceBuffer` for the convolution hot path (about 2 us for an
     allocate/free pair against about 7 us through cuda.core's Buffer). Same interface: ``ptr``,
@@ -62,21 +61,23 @@ class StreamAllocation:
 
     def free_synchronously(self) -> None:
         """Free now, after waiting for all work on the device: for memory whose stream may no
-        longer exist. ``cudaFree`` alone does not wait for work still using stream-ordered memory.
+        longer exist. ``cuMemFree`` alone does not wait for work still using stream-ordered memory.
         Nothing is freed when the device cannot be synchronized (the memory is lost at worst)."""
         ptr = self.ptr
         if not ptr:
             return
         self.ptr = 0
         self.stream_ref = None
-        rt = _bindings.rt or _bindings.runtime()
+        drv = _driver.loaded
+        if not drv:
+            return
         with device_guard(self.device):
-            if rt.cudaDeviceSynchronize()[0]:
+            if drv.cuCtxSynchronize():
                 # e.g. another thread is capturing a CUDA graph: freeing now could hand memory
                 # still in use to the next allocation, so it is kept (lost at worst), never raised
                 # into the call that happened to evict it
                 return
-            rt.cudaFree(ptr)
+            drv.cuMemFree(ptr)
 
     def __del__(self) -> None:
         # no lock taken here (a finalizer may run on any thread, at any point)
@@ -112,7 +113,7 @@ def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
                   sync_free: bool = False) -> Any:
     """`allocate()` for trusted arguments on the hot path (``device`` current, ``stream`` an
     int handle; ``stream_ref`` the stream object it came from, kept alive until the free): plain
-    ``cudaMallocAsync``; anything unusual (0 or huge sizes, an error such as out of memory) goes
+    ``cuMemAllocAsync``; anything unusual (0 or huge sizes, an error such as out of memory) goes
     through `allocate()`, which retries and explains."""
     if stream > 2 and stream_ref is None:
         # a raw handle of a user's stream may be destroyed before this memory is collected:
@@ -132,15 +133,11 @@ def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
                     a.ptr, a.nbytes, a.device, a.stream = ptr, nbytes, device, stream
                     a.stream_ref, a.sync_free, a.thread = stream_ref, sync_free, None
                     return a
-        drv = _driver.loaded or _driver.driver_memory()
-        if drv:
-            ptr = drv.allocate(nbytes, stream)
-        else:
-            err, ptr = (_bindings.rt or _bindings.runtime()).cudaMallocAsync(nbytes, stream)
-            ptr = 0 if err else int(ptr)
-        if not ptr and blocks:  # out of memory, maybe: give the kept blocks back first
+        drv = _driver.loaded or _driver.driver()
+        ptr = drv.allocate(nbytes, stream) if drv else 0
+        if not ptr and blocks and drv:  # out of memory, maybe: give the kept blocks back first
             release_kept_blocks(device)
-            ptr = drv.allocate(nbytes, stream) if drv else 0
+            ptr = drv.allocate(nbytes, stream)
         if ptr:
             # StreamAllocation.__init__ inlined: this is every output of a remembered call
             a = _new(StreamAllocation)

@@ -1,20 +1,24 @@
 """Streams: `resolve_stream()` turns whatever the caller gave (`StreamLike`) into a
 ``cudaStream_t`` handle (an ``int``; ``None`` is the legacy default stream, ``0``); waits on a
-stream and between streams; the calling thread's token (`thread_token()`, for memory of the
-per-thread default stream) and a stream's driver id (`stream_identity()`, which no later stream
-reuses)."""
+stream and between streams; events for timing (`event_create()` ... `event_elapsed_ms()`); the
+calling thread's token (`thread_token()`, for memory of the per-thread default stream) and a
+stream's driver id (`stream_identity()`, which no later stream reuses). All through the CUDA
+driver by ctypes: a runtime handle is a driver handle (0, 1 and 2 included)."""
 
 from __future__ import annotations
 
 import operator
 import threading
 from ctypes import addressof as _addressof
+from ctypes import byref as _byref
+from ctypes import c_float as _c_float
 from ctypes import c_uint64 as _c_uint64
+from ctypes import c_void_p as _c_void_p
 from typing import Any, Protocol, SupportsIndex, Union
 
-from . import bindings as _bindings
 from . import driver as _driver
-from .errors import check_cuda
+from .devices import require_driver
+from .errors import check_driver
 
 LEGACY_DEFAULT_STREAM = 0  #: what ``None`` resolves to (``cudaStreamLegacy`` is 1, the same stream)
 
@@ -130,7 +134,9 @@ def _stream_int(handle: int) -> int:
 def stream_synchronize(stream: Any) -> None:
     """Wait for all work on ``stream`` (anything `resolve_stream()` accepts)."""
     handle = stream if type(stream) is int else resolve_stream(stream)
-    check_cuda((_bindings.rt or _bindings.runtime()).cudaStreamSynchronize(handle), "cudaStreamSynchronize")
+    err = require_driver("cuStreamSynchronize").cuStreamSynchronize(handle)
+    check_driver(err, "cuStreamSynchronize")
+
 
 
 def same_stream(a: int, b: int) -> bool:
@@ -146,15 +152,60 @@ def stream_wait(waiting: Any, producer: Any) -> None:
     p = producer if type(producer) is int else resolve_stream(producer)
     if same_stream(w, p):
         return
-    rt = _bindings.rt or _bindings.runtime()
-    flags = getattr(rt, "cudaEventDisableTiming", 2)
-    err, event = rt.cudaEventCreateWithFlags(flags)
-    check_cuda(err, "cudaEventCreateWithFlags")
+    drv = require_driver("cuEventCreate")
+    event = event_create(timing=False)
     try:
-        check_cuda(rt.cudaEventRecord(event, p), "cudaEventRecord")
-        check_cuda(rt.cudaStreamWaitEvent(w, event, 0), "cudaStreamWaitEvent")
+        check_driver(drv.cuEventRecord(event, p), "cuEventRecord")
+        check_driver(drv.cuStreamWaitEvent(w, event, 0), "cuStreamWaitEvent")
     finally:
-        rt.cudaEventDestroy(event)
+        drv.cuEventDestroy(event)
+
+
+# ---- events ---------------------------------------------------------------------------------------
+
+def event_create(timing: bool = True) -> int:
+    """A new event (``cuEventCreate``; ``timing=False``: ``CU_EVENT_DISABLE_TIMING``) as an int
+    handle; destroy it with `event_destroy()`."""
+    drv = require_driver("cuEventCreate")
+    out = _c_void_p()
+    check_driver(drv.cuEventCreate(_byref(out), 0 if timing else _driver.EVENT_DISABLE_TIMING),
+                 "cuEventCreate")
+    return int(out.value or 0)
+
+
+def event_record(event: int, stream: int) -> None:
+    """Record ``event`` on ``stream`` (an int handle)."""
+    check_driver(require_driver("cuEventRecord").cuEventRecord(event, stream), "cuEventRecord")
+
+
+def event_query(event: int) -> bool:
+    """Whether the work before ``event`` is complete (``cuEventQuery``; errors raise)."""
+    err = require_driver("cuEventQuery").cuEventQuery(event)
+    if err == _driver.NOT_READY:
+        return False
+    check_driver(err, "cuEventQuery")
+    return True
+
+
+def event_synchronize(event: int) -> None:
+    """Wait on the host for the work before ``event``."""
+    err = require_driver("cuEventSynchronize").cuEventSynchronize(event)
+    check_driver(err, "cuEventSynchronize")
+
+
+def event_elapsed_ms(start: int, end: int) -> float:
+    """Milliseconds between two completed timing events."""
+    ms = _c_float()
+    check_driver(require_driver("cuEventElapsedTime").cuEventElapsedTime(_byref(ms), start, end),
+                 "cuEventElapsedTime")
+    return float(ms.value)
+
+
+def event_destroy(event: int) -> None:
+    """Destroy an event made by `event_create()` (errors ignored: used in cleanup)."""
+    drv = _driver.loaded
+    if drv and event:
+        drv.cuEventDestroy(event)
 
 
 
@@ -181,7 +232,7 @@ def stream_identity(stream: int) -> int:
     the id cannot be read (the handle alone then tells streams apart, as before)."""
     if stream <= 2:
         return stream
-    drv = _driver.driver_memory()
+    drv = _driver.loaded or _driver.driver()
     get_id = getattr(drv, "stream_id", None) if drv else None
     if get_id is None:
         return -1
