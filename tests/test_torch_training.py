@@ -30,7 +30,7 @@ def test_chains_of_a_resnet_become_blocks():
     assert kinds.count("ConvBnReLU2d") == 1 + 3 * 2
     assert kinds.count("ConvBnAddReLU2d") == 3 + 1
     assert kinds.count("ConvBn2d") == 2
-    assert isinstance(fused, torch.fx.GraphModule)
+    assert fused is model and isinstance(fused, SmallResNet)  # fused in place
 
 
 def test_fused_model_keeps_parameters_and_state_dict_keys():
