@@ -15,6 +15,7 @@ from pycudnn.torch import training  # noqa: E402
 from torch_models import Bottleneck, SmallResNet, randomize_batchnorm  # noqa: E402
 
 nn = torch.nn
+F = torch.nn.functional
 
 
 def _blocks(model):
@@ -134,3 +135,84 @@ def test_bad_arguments_are_named():
         pt.ConvBnReLU2d(nn.Conv2d(3, 4, 1), nn.LayerNorm(4))
     with pytest.raises(ValueError, match="4 output channels but the batch norm 5 features"):
         pt.ConvBn2d(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(5))
+
+
+class _WithHead(nn.Module):
+    """A head used by another method than forward, and a non-persistent buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 3)
+        self.register_buffer("scale", torch.tensor(2.0), persistent=False)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x))) * self.scale
+
+    def classify(self, features):
+        return self.head(features)
+
+
+def test_state_dict_keeps_unused_submodules_and_buffer_persistence():
+    torch.manual_seed(0)
+    model = randomize_batchnorm(_WithHead())
+    keys = list(model.state_dict())
+    fused = pt.fuse_for_training(model)
+    assert _blocks(fused) == ["ConvBnReLU2d"]
+    assert fused is model and isinstance(fused, _WithHead)
+    assert list(fused.state_dict()) == keys  # head.* kept, the non-persistent scale left out
+    assert "scale" in dict(fused.named_buffers()) and "scale" not in fused.state_dict()
+    # strict loads, both ways, and the values land
+    other = randomize_batchnorm(_WithHead())
+    other.load_state_dict(fused.state_dict())
+    for k, v in fused.state_dict().items():
+        assert torch.equal(other.state_dict()[k], v), k
+    twin = randomize_batchnorm(_WithHead())
+    fused.load_state_dict(twin.state_dict())
+    for k, v in twin.state_dict().items():
+        assert torch.equal(fused.state_dict()[k], v), k
+    # the method and the buffer still work; .to() moves the buffer forward reads
+    assert fused.classify(torch.ones(2, 8)).shape == (2, 3)
+    fused.double()
+    assert fused.scale.dtype is torch.float64
+    x = torch.randn(2, 4, 5, 5, dtype=torch.float64)
+    assert torch.equal(fused.eval()(x), copy.deepcopy(twin).double().eval()(x))
+
+
+def test_a_traced_graph_module_is_fused_in_place_with_its_state_dict():
+    model = randomize_batchnorm(SmallResNet())
+    gm = torch.fx.symbolic_trace(model)
+    keys = list(gm.state_dict())
+    fused = pt.fuse_for_training(gm)
+    assert fused is gm and list(fused.state_dict()) == keys
+    assert _blocks(fused)
+
+
+def test_pickle_stores_the_unfused_class_and_deepcopy_stays_fused():
+    import pickle
+
+    torch.manual_seed(0)
+    fused = pt.fuse_for_training(randomize_batchnorm(_WithHead()))
+    x = torch.randn(2, 4, 5, 5)
+    want = fused.eval()(x)
+    loaded = pickle.loads(pickle.dumps(fused))
+    assert type(loaded) is _WithHead
+    assert list(loaded.state_dict()) == list(fused.state_dict())
+    assert torch.equal(loaded.eval()(x), want)
+    again = pt.fuse_for_training(loaded)  # the stale block's name is taken back
+    assert [n for n, m in again.named_modules() if isinstance(m, training._BLOCKS)] == \
+        ["conv_bn_relu"]
+    assert torch.equal(again(x), want)
+    twin = copy.deepcopy(fused)
+    assert type(twin) is type(fused) and _blocks(twin) == ["ConvBnReLU2d"]
+    assert torch.equal(twin(x), want)
+
+
+def test_revert_gives_the_class_back_and_drops_the_blocks():
+    model = _WithHead()
+    keys = list(model.state_dict())
+    pt.fuse_for_training(model)
+    pt.revert(model)
+    assert type(model) is _WithHead and _blocks(model) == []
+    assert list(model.state_dict()) == keys
