@@ -42,7 +42,9 @@ from pycudnn.cudnn.tensor_ops import relu_descriptor, scalar_pointers
 from pycudnn.errors import CudnnBadParamError, CudnnNotSupportedError
 from pycudnn.ffi import library as _lib
 from pycudnn.runtime.handle import get_handle
+from pycudnn.runtime.memory import callers_device, restore_device
 
+from . import calls as _calls
 from .calls import (autocast_dtype, autocast_enabled, c_apply, geometry, grad_enabled,
                     pytorch_only, run_backward, run_forward)
 from .library import compiler, dynamo_compiling
@@ -175,103 +177,129 @@ class _ConvBnFunction(torch.autograd.Function):
     def forward(ctx: Any, x: Any, w: Any, cb: Any, gamma: Any, beta: Any, z: Any,
                 block: _ConvBnBase) -> Any:
         c, xd, wd, fmt, _ = run_forward("conv", x, w, cb, None, 1.0, block.geometry[0])
-        ops = block.ops
-        e = _layout(c, ops)
-        if e is None or not c.is_contiguous(memory_format=_CL) or (
-                z is not None and (z.stride() != c.stride() or z.shape != c.shape)):
-            raise _Unfusable
-        bn = block.bn
-        dev = c.device
-        y = torch.empty_like(c)
-        saved = torch.empty(e.saved_bytes, dtype=torch.uint8, device=dev)
-        mean = saved.data_ptr()
-        ws = _scratch(e.fwd_ws, dev)
-        buffers = bn._buffers  # (nn.Module.__getattr__ costs a microsecond a name)
-        rm: Any = buffers["running_mean"]
-        rv: Any = buffers["running_var"]
-        nbt: Any = buffers["num_batches_tracked"]
-        factor = 0.0
-        if bn.track_running_stats and rm is not None:
-            # nn.BatchNorm2d's rule; momentum=None is the cumulative average (reads the count)
-            factor = bn.momentum if bn.momentum is not None else 1.0 / (float(nbt) + 1.0)
-        else:
-            rm = rv = nbt = None
-        d = dev.index
-        st = e.forward(
-            get_handle(d, _stream(d)), _PERSISTENT, ops, e.one, e.zero, e.xd, c.data_ptr(), e.xd,
-            None if z is None else z.data_ptr(), e.xd, y.data_ptr(), e.pd, gamma.data_ptr(),
-            beta.data_ptr(), factor, None if rm is None else rm.data_ptr(),
-            None if rv is None else rv.data_ptr(), bn.eps, mean, mean + 4 * e.channels, e.act, ws,
-            e.fwd_ws, mean + e.stats_bytes if e.reserve else None, e.reserve)
-        if st:
-            try:
-                _lib.raise_status(st, "cudnnBatchNormalizationForwardTrainingEx",
-                                  f"  x: {e.x_desc!r}")
-            except (CudnnNotSupportedError, CudnnBadParamError):
-                _refused(c, ops)  # refused before running: nothing was written
-                raise _Unfusable from None
-        if nbt is not None:
-            nbt.add_(1)
-        # y only where the backward kernel reads it (the ReLU's mask): a plain batch norm's
-        # output may be changed in place afterwards (an in-place activation), as PyTorch allows;
-        # the dense input and weight the convolution read only where they are copies
-        dense = xd is not x or wd is not w
-        ctx.save_for_backward(c, y if ops != _OPS_BN else None, saved, gamma, beta, x, w, cb, z,
-                              xd if dense else None, wd if dense else None)
-        ctx.e, ctx.fmt, ctx.block = e, fmt, block
-        return y
+        # get_handle makes the tensors' device current: give the caller's back, as every other
+        # entry point does (read after run_forward, which notes how many devices there are)
+        prev = callers_device() if _calls._multi_gpu else None
+        try:
+            return _forward(ctx, c, xd, wd, fmt, x, w, cb, gamma, beta, z, block)
+        finally:
+            restore_device(prev)
 
     @staticmethod
     def backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
-        c, y, saved, gamma, beta, x, w, cb, z, xd, wd = ctx.saved_tensors
-        block, e = ctx.block, ctx.e
-        need_x, need_w, need_cb, need_gamma, need_beta, need_z, _ = ctx.needs_input_grad
-        if grad_enabled():  # create_graph=True: through PyTorch's differentiable operators
-            return _recomputed_backward(block, gy, (x, w, cb, gamma, beta, z),
-                                        ctx.needs_input_grad)
-        if xd is None:
-            xd, wd = x, w
-        if not gy.is_contiguous(memory_format=_CL) or gy.stride() != c.stride():
-            gy = gy.contiguous(memory_format=_CL)
-        dev = c.device
-        dc = torch.empty_like(c)
-        dz = torch.empty_like(c) if e.ops == _OPS_ADD_RELU else None
-        dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
-        dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
-        ws = _scratch(e.bwd_ws, dev)
-        d = dev.index
-        mean = saved.data_ptr()
-        st = e.backward(
-            get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
-            c.data_ptr(), e.xd, None if y is None else y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
-            None if dz is None else dz.data_ptr(), e.xd, dc.data_ptr(), e.pd, gamma.data_ptr(),
-            beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), block.bn.eps, mean,
-            mean + 4 * e.channels, e.act, ws, e.bwd_ws, mean + e.stats_bytes if e.reserve else None,
-            e.reserve)
-        if st:
-            _lib.raise_status(st, "cudnnBatchNormalizationBackwardEx", f"  x: {e.x_desc!r}")
-        geom, fmt = block.geometry[0], ctx.fmt
-        gx, gw, _ = run_backward(dc, xd, wd, fmt, geom, need_x, need_w)
-        gcb = dc.sum((0, 2, 3)) if need_cb else None
-        return (gx, gw, gcb, dgamma if need_gamma else None, dbeta if need_beta else None,
-                dz if need_z else None, None)
+        prev = callers_device() if _calls._multi_gpu else None
+        try:
+            return _backward(ctx, gy)
+        finally:
+            restore_device(prev)
 
 
-def _recomputed_backward(block: _ConvBnBase, gy: Any, inputs: tuple[Any, ...],
-                         needs: tuple[bool, ...]) -> tuple[Any, ...]:
+def _forward(ctx: Any, c: Any, xd: Any, wd: Any, fmt: Any, x: Any, w: Any, cb: Any, gamma: Any,
+             beta: Any, z: Any, block: _ConvBnBase) -> Any:
+    ops = block.ops
+    e = _layout(c, ops)
+    if e is None or not c.is_contiguous(memory_format=_CL) or (
+            z is not None and (z.stride() != c.stride() or z.shape != c.shape)):
+        raise _Unfusable
+    bn = block.bn
+    dev = c.device
+    y = torch.empty_like(c)
+    saved = torch.empty(e.saved_bytes, dtype=torch.uint8, device=dev)
+    mean = saved.data_ptr()
+    ws = _scratch(e.fwd_ws, dev)
+    buffers = bn._buffers  # (nn.Module.__getattr__ costs a microsecond a name)
+    rm: Any = buffers["running_mean"]
+    rv: Any = buffers["running_var"]
+    nbt: Any = buffers["num_batches_tracked"]
+    factor = 0.0
+    if bn.track_running_stats and rm is not None:
+        # nn.BatchNorm2d's rule; momentum=None is the cumulative average (reads the count)
+        factor = bn.momentum if bn.momentum is not None else 1.0 / (float(nbt) + 1.0)
+    else:
+        rm = rv = nbt = None
+    d = dev.index
+    st = e.forward(
+        get_handle(d, _stream(d)), _PERSISTENT, ops, e.one, e.zero, e.xd, c.data_ptr(), e.xd,
+        None if z is None else z.data_ptr(), e.xd, y.data_ptr(), e.pd, gamma.data_ptr(),
+        beta.data_ptr(), factor, None if rm is None else rm.data_ptr(),
+        None if rv is None else rv.data_ptr(), bn.eps, mean, mean + 4 * e.channels, e.act, ws,
+        e.fwd_ws, mean + e.stats_bytes if e.reserve else None, e.reserve)
+    if st:
+        try:
+            _lib.raise_status(st, "cudnnBatchNormalizationForwardTrainingEx",
+                              f"  x: {e.x_desc!r}")
+        except (CudnnNotSupportedError, CudnnBadParamError):
+            _refused(c, ops)  # refused before running: nothing was written
+            raise _Unfusable from None
+    if nbt is not None:
+        nbt.add_(1)
+    # saved only what the backward reads, as PyTorch's unfused operators do, so that an input
+    # changed in place after the block breaks no backward the unfused model runs: y only for
+    # the ReLU's mask (a plain batch norm's output may be changed by an in-place activation);
+    # the shift only where cuDNN's activation backward reads it; never z (its gradient is the
+    # masked gradient) nor the convolution's bias (the batch norm takes its mean away); the
+    # dense input and weight the convolution read only where they are copies
+    relu = ops != _OPS_BN
+    dense = xd is not x or wd is not w
+    ctx.save_for_backward(c, y if relu else None, saved, gamma, beta if relu else None, x, w,
+                          xd if dense else None, wd if dense else None)
+    # for the differentiable recomputation only, where their values do not change a gradient
+    ctx.cb, ctx.beta, ctx.has_z = cb, beta, z is not None
+    ctx.e, ctx.fmt, ctx.block = e, fmt, block
+    return y
+
+
+def _backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
+    c, y, saved, gamma, beta, x, w, xd, wd = ctx.saved_tensors
+    block, e = ctx.block, ctx.e
+    need_x, need_w, need_cb, need_gamma, need_beta, need_z, _ = ctx.needs_input_grad
+    if grad_enabled():  # create_graph=True: through PyTorch's differentiable operators
+        return _recomputed_backward(block, gy, y, (x, w, ctx.cb, gamma, ctx.beta),
+                                    ctx.needs_input_grad, ctx.has_z)
+    if xd is None:
+        xd, wd = x, w
+    if not gy.is_contiguous(memory_format=_CL) or gy.stride() != c.stride():
+        gy = gy.contiguous(memory_format=_CL)
+    dev = c.device
+    dc = torch.empty_like(c)
+    dz = torch.empty_like(c) if e.ops == _OPS_ADD_RELU else None
+    dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
+    dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
+    ws = _scratch(e.bwd_ws, dev)
+    d = dev.index
+    mean = saved.data_ptr()
+    st = e.backward(
+        get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
+        c.data_ptr(), e.xd, None if y is None else y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
+        None if dz is None else dz.data_ptr(), e.xd, dc.data_ptr(), e.pd, gamma.data_ptr(),
+        None if beta is None else beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(),
+        block.bn.eps, mean, mean + 4 * e.channels, e.act, ws, e.bwd_ws,
+        mean + e.stats_bytes if e.reserve else None, e.reserve)
+    if st:
+        _lib.raise_status(st, "cudnnBatchNormalizationBackwardEx", f"  x: {e.x_desc!r}")
+    geom, fmt = block.geometry[0], ctx.fmt
+    gx, gw, _ = run_backward(dc, xd, wd, fmt, geom, need_x, need_w)
+    gcb = dc.sum((0, 2, 3)) if need_cb else None
+    return (gx, gw, gcb, dgamma if need_gamma else None, dbeta if need_beta else None,
+            dz if need_z else None, None)
+
+
+def _recomputed_backward(block: _ConvBnBase, gy: Any, y: Any, inputs: tuple[Any, ...],
+                         needs: tuple[bool, ...], has_z: bool) -> tuple[Any, ...]:
     """The gradients of a block's training forward, recomputed from its inputs with PyTorch's
     differentiable operators (batch statistics; the running statistics are left alone): the
-    backward of a graph built with ``create_graph=True`` can then be differentiated again."""
-    x, w, cb, gamma, beta, z = inputs
+    backward of a graph built with ``create_graph=True`` can then be differentiated again.
+
+    The ReLU's mask is the forward's output ``y`` (as PyTorch's ReLU takes it), so z is not
+    needed: its gradient is the masked gradient."""
+    x, w, cb, gamma, beta = inputs
     c = F.conv2d(x, w, cb, *block.geometry[0])
-    y = F.batch_norm(c, None, None, gamma, beta, True, 0.0, block.bn.eps)
-    if z is not None:
-        y = y + z
-    if block.ops != _OPS_BN:
-        y = torch.relu(y)
+    yb = F.batch_norm(c, None, None, gamma, beta, True, 0.0, block.bn.eps)
+    g = gy if block.ops == _OPS_BN else torch.where(y.detach() > 0, gy, gy.new_zeros(()))
     wanted = [t for t, n in zip(inputs, needs) if n and t is not None]
-    grads = iter(torch.autograd.grad(y, wanted, gy, create_graph=True))
-    return (*(next(grads) if n and t is not None else None for t, n in zip(inputs, needs)), None)
+    grads = iter(torch.autograd.grad(yb, wanted, g, create_graph=True) if wanted else ())
+    out = [next(grads) if n and t is not None else None for t, n in zip(inputs, needs)]
+    return (*out, g if has_z and needs[5] else None, None)
 
 
 _apply = c_apply(_ConvBnFunction)
@@ -345,6 +373,8 @@ class _ConvBnBase(torch.nn.Module):
                 or not (x.is_contiguous(memory_format=_CL) or w.is_contiguous(memory_format=_CL))
                 or self.geometry[1] is not None):
             return None
+        if x.shape[0] == 1:
+            _check_values_per_channel(x, w, self.geometry[0])
         if z is not None and not z.is_contiguous(memory_format=_CL):
             z = z.contiguous(memory_format=_CL)
         try:
@@ -357,6 +387,19 @@ class _ConvBnBase(torch.nn.Module):
         if z is not None:
             y = y + z
         return torch.relu(y) if self.ops != _OPS_BN else y
+
+
+def _check_values_per_channel(x: Any, w: Any, geom: tuple[Any, ...]) -> None:
+    """nn.BatchNorm2d's refusal of one value per channel in training (the unbiased variance for
+    ``running_var`` would divide by zero), made before the convolution runs."""
+    stride, padding, dilation, _ = geom
+    size = [int(x.shape[0]), int(w.shape[0])]
+    for i in range(2):
+        size.append((int(x.shape[2 + i]) + 2 * padding[i] - dilation[i] * (int(w.shape[2 + i]) - 1)
+                     - 1) // stride[i] + 1)
+    if size[0] * size[2] * size[3] == 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size "
+                         f"{torch.Size(size)}")
 
 
 class ConvBn2d(_ConvBnBase):
