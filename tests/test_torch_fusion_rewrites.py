@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.nn.utils.prune  # noqa: E402
+from torch.nn.utils import prune  # noqa: E402
 
 import pycudnn.torch as pt  # noqa: E402
 from pycudnn.torch import training  # noqa: E402
@@ -203,7 +203,7 @@ def _hooked(where):
         elif where == "conv forward hook":
             m[0].register_forward_hook(lambda mod, inp, out: out - 1.0)
         elif where == "prune":
-            torch.nn.utils.prune.l1_unstructured(m[0], "weight", amount=0.5)
+            prune.l1_unstructured(m[0], "weight", amount=0.5)
         elif where == "weight_norm":
             torch.nn.utils.weight_norm(m[0])
         elif where == "spectral_norm":

@@ -341,7 +341,6 @@ def test_a_fused_block_gives_the_callers_device_back(fused_on_cpu):
 
 
 def test_a_fused_block_saves_neither_the_shortcut_nor_the_conv_bias(fused_on_cpu):
-    _, layouts = fused_on_cpu
     block, x, z0, z = _add_relu_inputs()
     conv, bn = block.conv, block.bn
     y = training._apply(x, conv.weight, conv.bias, bn.weight, bn.bias, z, block)

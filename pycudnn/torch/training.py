@@ -539,10 +539,13 @@ def inplace_tracer() -> Any:
         class InplaceProxy(torch.fx.Proxy):
             pass
 
+        def recorder(op: Any) -> Any:
+            def augmented(self: Any, other: Any) -> Any:
+                return self.tracer.create_proxy("call_function", op, (self, other), {})
+            return augmented
+
         for name in _AUGMENTED:
-            def augmented(self: Any, other: Any, _op: Any = getattr(operator, name)) -> Any:
-                return self.tracer.create_proxy("call_function", _op, (self, other), {})
-            setattr(InplaceProxy, f"__{name}__", augmented)
+            setattr(InplaceProxy, f"__{name}__", recorder(getattr(operator, name)))
 
         class InplaceTracer(torch.fx.Tracer):
             def proxy(self, node: Any) -> Any:
