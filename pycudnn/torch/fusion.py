@@ -43,15 +43,18 @@ def fuse_for_inference(model: Any) -> Any:
     ``torch.nn.Conv2d`` or `pycudnn.torch.Conv2d` with
     ``padding_mode="zeros"``, ``bn`` a ``torch.nn.BatchNorm2d`` with running statistics, each
     output used only by the next step; ReLU as ``nn.ReLU``, ``F.relu``, ``torch.relu`` or
-    ``.relu()``; the add as ``+``, ``+=``, ``torch.add`` or ``.add`` without ``alpha``):
+    ``.relu()``; the add as ``+``, ``torch.add`` or ``.add`` without ``alpha``, or ``y += z`` /
+    ``y.add_(z)`` into the previous step's output):
 
     * ``conv -> [bn] -> relu``: one `conv2d_bias_relu`;
     * ``conv -> [bn] -> add(other) -> relu``: one `conv2d_add_relu`
       with ``z = other`` (a ResNet block's last convolution and its shortcut);
     * ``conv -> [bn]`` otherwise: one convolution with the folded bias.
 
-    A part of the model that fx cannot trace is searched module by module instead; what matches
-    no pattern stays as it is. The result is a copy (``model`` itself when nothing matched): a
+    Left as they are: modules with forward or backward hooks (``torch.nn.utils.prune``, the old
+    ``weight_norm`` and ``spectral_norm``), the add and ReLU where a step between the
+    convolution and the ReLU may change a tensor in place, and what matches no pattern. A part
+    of the model that fx cannot trace is searched module by module instead. The result is a copy (``model`` itself when nothing matched): a
     ``torch.fx.GraphModule``, or a copy of ``model``'s own class where fx could not trace it as
     a whole; the original model is not modified and shares no parameters with it. A convolution
     module called more than once is fused separately for each call.
