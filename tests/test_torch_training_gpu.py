@@ -314,3 +314,205 @@ def test_in_place_activation_after_a_conv_bn_block():
     with torch.backends.cudnn.flags(enabled=False):
         ref(x.double()).sum().backward()
     assert rel(fused.get_submodule("0").weight.grad, ref[0].weight.grad) < 5e-2
+
+
+def _fused_ran(y):
+    return "ConvBnFunction" in type(y.grad_fn).__name__
+
+
+def _bn_reference(x, w, bn, post=None, z=None):
+    """relu([post](batch_norm(conv(x))) [+ z]) in float64 with the batch's statistics."""
+    with torch.backends.cudnn.flags(enabled=False):
+        c = F.conv2d(x.double(), w.double(), None, 1, 1)
+        y = F.batch_norm(c, None, None, bn.weight.detach().double(), bn.bias.detach().double(),
+                         True, 0.0, bn.eps)
+        y = post(y) if post else y
+        return torch.relu(y if z is None else y + z.double())
+
+
+def test_a_forward_hook_on_a_batch_norm_keeps_its_chain_unfused():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+    m = m.to(DEV, torch.bfloat16, memory_format=CL)
+    m[1].register_forward_hook(lambda mod, inp, out: out * 0.5 + 1.0)
+    fused = pt.fuse_for_training(m)
+    x = torch.randn(8, 16, 12, 12, device=DEV, dtype=torch.bfloat16).to(memory_format=CL)
+    y = fused(x)
+    assert not _fused_ran(y)
+    assert rel(y, _bn_reference(x, m[0].weight, m[1], post=lambda t: t * 0.5 + 1.0)) < 2e-2
+
+
+def test_a_hook_added_after_fusion_makes_the_block_run_the_modules():
+    torch.manual_seed(0)
+    model = Chain(16, 16, "relu").to(DEV, torch.bfloat16, memory_format=CL)
+    fused = pt.fuse_for_training(model)
+    x = torch.randn(8, 16, 12, 12, device=DEV, dtype=torch.bfloat16).to(memory_format=CL)
+    assert _fused_ran(fused(x))
+    handle = model.bn.register_forward_hook(lambda mod, inp, out: out - 2.0)
+    y = fused(x)
+    assert not _fused_ran(y)
+    assert rel(y, _bn_reference(x, model.conv.weight, model.bn, post=lambda t: t - 2.0)) < 2e-2
+    handle.remove()
+    assert _fused_ran(fused(x))
+
+
+def test_a_pruned_convolution_follows_its_weight_over_two_steps():
+    """prune's forward pre-hook recomputes conv.weight from weight_orig each call: the chain
+    stays unfused, so the second step sees the changed weight_orig and its backward runs.
+    (The pruning is applied before channels_last: PyTorch's l1_unstructured itself raises
+    "view size is not compatible" on a channels-last weight, with or without pycudnn.)"""
+    from torch.nn.utils import prune
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+    prune.l1_unstructured(m[0], "weight", amount=0.5)
+    m = m.to(DEV, torch.bfloat16, memory_format=CL)
+    fused = pt.fuse_for_training(m)
+    x = torch.randn(8, 16, 12, 12, device=DEV, dtype=torch.bfloat16).to(memory_format=CL)
+    fused(x).float().square().mean().backward()
+    with torch.no_grad():
+        m[0].weight_orig.mul_(-1.0)  # what an optimizer step does: the pruned weight follows
+    y = fused(x)
+    assert not _fused_ran(y)
+    want = _bn_reference(x, (m[0].weight_orig * m[0].weight_mask).detach(), m[1])
+    assert rel(y, want) < 2e-2
+    y.float().square().mean().backward()
+
+
+def test_one_value_per_channel_raises_and_leaves_the_running_statistics():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(8, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+    m = m.to(DEV, torch.float16, memory_format=CL)
+    fused = pt.fuse_for_training(m)
+    x = torch.randn(1, 8, 3, 3, device=DEV, dtype=torch.float16).contiguous(memory_format=CL)
+    bn = m[1]
+    before = [t.clone() for t in (bn.running_mean, bn.running_var, bn.num_batches_tracked)]
+    ref = nn.Sequential(nn.Conv2d(8, 8, 3, bias=False), nn.BatchNorm2d(8)).double()
+    with pytest.raises(ValueError) as want:
+        ref(x.cpu().double())
+    with pytest.raises(ValueError) as got:
+        fused(x)
+    assert str(got.value) == str(want.value)
+    torch.cuda.synchronize()
+    for a, b in zip((bn.running_mean, bn.running_var, bn.num_batches_tracked), before):
+        assert torch.equal(a, b)
+
+
+def test_the_shortcut_changed_in_place_after_the_block_trains():
+    """relu(bn(conv(x)) + z), then z.mul_(0.5) before backward (legal unfused): the fused
+    block's gradients against the unfused block in float64 on the CPU."""
+    torch.manual_seed(0)
+    model = Chain(16, 16, "add_relu")
+    ref = copy.deepcopy(model).double()
+    x64 = torch.randn(4, 16, 8, 8, dtype=torch.float64)
+    z64 = torch.randn(4, 16, 8, 8, dtype=torch.float64, requires_grad=True)
+    x64r = x64.clone().requires_grad_()
+    z = z64 * 1.0
+    y = ref(x64r, z)
+    z.mul_(0.5)
+    y.sum().backward()
+
+    fused = pt.fuse_for_training(copy.deepcopy(model).to(DEV, torch.bfloat16, memory_format=CL))
+    x = x64.to(DEV, torch.bfloat16).contiguous(memory_format=CL).requires_grad_()
+    z0 = z64.detach().to(DEV, torch.bfloat16).contiguous(memory_format=CL).requires_grad_()
+    zz = z0 * 1.0
+    y = fused(x, zz)
+    assert _fused_ran(y)
+    zz.mul_(0.5)
+    y.float().sum().backward()
+    block = next(m for m in fused.modules() if isinstance(m, pt.training._BLOCKS))
+    assert rel(x.grad, x64r.grad) < 5e-2
+    assert rel(z0.grad, z64.grad) < 5e-2
+    assert rel(block.conv.weight.grad, ref.conv.weight.grad) < 5e-2
+
+
+@pytest.mark.parametrize("kind", ["bn", "relu", "add_relu"])
+def test_the_conv_bias_and_shift_changed_before_backward(kind):
+    """The convolution's bias (and, for ConvBn2d, the batch norm's shift, which cuDNN's
+    backward reads only with a ReLU) changed in place between forward and backward, as an
+    optimizer step on another loss does: the gradients are the unfused block's in float64."""
+    torch.manual_seed(0)
+    model = randomize_batchnorm(Chain(16, 16, kind)).to(DEV)
+    model.conv.bias = nn.Parameter(torch.randn(16, device=DEV))
+    x = torch.randn(4, 16, 8, 8, device=DEV).to(memory_format=CL)
+    args = [x] + ([torch.randn(4, 16, 8, 8, device=DEV).to(memory_format=CL)]
+                  if kind == "add_relu" else [])
+    _, g64, _, g = _reference(model, torch.float64, args)
+    fused = pt.fuse_for_training(copy.deepcopy(model).to(torch.bfloat16, memory_format=CL))
+    block = next(m for m in fused.modules() if isinstance(m, pt.training._BLOCKS))
+    ins = [a.detach().to(torch.bfloat16).requires_grad_() for a in args]
+    y = fused(*ins)
+    assert _fused_ran(y)
+    with torch.no_grad():
+        block.conv.bias.add_(1.0)
+        if kind == "bn":
+            block.bn.bias.add_(1.0)
+    y.backward(g.to(torch.bfloat16))
+    assert rel(ins[0].grad, g64[0]) < 5e-2
+    assert rel(block.conv.weight.grad, g64[-3]) < 5e-2
+    assert rel(block.bn.bias.grad, g64[-1]) < 5e-2
+
+
+def test_double_backward_through_an_add_relu_block_with_the_shortcut_changed():
+    """A gradient penalty through ConvBnAddReLU2d (create_graph=True), z changed in place after
+    the forward: within 3x PyTorch's own bfloat16 distance from float64."""
+    torch.manual_seed(0)
+    model = Chain(8, 8, "add_relu").to(DEV)
+    x0 = torch.randn(4, 8, 6, 6, device=DEV).to(memory_format=CL)
+    z0 = torch.randn(4, 8, 6, 6, device=DEV).to(memory_format=CL)
+
+    def penalty_grad(dtype, fused):
+        m = copy.deepcopy(model).to(dtype, memory_format=CL)
+        if fused:
+            m = pt.fuse_for_training(m)
+        x = x0.to(dtype).requires_grad_()
+        z = z0.to(dtype).requires_grad_()
+        zz = z * 1.0
+        with torch.backends.cudnn.flags(enabled=dtype is not torch.float64):
+            y = m(x, zz)
+            if fused:
+                assert _fused_ran(y)
+            zz.mul_(0.5)
+            gx, gz = torch.autograd.grad(y.float().pow(2).sum(), (x, z), create_graph=True)
+            (gx.float().pow(2).sum() + gz.float().pow(2).sum()).backward()
+        return next(mod for mod in m.modules() if isinstance(mod, nn.Conv2d)).weight.grad
+
+    ref = penalty_grad(torch.float64, False)
+    torch_err = rel(penalty_grad(torch.bfloat16, False), ref)
+    assert rel(penalty_grad(torch.bfloat16, True), ref) <= max(3 * torch_err, 2e-2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_block_on_the_second_gpu_leaves_the_callers_device_current():
+    torch.manual_seed(0)
+    torch.cuda.set_device(0)
+    model = Chain(16, 16, "relu").to("cuda:1", torch.bfloat16, memory_format=CL)
+    fused = pt.fuse_for_training(model)
+    x = torch.randn(8, 16, 12, 12, device="cuda:1", dtype=torch.bfloat16)
+    x = x.contiguous(memory_format=CL).requires_grad_()
+    y = fused(x)
+    assert _fused_ran(y) and torch.cuda.current_device() == 0
+    y.float().sum().backward()
+    assert torch.cuda.current_device() == 0
+
+
+def test_an_in_place_add_into_the_batch_norm_output_runs_fused():
+    class AddInto(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+            self.bn = nn.BatchNorm2d(16)
+
+        def forward(self, x, z):
+            y = self.bn(self.conv(x))
+            y += z
+            return torch.relu(y)
+
+    torch.manual_seed(0)
+    model = AddInto().to(DEV)
+    x = torch.randn(4, 16, 8, 8, device=DEV).to(memory_format=CL)
+    z = torch.randn(4, 16, 8, 8, device=DEV).to(memory_format=CL)
+    fused = pt.fuse_for_training(copy.deepcopy(model).to(torch.bfloat16, memory_format=CL))
+    y = fused(x.to(torch.bfloat16), z.to(torch.bfloat16))
+    assert _fused_ran(y)
+    assert rel(y, _bn_reference(x, model.conv.weight, model.bn, z=z)) < 2e-2

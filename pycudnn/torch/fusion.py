@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from .modules import CONVERSIONS, Conv2d, FusedConv2d
-from .training import is_add, is_relu
+from .modules import CONVERSIONS, Conv2d, FusedConv2d, log
+from .training import add_fusable, has_hooks, inplace_tracer, is_add, is_relu, mutation_between
 
 
 # ---- inference fusion -----------------------------------------------------------------------------
@@ -43,15 +43,18 @@ def fuse_for_inference(model: Any) -> Any:
     ``torch.nn.Conv2d`` or `pycudnn.torch.Conv2d` with
     ``padding_mode="zeros"``, ``bn`` a ``torch.nn.BatchNorm2d`` with running statistics, each
     output used only by the next step; ReLU as ``nn.ReLU``, ``F.relu``, ``torch.relu`` or
-    ``.relu()``; the add as ``+``, ``+=``, ``torch.add`` or ``.add`` without ``alpha``):
+    ``.relu()``; the add as ``+``, ``torch.add`` or ``.add`` without ``alpha``, or ``y += z`` /
+    ``y.add_(z)`` into the previous step's output):
 
     * ``conv -> [bn] -> relu``: one `conv2d_bias_relu`;
     * ``conv -> [bn] -> add(other) -> relu``: one `conv2d_add_relu`
       with ``z = other`` (a ResNet block's last convolution and its shortcut);
     * ``conv -> [bn]`` otherwise: one convolution with the folded bias.
 
-    A part of the model that fx cannot trace is searched module by module instead; what matches
-    no pattern stays as it is. The result is a copy (``model`` itself when nothing matched): a
+    Left as they are: modules with forward or backward hooks (``torch.nn.utils.prune``, the old
+    ``weight_norm`` and ``spectral_norm``), the add and ReLU where a step between the
+    convolution and the ReLU may change a tensor in place, and what matches no pattern. A part
+    of the model that fx cannot trace is searched module by module instead. The result is a copy (``model`` itself when nothing matched): a
     ``torch.fx.GraphModule``, or a copy of ``model``'s own class where fx could not trace it as
     a whole; the original model is not modified and shares no parameters with it. A convolution
     module called more than once is fused separately for each call.
@@ -78,8 +81,8 @@ def _fuse(module: Any) -> Any | None:
     children where fx cannot trace it; None where nothing matched."""
     import torch.fx
 
-    class Tracer(torch.fx.Tracer):
-        """fx's tracer, with pycudnn's modules as leaves (like torch.nn's own): tracing into
+    class Tracer(inplace_tracer()):  # type: ignore[misc]
+        """fx's tracer (in-place operators kept), with pycudnn's modules as leaves (like torch.nn's own): tracing into
         ``Conv2d._conv_forward`` would stop at its device test."""
 
         def is_leaf_module(self, m: Any, qualname: str) -> bool:
@@ -119,25 +122,39 @@ def _rewrite(gm: Any) -> bool:
             continue
         if len(node.args) != 1 or node.kwargs:
             continue
+        if has_hooks(conv):
+            log.debug("fuse_for_inference: %s not fused: it has hooks", node.target)
+            continue
         weight, bias = conv.weight.detach(), None if conv.bias is None else conv.bias.detach()
         tail = node
         users = _users(node)
         if (len(users) == 1 and users[0].op == "call_module"
                 and type(modules.get(users[0].target)) is torch.nn.BatchNorm2d
-                and modules[users[0].target].running_mean is not None):
-            weight, bias = fold_batchnorm(conv, modules[users[0].target])
-            tail = users[0]
+                and modules[users[0].target].running_mean is not None
+                and not mutation_between(node, users[0], (node, users[0]), modules)):
+            if has_hooks(modules[users[0].target]):
+                log.debug("fuse_for_inference: %s not folded: it has hooks", users[0].target)
+            else:
+                weight, bias = fold_batchnorm(conv, modules[users[0].target])
+                tail = users[0]
         users = _users(tail)
         relu_node = add_node = z = None
         if len(users) == 1 and is_relu(users[0], modules):
             relu_node = users[0]
-        elif len(users) == 1 and is_add(users[0]):
+        elif len(users) == 1 and is_add(users[0]) and add_fusable(users[0], tail):
             add = users[0]
             other = add.args[1] if add.args[0] is tail else add.args[0]
             after = _users(add)
             if (isinstance(other, torch.fx.Node) and other is not tail and len(after) == 1
                     and is_relu(after[0], modules)):
                 add_node, relu_node, z = add, after[0], other
+        # the ReLU (and the add) stay where the ReLU module has hooks, or where a step between
+        # the convolution and the ReLU may change a tensor in place (the fused call runs at the
+        # ReLU's place)
+        if relu_node is not None and (
+                (relu_node.op == "call_module" and has_hooks(modules[relu_node.target]))
+                or mutation_between(node, relu_node, (node, tail, add_node, relu_node), modules)):
+            relu_node = add_node = z = None
         if tail is node and relu_node is None:
             continue  # a lone convolution: nothing to fuse
         fused = FusedConv2d(weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups,

@@ -18,14 +18,17 @@ input, channels-last, channel count a multiple of 4, float32 scale, shift and st
 block whose call does not fit (float32 input, NCHW, eval mode with gradients, ``torch.func``,
 ...) runs the original modules one after another, exactly as the model did.
 
-The blocks own no parameters: they hold the model's own ``Conv2d`` and ``BatchNorm2d``, which stay
-registered where they were, so ``state_dict`` keys, an optimizer made for the parameters, hooks
-on the parameters and ``.to()`` all keep working. `revert` (``pycudnn.torch.revert``) turns the
-blocks back into the plain calls.
+The model is fused in place: its class becomes a subclass whose ``forward`` is the rewritten
+graph's code, and the blocks, which own no parameters, sit beside the convolutions they replace,
+so ``state_dict`` keys, an optimizer made for the parameters and ``.to()`` all keep working.
+`revert` (``pycudnn.torch.revert``) turns the blocks back into the plain calls.
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
+import logging
 import operator
 import threading
 from ctypes import byref, c_size_t
@@ -39,7 +42,9 @@ from pycudnn.cudnn.tensor_ops import relu_descriptor, scalar_pointers
 from pycudnn.errors import CudnnBadParamError, CudnnNotSupportedError
 from pycudnn.ffi import library as _lib
 from pycudnn.runtime.handle import get_handle
+from pycudnn.runtime.memory import callers_device, restore_device
 
+from . import calls as _calls
 from .calls import (autocast_dtype, autocast_enabled, c_apply, geometry, grad_enabled,
                     pytorch_only, run_backward, run_forward)
 from .library import compiler, dynamo_compiling
@@ -52,6 +57,7 @@ _HALF = (torch.float16, torch.bfloat16)
 _CL = torch.channels_last
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+log = logging.getLogger("pycudnn")
 
 
 def _stream(device: int) -> int:
@@ -171,103 +177,129 @@ class _ConvBnFunction(torch.autograd.Function):
     def forward(ctx: Any, x: Any, w: Any, cb: Any, gamma: Any, beta: Any, z: Any,
                 block: _ConvBnBase) -> Any:
         c, xd, wd, fmt, _ = run_forward("conv", x, w, cb, None, 1.0, block.geometry[0])
-        ops = block.ops
-        e = _layout(c, ops)
-        if e is None or not c.is_contiguous(memory_format=_CL) or (
-                z is not None and (z.stride() != c.stride() or z.shape != c.shape)):
-            raise _Unfusable
-        bn = block.bn
-        dev = c.device
-        y = torch.empty_like(c)
-        saved = torch.empty(e.saved_bytes, dtype=torch.uint8, device=dev)
-        mean = saved.data_ptr()
-        ws = _scratch(e.fwd_ws, dev)
-        buffers = bn._buffers  # (nn.Module.__getattr__ costs a microsecond a name)
-        rm: Any = buffers["running_mean"]
-        rv: Any = buffers["running_var"]
-        nbt: Any = buffers["num_batches_tracked"]
-        factor = 0.0
-        if bn.track_running_stats and rm is not None:
-            # nn.BatchNorm2d's rule; momentum=None is the cumulative average (reads the count)
-            factor = bn.momentum if bn.momentum is not None else 1.0 / (float(nbt) + 1.0)
-        else:
-            rm = rv = nbt = None
-        d = dev.index
-        st = e.forward(
-            get_handle(d, _stream(d)), _PERSISTENT, ops, e.one, e.zero, e.xd, c.data_ptr(), e.xd,
-            None if z is None else z.data_ptr(), e.xd, y.data_ptr(), e.pd, gamma.data_ptr(),
-            beta.data_ptr(), factor, None if rm is None else rm.data_ptr(),
-            None if rv is None else rv.data_ptr(), bn.eps, mean, mean + 4 * e.channels, e.act, ws,
-            e.fwd_ws, mean + e.stats_bytes if e.reserve else None, e.reserve)
-        if st:
-            try:
-                _lib.raise_status(st, "cudnnBatchNormalizationForwardTrainingEx",
-                                  f"  x: {e.x_desc!r}")
-            except (CudnnNotSupportedError, CudnnBadParamError):
-                _refused(c, ops)  # refused before running: nothing was written
-                raise _Unfusable from None
-        if nbt is not None:
-            nbt.add_(1)
-        # y only where the backward kernel reads it (the ReLU's mask): a plain batch norm's
-        # output may be changed in place afterwards (an in-place activation), as PyTorch allows;
-        # the dense input and weight the convolution read only where they are copies
-        dense = xd is not x or wd is not w
-        ctx.save_for_backward(c, y if ops != _OPS_BN else None, saved, gamma, beta, x, w, cb, z,
-                              xd if dense else None, wd if dense else None)
-        ctx.e, ctx.fmt, ctx.block = e, fmt, block
-        return y
+        # get_handle makes the tensors' device current: give the caller's back, as every other
+        # entry point does (read after run_forward, which notes how many devices there are)
+        prev = callers_device() if _calls._multi_gpu else None
+        try:
+            return _forward(ctx, c, xd, wd, fmt, x, w, cb, gamma, beta, z, block)
+        finally:
+            restore_device(prev)
 
     @staticmethod
     def backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
-        c, y, saved, gamma, beta, x, w, cb, z, xd, wd = ctx.saved_tensors
-        block, e = ctx.block, ctx.e
-        need_x, need_w, need_cb, need_gamma, need_beta, need_z, _ = ctx.needs_input_grad
-        if grad_enabled():  # create_graph=True: through PyTorch's differentiable operators
-            return _recomputed_backward(block, gy, (x, w, cb, gamma, beta, z),
-                                        ctx.needs_input_grad)
-        if xd is None:
-            xd, wd = x, w
-        if not gy.is_contiguous(memory_format=_CL) or gy.stride() != c.stride():
-            gy = gy.contiguous(memory_format=_CL)
-        dev = c.device
-        dc = torch.empty_like(c)
-        dz = torch.empty_like(c) if e.ops == _OPS_ADD_RELU else None
-        dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
-        dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
-        ws = _scratch(e.bwd_ws, dev)
-        d = dev.index
-        mean = saved.data_ptr()
-        st = e.backward(
-            get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
-            c.data_ptr(), e.xd, None if y is None else y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
-            None if dz is None else dz.data_ptr(), e.xd, dc.data_ptr(), e.pd, gamma.data_ptr(),
-            beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), block.bn.eps, mean,
-            mean + 4 * e.channels, e.act, ws, e.bwd_ws, mean + e.stats_bytes if e.reserve else None,
-            e.reserve)
-        if st:
-            _lib.raise_status(st, "cudnnBatchNormalizationBackwardEx", f"  x: {e.x_desc!r}")
-        geom, fmt = block.geometry[0], ctx.fmt
-        gx, gw, _ = run_backward(dc, xd, wd, fmt, geom, need_x, need_w)
-        gcb = dc.sum((0, 2, 3)) if need_cb else None
-        return (gx, gw, gcb, dgamma if need_gamma else None, dbeta if need_beta else None,
-                dz if need_z else None, None)
+        prev = callers_device() if _calls._multi_gpu else None
+        try:
+            return _backward(ctx, gy)
+        finally:
+            restore_device(prev)
 
 
-def _recomputed_backward(block: _ConvBnBase, gy: Any, inputs: tuple[Any, ...],
-                         needs: tuple[bool, ...]) -> tuple[Any, ...]:
+def _forward(ctx: Any, c: Any, xd: Any, wd: Any, fmt: Any, x: Any, w: Any, cb: Any, gamma: Any,
+             beta: Any, z: Any, block: _ConvBnBase) -> Any:
+    ops = block.ops
+    e = _layout(c, ops)
+    if e is None or not c.is_contiguous(memory_format=_CL) or (
+            z is not None and (z.stride() != c.stride() or z.shape != c.shape)):
+        raise _Unfusable
+    bn = block.bn
+    dev = c.device
+    y = torch.empty_like(c)
+    saved = torch.empty(e.saved_bytes, dtype=torch.uint8, device=dev)
+    mean = saved.data_ptr()
+    ws = _scratch(e.fwd_ws, dev)
+    buffers = bn._buffers  # (nn.Module.__getattr__ costs a microsecond a name)
+    rm: Any = buffers["running_mean"]
+    rv: Any = buffers["running_var"]
+    nbt: Any = buffers["num_batches_tracked"]
+    factor = 0.0
+    if bn.track_running_stats and rm is not None:
+        # nn.BatchNorm2d's rule; momentum=None is the cumulative average (reads the count)
+        factor = bn.momentum if bn.momentum is not None else 1.0 / (float(nbt) + 1.0)
+    else:
+        rm = rv = nbt = None
+    d = dev.index
+    st = e.forward(
+        get_handle(d, _stream(d)), _PERSISTENT, ops, e.one, e.zero, e.xd, c.data_ptr(), e.xd,
+        None if z is None else z.data_ptr(), e.xd, y.data_ptr(), e.pd, gamma.data_ptr(),
+        beta.data_ptr(), factor, None if rm is None else rm.data_ptr(),
+        None if rv is None else rv.data_ptr(), bn.eps, mean, mean + 4 * e.channels, e.act, ws,
+        e.fwd_ws, mean + e.stats_bytes if e.reserve else None, e.reserve)
+    if st:
+        try:
+            _lib.raise_status(st, "cudnnBatchNormalizationForwardTrainingEx",
+                              f"  x: {e.x_desc!r}")
+        except (CudnnNotSupportedError, CudnnBadParamError):
+            _refused(c, ops)  # refused before running: nothing was written
+            raise _Unfusable from None
+    if nbt is not None:
+        nbt.add_(1)
+    # saved only what the backward reads, as PyTorch's unfused operators do, so that an input
+    # changed in place after the block breaks no backward the unfused model runs: y only for
+    # the ReLU's mask (a plain batch norm's output may be changed by an in-place activation);
+    # the shift only where cuDNN's activation backward reads it; never z (its gradient is the
+    # masked gradient) nor the convolution's bias (the batch norm takes its mean away); the
+    # dense input and weight the convolution read only where they are copies
+    relu = ops != _OPS_BN
+    dense = xd is not x or wd is not w
+    ctx.save_for_backward(c, y if relu else None, saved, gamma, beta if relu else None, x, w,
+                          xd if dense else None, wd if dense else None)
+    # for the differentiable recomputation only, where their values do not change a gradient
+    ctx.cb, ctx.beta, ctx.has_z = cb, beta, z is not None
+    ctx.e, ctx.fmt, ctx.block = e, fmt, block
+    return y
+
+
+def _backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
+    c, y, saved, gamma, beta, x, w, xd, wd = ctx.saved_tensors
+    block, e = ctx.block, ctx.e
+    need_x, need_w, need_cb, need_gamma, need_beta, need_z, _ = ctx.needs_input_grad
+    if grad_enabled():  # create_graph=True: through PyTorch's differentiable operators
+        return _recomputed_backward(block, gy, y, (x, w, ctx.cb, gamma, ctx.beta),
+                                    ctx.needs_input_grad, ctx.has_z)
+    if xd is None:
+        xd, wd = x, w
+    if not gy.is_contiguous(memory_format=_CL) or gy.stride() != c.stride():
+        gy = gy.contiguous(memory_format=_CL)
+    dev = c.device
+    dc = torch.empty_like(c)
+    dz = torch.empty_like(c) if e.ops == _OPS_ADD_RELU else None
+    dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
+    dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
+    ws = _scratch(e.bwd_ws, dev)
+    d = dev.index
+    mean = saved.data_ptr()
+    st = e.backward(
+        get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
+        c.data_ptr(), e.xd, None if y is None else y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
+        None if dz is None else dz.data_ptr(), e.xd, dc.data_ptr(), e.pd, gamma.data_ptr(),
+        None if beta is None else beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(),
+        block.bn.eps, mean, mean + 4 * e.channels, e.act, ws, e.bwd_ws,
+        mean + e.stats_bytes if e.reserve else None, e.reserve)
+    if st:
+        _lib.raise_status(st, "cudnnBatchNormalizationBackwardEx", f"  x: {e.x_desc!r}")
+    geom, fmt = block.geometry[0], ctx.fmt
+    gx, gw, _ = run_backward(dc, xd, wd, fmt, geom, need_x, need_w)
+    gcb = dc.sum((0, 2, 3)) if need_cb else None
+    return (gx, gw, gcb, dgamma if need_gamma else None, dbeta if need_beta else None,
+            dz if need_z else None, None)
+
+
+def _recomputed_backward(block: _ConvBnBase, gy: Any, y: Any, inputs: tuple[Any, ...],
+                         needs: tuple[bool, ...], has_z: bool) -> tuple[Any, ...]:
     """The gradients of a block's training forward, recomputed from its inputs with PyTorch's
     differentiable operators (batch statistics; the running statistics are left alone): the
-    backward of a graph built with ``create_graph=True`` can then be differentiated again."""
-    x, w, cb, gamma, beta, z = inputs
+    backward of a graph built with ``create_graph=True`` can then be differentiated again.
+
+    The ReLU's mask is the forward's output ``y`` (as PyTorch's ReLU takes it), so z is not
+    needed: its gradient is the masked gradient."""
+    x, w, cb, gamma, beta = inputs
     c = F.conv2d(x, w, cb, *block.geometry[0])
-    y = F.batch_norm(c, None, None, gamma, beta, True, 0.0, block.bn.eps)
-    if z is not None:
-        y = y + z
-    if block.ops != _OPS_BN:
-        y = torch.relu(y)
+    yb = F.batch_norm(c, None, None, gamma, beta, True, 0.0, block.bn.eps)
+    g = gy if block.ops == _OPS_BN else torch.where(y.detach() > 0, gy, gy.new_zeros(()))
     wanted = [t for t, n in zip(inputs, needs) if n and t is not None]
-    grads = iter(torch.autograd.grad(y, wanted, gy, create_graph=True))
-    return (*(next(grads) if n and t is not None else None for t, n in zip(inputs, needs)), None)
+    grads = iter(torch.autograd.grad(yb, wanted, g, create_graph=True) if wanted else ())
+    out = [next(grads) if n and t is not None else None for t, n in zip(inputs, needs)]
+    return (*out, g if has_z and needs[5] else None, None)
 
 
 _apply = c_apply(_ConvBnFunction)
@@ -318,8 +350,9 @@ class _ConvBnBase(torch.nn.Module):
     def _fused(self, x: Any, z: Any) -> Any:
         """The fused call, or None where this call does not fit cuDNN's fused kernels."""
         bn, conv = self.bn, self.conv
-        if not (bn.training and x.is_cuda) or pytorch_only():
-            return None
+        if not (bn.training and x.is_cuda) or pytorch_only() or has_hooks(conv) \
+                or has_hooks(bn):
+            return None  # hooks (prune, weight_norm, ...) run where the modules are called
         if dynamo_compiling() or compiler._is_compiling_flag:
             # traced (torch.compile, torch.export): the original modules, which the compiler
             # sees through (the converted convolutions included) and fuses by itself
@@ -340,6 +373,8 @@ class _ConvBnBase(torch.nn.Module):
                 or not (x.is_contiguous(memory_format=_CL) or w.is_contiguous(memory_format=_CL))
                 or self.geometry[1] is not None):
             return None
+        if x.shape[0] == 1:
+            _check_values_per_channel(x, w, self.geometry[0])
         if z is not None and not z.is_contiguous(memory_format=_CL):
             z = z.contiguous(memory_format=_CL)
         try:
@@ -352,6 +387,19 @@ class _ConvBnBase(torch.nn.Module):
         if z is not None:
             y = y + z
         return torch.relu(y) if self.ops != _OPS_BN else y
+
+
+def _check_values_per_channel(x: Any, w: Any, geom: tuple[Any, ...]) -> None:
+    """nn.BatchNorm2d's refusal of one value per channel in training (the unbiased variance for
+    ``running_var`` would divide by zero), made before the convolution runs."""
+    stride, padding, dilation, _ = geom
+    size = [int(x.shape[0]), int(w.shape[0])]
+    for i in range(2):
+        size.append((int(x.shape[2 + i]) + 2 * padding[i] - dilation[i] * (int(w.shape[2 + i]) - 1)
+                     - 1) // stride[i] + 1)
+    if size[0] * size[2] * size[3] == 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size "
+                         f"{torch.Size(size)}")
 
 
 class ConvBn2d(_ConvBnBase):
@@ -414,10 +462,101 @@ def is_add(node: Any) -> bool:
             and not node.kwargs)
 
 
-def _tracer() -> Any:
-    import torch.fx
+def add_fusable(add: Any, first: Any) -> bool:
+    """Whether add node ``add`` (`is_add`) can become part of a fused block whose chain ends in
+    ``first``: an out-of-place add, or an in-place one into ``first`` itself (``y += z``, whose
+    result nothing else holds). ``z += y`` changes z, which the fused block would not."""
+    inplace = add.target is operator.iadd or (add.op == "call_method" and add.target == "add_")
+    return not inplace or add.args[0] is first
 
-    class Tracer(torch.fx.Tracer):
+
+_INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                      operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul,
+                      operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                      operator.irshift, operator.iconcat, operator.setitem, operator.delitem}
+
+
+def may_mutate(node: Any, modules: dict[str, Any]) -> bool:
+    """Whether fx ``node`` may change a tensor in place (fx does not track mutation, so this
+    errs on the safe side): a method or function whose name ends in ``_``, an ``operator.i*``
+    or item assignment, ``out=``, ``inplace=True``, or a module with ``inplace=True``."""
+    target = node.target
+    if node.op == "call_method":
+        return (target.endswith("_") and not target.endswith("__")) or (
+            target.startswith("__i") and target.endswith("__")) or target in (
+                "__setitem__", "__delitem__")
+    if node.op == "call_module":
+        return getattr(modules.get(target), "inplace", False) is True
+    if node.op != "call_function":
+        return False
+    if target in _INPLACE_OPERATORS or "out" in node.kwargs or node.kwargs.get("inplace"):
+        return True
+    name = getattr(target, "__name__", "")
+    if name.endswith("_") and not name.endswith("__"):
+        return True
+    try:
+        bound = inspect.signature(target).bind(*node.args, **node.kwargs)
+    except (TypeError, ValueError):  # a builtin without a signature, arguments it refuses
+        return False
+    return bound.arguments.get("inplace") is True
+
+
+def mutation_between(first: Any, last: Any, chain: tuple[Any, ...],
+                     modules: dict[str, Any]) -> Any:
+    """The first node strictly between ``first`` and ``last`` (graph order), not in ``chain``,
+    that may change a tensor in place, or None. A fused block runs at ``last``'s position: an
+    in-place change of its input or shortcut in between would be seen by it."""
+    node = first.next
+    while node is not last and node.op != "root":
+        if node not in chain and may_mutate(node, modules):
+            return node
+        node = node.next
+    return None
+
+
+def has_hooks(module: Any) -> bool:
+    """Whether ``module`` has forward, forward pre- or backward hooks (torch.nn.utils.prune and
+    the old weight_norm / spectral_norm are forward pre-hooks): a fused block calls no module, so
+    these modules must run as they are."""
+    d = module.__dict__
+    return bool(d.get("_forward_hooks") or d.get("_forward_pre_hooks")
+                or d.get("_backward_hooks") or d.get("_backward_pre_hooks"))
+
+
+_AUGMENTED = ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "iand",
+              "ior", "ixor", "ilshift", "irshift")
+_inplace_tracer: Any = None
+
+
+def inplace_tracer() -> Any:
+    """A ``torch.fx.Tracer`` class whose proxies record ``z += y`` (and the other augmented
+    assignments) as the in-place operator: fx's own proxies record ``z + y``, and an alias of
+    ``z`` would then not see the change (both fusion passes trace with it)."""
+    global _inplace_tracer
+    if _inplace_tracer is None:
+        import torch.fx
+
+        class InplaceProxy(torch.fx.Proxy):
+            pass
+
+        def recorder(op: Any) -> Any:
+            def augmented(self: Any, other: Any) -> Any:
+                return self.tracer.create_proxy("call_function", op, (self, other), {})
+            return augmented
+
+        for name in _AUGMENTED:
+            setattr(InplaceProxy, f"__{name}__", recorder(getattr(operator, name)))
+
+        class InplaceTracer(torch.fx.Tracer):
+            def proxy(self, node: Any) -> Any:
+                return InplaceProxy(node, self)
+
+        _inplace_tracer = InplaceTracer
+    return _inplace_tracer
+
+
+def _tracer() -> Any:
+    class Tracer(inplace_tracer()):  # type: ignore[misc]
         """fx's tracer with pycudnn's modules as leaves (like torch.nn's own)."""
 
         def is_leaf_module(self, m: Any, qualname: str) -> bool:
@@ -435,13 +574,43 @@ def _half_batchnorm_to_float32(bn: torch.nn.BatchNorm2d) -> None:
             t.data = t.data.float()
 
 
-def _rewrite(gm: Any) -> int:
-    """Fuse the chains of ``gm``'s graph in place; the number of blocks made."""
+def _target(root: Any, target: str) -> Any:
+    try:
+        return root.get_submodule(target)
+    except AttributeError:
+        return None
+
+
+def _free_name(root: Any, base: str, taken: set[str]) -> str:
+    """``base`` (or ``base2``, ...) where no attribute of its parent module is: a block of an
+    earlier fusion that the graph does not call (``taken``: what it calls and the blocks made
+    now), as in a model pickled unfused, gives its name back."""
+    name, again = base, 1
+    while True:
+        prefix, _, leaf = name.rpartition(".")
+        parent = root.get_submodule(prefix) if prefix else root
+        held = parent._modules.get(leaf)
+        if name not in taken and (isinstance(held, _ConvBnBase)
+                                 or (held is None and not hasattr(parent, leaf))):
+            return name
+        again += 1
+        name = f"{base}{again}"
+
+
+def _register(module: Any, name: str, block: Any) -> None:
+    prefix, _, leaf = name.rpartition(".")
+    (module.get_submodule(prefix) if prefix else module).add_module(leaf, block)
+
+
+def _rewrite(gm: Any, root: Any) -> int:
+    """Fuse the chains of ``gm``'s graph in place, ``gm`` traced from ``root`` (``gm`` itself for
+    a GraphModule), registering the blocks in both; the number of blocks made."""
     import torch.fx
 
-    modules = dict(gm.named_modules())
+    modules = {name: m for name, m in root.named_modules(remove_duplicate=False)}
     graph = gm.graph
-    made = 0
+    made: set[str] = set()
+    taken = {n.target for n in graph.nodes if n.op == "call_module"}
     for node in list(graph.nodes):
         if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
             continue
@@ -457,30 +626,45 @@ def _rewrite(gm: Any) -> int:
         if type(bn) is not torch.nn.BatchNorm2d or not bn.affine \
                 or bn.num_features != conv.out_channels or len(bn_node.args) != 1:
             continue
+        if has_hooks(conv) or has_hooks(bn):
+            log.debug("fuse_for_training: %s -> %s not fused: the modules have hooks",
+                      node.target, bn_node.target)
+            continue
         after = list(bn_node.users)
         relu_node = add_node = z = None
-        cls: type[_ConvBnBase]
+        cls: type[_ConvBnBase] = ConvBn2d
         if len(after) == 1 and is_relu(after[0], modules):
             relu_node, cls = after[0], ConvBnReLU2d
-        elif len(after) == 1 and is_add(after[0]):
+        elif len(after) == 1 and is_add(after[0]) and add_fusable(after[0], bn_node):
             add = after[0]
             other = add.args[1] if add.args[0] is bn_node else add.args[0]
             then = list(add.users)
             if (isinstance(other, torch.fx.Node) and other is not bn_node and len(then) == 1
                     and is_relu(then[0], modules)):
                 add_node, relu_node, z, cls = add, then[0], other, ConvBnAddReLU2d
-            else:
-                cls = ConvBn2d
-        else:
+        if relu_node is not None and relu_node.op == "call_module" \
+                and has_hooks(modules[relu_node.target]):
+            relu_node = add_node = z = None
             cls = ConvBn2d
+        chain = (node, bn_node, add_node, relu_node)
+        changer = None if relu_node is None else mutation_between(node, relu_node, chain, modules)
+        if changer is not None:
+            log.debug("fuse_for_training: %s: only the batch norm fused: %s may change a tensor "
+                      "in place before the ReLU", node.target, changer)
+            relu_node = add_node = z = None
+            cls = ConvBn2d
+        if mutation_between(node, bn_node, chain, modules):
+            continue
         _half_batchnorm_to_float32(bn)
         block = cls(conv, bn, node.target, bn_node.target)
-        name = base = f"{node.target}_{'bn_add_relu' if add_node else 'bn_relu' if relu_node else 'bn'}"
-        again = 1
-        while name in modules:
-            again += 1
-            name = f"{base}{again}"
+        name = _free_name(root, f"{node.target}_"
+                          f"{'bn_add_relu' if add_node else 'bn_relu' if relu_node else 'bn'}",
+                          taken)
+        made.add(name)
+        taken.add(name)
         modules[name] = block
+        if gm is not root:
+            _register(root, name, block)
         gm.add_submodule(name, block)
         last = relu_node if relu_node is not None else bn_node
         with graph.inserting_after(last):
@@ -489,50 +673,88 @@ def _rewrite(gm: Any) -> int:
         for dead in (relu_node, add_node, bn_node, node):
             if dead is not None:
                 graph.erase_node(dead)
-        made += 1
     if made:
         graph.lint()
         gm.recompile()
-    return made
+    return len(made)
 
 
-def _fuse(module: Any) -> tuple[Any, int]:
+def _reduce_unfused(self: Any, protocol: int) -> Any:
+    # pickled as the model's own class: pickle cannot name the generated forward, so a pickled
+    # model loads unfused (fuse_for_training fuses it again)
+    return (_new_instance, (type(self).__dict__["_pycudnn_unfused"],), self.__getstate__())
+
+
+def _new_instance(cls: Any) -> Any:
+    """``cls.__new__(cls)`` (what pickle's ``copyreg.__newobj__`` does)."""
+    return cls.__new__(cls)
+
+
+def _deepcopy_fused(self: Any, memo: dict[int, Any]) -> Any:
+    new = _new_instance(type(self))
+    memo[id(self)] = new
+    new.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+    return new
+
+
+def _copy_fused(self: Any) -> Any:
+    new = _new_instance(type(self))
+    new.__setstate__(self.__getstate__())
+    return new
+
+
+def _install(module: Any, gm: Any) -> None:
+    """Give ``module`` the rewritten graph's ``forward``: its class becomes a subclass of its own
+    class (the same object, methods, hooks, parameters, buffers and their persistence)."""
+    base = type(module).__dict__.get("_pycudnn_unfused") or type(module)
+    module.__class__ = type(base.__name__, (base,), {
+        "forward": type(gm).forward, "__module__": base.__module__,
+        "__qualname__": base.__qualname__, "__doc__": base.__doc__, "_pycudnn_unfused": base,
+        "__reduce_ex__": _reduce_unfused, "__deepcopy__": _deepcopy_fused,
+        "__copy__": _copy_fused})
+
+
+def _fuse(module: Any) -> int:
+    """Fuse ``module`` in place; the number of blocks made."""
     import torch.fx
 
+    if isinstance(module, torch.fx.GraphModule):
+        return _rewrite(module, module)
     try:
         gm = torch.fx.GraphModule(module, _tracer().trace(module), type(module).__name__)
     except Exception:  # dynamic control flow, ...: look inside its children instead
-        total = 0
-        for name, child in list(module.named_children()):
-            fused, n = _fuse(child)
-            if n:
-                setattr(module, name, fused)
-                total += n
-        return module, total
-    n = _rewrite(gm)
-    return (gm, n) if n else (module, 0)
+        return sum(_fuse(child) for child in list(module.children()))
+    n = _rewrite(gm, module)
+    if n:
+        _install(module, gm)
+    return n
 
 
 def fuse_for_training(model: Any) -> Any:
-    """``model`` with its Conv-BN chains fused into training blocks (`ConvBn2d`, `ConvBnReLU2d`,
-    `ConvBnAddReLU2d`); returns the model to train from now on.
+    """Fuse ``model``'s Conv-BN chains into training blocks (`ConvBn2d`, `ConvBnReLU2d`,
+    `ConvBnAddReLU2d`), in place; returns ``model``.
 
     The model is traced with ``torch.fx``; these chains are recognised (``conv`` a
     ``torch.nn.Conv2d`` or `pycudnn.torch.Conv2d` with ``padding_mode="zeros"``, ``bn`` an affine
     ``torch.nn.BatchNorm2d`` with its channel count, each output used only by the next step; ReLU
-    as ``nn.ReLU``, ``F.relu``, ``torch.relu`` or ``.relu()``; the add as ``+``, ``+=``,
-    ``torch.add`` or ``.add``):
+    as ``nn.ReLU``, ``F.relu``, ``torch.relu`` or ``.relu()``; the add as ``+``, ``torch.add``,
+    ``.add``, or ``y += z`` / ``y.add_(z)`` into the batch norm's output):
 
     * ``conv -> bn -> relu``: `ConvBnReLU2d`;
     * ``conv -> bn -> add(other) -> relu``: `ConvBnAddReLU2d`, ``forward(x, other)``;
     * ``conv -> bn`` otherwise: `ConvBn2d` (the ReLU-less chains, the shortcut's batch norm).
 
-    What matches no chain, or cannot be traced (a part of the model that fx cannot trace is
-    searched module by module), stays as it is. The result shares its modules with ``model``
-    (no copy: parameters, buffers and an optimizer made for them keep working) and is a
-    ``torch.fx.GraphModule``, or ``model`` itself with fused children where fx could not trace it
-    as a whole; ``model`` should not be called afterwards (some of its children may be the fused
-    ones).
+    Left as they are: modules with forward or backward hooks (so ``torch.nn.utils.prune``, the
+    old ``weight_norm`` and ``spectral_norm``); the add and ReLU of a chain where a step between
+    the convolution and the ReLU may change a tensor in place (the block runs at the ReLU's
+    place); what matches no chain. A part of the model that fx cannot trace is searched module
+    by module. Hooks added to a fused convolution or batch norm later make its block run the
+    original modules.
+
+    ``model`` keeps its identity, class (a subclass of it whose ``forward`` is the fused graph's
+    code), methods, parameters, buffers (persistent or not) and ``state_dict`` keys; the blocks
+    own nothing and sit beside the convolutions. Pickling the whole model stores it unfused
+    (``state_dict`` is the usual way); deep copies stay fused.
 
     Half precision: the fused kernels take float32 scale, shift and statistics, so a fused batch
     norm whose parameters are float16/bfloat16 has them made float32 in place (the same
@@ -546,8 +768,8 @@ def fuse_for_training(model: Any) -> Any:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fuse_for_training: expected a torch.nn.Module, got "
                         f"{type(model).__name__}")
-    fused, _ = _fuse(model)
-    return fused
+    _fuse(model)
+    return model
 
 
 def unfuse_training(module: Any) -> Any:
@@ -576,7 +798,12 @@ def unfuse_training(module: Any) -> Any:
             changed = True
         if changed:
             graph.lint()
-            gm.delete_all_unused_submodules()
             gm.recompile()
+    for m in list(module.modules()):
+        base = type(m).__dict__.get("_pycudnn_unfused")
+        if base is not None:
+            m.__class__ = base
+    for m in list(module.modules()):
+        for name in [k for k, v in m._modules.items() if isinstance(v, _BLOCKS)]:
+            del m._modules[name]
     return module
-
