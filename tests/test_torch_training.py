@@ -246,17 +246,16 @@ def test_one_value_per_channel_is_refused_as_pytorch_does():
 # ---- the autograd function, its cuDNN calls stood in for ---------------------------------------
 
 class _FakeRuntime:
-    """cudaGetDevice / cudaSetDevice of a made-up two-device machine."""
+    """The current device of a made-up two-device machine, in place of the driver's."""
 
     def __init__(self):
         self.current = 0
 
-    def cudaGetDevice(self):  # noqa: N802 (the runtime's names)
-        return 0, self.current
+    def current_device(self):
+        return self.current
 
-    def cudaSetDevice(self, device):  # noqa: N802
+    def set_device(self, device):
         self.current = device
-        return (0,)
 
 
 class _FakeLayout:
@@ -286,11 +285,11 @@ def fused_on_cpu(monkeypatch):
     the cuDNN batch-norm calls by `_FakeLayout`, and a get_handle that makes device 1 current on
     a made-up two-device runtime, as the real one does for tensors on cuda:1. Returns the
     runtime and the layouts made."""
-    from pycudnn.runtime import memory
     from pycudnn.runtime.memory import devices
 
     rt = _FakeRuntime()
-    monkeypatch.setattr(memory.bindings, "rt", rt)
+    monkeypatch.setattr(devices, "current_device", rt.current_device)
+    monkeypatch.setattr(devices, "set_device", rt.set_device)
     monkeypatch.setattr(devices, "visible_devices", 2)
     monkeypatch.setattr(training._calls, "_multi_gpu", True)
     layouts = []

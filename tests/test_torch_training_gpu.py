@@ -35,7 +35,7 @@ def _strict_flags():
 
 
 def rel(got, ref):
-    got, ref = got.double(), ref.double()
+    got, ref = got.double().cpu(), ref.double().cpu()
     return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
