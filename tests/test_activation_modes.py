@@ -16,7 +16,13 @@ from pycudnn import cupy_compat as cc
 from pycudnn._types import ActivationMode
 from pycudnn.ffi.backend import Attr, PointwiseMode
 from pycudnn.ops import activation, runtime_kernels
-from pycudnn.ops.activation_modes import ACTIVATIONS, CUPY_CONSTANTS, GRAPH_ONLY, NAMES, row
+from pycudnn.ops.activation_modes import (
+    ACTIVATIONS,
+    CUPY_CONSTANTS,
+    GRAPH_ONLY,
+    NAMES,
+    row,
+)
 
 BASE = 0x7F00_0000_0000
 
@@ -82,6 +88,7 @@ def test_compiled_swish_backward_adds_x_minus_x_for_pytorchs_nan_at_infinity():
 def test_sigmoid_and_tanh_backward_graphs_read_the_output():
     for mode in ("sigmoid", "tanh"):
         steps, real, virtual = runtime_kernels.activation_steps(row(mode), 0.0, True)
+        assert steps == list(row(mode).from_output)
         assert real == ("dy", "y", "dx") and set(virtual) == {"yy", "d"}
 
 
@@ -125,3 +132,31 @@ def test_below_is_the_next_value_down(dtype):
     assert activation.below(6.0, dtype) == float(np.nextafter(np.array(6.0, dtype), -np.inf))
     assert activation.below(math.inf, dtype) == float(np.finfo(dtype).max)
     assert activation.below(0.1, dtype) < 0.1
+
+
+def _backward(mode, coef, nan, dtype="float32"):
+    y, dy, x = (t(2, 3, 4, 4, dtype=dtype, region=r) for r in (1, 2, 3))
+    return activation._backward_plan(y, dy, x, mode, coef, None, nan, "activation_backward")
+
+
+def test_pytorchs_edge_corrections_are_planned_for_pycudnns_calls_and_not_cupys():
+    keep, cupy = activation.NanPropagation.PROPAGATE_NAN, activation.NanPropagation.NOT_PROPAGATE_NAN
+    assert _backward("relu", 0.0, keep).fix.kind == "nan_passes"
+    assert _backward("swish", 1.0, keep, "bfloat16").fix.kind == "nan_at_inf"
+    for mode in ("relu", "swish"):
+        assert _backward(mode, 1.0, cupy).fix is None
+    for mode in ("sigmoid", "tanh", "elu", "clipped_relu"):
+        assert _backward(mode, 1.0, keep).fix is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_clipped_relu_backward_ceiling_is_one_value_below_coef(dtype):
+    keep, cupy = activation.NanPropagation.PROPAGATE_NAN, activation.NanPropagation.NOT_PROPAGATE_NAN
+    assert _backward("clipped_relu", 6.0, keep, dtype).keep[0].coef == activation.below(6.0, dtype)
+    assert _backward("clipped_relu", math.inf, keep, dtype).keep[0].coef == float(
+        np.finfo(dtype).max)
+    assert _backward("clipped_relu", 6.0, cupy, dtype).keep[0].coef == 6.0  # CuPy 13's
+    # the forward keeps the ceiling itself
+    fwd = activation._forward_plan(t(2, 3, 4, 4, dtype=dtype), "clipped_relu", 6.0, None, keep,
+                                   "activation_forward")
+    assert fwd.keep[0].coef == 6.0

@@ -163,7 +163,7 @@ class _EdgeFix:
         t = empty(y.shape, y.dtype, device=y.device, stream=stream)
         t = Tensor._make(t.ptr, y.shape, y.strides, y.dtype, y.device, t.owner)
         zero = ctypes.addressof(self.keep[2])
-        status = _lib.lib().cudnnOpTensor(handle, self.op.handle, self.one, d, y.ptr, self.one,
+        status = c_function("cudnnOpTensor")(handle, self.op.handle, self.one, d, y.ptr, self.one,
                                           self.scalar_desc.handle, self.scalar.ptr, zero, d,
                                           t.ptr)
         if status:
@@ -172,7 +172,7 @@ class _EdgeFix:
 
     def after(self, handle: int, x: Tensor, dx: Tensor, d: int) -> None:
         """Swish: ``dx = (x - x) + dx``."""
-        status = _lib.lib().cudnnOpTensor(handle, self.op.handle, self.one, d, x.ptr,
+        status = c_function("cudnnOpTensor")(handle, self.op.handle, self.one, d, x.ptr,
                                           self.minus_one, d, x.ptr, self.one, d, dx.ptr)
         if status:
             _lib.raise_status(status, "cudnnOpTensor", "  op: ADD (x - x + dx)")
@@ -423,17 +423,20 @@ def activation_backward(y: TensorLike, dy: TensorLike, x: TensorLike, mode: str 
 
 
 def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream: Any,
-                 nan: NanPropagation, fn: str) -> Tensor:
+                 nan: NanPropagation, fn: str, pytorch_edges: bool = True) -> Tensor:
+    """`activation_backward` with the NaN mode given; ``pytorch_edges=False`` skips the edge
+    corrections (for a caller whose operands hold no value they change, or CuPy's calls)."""
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = (mode, coef, type(coef), nan == _PROPAGATE, y.shape, y.strides, y.dtype, y.device,
-           dy.shape, dy.strides, dy.dtype, dy.device, x.shape, x.strides, x.dtype, x.device,
-           _sig(o))
+    edges = pytorch_edges and nan == _PROPAGATE  # CuPy 13's calls keep cuDNN's own values
+    key = (mode, coef, type(coef), nan == _PROPAGATE, edges, y.shape, y.strides, y.dtype,
+           y.device, dy.shape, dy.strides, dy.dtype, dy.device, x.shape, x.strides, x.dtype,
+           x.device, _sig(o))
     try:
         plan = _BACKWARD[key]
     except (KeyError, TypeError):
-        plan = _backward_plan(y, dy, x, mode, coef, o, nan, fn)
+        plan = _backward_plan(y, dy, x, mode, coef, o, nan, fn, edges)
         _BACKWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
@@ -495,7 +498,7 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
 
 
 def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Tensor | None,
-                   nan: NanPropagation, fn: str) -> _Plan:
+                   nan: NanPropagation, fn: str, pytorch_edges: bool = True) -> _Plan:
     check_input(x, "x", fn, _RANKS, _WHAT)
     for t, name in ((y, "y"), (dy, "dy")):
         check_input(t, name, fn, _RANKS, _WHAT)
@@ -527,7 +530,7 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Te
     # in another staged through copies
     plan.stage = not all(same_layout(x.shape, t, dense)
                          for t in (y.strides, dy.strides, x.strides, plan.strides))
-    pytorch_edges = nan == _PROPAGATE  # CuPy 13's calls keep cuDNN's own values
+    pytorch_edges = pytorch_edges and nan == _PROPAGATE
     if pytorch_edges and act_row.edges == "open_ceiling" and c > 0:
         # the legacy kernel passes dy at x == coef (PyTorch: 0 from x >= coef on): its
         # ceiling one value of the dtype lower makes its test PyTorch's x < coef
