@@ -1,4 +1,4 @@
-"""Values at the edges, on a GPU (round 3, defects 2-4): NaN, +-inf, +-0 and the kinks of every
+"""Values at the edges, on a GPU: NaN, +-inf, +-0 and the kinks of every
 activation, forward and backward, and batch-norm inference, give the same values before and
 after a signature switches to its runtime-compiled kernel, and PyTorch's values (float64 on the
 CPU, cuDNN off); float16/bfloat16 ELU backward of a one-element tensor and float16 softmax
@@ -28,7 +28,7 @@ ACT = [("relu", 0.0), ("clipped_relu", 6.0), ("clipped_relu", math.inf), ("elu",
        ("elu", 0.5), ("swish", 1.0), ("swish", 0.0), ("sigmoid", 0.0), ("tanh", 0.0)]
 # where cuDNN's legacy kernel takes the other one-sided derivative than PyTorch at a kink
 # (measured on an H200; these signatures stay on the legacy kernel, see runtime_kernels)
-LEGACY_KINKS = {("clipped_relu", 6.0): [6.0], ("elu", 0.5): [0.0, -0.0]}
+LEGACY_KINKS = {("elu", 0.5): [0.0, -0.0]}
 
 
 @pytest.fixture(autouse=True)
@@ -103,26 +103,29 @@ def test_activation_edge_values_hold_across_the_switch(mode, coef):
         assert same_values(dxs[k], dxs[0]), f"backward changed at call {k + 1}"
 
 
-#: where cuDNN's kernels' value at an edge is not PyTorch's yet (seen on the H200, cuDNN 9.19):
-#: ReLU's gradient at x = +-0 (dy instead of 0), clipped ReLU's at +inf, swish's and tanh's
-#: backward; open in issue 27 (defect 2: a select op in the graph API's pointwise kernels)
-_NOT_PYTORCHS_YET = {("relu", 0.0), ("clipped_relu", float("inf")), ("swish", 1.0), ("tanh", 0.0)}
+def _where_they_differ(x, got, want, keep):
+    """The first few (x, got, want) where ``got`` is not ``want``, for the failure message."""
+    bad = [(float(a), float(g), float(w)) for a, g, w, k in
+           zip(x.ravel(), np.asarray(got).ravel(), np.asarray(want).ravel(), keep.ravel())
+           if k and not same_values([g], [w])]
+    return sorted(set(bad), key=str)[:12]
 
 
-@pytest.mark.parametrize("mode,coef", [
-    pytest.param(m, c, marks=pytest.mark.xfail(
-        strict=True, reason="cuDNN's value at an edge is not PyTorch's yet (issue 27, defect 2)"))
-    if (m, c) in _NOT_PYTORCHS_YET else (m, c) for m, c in ACT], ids=[f"{m}-{c}" for m, c in ACT])
+@pytest.mark.parametrize("mode,coef", ACT, ids=[f"{m}-{c}" for m, c in ACT])
 def test_activation_edge_values_are_pytorchs(mode, coef):
     x, dy, ys, dxs = _runs(mode, coef)
     ry, rdx = torch_reference(mode, coef, x, dy)
     keep = np.ones(x.shape, bool)
     if mode == "swish" and coef != 1.0:  # no PyTorch function: x * sigmoid(beta * x) on finite x
         keep &= np.isfinite(x)
-    assert same_values(ys[-1], ry, keep), "forward differs from PyTorch's at an edge value"
+    assert same_values(ys[-1], ry, keep), \
+        f"forward differs from PyTorch's at (x, got, want) {_where_they_differ(x, ys[-1], ry, keep)}"
     for kink in LEGACY_KINKS.get((mode, coef), []):
         keep &= ~((x == kink) & (np.signbit(x) == np.signbit(kink)))
-    assert same_values(dxs[-1], rdx, keep), "backward differs from PyTorch's at an edge value"
+    for k, dx in enumerate(dxs):  # the legacy kernel from the first call, the compiled one later
+        assert same_values(dx, rdx, keep), \
+            (f"backward call {k + 1} differs from PyTorch's at (x, got, want) "
+             f"{_where_they_differ(x, dx, rdx, keep)}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

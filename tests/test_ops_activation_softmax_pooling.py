@@ -56,7 +56,9 @@ PDY = t(2, 3, 4, 4, role="dy")
 
 CASES = [
     # activation_forward
-    (activation_forward, (X, "gelu"), {}, ValueError, r"activation_forward: mode must be one of 'relu'"),
+    (activation_forward, (X, "softplus"), {}, ValueError, r"activation_forward: mode must be one of 'relu'.*'gelu', 'gelu_tanh'"),
+    (activation_forward, (t(2, 3, dtype="float64"), "gelu"), {}, TypeError, r"mode 'gelu' runs on cuDNN's graph API, which takes float32, float16 or bfloat16 data, but got x of dtype float64"),
+    (activation_backward, (t(2, 3, dtype="float64"), t(2, 3, dtype="float64", role="dy"), t(2, 3, dtype="float64", role="out"), "gelu_tanh"), {}, TypeError, r"activation_backward: mode 'gelu_tanh' runs on cuDNN's graph API"),
     (activation_forward, (X, "identity"), {}, ValueError, r"mode 'identity' is not supported"),
     (activation_forward, (X, 1), {}, ValueError, r"mode must be one of"),
     (activation_forward, (X, "RELU"), {}, ValueError, r"mode must be one of"),
@@ -173,6 +175,10 @@ VALID = [
     (activation_forward, (t(2, 3, 4, 5, 6),), {"out": t(2, 3, 4, 5, 6, role="out", strides=(720, 1, 180, 36, 6))}),
     (activation_backward, (Y, DY, X, "elu"), {"coef": 1}),
     (activation_backward, (Y, DY, t(2, 3, 8, 8, strides=(192, 1, 24, 3))), {}),  # staged
+    (activation_forward, (X, "gelu"), {}),
+    (activation_forward, (t(7, dtype="bfloat16"), "gelu_tanh"), {}),  # no flat block: padded
+    (activation_backward, (Y, DY, X, "gelu"), {}),
+    (activation_backward, (Y, DY, t(2, 3, 8, 8, strides=(192, 1, 24, 3)), "gelu_tanh"), {}),
     (softmax_forward, (t(32, 1000),), {"algorithm": "log"}),
     (softmax_forward, (t(2, 3, 4, 5, 6),), {"mode": "instance", "algorithm": "fast"}),
     (softmax_backward, (Y, DY), {"out": t(2, 3, 8, 8, role="out")}),
@@ -596,7 +602,7 @@ def test_cupy13_constants_are_the_headers_values():
 
 SCALE = float(os.environ.get("PYCUDNN_FUZZ_SCALE", "1") or 1)
 POOL_MODES = ["max", "max_deterministic", "average_include_padding", "average_exclude_padding"]
-ACT_MODES = ["relu", "sigmoid", "tanh", "clipped_relu", "elu", "swish"]
+ACT_MODES = ["relu", "sigmoid", "tanh", "clipped_relu", "elu", "swish", "gelu", "gelu_tanh"]
 
 
 def _geo_value(draw, nd):
@@ -722,7 +728,7 @@ def elementwise_cases(draw):
     shape = tuple(draw(st.integers(0, 4)) for _ in range(rank))
     layout = draw(st.sampled_from(["contiguous", "permuted", "sliced", "broadcast"]))
     fn = draw(st.sampled_from(["activation", "softmax"]))
-    mode = draw(st.sampled_from(ACT_MODES + ["identity", "gelu"]) if fn == "activation"
+    mode = draw(st.sampled_from(ACT_MODES + ["identity", "softplus"]) if fn == "activation"
                 else st.sampled_from(["channel", "instance", "spatial"]))
     extra = draw(st.sampled_from(["accurate", "fast", "log", "precise"]) if fn == "softmax"
                  else st.sampled_from([0.0, 1.5, -2, float("nan"), "1", True, np.float64(0.5)]))

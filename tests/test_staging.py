@@ -50,8 +50,9 @@ class _Recorder:
                     monkeypatch.setattr(module, name, fn)
             if hasattr(module, "get_handle"):
                 monkeypatch.setattr(module, "get_handle", lambda *a, **k: 0)
-        monkeypatch.setattr(hardtanh, "from_numpy", lambda a, dtype=None, device=None,
-                            stream=None: new(np.shape(a), dtype))
+        for module in (hardtanh, activation):
+            monkeypatch.setattr(module, "from_numpy", lambda a, dtype=None, device=None,
+                                stream=None: new(np.shape(a), dtype))
         monkeypatch.setattr(hardtanh, "_op", lambda *a, **k: rec.launches.append("cudnnOpTensor"))
         activation._BACKWARD.clear()
         softmax._BACKWARD.clear()
@@ -83,6 +84,23 @@ def test_half_softmax_backward_runs_on_float32_copies(monkeypatch, dtype, shape,
     assert dx.shape == shape and dx.dtype.name == dtype
     assert rec.launches == ["cudnnSoftmaxBackward"]
     assert [c[1:4:2] for c in rec.copies] == [(dtype, "float32")] * 2 + [("float32", dtype)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("shape", [(), (7,), (2, 3, 4, 5)])
+def test_relu_and_swish_backward_add_their_edge_correction(monkeypatch, dtype, shape):
+    rec = _Recorder(monkeypatch)
+    x, y, dy = t(shape, dtype, 0), t(shape, dtype, 1), t(shape, dtype, 2)
+    activation.activation_backward(y, dy, x, "relu")
+    # y with NaN as +inf first (a minimum), then the gradient
+    assert rec.launches == ["cudnnOpTensor", "cudnnActivationBackward"]
+    rec.launches.clear()
+    activation.activation_backward(y, dy, x, "swish", coef=1.0)
+    # the gradient, then x - x added (NaN at +-inf)
+    assert rec.launches == ["cudnnActivationBackward", "cudnnOpTensor"]
+    rec.launches.clear()
+    activation.activation_backward(y, dy, x, "tanh")
+    assert rec.launches == ["cudnnActivationBackward"]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

@@ -14,6 +14,7 @@ import numpy as np
 
 from .._types import NanPropagation
 from ..ops import activation as _act
+from ..ops.activation_modes import ACTIVATIONS
 from ..ops import pooling as _pooling
 from ..ops import softmax as _softmax
 from ..ops._common import check_coef, staged
@@ -66,10 +67,9 @@ CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING = 2
 CUDNN_POOLING_MAX_DETERMINISTIC = 3
 """``cudnnPoolingMode_t``: the maximum, with a deterministic backward pass."""
 
-_ACTIVATION_NAMES = {CUDNN_ACTIVATION_SIGMOID: "sigmoid", CUDNN_ACTIVATION_RELU: "relu",
-                     CUDNN_ACTIVATION_TANH: "tanh", CUDNN_ACTIVATION_CLIPPED_RELU: "clipped_relu",
-                     CUDNN_ACTIVATION_ELU: "elu", CUDNN_ACTIVATION_IDENTITY: "identity",
-                     CUDNN_ACTIVATION_SWISH: "swish"}
+#: cudnnActivationMode_t value -> pycudnn's mode name, from the activation table's CuPy names
+_ACTIVATION_NAMES = {int(a.legacy): a.name for a in ACTIVATIONS
+                     if a.cupy and a.legacy is not None}
 _SOFTMAX_NAMES = {CUDNN_SOFTMAX_FAST: "fast", CUDNN_SOFTMAX_ACCURATE: "accurate",
                   CUDNN_SOFTMAX_LOG: "log"}
 _POOLING_NAMES = {CUDNN_POOLING_MAX: "max",

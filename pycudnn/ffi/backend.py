@@ -238,11 +238,14 @@ class PointwiseMode(IntEnum):
     ELU_FWD = 103
     GELU_FWD = 104
     SWISH_FWD = 106
+    GELU_APPROX_TANH_FWD = 107
     RELU_BWD = 200
     TANH_BWD = 201
     SIGMOID_BWD = 202
     ELU_BWD = 203
+    GELU_BWD = 204
     SWISH_BWD = 206
+    GELU_APPROX_TANH_BWD = 207
 
 
 class KnobType(IntEnum):

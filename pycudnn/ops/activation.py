@@ -1,14 +1,11 @@
-"""Activation functions through cuDNN's ``cudnnActivationForward`` / ``cudnnActivationBackward``.
-
-Modes: ``"relu"``, ``"sigmoid"``, ``"tanh"``, ``"clipped_relu"`` (``min(max(x, 0), coef)``),
-``"elu"`` (``x`` for ``x > 0``, else ``coef * (exp(x) - 1)``) and ``"swish"``
-(``x * sigmoid(coef * x)``, the beta set with ``cudnnSetActivationDescriptorSwishBeta``).
-cuDNN's ``CUDNN_ACTIVATION_IDENTITY`` works only fused into
-``cudnnConvolutionBiasActivationForward``, so ``"identity"`` is refused here.
+"""Activation functions: cuDNN's ``cudnnActivationForward`` / ``cudnnActivationBackward`` for the
+legacy modes, a pointwise graph from the first call for the graph-only ones (``"gelu"``,
+``"gelu_tanh"``). The modes and their parameters are the rows of `activation_modes`.
 
 Tensors of 0 to 5 dims are taken with any strides (fewer than 4 dims are viewed as 4-D with
-trailing unit dims); NaN propagates (``CUDNN_PROPAGATE_NAN``, as PyTorch's activations do).
-A repeated call with the same layouts, dtype and mode reuses its descriptors (one dict lookup).
+trailing unit dims); NaN propagates (``CUDNN_PROPAGATE_NAN``) and the values at the edges are
+PyTorch's (docs/operations.md). A repeated call with the same layouts, dtype and mode reuses its
+descriptors or its compiled graph (one dict lookup).
 """
 
 from __future__ import annotations
@@ -16,11 +13,17 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from .._types import ActivationMode, NanPropagation
-from ..cudnn.descriptors import ActivationDescriptor, TensorDescriptor
+import threading
+
+import numpy as np
+
+from .._types import ActivationMode, NanPropagation, OpTensorOp
+from ..cudnn.descriptors import ActivationDescriptor, OpTensorDescriptor, TensorDescriptor
+from ..cudnn.graph import ExecutionPlan, OperationGraph
 from ..cudnn.tensor_ops import transform
 from ..ffi import library as _lib
 from ..ops import runtime_kernels
+from ..ops.activation_modes import ACTIVATIONS, NAMES, Activation, row
 from ..ops._common import (
     FLOAT32,
     HALF_DTYPES,
@@ -46,18 +49,15 @@ from ..ops._common import (
 )
 from ..ops.runtime_kernels import ALIGNMENT
 from ..runtime.handle import get_handle
-from ..runtime.memory import StreamLike
-from ..runtime.tensor import Tensor, TensorLike, as_tensor
+from ..runtime.memory import StreamLike, relaxed_capture_mode
+from ..runtime.tensor import Tensor, TensorLike, as_tensor, contiguous_strides, empty, from_numpy
 
 __all__ = ["activation_forward", "activation_backward", "MODES"]
 
-#: the modes the functions take, and cuDNN's ``cudnnActivationMode_t`` for each
-MODES: dict[str, ActivationMode] = {
-    "relu": ActivationMode.RELU, "sigmoid": ActivationMode.SIGMOID, "tanh": ActivationMode.TANH,
-    "clipped_relu": ActivationMode.CLIPPED_RELU, "elu": ActivationMode.ELU,
-    "swish": ActivationMode.SWISH,
-}
-_NAMES = tuple(MODES)
+#: the modes the functions take, and cuDNN's ``cudnnActivationMode_t`` for each (None: the
+#: graph API alone runs it)
+MODES: dict[str, ActivationMode | None] = {a.name: a.legacy for a in ACTIVATIONS
+                                           if not a.refused}
 _RANKS = (0, 1, 2, 3, 4, 5)
 _WHAT = "0 to 5 dims"
 
@@ -94,24 +94,173 @@ def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) ->
 
 
 def activation_descriptor(mode: str, coef: float, nan: NanPropagation) -> ActivationDescriptor:
-    """A new activation descriptor for ``mode``; ``coef`` is the ceiling (clipped_relu), alpha
-    (elu) or beta (swish, set through ``cudnnSetActivationDescriptorSwishBeta``)."""
-    desc = ActivationDescriptor(MODES[mode], nan, coef)
-    if mode == "swish":
-        status = _lib.lib().cudnnSetActivationDescriptorSwishBeta(desc.handle, ctypes.c_double(coef))
+    """A new legacy activation descriptor for ``mode``; ``coef`` is the ceiling (clipped_relu),
+    alpha (elu) or beta (swish, also set through the row's ``legacy_setter``)."""
+    act = row(mode)
+    assert act.legacy is not None
+    desc = ActivationDescriptor(act.legacy, nan, coef)
+    if act.legacy_setter:
+        status = getattr(_lib.lib(), act.legacy_setter)(desc.handle, ctypes.c_double(coef))
         if status:
             desc.close()
-            _lib.raise_status(status, "cudnnSetActivationDescriptorSwishBeta", f"  beta: {coef!r}")
+            _lib.raise_status(status, act.legacy_setter, f"  coef: {coef!r}")
     return desc
 
 
 def check_mode(mode: Any, fn: str) -> str:
-    if mode == "identity":
-        raise ValueError(f"{fn}: mode 'identity' is not supported: cuDNN runs its identity "
-                         f"activation only fused into a convolution "
-                         f"(cudnnConvolutionBiasActivationForward), not on its own; the result "
-                         f"would be the input itself")
-    return check_choice(mode, "mode", _NAMES, fn)
+    """``mode`` as a mode name of the table; a refused mode's message says why."""
+    if type(mode) is str and mode not in NAMES:
+        for act in ACTIVATIONS:
+            if act.name == mode and act.refused:
+                raise ValueError(f"{fn}: mode {mode!r} is not supported: {act.refused}")
+    return check_choice(mode, "mode", NAMES, fn)
+
+
+def below(coef: float, dtype: Any) -> float:
+    """The largest value of ``dtype`` below ``coef`` (> 0), or 0.0 when there is none above 0:
+    a test ``x <= below(coef)`` is PyTorch's ``x < coef`` for every ``x`` of that dtype."""
+    dt = np.dtype(dtype)
+    with np.errstate(over="ignore"):  # a coef above the dtype's range rounds to inf
+        v = np.array(coef).astype(dt)
+    if float(v) < coef:
+        return float(v)
+    if float(v) <= 0.0:
+        return 0.0
+    bits = v.view(f"u{dt.itemsize}")
+    return float((bits - 1).astype(bits.dtype).view(dt))
+
+
+class _EdgeFix:
+    """The extra operations that give PyTorch's values where cuDNN's legacy backward kernel
+    gives others (`Activation.edges`), for one backward signature.
+
+    ``nan_passes`` (ReLU): the kernel passes dy where its input is > 0 (0 at +-0 and -inf);
+    PyTorch passes it where y is not <= 0, NaN included. ``min(y, +inf)`` with NaN not
+    propagated is y with NaN turned into +inf, and the kernel is given that as y and x.
+    ``nan_at_inf`` (swish): PyTorch's ``dy * s * (1 + x * (1 - s))`` is NaN at x = +-inf;
+    ``dx += x - x`` (0 where x is finite, NaN elsewhere) adds exactly that.
+    """
+
+    __slots__ = ("kind", "op", "scalar", "scalar_desc", "one", "minus_one", "keep")
+
+    def __init__(self, kind: str, compute: Any) -> None:
+        self.kind = kind
+        wide = "float64" if np.dtype(compute).name == "float64" else "float32"
+        if kind == "nan_passes":
+            self.op = OpTensorDescriptor(OpTensorOp.MIN, wide, NanPropagation.NOT_PROPAGATE_NAN)
+        else:
+            self.op = OpTensorDescriptor(OpTensorOp.ADD, wide, NanPropagation.PROPAGATE_NAN)
+        self.scalar_desc = TensorDescriptor((1, 1, 1, 1), compute, (1, 1, 1, 1))
+        self.scalar: Tensor | None = None  # +inf on the device, made at the first call
+        c = ctypes.c_double if wide == "float64" else ctypes.c_float
+        self.keep = (c(1.0), c(-1.0), c(0.0))
+        self.one, self.minus_one = (ctypes.addressof(v) for v in self.keep[:2])
+
+    def before(self, handle: int, y: Tensor, d: int, stream: int) -> Tensor:
+        """ReLU: ``y`` with NaN as +inf, in a new dense tensor of ``y``'s layout."""
+        if self.scalar is None:
+            self.scalar = from_numpy(np.array([np.inf]), dtype=y.dtype, device=y.device)
+        t = empty(y.shape, y.dtype, device=y.device, stream=stream)
+        t = Tensor._make(t.ptr, y.shape, y.strides, y.dtype, y.device, t.owner)
+        zero = ctypes.addressof(self.keep[2])
+        status = c_function("cudnnOpTensor")(handle, self.op.handle, self.one, d, y.ptr, self.one,
+                                          self.scalar_desc.handle, self.scalar.ptr, zero, d,
+                                          t.ptr)
+        if status:
+            _lib.raise_status(status, "cudnnOpTensor", "  op: MIN (NaN to +inf)")
+        return t
+
+    def after(self, handle: int, x: Tensor, dx: Tensor, d: int) -> None:
+        """Swish: ``dx = (x - x) + dx``."""
+        status = c_function("cudnnOpTensor")(handle, self.op.handle, self.one, d, x.ptr,
+                                          self.minus_one, d, x.ptr, self.one, d, dx.ptr)
+        if status:
+            _lib.raise_status(status, "cudnnOpTensor", "  op: ADD (x - x + dx)")
+
+
+class GraphKernel:
+    """A graph-only mode's compiled plan for one call signature, built at its first call.
+
+    ``direct``: the operands are dense in one layout, which the graph addresses as a flat block
+    (`runtime_kernels.flat_layout`), so aligned pointers go to the plan as they are; otherwise
+    (and for unaligned pointers) the operands are copied to and from dense buffers of
+    ``padded`` elements (a count that has such a block).
+    """
+
+    __slots__ = ("build", "plan", "error", "direct", "padded", "lock", "description")
+
+    def __init__(self, build: Any, direct: bool, padded: int, description: str) -> None:
+        self.build = build
+        self.plan: ExecutionPlan | None = None
+        self.error: BaseException | None = None
+        self.direct = direct
+        self.padded = padded
+        self.lock = threading.Lock()
+        self.description = description
+
+    def compiled(self, handle: int) -> ExecutionPlan:
+        plan = self.plan
+        if plan is not None:
+            return plan
+        with self.lock:
+            if self.error is not None:
+                raise self.error
+            if self.plan is None:
+                try:
+                    # finalizing loads a module: relaxed capture mode keeps a CUDA-graph
+                    # capture valid
+                    with relaxed_capture_mode():
+                        graph: OperationGraph = self.build(handle)
+                        self.plan = runtime_kernels.compiled_plan(handle, graph)
+                except Exception as exc:
+                    self.error = exc
+                    raise
+            return self.plan
+
+    def run(self, handle: int, reads: tuple[Tensor, ...], out: Tensor, stream: int) -> None:
+        """Launch on ``reads`` (the graph's inputs in order) into ``out``."""
+        plan = self.compiled(handle)
+        ptrs = tuple(t.ptr for t in reads) + (out.ptr,)
+        aligned = not any(p % ALIGNMENT for p in ptrs)
+        if self.direct and aligned:
+            plan.execute(handle, ptrs, 0)
+            return
+        shape, dt, dev = out.shape, out.dtype, out.device
+        flat = contiguous_strides(shape)
+
+        def buffer(t: Tensor | None) -> Tensor:
+            b = empty((self.padded,), dt, device=dev, stream=stream)
+            v = Tensor._make(b.ptr, shape, flat, dt, dev, b.owner)
+            if t is not None:
+                transform(handle, _view4(t), _view4(v))
+            return v
+
+        staged_reads = tuple(buffer(t) for t in reads)
+        target = buffer(None)
+        plan.execute(handle, tuple(t.ptr for t in staged_reads) + (target.ptr,), 0)
+        transform(handle, _view4(target), _view4(out))
+
+
+def graph_kernel(act: Activation, coef: float, x: Tensor, strides: tuple[tuple[int, ...], ...],
+                  backward: bool, fn: str) -> GraphKernel:
+    """The graph kernel of a graph-only mode for a signature whose operands other than ``x``
+    have ``strides``."""
+    if x.dtype not in runtime_kernels.GRAPH_DTYPES:
+        raise TypeError(f"{fn}: mode {act.name!r} runs on cuDNN's graph API, which takes "
+                        f"float32, float16 or bfloat16 data, but got x of dtype {x.dtype.name}")
+    n = x.size
+    layout = runtime_kernels.flat_layout(n, x.dtype.itemsize)
+    direct = (layout is not None and runtime_kernels.dense(x)
+              and all(same_layout(x.shape, st, x.strides) for st in strides))
+    padded = n
+    if layout is None:
+        padded = max(8, -(-n // 8) * 8)  # a multiple of 8 always has a (1, 2, 2, n / 4) block
+        layout = runtime_kernels.flat_layout(padded, x.dtype.itemsize)
+    assert layout is not None
+    direction = "backward" if backward else "forward"
+    description = f"{act.name} {direction} of {padded} {x.dtype.name} elements"
+    build = runtime_kernels.activation_graph(act, coef, layout, x.dtype, backward, description)
+    return GraphKernel(build, direct, padded, description)
 
 
 class _Plan:
@@ -119,7 +268,7 @@ class _Plan:
     scaling constants and the bound C function."""
 
     __slots__ = ("act", "x", "y", "dy", "dx", "shape", "strides", "nbytes", "dense", "stage",
-                 "one", "zero", "launch", "keep", "fast", "wide")
+                 "one", "zero", "launch", "keep", "fast", "wide", "graph", "fix")
 
     def __init__(self) -> None:
         self.act = self.x = self.y = self.dy = self.dx = 0
@@ -137,6 +286,10 @@ class _Plan:
         #: backward: the dtype the legacy kernel computes in when it is not the operands'
         #: (float32 for ELU on float16/bfloat16), staged through copies
         self.wide: Any = None
+        #: a graph-only mode's compiled graph (the only kernel it has)
+        self.graph: GraphKernel | None = None
+        #: backward: what gives PyTorch's edge values on the legacy kernel
+        self.fix: _EdgeFix | None = None
 
 
 # ---- forward --------------------------------------------------------------------------------------
@@ -148,8 +301,11 @@ def activation_forward(x: TensorLike, mode: str = "relu", *, coef: float = 0.0,
     Args:
         x: the input, anything `pycudnn.as_tensor()` accepts: 0 to 5
             dims, any strides (no broadcast dims); float32, float16, bfloat16 or float64.
-        mode: ``"relu"``, ``"sigmoid"``, ``"tanh"``, ``"clipped_relu"``, ``"elu"`` or
-            ``"swish"``. (``"identity"`` is refused: cuDNN runs it only fused into a convolution.)
+        mode: ``"relu"``, ``"sigmoid"``, ``"tanh"``, ``"clipped_relu"``, ``"elu"``,
+            ``"swish"``, ``"gelu"`` (``x * Phi(x)``, PyTorch's ``F.gelu``) or ``"gelu_tanh"``
+            (its tanh approximation, ``F.gelu(x, approximate="tanh")``). The GELU modes run a
+            cuDNN graph built at a signature's first call (float32, float16, bfloat16 only).
+            (``"identity"`` is refused: cuDNN runs it only fused into a convolution.)
         coef: the ceiling of ``"clipped_relu"``, the alpha of ``"elu"``, the beta of ``"swish"``;
             ignored by the other modes. The default 0.0 is cuDNN's: pass ``coef=1.0`` for
             PyTorch's ``F.elu`` and ``F.silu``, ``coef=6.0`` for ``F.relu6``.
@@ -183,13 +339,16 @@ def run_forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPro
     if o is not None:
         check_out_reads(o, (), fn, in_place=x)
     dev = x.device
-    if not plan.x:  # no element
+    if not plan.nbytes:  # no element
         return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
     prev = callers_device()
     try:
         handle = get_handle(dev, s)
         y = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev, s,
                                            s_ref)
+        if plan.graph is not None:
+            plan.graph.run(handle, (x,), y, s)
+            return y
         fast = plan.fast
         if fast is not None and fast.plan is not None and not (x.ptr | y.ptr) % ALIGNMENT \
                 and fast.launch(handle, (x.ptr, y.ptr)):
@@ -219,6 +378,10 @@ def _forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPro
     plan.nbytes = x.size * x.dtype.itemsize
     if x.size == 0:
         return plan
+    act_row = row(mode)
+    if act_row.legacy is None:
+        plan.graph = graph_kernel(act_row, c, x, (plan.strides,), False, fn)
+        return plan
     plan.one, plan.zero = scalars_of(x.dtype)
     plan.launch = c_function("cudnnActivationForward")
     act = activation_descriptor(mode, c, nan)
@@ -246,7 +409,7 @@ def activation_backward(y: TensorLike, dy: TensorLike, x: TensorLike, mode: str 
         x: the forward input. ``y``, ``dy`` and ``x`` have one shape, dtype and device; any
             strides (cuDNN needs ``y``/``dy`` and ``x``/``dx`` laid out alike: operands that are
             not dense in ``x``'s memory format are staged through dense copies).
-        mode: as for `activation_forward()`.
+        mode: as for `activation_forward()`; the GELU modes read ``dy`` and ``x`` only.
         coef: as for `activation_forward()`.
         out: optional output of ``x``'s shape, dtype and device, any strides, sharing no memory
             with ``y``, ``dy`` or ``x``.
@@ -260,28 +423,34 @@ def activation_backward(y: TensorLike, dy: TensorLike, x: TensorLike, mode: str 
 
 
 def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream: Any,
-                 nan: NanPropagation, fn: str) -> Tensor:
+                 nan: NanPropagation, fn: str, pytorch_edges: bool = True) -> Tensor:
+    """`activation_backward` with the NaN mode given; ``pytorch_edges=False`` skips the edge
+    corrections (for a caller whose operands hold no value they change, or CuPy's calls)."""
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = (mode, coef, type(coef), nan == _PROPAGATE, y.shape, y.strides, y.dtype, y.device,
-           dy.shape, dy.strides, dy.dtype, dy.device, x.shape, x.strides, x.dtype, x.device,
-           _sig(o))
+    edges = pytorch_edges and nan == _PROPAGATE  # CuPy 13's calls keep cuDNN's own values
+    key = (mode, coef, type(coef), nan == _PROPAGATE, edges, y.shape, y.strides, y.dtype,
+           y.device, dy.shape, dy.strides, dy.dtype, dy.device, x.shape, x.strides, x.dtype,
+           x.device, _sig(o))
     try:
         plan = _BACKWARD[key]
     except (KeyError, TypeError):
-        plan = _backward_plan(y, dy, x, mode, coef, o, nan, fn)
+        plan = _backward_plan(y, dy, x, mode, coef, o, nan, fn, edges)
         _BACKWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
     dev = x.device
-    if not plan.x:
+    if not plan.nbytes:
         return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
     prev = callers_device()
     try:
         handle = get_handle(dev, s)
         dx = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev,
                                             s, s_ref)
+        if plan.graph is not None:
+            plan.graph.run(handle, (dy, x), dx, s)
+            return dx
         fast = plan.fast
         if fast is not None and fast.plan is not None:
             src = y if fast.reads_output else x
@@ -309,11 +478,16 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
             if status:
                 raise_launch(status, "cudnnActivationForward", fn, activation=plan.keep[0],
                              tensors=plan.keep[1])
+        fix = plan.fix
+        if fix is not None and fix.kind == "nan_passes":
+            y = x = fix.before(handle, y, d, s)
         status = plan.launch(handle, plan.act, plan.one, d, y.ptr, d, dy.ptr, d, x.ptr, plan.zero,
                              d, target.ptr)
         if status:
             raise_launch(status, "cudnnActivationBackward", fn, activation=plan.keep[0],
                          tensors=plan.keep[1])
+        if fix is not None and fix.kind == "nan_at_inf":
+            fix.after(handle, x, target, d)
         if target is not dx:
             transform(handle, target, _view4(dx))
         if fast is not None and fast.plan is None:
@@ -324,7 +498,7 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
 
 
 def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Tensor | None,
-                   nan: NanPropagation, fn: str) -> _Plan:
+                   nan: NanPropagation, fn: str, pytorch_edges: bool = True) -> _Plan:
     check_input(x, "x", fn, _RANKS, _WHAT)
     for t, name in ((y, "y"), (dy, "dy")):
         check_input(t, name, fn, _RANKS, _WHAT)
@@ -341,6 +515,10 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Te
     plan.nbytes = x.size * x.dtype.itemsize
     if x.size == 0:
         return plan
+    act_row = row(mode)
+    if act_row.legacy is None:
+        plan.graph = graph_kernel(act_row, c, x, (dy.strides, plan.strides), True, fn)
+        return plan
     # cuDNN's float16/bfloat16 ELU backward is wrong for a one-element tensor (0.198 off in
     # float16, 1.0 in bfloat16, against float64; float32 exact): its legacy kernel computes ELU
     # on float32 copies (PyTorch computes half ELU gradients in float32 too)
@@ -352,7 +530,14 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Te
     # in another staged through copies
     plan.stage = not all(same_layout(x.shape, t, dense)
                          for t in (y.strides, dy.strides, x.strides, plan.strides))
+    pytorch_edges = pytorch_edges and nan == _PROPAGATE
+    if pytorch_edges and act_row.edges == "open_ceiling" and c > 0:
+        # the legacy kernel passes dy at x == coef (PyTorch: 0 from x >= coef on): its
+        # ceiling one value of the dtype lower makes its test PyTorch's x < coef
+        c = below(c, x.dtype)
     act = activation_descriptor(mode, c, nan)
+    if pytorch_edges and act_row.edges in ("nan_passes", "nan_at_inf"):
+        plan.fix = _EdgeFix(act_row.edges, compute)
     d = _descriptor(x.shape, dense, compute)
     plan.act = act.handle
     plan.x = plan.y = plan.dy = plan.dx = d.handle

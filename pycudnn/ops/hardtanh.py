@@ -211,8 +211,9 @@ def hardtanh_backward(dy: TensorLike, x: TensorLike, min_val: float = -1.0, max_
         _op(handle, OpTensorOp.MIN, below, 1.0, inf, below, keep_nan)
         # ReLU's gradient passes dy where its input is > 0 and gives 0 at +-0 (both kernels)
         nan = NanPropagation.PROPAGATE_NAN
-        g = run_backward(above, dyw, above, "relu", 0.0, None, s, nan, fn)
-        gw = run_backward(below, g, below, "relu", 0.0, None, s, nan, fn)
+        # (the guards above left no NaN: ReLU's NaN correction would change nothing)
+        g = run_backward(above, dyw, above, "relu", 0.0, None, s, nan, fn, pytorch_edges=False)
+        gw = run_backward(below, g, below, "relu", 0.0, None, s, nan, fn, pytorch_edges=False)
         if o is None and wide == xt.dtype:
             return gw
         dx = o if o is not None else output(xt.size * xt.dtype.itemsize, xt.shape, strides,

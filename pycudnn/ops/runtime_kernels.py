@@ -34,13 +34,15 @@ import numpy as np
 
 from ..cudnn.graph import (ExecutionPlan, OperationGraph, PointwiseStep, TensorSpec,
                            build_pointwise_graph, engine_configs, filter_candidates, first_plan)
-from ..ffi.backend import Attr, PointwiseMode
+from ..ffi.backend import PointwiseMode
 from ..runtime.handle import get_handle
 from ..runtime.memory import relaxed_capture_mode
 from ..runtime.tensor import Tensor, has_internal_overlap
 from ._common import same_layout
+from .activation_modes import NAMES, Activation, row
 
-__all__ = ["configure", "wait", "stats", "Promotion", "activation_promotion",
+__all__ = ["configure", "wait", "stats", "Promotion", "activation_promotion", "activation_steps",
+           "activation_graph", "compiled_plan", "GRAPH_DTYPES",
            "batch_norm_inference_promotion", "flat_layout", "dense", "ALIGNMENT", "MIN_BYTES"]
 
 _log = logging.getLogger("pycudnn")
@@ -59,6 +61,8 @@ try:
     _DTYPES = _DTYPES | {np.dtype(ml_dtypes.bfloat16)}
 except ImportError:  # pragma: no cover - ml_dtypes is a dependency
     pass
+#: the data types the compiled pointwise kernels take
+GRAPH_DTYPES = _DTYPES
 
 
 class _Settings:
@@ -246,13 +250,7 @@ class Promotion:
             return
         try:
             handle = get_handle(self.device)
-            graph = self._build(handle)
-            candidates = engine_configs(handle, graph, ("A",))
-            kept, _ = filter_candidates(candidates, np.float32, True, False)
-            plan, _ = first_plan(handle, kept, max_attempts=2)
-            if plan.workspace_size:
-                plan.close()
-                raise RuntimeError(f"the plan needs a workspace ({plan.workspace_size} B)")
+            plan = compiled_plan(handle, self._build(handle))
             with _counts_lock:
                 if self.retired:  # evicted while it was built
                     retired = True
@@ -271,6 +269,18 @@ class Promotion:
                       self.description, self.error)
         finally:
             _count("building", -1)
+
+
+def compiled_plan(handle: int, graph: OperationGraph) -> ExecutionPlan:
+    """The first heuristic candidate of a pointwise ``graph`` that finalizes and needs no
+    workspace (RuntimeError if it needs one; NoAlgorithmError if none finalizes)."""
+    candidates = engine_configs(handle, graph, ("A",))
+    kept, _ = filter_candidates(candidates, np.float32, True, False)
+    plan, _ = first_plan(handle, kept, max_attempts=2)
+    if plan.workspace_size:
+        plan.close()
+        raise RuntimeError(f"the plan needs a workspace ({plan.workspace_size} B)")
+    return plan
 
 
 def _forget(future: concurrent.futures.Future[None]) -> None:
@@ -317,30 +327,53 @@ def _spec(uid: int, layout: tuple[tuple[int, ...], tuple[int, ...]], dtype: Any,
 
 # ---- activations --------------------------------------------------------------------------------
 
-#: mode -> (forward, backward pointwise mode, the parameter ``coef`` sets)
-_ACTIVATIONS: dict[str, tuple[PointwiseMode, PointwiseMode, Attr | None]] = {
-    "relu": (PointwiseMode.RELU_FWD, PointwiseMode.RELU_BWD, None),
-    "clipped_relu": (PointwiseMode.RELU_FWD, PointwiseMode.RELU_BWD,
-                     Attr.POINTWISE_RELU_UPPER_CLIP),
-    "sigmoid": (PointwiseMode.SIGMOID_FWD, PointwiseMode.SIGMOID_BWD, None),
-    "tanh": (PointwiseMode.TANH_FWD, PointwiseMode.TANH_BWD, None),
-    "elu": (PointwiseMode.ELU_FWD, PointwiseMode.ELU_BWD, Attr.POINTWISE_ELU_ALPHA),
-    "swish": (PointwiseMode.SWISH_FWD, PointwiseMode.SWISH_BWD, Attr.POINTWISE_SWISH_BETA),
-}
+def activation_steps(act: Activation, coef: float, backward: bool
+                     ) -> tuple[list[PointwiseStep], tuple[str, ...], tuple[str, ...]]:
+    """The pointwise steps of mode ``act``'s forward or backward graph: ``(steps, the real
+    tensors in the order `ExecutionPlan.execute()` takes their pointers, the virtual ones)``.
+
+    Forward reads ``x`` and writes ``y``; backward reads ``(dy, x)`` (``(dy, y)`` for a mode
+    with ``from_output`` steps) and writes ``dx``. Swish's backward adds ``x - x`` to the
+    gradient: 0 where x is finite, NaN at +-inf, PyTorch's value there.
+    """
+    params = tuple((attr, coef) for attr in act.params) + act.fixed
+    if not backward:
+        assert act.forward is not None
+        return [PointwiseStep(act.forward, x="x", y="y", params=params)], ("x", "y"), ()
+    if act.from_output:
+        steps = list(act.from_output)
+        real: tuple[str, ...] = ("dy", "y", "dx")
+    else:
+        assert act.backward is not None
+        nan_at_inf = act.edges == "nan_at_inf"
+        steps = [PointwiseStep(act.backward, x="x", dy="dy", dx="g" if nan_at_inf else "dx",
+                               params=params)]
+        if nan_at_inf:
+            steps += [PointwiseStep(PointwiseMode.SUB, x="x", b="x", y="z"),
+                      PointwiseStep(PointwiseMode.ADD, x="g", b="z", y="dx")]
+        real = ("dy", "x", "dx")
+    names: list[str] = []
+    for st in steps:
+        for n in (st.x, st.b, st.dy, st.y, st.dx):
+            if n and n not in real and n not in names:
+                names.append(n)
+    return steps, real, tuple(names)
 
 
-#: backward graphs computed from the forward output, as PyTorch's kernels and cuDNN's legacy
-#: ones do: ``dy * y * (1 - y)`` and ``dy * (1 - y * y)`` read as much memory as the graph API's
-#: SIGMOID_BWD / TANH_BWD, which recompute the function from ``x`` (measured: sigmoid backward
-#: 1.17x PyTorch's time that way, bf16) and round it again
-_FROM_OUTPUT: dict[str, list[PointwiseStep]] = {
-    "sigmoid": [PointwiseStep(PointwiseMode.MUL, x="y", b="y", y="yy"),
-                PointwiseStep(PointwiseMode.SUB, x="y", b="yy", y="d"),
-                PointwiseStep(PointwiseMode.MUL, x="dy", b="d", y="dx")],
-    "tanh": [PointwiseStep(PointwiseMode.MUL, x="y", b="y", y="yy"),
-             PointwiseStep(PointwiseMode.MUL, x="dy", b="yy", y="d"),
-             PointwiseStep(PointwiseMode.SUB, x="dy", b="d", y="dx")],
-}
+def activation_graph(act: Activation, coef: float, layout: tuple[tuple[int, ...], tuple[int, ...]],
+                     dtype: Any, backward: bool, description: str
+                     ) -> Callable[[int], OperationGraph]:
+    """A function of a handle that builds mode ``act``'s graph on tensors of ``layout`` (all
+    operands alike; intermediates float32)."""
+    steps, real, virtual = activation_steps(act, coef, backward)
+    tensors = {name: _spec(uid, layout, dtype) for uid, name in enumerate(real, 1)}
+    tensors.update({name: _spec(uid, layout, dtype, True)
+                    for uid, name in enumerate(virtual, 10)})
+
+    def build(handle: int) -> OperationGraph:
+        return build_pointwise_graph(handle, tensors, steps, description)
+
+    return build
 
 
 def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tuple[int, ...]],
@@ -351,15 +384,14 @@ def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tu
     or writes (``y`` forward; ``dy``, ``dx`` and, for sigmoid and tanh, ``y`` backward), which
     must address the elements as ``x``'s do, ``x`` being dense.
     """
-    if not propagate_nan or mode not in _ACTIVATIONS:
+    if not propagate_nan or mode not in NAMES:
         return None
-    if backward and (mode in ("relu", "clipped_relu") or (mode == "elu" and coef != 1.0)):
-        # at the kinks (x == coef; x == 0 with alpha != 1) cuDNN's legacy kernel passes the
-        # gradient of the upper piece and the compiled one that of the lower (as PyTorch):
-        # measured on an H200. ReLU's backward differs at NaN, +-inf and +-0 inputs (by the dy
-        # values, measured on an H200, round 3): the legacy kernel reads y, the graph's
-        # RELU_BWD x, and the graph API has no select to state PyTorch's rule. A signature
-        # keeps one convention: these stay on the legacy kernel
+    act = row(mode)
+    if act.legacy is None or act.forward is None:
+        return None  # graph-only modes run their graph from the first call (activation.py)
+    if backward and not act.compiles_backward(coef):
+        # a signature keeps one convention at the kinks and edges: where the compiled kernel's
+        # values there are not the legacy kernel's, it stays on the legacy kernel
         return None
     if (x.dtype not in _DTYPES or x.size == 0 or x.nbytes < _settings.min_bytes
             or not dense(x)):
@@ -369,34 +401,10 @@ def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tu
     layout = flat_layout(x.size, x.dtype.itemsize)
     if layout is None:
         return None
-    fwd, bwd, param = _ACTIVATIONS[mode]
-    params: tuple[tuple[Attr, float], ...] = ()
-    if mode == "clipped_relu":
-        params = ((Attr.POINTWISE_RELU_LOWER_CLIP, 0.0), (Attr.POINTWISE_RELU_UPPER_CLIP, coef))
-    elif param is not None:
-        params = ((param, coef),)
-    dtype = x.dtype
     direction = "backward" if backward else "forward"
-    description = f"{mode} {direction} of {x.size} {dtype.name} elements"
-
-    from_output = backward and mode in _FROM_OUTPUT
-
-    def build(handle: int) -> OperationGraph:
-        if from_output:
-            tensors = {"dy": _spec(1, layout, dtype), "y": _spec(2, layout, dtype),
-                       "dx": _spec(3, layout, dtype), "yy": _spec(10, layout, dtype, True),
-                       "d": _spec(11, layout, dtype, True)}
-            return build_pointwise_graph(handle, tensors, _FROM_OUTPUT[mode], description)
-        if backward:
-            tensors = {"dy": _spec(1, layout, dtype), "x": _spec(2, layout, dtype),
-                       "dx": _spec(3, layout, dtype)}
-            step = PointwiseStep(bwd, x="x", dy="dy", dx="dx", params=params)
-        else:
-            tensors = {"x": _spec(1, layout, dtype), "y": _spec(2, layout, dtype)}
-            step = PointwiseStep(fwd, x="x", y="y", params=params)
-        return build_pointwise_graph(handle, tensors, [step], description)
-
-    return Promotion(x.device, description, build, from_output)
+    description = f"{mode} {direction} of {x.size} {x.dtype.name} elements"
+    build = activation_graph(act, coef, layout, x.dtype, backward, description)
+    return Promotion(x.device, description, build, backward and bool(act.from_output))
 
 
 # ---- batch-norm inference -----------------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""The activation table without a GPU: every other activation table is derived from its rows,
+the graphs of the graph-only modes (GELU) and of the edge corrections are the pointwise steps
+the cuDNN 9 header names, and the ceiling correction of clipped ReLU is PyTorch's ``x < coef``
+for every value of each dtype."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pycudnn
+from pycudnn import cupy_compat as cc
+from pycudnn._types import ActivationMode
+from pycudnn.ffi.backend import Attr, PointwiseMode
+from pycudnn.ops import activation, runtime_kernels
+from pycudnn.ops.activation_modes import (
+    ACTIVATIONS,
+    CUPY_CONSTANTS,
+    GRAPH_ONLY,
+    NAMES,
+    row,
+)
+
+BASE = 0x7F00_0000_0000
+
+
+def t(*shape, dtype="float32", strides=None, region=0):
+    return pycudnn.tensor_from_pointer(BASE + (region << 40), shape, dtype, strides=strides)
+
+
+def test_the_cuDNN_9_header_values_of_the_gelu_pointwise_modes():
+    # cudnn_graph_v9.h: CUDNN_POINTWISE_GELU_FWD = 104, GELU_APPROX_TANH_FWD = 107,
+    # GELU_BWD = 204, GELU_APPROX_TANH_BWD = 207
+    assert (PointwiseMode.GELU_FWD, PointwiseMode.GELU_APPROX_TANH_FWD) == (104, 107)
+    assert (PointwiseMode.GELU_BWD, PointwiseMode.GELU_APPROX_TANH_BWD) == (204, 207)
+
+
+def test_each_legacy_mode_appears_once_and_the_graph_only_ones_are_gelu():
+    legacy = [a.legacy for a in ACTIVATIONS if a.legacy is not None]
+    assert sorted(legacy) == sorted(ActivationMode)
+    assert GRAPH_ONLY == {"gelu", "gelu_tanh"}
+    assert row("gelu").forward == PointwiseMode.GELU_FWD
+    assert row("gelu_tanh").backward == PointwiseMode.GELU_APPROX_TANH_BWD
+    assert "identity" not in NAMES and len(set(NAMES)) == len(NAMES)
+
+
+def test_the_functions_modes_and_cupys_constants_come_from_the_rows():
+    assert list(activation.MODES) == list(NAMES)
+    assert activation.MODES["gelu"] is None and activation.MODES["swish"] == ActivationMode.SWISH
+    for name, value in CUPY_CONSTANTS.items():
+        assert getattr(cc, name) == value
+    assert set(CUPY_CONSTANTS) == {n for n in cc.__all__ if n.startswith("CUDNN_ACTIVATION_")}
+    # CuPy 13 had no GELU constant
+    assert all(not row(m).cupy for m in GRAPH_ONLY)
+
+
+def test_gelu_graphs_are_one_pointwise_op_reading_x_and_dy():
+    for mode, fwd, bwd in (("gelu", PointwiseMode.GELU_FWD, PointwiseMode.GELU_BWD),
+                           ("gelu_tanh", PointwiseMode.GELU_APPROX_TANH_FWD,
+                            PointwiseMode.GELU_APPROX_TANH_BWD)):
+        steps, real, virtual = runtime_kernels.activation_steps(row(mode), 0.0, False)
+        assert [(s.mode, s.x, s.y) for s in steps] == [(fwd, "x", "y")]
+        assert real == ("x", "y") and virtual == ()
+        steps, real, virtual = runtime_kernels.activation_steps(row(mode), 0.0, True)
+        assert [(s.mode, s.x, s.dy, s.dx) for s in steps] == [(bwd, "x", "dy", "dx")]
+        assert real == ("dy", "x", "dx") and virtual == ()
+
+
+def test_coef_sets_the_rows_graph_attributes():
+    steps, _, _ = runtime_kernels.activation_steps(row("clipped_relu"), 6.0, False)
+    assert dict(steps[0].params) == {Attr.POINTWISE_RELU_UPPER_CLIP: 6.0,
+                                     Attr.POINTWISE_RELU_LOWER_CLIP: 0.0}
+    steps, _, _ = runtime_kernels.activation_steps(row("elu"), 0.5, True)
+    assert dict(steps[0].params) == {Attr.POINTWISE_ELU_ALPHA: 0.5}
+
+
+def test_compiled_swish_backward_adds_x_minus_x_for_pytorchs_nan_at_infinity():
+    steps, real, virtual = runtime_kernels.activation_steps(row("swish"), 1.0, True)
+    assert [(s.mode, s.x, s.b) for s in steps[1:]] == [(PointwiseMode.SUB, "x", "x"),
+                                                       (PointwiseMode.ADD, "g", "z")]
+    assert steps[0].mode == PointwiseMode.SWISH_BWD and steps[0].dx == "g"
+    assert steps[-1].y == "dx" and real == ("dy", "x", "dx") and virtual == ("g", "z")
+
+
+def test_sigmoid_and_tanh_backward_graphs_read_the_output():
+    for mode in ("sigmoid", "tanh"):
+        steps, real, virtual = runtime_kernels.activation_steps(row(mode), 0.0, True)
+        assert steps == list(row(mode).from_output)
+        assert real == ("dy", "y", "dx") and set(virtual) == {"yy", "d"}
+
+
+def test_a_gelu_signature_runs_its_graph_on_the_callers_memory_where_it_can():
+    x = t(2, 64, 8, 8)
+    k = activation.graph_kernel(row("gelu"), 0.0, x, (x.strides,), False, "activation_forward")
+    assert k.direct and k.padded == x.size
+    assert k.description == f"gelu forward of {x.size} float32 elements"
+    # 7 elements have no (1, C, H, W) block with H, W > 1: padded to 8, through copies
+    k = activation.graph_kernel(row("gelu_tanh"), 0.0, t(7), ((1,),), True, "activation_backward")
+    assert not k.direct and k.padded == 8
+    # strided operands go through dense copies
+    s = t(2, 3, 8, 8, strides=(384, 128, 16, 2))
+    k = activation.graph_kernel(row("gelu"), 0.0, s, (s.strides,), False, "activation_forward")
+    assert not k.direct
+    x = t(2, 64, 8, 8)
+    k = activation.graph_kernel(row("gelu"), 0.0, x, ((4096, 1, 512, 64),), False,
+                                "activation_forward")
+    assert not k.direct  # the output laid out otherwise
+
+
+def test_graph_only_modes_never_get_a_legacy_promotion():
+    x = t(1, 512, 32, 32)
+    assert runtime_kernels.activation_promotion("gelu", 0.0, x, (x.strides,), False, True) is None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("coef", [6.0, 6.1, 1.0, 0.1, 65504.0, 70000.0, math.inf, 1e-30])
+def test_the_clipped_relu_ceiling_below_coef_is_pytorchs_strict_test(dtype, coef):
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    with np.errstate(invalid="ignore"):
+        every = np.arange(1 << 16, dtype=np.uint16).view(dt).astype(np.float64)
+    every = every[~np.isnan(every)]
+    c = activation.below(coef, dt)
+    # the legacy kernel's test is 0 < x <= ceiling; PyTorch's 0 < x < coef
+    assert np.array_equal((every > 0) & (every <= c), (every > 0) & (every < coef))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_below_is_the_next_value_down(dtype):
+    assert activation.below(6.0, dtype) == float(np.nextafter(np.array(6.0, dtype), -np.inf))
+    assert activation.below(math.inf, dtype) == float(np.finfo(dtype).max)
+    assert activation.below(0.1, dtype) < 0.1
+
+
+def _backward(mode, coef, nan, dtype="float32"):
+    y, dy, x = (t(2, 3, 4, 4, dtype=dtype, region=r) for r in (1, 2, 3))
+    return activation._backward_plan(y, dy, x, mode, coef, None, nan, "activation_backward")
+
+
+def test_pytorchs_edge_corrections_are_planned_for_pycudnns_calls_and_not_cupys():
+    keep, cupy = activation.NanPropagation.PROPAGATE_NAN, activation.NanPropagation.NOT_PROPAGATE_NAN
+    assert _backward("relu", 0.0, keep).fix.kind == "nan_passes"
+    assert _backward("swish", 1.0, keep, "bfloat16").fix.kind == "nan_at_inf"
+    for mode in ("relu", "swish"):
+        assert _backward(mode, 1.0, cupy).fix is None
+    for mode in ("sigmoid", "tanh", "elu", "clipped_relu"):
+        assert _backward(mode, 1.0, keep).fix is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_clipped_relu_backward_ceiling_is_one_value_below_coef(dtype):
+    keep, cupy = activation.NanPropagation.PROPAGATE_NAN, activation.NanPropagation.NOT_PROPAGATE_NAN
+    assert _backward("clipped_relu", 6.0, keep, dtype).keep[0].coef == activation.below(6.0, dtype)
+    assert _backward("clipped_relu", math.inf, keep, dtype).keep[0].coef == float(
+        np.finfo(dtype).max)
+    assert _backward("clipped_relu", 6.0, cupy, dtype).keep[0].coef == 6.0  # CuPy 13's
+    # the forward keeps the ceiling itself
+    fwd = activation._forward_plan(t(2, 3, 4, 4, dtype=dtype), "clipped_relu", 6.0, None, keep,
+                                   "activation_forward")
+    assert fwd.keep[0].coef == 6.0
