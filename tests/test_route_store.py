@@ -436,3 +436,16 @@ def test_a_child_forked_while_the_store_is_locked_can_use_it(store):
     assert os.waitstatus_to_exitcode(status) == 0
     store.forget()
     assert store.lookup(key("backward data"))["reason"] == "child's"
+
+
+def test_routing_keys_a_decision_by_torch_backends_cudnn_enabled(store, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from pycudnn.torch import routing
+
+    monkeypatch.setattr(torch.backends.cudnn, "enabled", False)
+    off = routing._stored_key(SIG, "forward", 0, (True, False))
+    monkeypatch.setattr(torch.backends.cudnn, "enabled", True)
+    on = routing._stored_key(SIG, "forward", 0, (True, False))
+    assert off["cudnn_enabled"] is False and on["cudnn_enabled"] is True
+    store.store(off, "torch", FIGURES, "PyTorch's native kernel")
+    assert store.lookup(on) is None and store.lookup(off)["winner"] == "torch"
