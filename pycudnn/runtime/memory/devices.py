@@ -243,3 +243,18 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
         err, free, total = (_bindings.rt or _bindings.runtime()).cudaMemGetInfo()
         check_cuda(err, "cudaMemGetInfo")
     return int(free), int(total)
+
+
+def memory_in_use(device: Any = None) -> int:
+    """Bytes of device memory this process holds from ``device``'s current stream-ordered
+    memory pool (default: the current device), where every pycudnn allocation comes from
+    (cuda.core's buffers, the hot path's ``cuMemAllocAsync``, the blocks kept for reuse):
+    pycudnn's own device memory, unlike `mem_get_info`, which other processes on the GPU change.
+    Memory the pool keeps after a free is not counted. For leak checks and monitoring."""
+    dev = normalize_device(device)
+    rt = _bindings.rt or _bindings.runtime()
+    err, pool = rt.cudaDeviceGetMemPool(dev)
+    check_cuda(err, "cudaDeviceGetMemPool")
+    err, used = rt.cudaMemPoolGetAttribute(pool, rt.cudaMemPoolAttr.cudaMemPoolAttrUsedMemCurrent)
+    check_cuda(err, "cudaMemPoolGetAttribute(cudaMemPoolAttrUsedMemCurrent)")
+    return int(used)
