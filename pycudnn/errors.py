@@ -145,7 +145,8 @@ class StreamCaptureError(PycudnnError):
 
 
 class TuningDatabaseWarning(UserWarning):
-    """A tuning database file was unusable (set aside) or its directory was refused."""
+    """A file of pycudnn's cache (the tuning database or the routing decisions) was unusable
+    (set aside) or its directory was refused; the message names which file."""
 
 
 def error_class_for_status(status: int) -> type[CudnnError]:

@@ -407,3 +407,32 @@ def test_find_headroom():
     assert v7.find_headroom(1 << 34) == v7.FIND_HEADROOM
     assert v7.find_headroom(100 << 20) == 25 << 20
     assert v7.find_headroom(0) == 0 and v7.find_headroom(-5) == 0
+
+
+@pytest.mark.parametrize("where", ["sizing", "find", "retried find"])
+def test_an_interrupt_during_a_find_leaves_the_sizing_lock_free(monkeypatch, where):
+    device = _Device(1 << 30)
+    engine, calls, sizes = _v7_with_fake_find(monkeypatch, device,
+                                              rows_fail_first=1 if where == "retried find" else 0)
+    fake = v7._lib.lib()
+    find = fake.cudnnFindConvolutionForwardAlgorithmEx
+
+    def interrupted_find(*a):
+        find(*a)
+        if where == "find" or len(calls) == 2:
+            raise KeyboardInterrupt
+
+    def interrupted_sizing(args):
+        raise KeyboardInterrupt
+
+    if where == "sizing":
+        monkeypatch.setattr(engine, "max_workspace_size", interrupted_sizing)
+    else:
+        fake.cudnnFindConvolutionForwardAlgorithmEx = interrupted_find
+    with pytest.raises(KeyboardInterrupt):
+        engine.candidates(args_for(make_params(), benchmark=True))
+    assert not v7._sizing_lock(0).locked() and device.in_use == 0
+    # the next search on the device is not blocked
+    fake.cudnnFindConvolutionForwardAlgorithmEx = find
+    monkeypatch.setattr(engine, "max_workspace_size", type(engine).max_workspace_size.__get__(engine))
+    assert engine.candidates(args_for(make_params(), benchmark=True))

@@ -775,3 +775,132 @@ def test_cache_commands_on_a_directory_others_may_write(tmp_path):
 def test_safe_text_escapes_control_and_invisible_characters():
     assert report.terminal_safe("NVIDIA H200 (9.0)") == "NVIDIA H200 (9.0)"
     assert report.terminal_safe("a\x1b[2Jb\x07\n\u202ec\u00e9") == "a\\x1b[2Jb\\x07\\n\\u202ecé"
+
+
+# ---- cache clear: what it clears and what it says ------------------------------------------------
+
+ROUTE = {"key": {"gpu": H200, "cudnn": 91000, "torch": "2.11.0", "torch_cudnn": 91000,
+                 "signature": "layer", "direction": "forward", "allow_tf32": True,
+                 "deterministic": False},
+         "winner": "torch", "reason": "r", "pycudnn_gpu_us": 1.0, "torch_gpu_us": 1.0,
+         "pycudnn_call_us": 1.0, "torch_call_us": 1.0}
+
+
+def write_routes(cache: Path, entries=(ROUTE,)) -> Path:
+    cache.mkdir(mode=0o700, exist_ok=True)
+    f = cache / "routes-v1.json"
+    f.write_text(json.dumps({"format": "pycudnn-routes", "version": 1, "entries": list(entries)}))
+    os.chmod(f, 0o600)
+    return f
+
+
+def test_cache_clear_refuses_a_file_argument_and_clears_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    routes = write_routes(cache)
+    extra = tmp_path / "extra.json"
+    extra.write_text("{}")
+    proc = run_cli("cache", "clear", str(extra), cache=cache)
+    err = one_line_error(proc, 2)
+    assert "cache clear takes no FILE" in err and str(extra) in err
+    assert extra.read_text() == "{}" and len(json.loads(routes.read_text())["entries"]) == 1
+
+
+def test_cache_clear_removes_and_counts_the_routing_decisions(tmp_path):
+    cache = tmp_path / "cache"
+    routes = write_routes(cache, [ROUTE, {**ROUTE, "key": {**ROUTE["key"], "signature": "other"}}])
+    proc = run_cli("cache", "clear", cache=cache)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"removed 0 records from {cache / tuning_db.FILE_NAME}",
+                                        f"removed 2 routing decisions from {routes}"]
+    assert json.loads(routes.read_text())["entries"] == []
+
+
+def test_cache_clear_fails_when_routing_decisions_stay_on_disk(tmp_path):
+    cache = tmp_path / "cache"
+    routes = write_routes(cache)
+    os.mkfifo(cache / "routes-v1.json.lock", 0o600)  # the store refuses the file
+    proc = run_cli("cache", "clear", cache=cache)
+    err = one_line_error(proc, 1)
+    assert "could not clear the routing decisions" in err and "not a regular file" in err
+    assert f"removed 0 records from {cache / tuning_db.FILE_NAME}" in proc.stdout  # the rest is done
+    assert len(json.loads(routes.read_text())["entries"]) == 1
+
+
+def test_cache_clear_names_an_unusable_routes_file_as_such(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    (cache / "routes-v1.json").write_text("not json")
+    proc = run_cli("cache", "clear", cache=cache)
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr.strip()
+    assert err.startswith(f"pycudnn cache clear: pycudnn routing decisions file {cache}/routes-v1.json"
+                          " is unusable (not JSON"), err
+    assert "tuning database" not in err and len(err.splitlines()) == 1  # no warning source line
+    assert list(cache.glob("routes-v1.json.corrupt-*"))
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda d: d.symlink_to(d.parent / "missing"), "is a symbolic link to a missing path"),
+    (lambda d: d.write_text(""), "is not a directory"),
+])
+def test_cache_clear_and_show_name_an_unusable_cache_directory(tmp_path, make, why):
+    cache = tmp_path / "cache"
+    make(cache)
+    proc = run_cli("cache", "clear", cache=cache)
+    err = one_line_error(proc, 1)
+    assert f"the cache directory {cache} {why}; nothing was removed" in err
+    assert "FileNotFoundError" not in err and "Errno" not in err
+    proc = run_cli("cache", "show", cache=cache)
+    assert proc.returncode == 0 and f"0 records (the cache directory {cache} {why})" in proc.stdout
+
+
+def test_cache_clear_under_a_file_names_the_file(tmp_path):
+    (tmp_path / "afile").write_text("")
+    cache = tmp_path / "afile" / "cache"
+    err = one_line_error(run_cli("cache", "clear", cache=cache), 1)
+    assert f"cannot be made: {tmp_path / 'afile'} is not a directory" in err
+
+
+def test_tune_help_gives_model_no_default_that_tune_refuses(capsys):
+    with pytest.raises(SystemExit):
+        program.main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse's line breaks
+    assert "default: resnet50" not in text
+    assert "one of --model, --shape, --shapes-file is needed" in text
+    with pytest.raises(SystemExit):
+        program.main(["bench", "--help"])
+    assert "default: resnet50 when no --shape is given" in " ".join(capsys.readouterr().out.split())
+    rc, _, err = call(capsys, "tune")
+    assert rc == 2 and "--model" in err
+
+
+NO_CUDNN_PRELUDE = r"""
+import sys
+import cuda.pathfinder as pf
+def not_found(name):  # what the pathfinder raises with no cuDNN: it looks for a dependency first
+    raise pf.DynamicLibNotFoundError('Failure finding "libcublasLt.so": No such file\nmore')
+pf.load_nvidia_dynamic_lib = not_found
+from pycudnn.ffi import library
+library._cudnn_installed = lambda: False
+"""
+
+
+def test_info_without_cudnn_gives_cudnn_not_found_first(tmp_path):
+    proc = run_cli("info", cache=tmp_path, prelude=NO_CUDNN_PRELUDE, LD_LIBRARY_PATH="")
+    assert proc.returncode == 1, proc.stderr  # info answers, and says it cannot run convolutions
+    if "not found" not in proc.stdout:
+        pytest.skip("a libcudnn is on the system's default search path")
+    tried = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("tried ")]
+    assert tried[0].startswith('tried cuda.pathfinder.load_nvidia_dynamic_lib("cudnn"): '
+                               "DynamicLibNotFoundError: cuDNN not found"), tried
+    assert "libcublasLt" in tried[0]  # where the search stopped is still said, after it
+
+
+def test_a_missing_cudnn_dependency_stays_the_reason_when_cudnn_is_installed(tmp_path):
+    prelude = NO_CUDNN_PRELUDE.replace("lambda: False", "lambda: True")
+    proc = run_cli("info", cache=tmp_path, prelude=prelude, LD_LIBRARY_PATH="")
+    assert proc.returncode in (0, 1), proc.stderr
+    tried = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("tried ")]
+    if not tried:
+        pytest.skip("a libcudnn is on the system's default search path")
+    assert 'DynamicLibNotFoundError: Failure finding "libcublasLt.so"' in tried[0]

@@ -43,28 +43,46 @@ def no_leak():
     assert live_descriptor_count() == before
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+class CCalls:
+    """Every C descriptor this process's pycudnn creates and destroys while installed (the
+    library's create and destroy functions wrapped): pycudnn's own allocations, counted exactly,
+    whatever else the process or the machine does. cuDNN may hand out a freed address again, so
+    the handles are followed in order: live from its create to its destroy."""
 
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.created = self.destroyed = 0
+        self.live: set[int] = set()
+        self.errors: list[str] = []
+        L = _lib.lib()
+        for cls in {type(make()) for make in KINDS.values()}:
+            create, destroy = getattr(L, cls._create_name), getattr(L, cls._destroy_name)
+            monkeypatch.setattr(L, cls._create_name, self._creating(create))
+            monkeypatch.setattr(L, cls._destroy_name, self._destroying(destroy))
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    def _creating(self, create):
+        def wrapped(pointer):
+            status = create(pointer)
+            if not status:
+                self.created += 1
+                self.live.add(pointer._obj.value)
+            return status
+        return wrapped
 
+    def _destroying(self, destroy):
+        def wrapped(handle):
+            self.destroyed += 1
+            if handle in self.live:
+                self.live.remove(handle)
+            else:
+                self.errors.append(f"destroyed {handle:#x}, not a live descriptor made here")
+            return destroy(handle)
+        return wrapped
 
-def malloc_in_use() -> int | None:
-    """Bytes the C heap has handed out (glibc's mallinfo2), or None where that is unavailable.
-
-    cuDNN allocates its descriptors with malloc; Python objects live in pymalloc's arenas, so this
-    sees a leaked C descriptor byte for byte.
-    """
-    fn = getattr(ctypes.CDLL(None), "mallinfo2", None)
-    if fn is None:  # pragma: no cover - non-glibc or glibc < 2.33
-        return None
-    fn.restype = _MallInfo2
-    fn.argtypes = []
-    return int(fn().uordblks)
+    def assert_balanced(self) -> None:
+        """Each descriptor created was destroyed, once."""
+        assert not self.errors, self.errors[:3]
+        assert not self.live, f"{len(self.live)} of {self.created} C descriptors never destroyed"
+        assert self.created == self.destroyed
 
 
 def expected_out(i: int, k: int, p: int, s: int, d: int) -> int:
@@ -316,12 +334,11 @@ def test_copy_and_pickle_refused(kind, no_leak):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_no_leak_over_many_descriptors(kind):
+def test_no_leak_over_many_descriptors(kind, monkeypatch):
     make = KINDS[kind]
-    for _ in range(5000):  # warm up allocators and caches
-        make()
     gc.collect()
-    count0, rss0, heap0 = live_descriptor_count(), rss_bytes(), malloc_in_use()
+    count0 = live_descriptor_count()
+    calls = CCalls(monkeypatch)
     for i in range(20000):
         d = make()
         if i % 3 == 0:
@@ -329,19 +346,14 @@ def test_no_leak_over_many_descriptors(kind):
         elif i % 3 == 1:
             with d:
                 pass
-        del d
+        del d  # the third: its finalizer destroys it
     gc.collect()
     assert live_descriptor_count() == count0
-    # 20,000 leaked C descriptors would hold 0.6 MB (activation) to 2.2 MB (tensor) of C heap;
-    # measured growth without a leak: 0 bytes of RSS, under 200 bytes of C heap.
-    grown = rss_bytes() - rss0
-    assert grown < 2**18, f"RSS grew by {grown / 2**20:.2f} MiB"
-    if heap0 is not None:
-        heap_grown = malloc_in_use() - heap0
-        assert heap_grown < 2**16, f"C heap grew by {heap_grown} bytes"
+    assert calls.created == 20000
+    calls.assert_balanced()
 
 
-def test_no_leak_when_cudnn_refuses(no_leak):
+def test_no_leak_when_cudnn_refuses(no_leak, monkeypatch):
     # every refusal destroys the freshly created C descriptor before raising
     def refusals():
         with pytest.raises(CudnnBadParamError):
@@ -351,15 +363,13 @@ def test_no_leak_when_cudnn_refuses(no_leak):
         with pytest.raises(CudnnNotSupportedError):
             TensorDescriptor((2**30, 2, 1), "float32")
 
-    for _ in range(500):
-        refusals()
-    before, heap0 = live_descriptor_count(), malloc_in_use()
-    for _ in range(5000):
+    before = live_descriptor_count()
+    calls = CCalls(monkeypatch)
+    for _ in range(2000):
         refusals()
     assert live_descriptor_count() == before
-    if heap0 is not None:  # 5,000 leaked sets of three would hold about 1.5 MB of C heap
-        heap_grown = malloc_in_use() - heap0
-        assert heap_grown < 2**16, f"C heap grew by {heap_grown} bytes"
+    assert calls.created == 6000  # each refusal made its descriptor first
+    calls.assert_balanced()
 
 
 def test_live_count_is_thread_safe(no_leak):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 import types
 
 import pytest
@@ -121,6 +122,7 @@ def _host_gate() -> G.StreamGate:
     gate._word = gate._buf
     gate._generation = 0
     gate._lock = threading.Lock()
+    gate._timers = {}
     gate._dptr, gate._geq = 0, 0
     gate.opened_by_watchdog = 0
     return gate
@@ -148,3 +150,50 @@ def test_stream_gate_watchdog_that_cannot_start_opens_the_hold(monkeypatch):
     with pytest.raises(RuntimeError, match="can't start new thread"):
         gate.watchdog(3)
     assert gate._word.value == 3
+
+
+def _recording_gate():
+    gate = _host_gate()
+    queued = []
+
+    def wait(stream, dptr, value, flags):
+        queued.append(value)
+        return 0  # CUDA_SUCCESS
+
+    gate._drv = types.SimpleNamespace(cuStreamWaitValue32=wait)
+    return gate, queued
+
+
+def test_a_hold_whose_generation_the_caller_never_kept_is_opened_by_its_watchdog(monkeypatch):
+    monkeypatch.setattr(G, "WATCHDOG_S", 0.05)
+    gate, queued = _recording_gate()
+    gate.hold(0x1234)  # an interrupt here, before the caller stores the generation or arms a watchdog
+    assert queued == [1]
+    deadline = time.monotonic() + 10
+    while gate._word.value < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gate._word.value == 1 and gate.opened_by_watchdog == 1
+    assert gate._timers == {}
+
+
+def test_the_callers_watchdog_is_the_one_the_hold_armed_and_open_cancels_it():
+    gate, _ = _recording_gate()
+    g = gate.hold(0x1234)
+    timer = gate.watchdog(g)
+    assert timer is gate._timers[g] and timer.is_alive()  # no second thread per hold
+    gate.open(g)
+    timer.join(5)
+    assert not timer.is_alive() and gate._timers == {} and gate.opened_by_watchdog == 0
+    assert not gate.watchdog(g).is_alive()  # already open: nothing to watch
+
+
+def test_a_hold_without_a_thread_for_its_watchdog_queues_nothing(monkeypatch):
+    gate, queued = _recording_gate()
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Timer, "start", no_thread)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        gate.hold(0x1234)
+    assert queued == [] and gate._timers == {}

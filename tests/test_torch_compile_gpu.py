@@ -286,3 +286,20 @@ def test_autocast_is_traced_as_eager_casts():
         want = convs(x)
     assert got.dtype == want.dtype == torch.bfloat16
     assert rel_err(got, want) < 1e-2
+
+
+def test_measuring_at_trace_time_leaves_the_devices_random_generator_as_it_was():
+    """dynamo restores only the current device's CUDA generator around tracing, so the stand-in
+    tensors' random draws must not advance the generator of the device they are on."""
+    torch.backends.cudnn.benchmark = True
+    pt.set_routing("auto")
+    pt.clear_cache()
+    pt.routing.clear_report()
+    signature = ((2, 8, 16, 16), (2048, 256, 16, 1), "float32", 0, (8, 8, 3, 3), (72, 9, 3, 1),
+                 "float32", False, ((1, 1), (1, 1), (1, 1), 1), True, True)
+    before = torch.cuda.get_rng_state(0)
+    cpu_before = torch.get_rng_state()
+    library._routed_to_torch(signature)
+    assert torch.equal(torch.cuda.get_rng_state(0), before)
+    assert torch.equal(torch.get_rng_state(), cpu_before)
+    assert pt.routing_report(), "the signature was not measured"

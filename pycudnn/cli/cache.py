@@ -71,14 +71,17 @@ def _summaries(rows: list[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
+#: the warning of a refused file: the state (``cache show``) or the error (the others) says it
+_REFUSED = r"pycudnn (tuning database|routing decisions) .* refused: "
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     """show [FILE] | clear | export FILE | import FILE [--replace]."""
 
     action = args.action
     try:
         with warnings.catch_warnings():  # a refusal is in the output or the error below
-            warnings.filterwarnings("ignore", message=r"pycudnn tuning database .* refused: ",
-                                    category=TuningDatabaseWarning)
+            warnings.filterwarnings("ignore", message=_REFUSED, category=TuningDatabaseWarning)
             return _cache_action(args, tuning_db)
     except PermissionError as exc:  # the database was refused: another user's, or open to others
         raise RunError(f"pycudnn cache {action}: {terminal_safe(first_line(exc))}") from None
@@ -93,12 +96,11 @@ def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
     if action == "show":
         return _show_database(args, tuning_db)
     if action == "clear":
-        n = tuning_db.clear()
-        print(terminal_safe(f"removed {n} records from {tuning_db.path()}"))
-        n = route_store.clear()
-        if n:
-            print(terminal_safe(f"removed {n} routing decisions from {route_store.path()}"))
-        return 0
+        if args.file:
+            raise UsageError(f"cache clear takes no FILE (got {terminal_safe(args.file)!r}): it "
+                             f"clears {terminal_safe(tuning_db.path())} and "
+                             f"{terminal_safe(route_store.path())}; remove another file yourself")
+        return _clear()
     if not args.file:
         raise UsageError(f"cache {action} needs a FILE")
     if action == "export":
@@ -133,12 +135,66 @@ def _cache_action(args: argparse.Namespace, tuning_db: Any) -> int:
     return 0
 
 
+def _directory_problem() -> str | None:
+    """Why the cache directory cannot hold files (a link to nothing, a file, a parent that is a
+    file), or None when it can or can be made."""
+    d = tuning_db.cache_dir()
+    if os.path.lexists(d):
+        if os.path.islink(d) and not os.path.exists(d):
+            return f"the cache directory {d} is a symbolic link to a missing path"
+        if not os.path.isdir(d):
+            return f"the cache directory {d} is not a directory"
+        return None
+    parent = os.path.dirname(d)
+    while parent and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        return f"the cache directory {d} cannot be made: {parent} is not a directory"
+    return None
+
+
+def _clear() -> int:
+    """``cache clear``: the tuning database, then the routing decisions; each says what it did,
+    and a part that could not be cleared fails the command (the other is still cleared)."""
+    problem = _directory_problem()
+    if problem:
+        raise RunError(terminal_safe(f"pycudnn cache clear: {problem}; nothing was removed"))
+    failed = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TuningDatabaseWarning)
+        warnings.filterwarnings("ignore", message=_REFUSED, category=TuningDatabaseWarning)
+        for what, clear, where, unit in (
+                ("the tuning database", tuning_db.clear, tuning_db.path, "records"),
+                ("the routing decisions", route_store.clear, route_store.path,
+                 "routing decisions")):
+            try:
+                existed = os.path.lexists(where())
+                n = clear()
+            except OSError as exc:  # refused (PermissionError), or a directory or file unusable
+                failed.append(f"{what}: {_os_error(exc)}")
+                continue
+            if unit == "records" or n or existed:
+                print(terminal_safe(f"removed {n} {unit} from {where()}"))
+    for w in caught:  # a file set aside, after what was removed
+        print(f"pycudnn cache clear: {terminal_safe(w.message)}", file=sys.stderr)
+    if failed:
+        raise RunError(terminal_safe("pycudnn cache clear: could not clear " + "; ".join(failed)
+                                     + " (nothing was removed there)"))
+    return 0
+
+
+def _os_error(exc: OSError) -> str:
+    """An OSError as one line without Python's class name: what failed, on which file."""
+    name = f" {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or first_line(exc)}{':' if name else ''}{name}"
+
+
 def _show_database(args: argparse.Namespace, tuning_db: Any) -> int:
     """``cache show``: the database's valid entries, read only (no lock file is made, an unusable
     file is named on stderr and left where it is)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TuningDatabaseWarning)
-        warnings.filterwarnings("ignore", message=r"pycudnn tuning database .* refused: ",
+        warnings.filterwarnings("ignore", message=_REFUSED,
                                 category=TuningDatabaseWarning)  # shown as the state
         rows = tuning_db.entries(set_aside=False)
         routes = route_store.entries(set_aside=False)
@@ -147,12 +203,16 @@ def _show_database(args: argparse.Namespace, tuning_db: Any) -> int:
                           "routes_path": route_store.path(), "routes": routes}, indent=1))
     else:
         why = tuning_db.refused()
+        problem = _directory_problem()
         state = ("" if tuning_db.enabled() else " (turned off: PYCUDNN_TUNING_DB=0)") + (
-            f" (refused: {why})" if why else "")
+            f" (refused: {why})" if why else "") + (f" ({problem})" if problem else "")
         print(terminal_safe(f"{tuning_db.path()}: {len(rows)} records{state}"))
         if rows:
             print(text_table(_CACHE_COLUMNS, _summaries(rows), {8}))
         _show_routes(routes)
+        why = route_store.refused()
+        if why:
+            print(terminal_safe(f"{route_store.path()}: routing decisions refused ({why})"))
     for w in caught:
         print(f"pycudnn cache show: {terminal_safe(w.message)}", file=sys.stderr)
     return 0

@@ -52,10 +52,14 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
             "all_candidates": getattr(args, "all_candidates", False)}
 
 
-def add_layer_options(p: argparse.ArgumentParser, default_direction: str) -> None:
-    """The options of ``bench`` and ``tune`` that say which layers to run and how."""
-    p.add_argument("--model", choices=sorted(MODELS), help="built-in layer set (default: resnet50 "
-                   "when no --shape is given); mobilenet = depthwise layers")
+def add_layer_options(p: argparse.ArgumentParser, default_direction: str,
+                      default_model: bool = True) -> None:
+    """The options of ``bench`` and ``tune`` that say which layers to run and how; without
+    ``default_model`` (``tune``) the layers must be named."""
+    when = ("default: resnet50 when no --shape is given" if default_model
+            else "one of --model, --shape, --shapes-file is needed")
+    p.add_argument("--model", choices=sorted(MODELS), help=f"built-in layer set ({when}); "
+                   "mobilenet = depthwise layers")
     p.add_argument("--shape", action="append", default=[], metavar="SHAPE",
                    help=f"a layer {SHAPE_FORMAT} (repeatable)")
     p.add_argument("--batch", type=_positive_int, help="batch size N for every layer (default: "

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run a measured search (benchmark=True) for each layer and "
                        "direction so that later processes start without searching. The records "
                        "match programs that use the same dtype, layout, engine and flags.")
-    add_layer_options(p, "all")
+    add_layer_options(p, "all", default_model=False)
     p.add_argument("--shapes-file", metavar="FILE",
                    help=f"one {SHAPE_FORMAT} per line ('#' starts a comment)")
     p.add_argument("--fresh", action="store_true",

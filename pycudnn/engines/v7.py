@@ -8,6 +8,7 @@ keeps of a record, checked field by field when it is read back.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -354,35 +355,31 @@ class V7Engine(Engine):
             count = ctypes.c_int(0)
             sizing = _sizing_lock(p.device)
             # the free memory is read and the workspace taken under one lock per device: two
-            # threads never both size a workspace to the same free bytes (docs/reliability.md)
-            sizing.acquire()
-            try:
-                ws_size = self.max_workspace_size(args)
-                workspace = allocate(ws_size, p.device, args.stream)
-            except BaseException:
-                sizing.release()
-                raise
-            if not alone:  # a retry keeps the lock: no other search takes memory meanwhile
-                sizing.release()
-            scratch = None
-            try:
-                out_ptr_ = out_ptr
-                if args.out_may_hold_data:
-                    # cudnnFind*Ex writes garbage into its output: never into data the caller
-                    # needs
-                    scratch = allocate(written_bytes(p), p.device, args.stream)
-                    out_ptr_ = scratch.ptr
-                status = getattr(_lib.lib(), table.find_fn)(
-                    args.handle, a, a_ptr, b, b_ptr, descs.search_conv.handle, out, out_ptr_,
-                    n, ctypes.byref(count), perf, workspace.ptr, ws_size)
-                if status:
-                    _lib.raise_status(status, table.find_fn, f"  params: {p.short()}")
-            finally:
-                workspace.close(args.stream)
-                if scratch is not None:
-                    scratch.close(args.stream)
-                if alone:
-                    sizing.release()
+            # threads never both size a workspace to the same free bytes (docs/reliability.md);
+            # a retry (alone) keeps it through the Find: no other search takes memory meanwhile.
+            # `with` leaves no bytecode between the acquire and the block's protection, where an
+            # interrupt would leak the lock and block every later Find on the device
+            with sizing if alone else contextlib.nullcontext():
+                with contextlib.nullcontext() if alone else sizing:
+                    ws_size = self.max_workspace_size(args)
+                    workspace = allocate(ws_size, p.device, args.stream)
+                scratch = None
+                try:
+                    out_ptr_ = out_ptr
+                    if args.out_may_hold_data:
+                        # cudnnFind*Ex writes garbage into its output: never into data the
+                        # caller needs
+                        scratch = allocate(written_bytes(p), p.device, args.stream)
+                        out_ptr_ = scratch.ptr
+                    status = getattr(_lib.lib(), table.find_fn)(
+                        args.handle, a, a_ptr, b, b_ptr, descs.search_conv.handle, out, out_ptr_,
+                        n, ctypes.byref(count), perf, workspace.ptr, ws_size)
+                    if status:
+                        _lib.raise_status(status, table.find_fn, f"  params: {p.short()}")
+                finally:
+                    workspace.close(args.stream)
+                    if scratch is not None:
+                        scratch.close(args.stream)
             return perf, count.value
 
         try:

@@ -499,9 +499,20 @@ def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]
     out: list[tuple[str, Callable[[], tuple[Any, Any]]]] = []
 
     def from_pathfinder() -> tuple[ctypes.CDLL, str]:
-        from cuda.pathfinder import load_nvidia_dynamic_lib
+        from cuda.pathfinder import DynamicLibNotFoundError, load_nvidia_dynamic_lib
 
-        loaded = load_nvidia_dynamic_lib("cudnn")
+        try:
+            loaded = load_nvidia_dynamic_lib("cudnn")
+        except DynamicLibNotFoundError as exc:
+            # the pathfinder loads cuDNN's dependencies (libcublasLt) before cuDNN itself: with
+            # no cuDNN at all its error names the dependency, not what is missing
+            first = str(exc).split("\n", 1)[0]
+            if "cudnn" not in first.lower() and not _cudnn_installed():
+                raise DynamicLibNotFoundError(
+                    "cuDNN not found (no NVIDIA cuDNN wheel, no libcudnn in $CONDA_PREFIX or on "
+                    f"the system); the search stopped first at a dependency of cuDNN: {first}"
+                ) from None
+            raise
         # The library is already open in this process; CDLL on its path returns the same handle.
         return ctypes.CDLL(loaded.abs_path, mode=ctypes.RTLD_GLOBAL), loaded.abs_path
 
@@ -512,6 +523,22 @@ def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]
 
         out.append((soname, from_soname))
     return out
+
+
+def _cudnn_installed() -> bool:
+    """Whether a cuDNN library is anywhere pycudnn looks (an NVIDIA wheel, conda, the system's
+    loader cache), without loading it."""
+    import ctypes.util
+    import glob
+    import importlib.util
+
+    with contextlib.suppress(ImportError, ValueError):
+        if importlib.util.find_spec("nvidia.cudnn") is not None:
+            return True
+    conda = os.environ.get("CONDA_PREFIX")
+    if conda and glob.glob(os.path.join(conda, "lib", "libcudnn.so*")):
+        return True
+    return ctypes.util.find_library("cudnn") is not None
 
 
 #: what to do when no libcudnn loads (the end of that error, and of ``pycudnn info``'s answer)

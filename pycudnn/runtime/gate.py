@@ -8,8 +8,9 @@ queue back to back: the events then time the kernels alone. The search uses this
 candidate plans.
 
 Each hold waits for a new generation of the word (greater-or-equal), so a late write for an
-earlier hold never opens a later one. A watchdog opens a hold the host failed to open in time
-(e.g. a launch that blocked because the queue was full): the GPU can never stay held.
+earlier hold never opens a later one. A watchdog, armed before the wait is queued, opens a hold
+the host failed to open in time (a launch that blocked because the queue was full, an interrupt
+before the caller kept the generation): the GPU can never stay held.
 """
 
 from __future__ import annotations
@@ -57,13 +58,21 @@ class StreamGate:
         self._geq = _driver.STREAM_WAIT_VALUE_GEQ
         self._generation = 0
         self._lock = threading.Lock()
+        self._timers: dict[int, threading.Timer] = {}  # generation -> its armed watchdog
         self.opened_by_watchdog = 0
 
     def hold(self, stream: int) -> int:
-        """Queue a hold on ``stream``; returns the generation `open` takes."""
+        """Queue a hold on ``stream``; returns the generation `open` takes. Its watchdog
+        (`watchdog`) is started first, so the hold is opened after `WATCHDOG_S` even when the
+        caller never gets the generation.
+
+        Raises:
+            RuntimeError: no thread can start (nothing is queued then), or the driver refused.
+        """
         with self._lock:
             self._generation += 1
             g = self._generation
+        self._arm(g)
         try:
             err = self._drv.cuStreamWaitValue32(stream, self._dptr, g & 0xFFFFFFFF, self._geq)
             if err:
@@ -76,28 +85,53 @@ class StreamGate:
         return g
 
     def open(self, generation: int) -> None:
-        """Let held streams go on past ``generation`` (and every earlier hold)."""
+        """Let held streams go on past ``generation`` (and every earlier hold); their watchdogs
+        are cancelled."""
         with self._lock:
             if generation > self._word.value:
                 self._word.value = generation & 0xFFFFFFFF
+            done = [g for g in self._timers if g <= generation]
+            timers = [self._timers.pop(g) for g in done]
+        for timer in timers:
+            timer.cancel()
 
-    def watchdog(self, generation: int) -> threading.Timer:
-        """A started timer that opens ``generation`` after `WATCHDOG_S`; cancel it once opened."""
-        def fire() -> None:
-            if self._word.value < generation:
-                self.opened_by_watchdog += 1
-                log.info("gated timing: a hold was opened by the watchdog after %.1f s", WATCHDOG_S)
-                self.open(generation)
-        timer = threading.Timer(WATCHDOG_S, fire)
+    def _fire(self, generation: int) -> None:
+        if self._word.value < generation:
+            self.opened_by_watchdog += 1
+            log.info("gated timing: a hold was opened by the watchdog after %.1f s", WATCHDOG_S)
+        self.open(generation)
+
+    def _arm(self, generation: int) -> threading.Timer:
+        """Start the watchdog of ``generation`` (RuntimeError where no thread can start)."""
+        timer = threading.Timer(WATCHDOG_S, self._fire, (generation,))
         timer.daemon = True
+        with self._lock:
+            self._timers[generation] = timer
         try:
             timer.start()
+        except BaseException:
+            with self._lock:
+                self._timers.pop(generation, None)
+            raise
+        return timer
+
+    def watchdog(self, generation: int) -> threading.Timer:
+        """The started timer that opens ``generation`` after `WATCHDOG_S` (the one `hold`
+        armed, or a new one); cancelling it is harmless, `open` cancels it too."""
+        with self._lock:
+            timer = self._timers.get(generation)
+            opened = generation <= self._word.value
+        if timer is not None:
+            return timer
+        if opened:
+            return threading.Timer(WATCHDOG_S, lambda: None)  # never started: nothing to open
+        try:
+            return self._arm(generation)
         except BaseException:
             # no thread (e.g. "can't start new thread"): nobody would open a hold the caller
             # fails to open, so open it now; the caller's finally opens it too (harmless)
             self.open(generation)
             raise
-        return timer
 
     def self_test(self) -> None:
         """Raise unless a hold really holds a stream and an open really lets it go."""

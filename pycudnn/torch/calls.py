@@ -447,12 +447,14 @@ def memory_format(x: Any, w: Any) -> Any:
     return _CONTIG
 
 
-def _signature(x: Any, w: Any, geom: tuple[Any, ...]) -> str:
-    """A readable name of a convolution for reports: shapes, dtype, memory format, geometry."""
-    fmt = "contiguous" if memory_format(x, w) is _CONTIG else "channels_last"
+def _signature(x: Any, w: Any, geom: tuple[Any, ...], fmt: Any, bias: bool = False) -> str:
+    """A readable name of a convolution for reports and routing keys: shapes, dtype, the memory
+    format ``fmt`` it is computed in (a transposed convolution's input is a stand-in whose
+    strides say nothing), geometry, and a bias where one is added."""
+    layout = "contiguous" if fmt is _CONTIG else "channels_last"
     st, pad, dil, g = geom
-    return (f"x{list(x.shape)} w{list(w.shape)} {DTYPE_NAMES[x.dtype]} {fmt} stride={st} "
-            f"padding={pad} dilation={dil} groups={g}")
+    return (f"x{list(x.shape)} w{list(w.shape)} {DTYPE_NAMES[x.dtype]} {layout} stride={st} "
+            f"padding={pad} dilation={dil} groups={g}" + (" bias" if bias else ""))
 
 
 #: forward keys of layers whose forward and backward were both measured faster through PyTorch:
@@ -582,7 +584,7 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
     verdict = None
     if measure:
         dev = tdev.index
-        signature = _signature(x, w, geom)
+        signature = _signature(x, w, geom, fmt, b is not None)
         theirs = lambda: _TORCH_CONV[len(geom[0])](x, w, b, *geom)
         verdict = routing.prejudge(signature, "forward", theirs, dev, _stream(dev), fk[1:3])
         if verdict == "torch":  # decided before pycudnn's search: none runs
@@ -761,7 +763,7 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other:
     if measure:
         dev = a.get_device()
         x, w = (other, b) if direction == "data" else (a, other)
-        signature, what = _signature(x, w, geom), f"backward {direction}"
+        signature, what = _signature(x, w, geom, fmt), f"backward {direction}"
         theirs = lambda: _torch_backward(direction, a, b, other, geom)
         verdict = routing.prejudge(signature, what, theirs, dev, _stream(dev), fk[1:3])
         if verdict == "torch":  # decided before pycudnn's search: none runs

@@ -299,11 +299,12 @@ def _routed_to_torch(signature: tuple[Any, ...]) -> bool:
     """Whether routing sends this convolution signature to PyTorch in every direction the graph
     needs, measured now on stand-in tensors where it is new (`calls.torch_runs_signature`).
     dynamo calls this while it traces (``assume_constant_result``: run once, its answer baked
-    into the graph), outside the fake-tensor mode."""
+    into the graph), outside the fake-tensor mode. The stand-ins' random draws leave the
+    device's generator as they found it: dynamo restores only the current device's."""
     xs, xst, dtype, dev, ws, wst, wdtype, bias, geom, need_x, need_w = signature
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with unset_fake_temporarily(), torch.enable_grad():
+    with unset_fake_temporarily(), torch.enable_grad(), torch.random.fork_rng(devices=[dev]):
         x, w = _stand_in(xs, xst, dtype, dev), _stand_in(ws, wst, wdtype, dev)
         b = torch.zeros(ws[0], dtype=getattr(torch, wdtype), device=x.device) if bias else None
         return torch_runs_signature(x, w, b, geom, need_x, need_w)

@@ -173,7 +173,8 @@ def _stored_key(signature: str, direction: str, device: int,
         return None
     try:
         return route_store.decision_key(signature, direction, device, *flags, torch.__version__,
-                                        torch.backends.cudnn.version() or 0)
+                                        torch.backends.cudnn.version() or 0,
+                                        cudnn_enabled=bool(torch.backends.cudnn.enabled))
     except Exception:  # noqa: BLE001 - no identity for this device: decide in this process only
         return None
 

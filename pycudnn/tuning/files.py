@@ -199,7 +199,8 @@ def atomic_write(file: str, text: str) -> None:
 
 
 #: the tuning database's modules: a warning names the first caller outside them
-_OWN_MODULES = (f"{__package__}.db", f"{__package__}.records", __name__)
+_OWN_MODULES = (f"{__package__}.db", f"{__package__}.records", f"{__package__}.routes",
+                __name__)
 
 
 def warn(msg: str) -> None:
@@ -213,9 +214,11 @@ def warn(msg: str) -> None:
     warnings.warn(msg, TuningDatabaseWarning, stacklevel=level)
 
 
-def move_aside(file: str, why: str) -> str | None:
+def move_aside(file: str, why: str, *, what: str = "pycudnn tuning database",
+               empty: str = "an empty database") -> str | None:
     """Rename the unusable ``file`` to ``<file>.corrupt-<timestamp>`` (a rename never follows a
-    link nor opens a FIFO) and warn once."""
+    link nor opens a FIFO) and warn once; the warning names the file as ``what`` and says the
+    program carries on with ``empty``."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     base = os.path.basename(file)
     target: str | None = f"{file}.corrupt-{stamp}"
@@ -228,11 +231,11 @@ def move_aside(file: str, why: str) -> str | None:
         return None
     except OSError as exc:
         target = None
-        msg = (f"pycudnn tuning database {file} is unusable ({why}) and could not be moved aside "
+        msg = (f"{what} {file} is unusable ({why}) and could not be moved aside "
                f"({exc}); carrying on without its records")
     else:
-        msg = (f"pycudnn tuning database {file} is unusable ({why}); moved it aside to {target} "
-               f"and carrying on with an empty database")
+        msg = (f"{what} {file} is unusable ({why}); moved it aside to {target} "
+               f"and carrying on with {empty}")
     warn(msg)
     return target
 

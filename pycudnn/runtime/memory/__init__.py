@@ -3,7 +3,7 @@
 `driver` (the CUDA driver by ctypes: the prototype table every call below goes through);
 `errors` (`check_driver()` / `check_cuda()`, `CudaError`); `devices` (count, the reason there is
 none, the current device and its guards, validation, a pointer's owner, synchronize, free/total
-memory); `streams` (`resolve_stream()`, `StreamLike`, waits, events, thread tokens, stream ids);
+memory, the memory this process holds from the pool); `streams` (`resolve_stream()`, `StreamLike`, waits, events, thread tokens, stream ids);
 `capture` (capture status, the relaxed capture-mode block); `copies` (host/device copies and
 fills); `pool` (blocks kept for reuse on the legacy stream; every stream-ordered free);
 `buffers` (`allocate()`, `DeviceBuffer`, `empty_cache()`); `stream_allocation` (the hot path's
@@ -17,8 +17,8 @@ from .buffers import MAX_ALLOCATION, DeviceBuffer, allocate, empty_cache
 from .capture import relaxed_capture_mode, stream_is_capturing
 from .copies import copy_device_to_host, copy_host_to_device, memset
 from .devices import (callers_device, current_device, device_count, device_guard, device_identity,
-                      ensure_device, mem_get_info, no_device_reason, normalize_device,
-                      pointer_device, restore_device, synchronize)
+                      ensure_device, mem_get_info, memory_in_use, no_device_reason,
+                      normalize_device, pointer_device, restore_device, synchronize)
 from .errors import CudaError, check_cuda, check_driver
 from .stream_allocation import allocate_fast
 from .streams import (HasCudaStreamHandle, HasStreamPointer, StreamLike, SupportsCudaStream,
@@ -31,7 +31,7 @@ __all__ = [
     "no_device_reason", "normalize_device",
     "current_device", "ensure_device", "device_guard", "callers_device", "restore_device",
     "DeviceBuffer", "allocate", "allocate_fast", "thread_token",
-    "mem_get_info", "relaxed_capture_mode", "stream_is_capturing", "synchronize",
+    "mem_get_info", "memory_in_use", "relaxed_capture_mode", "stream_is_capturing", "synchronize",
     "stream_synchronize", "stream_wait", "event_create", "event_record", "event_query",
     "event_synchronize", "event_elapsed_ms", "event_destroy",
     "resolve_stream", "StreamLike", "SupportsCudaStream", "HasCudaStreamHandle", "HasStreamPointer",

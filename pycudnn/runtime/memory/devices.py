@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from ctypes import addressof, byref, c_int, c_size_t, c_uint, c_void_p, create_string_buffer
+from ctypes import addressof, byref, c_int, c_size_t, c_uint, c_uint64, c_void_p, create_string_buffer
 from typing import Any
 
 from ...errors import NoDeviceError
@@ -321,3 +321,20 @@ def device_identity(device: int) -> dict[str, Any]:
         values.append(v.value)
     text = name.value.decode("utf-8", "replace").strip()
     return {"name": text, "compute_capability": [values[0], values[1]], "sm_count": values[2]}
+
+
+def memory_in_use(device: Any = None) -> int:
+    """Bytes of device memory this process holds from ``device``'s current stream-ordered
+    memory pool (default: the current device), where pycudnn's allocations come from (`allocate`,
+    the hot path's ``cuMemAllocAsync``, the blocks kept for reuse): pycudnn's own device memory,
+    unlike `mem_get_info`, which other processes on the GPU change. Memory the pool keeps after
+    a free is not counted, nor plain ``cuMemAlloc`` blocks on a device without pools. For leak
+    checks and monitoring."""
+    dev = normalize_device(device)
+    drv = require_driver("cuMemPoolGetAttribute")
+    handle, pool, used = c_int(), c_void_p(), c_uint64()
+    check_driver(drv.cuDeviceGet(byref(handle), dev), f"cuDeviceGet({dev})")
+    check_driver(drv.cuDeviceGetMemPool(byref(pool), handle.value), "cuDeviceGetMemPool")
+    check_driver(drv.cuMemPoolGetAttribute(pool, _driver.MEMPOOL_USED_MEM_CURRENT, byref(used)),
+                 "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT)")
+    return used.value

@@ -70,6 +70,8 @@ PROTOTYPES: dict[str, tuple[str, object, tuple]] = {
     "cuDeviceGetMemPool": ("cuDeviceGetMemPool", c_int, (_p, c_int)),
     # CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
     "cuMemPoolSetAttribute": ("cuMemPoolSetAttribute", c_int, (_p, c_int, _p)),
+    # CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+    "cuMemPoolGetAttribute": ("cuMemPoolGetAttribute", c_int, (_p, c_int, _p)),
     # CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
     "cuMemPoolTrimTo": ("cuMemPoolTrimTo", c_int, (_p, c_size_t)),
     # CUresult cuPointerGetAttributes(unsigned int numAttributes,
@@ -132,6 +134,7 @@ MEMHOSTALLOC_DEVICEMAP = 2        # CU_MEMHOSTALLOC_DEVICEMAP
 POINTER_MEMORY_TYPE = 2           # CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 POINTER_DEVICE_ORDINAL = 9        # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 MEMPOOL_RELEASE_THRESHOLD = 4     # CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+MEMPOOL_USED_MEM_CURRENT = 7      # CU_MEMPOOL_ATTR_USED_MEM_CURRENT
 ATTR_MULTIPROCESSOR_COUNT = 16    # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 ATTR_CC_MAJOR = 75                # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 ATTR_CC_MINOR = 76                # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
