@@ -127,6 +127,10 @@ def _check_nbytes(nbytes: Any) -> int:
 
 
 
+#: buffers `DeviceBuffer.free_synchronously` could not free safely (lost at worst, never reused)
+_unfreed: list[Any] = []
+
+
 def _release(buffer: Any, device: int, stream_ref: Any = None, sync: bool = False,
              thread: Any = None, legacy: Any = None) -> None:
     """Finalizer of a DeviceBuffer: free stream-ordered on the stream recorded at allocation
@@ -218,6 +222,28 @@ class DeviceBuffer:
                 buffer.close(_core_stream(LEGACY))  # see LEGACY
             else:
                 buffer.close()
+
+    def free_synchronously(self) -> None:
+        """Free now, after waiting for all work on the device: for memory whose allocation stream
+        may no longer exist (the twin of `StreamAllocation.free_synchronously`, so a per-thread
+        workspace of either kind is evicted alike). Idempotent. Nothing is freed when the device
+        cannot be synchronized (another thread capturing a CUDA graph): the memory is kept for
+        the rest of the process, never handed to the next allocation while work may use it."""
+        if self._ptr is None:
+            return
+        buffer = self._buffer
+        self._ptr = None
+        self._buffer = None
+        self._stream_ref = None
+        if buffer is None:
+            return
+        self._finalizer.detach()
+        with device_guard(self.device):
+            if (_bindings.rt or _bindings.runtime()).cudaDeviceSynchronize()[0]:
+                _unfreed.append(buffer)  # cuda.core frees a collected Buffer: keep it alive
+                return
+            # nothing is queued any more, so the legacy stream (which always exists) will do
+            buffer.close(_core_stream(LEGACY))
 
     def __enter__(self) -> "DeviceBuffer":
         return self
