@@ -60,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     # operations beside convolutions
     "activation_forward": "ops.activation", "activation_backward": "ops.activation",
     "softmax_forward": "ops.softmax", "softmax_backward": "ops.softmax",
+    "hardtanh_forward": "ops.hardtanh", "hardtanh_backward": "ops.hardtanh",
     "pooling_forward": "ops.pooling", "pooling_backward": "ops.pooling",
     "PoolingDescriptor": "cudnn.descriptors",
     "batch_norm_forward_training": "ops.batchnorm", "batch_norm_forward_inference": "ops.batchnorm",
@@ -146,6 +147,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
                                  activation_forward as activation_forward)
     from .ops.softmax import (softmax_backward as softmax_backward,
                               softmax_forward as softmax_forward)
+    from .ops.hardtanh import (hardtanh_backward as hardtanh_backward,
+                               hardtanh_forward as hardtanh_forward)
     from .ops.pooling import (pooling_backward as pooling_backward,
                               pooling_forward as pooling_forward)
     from .ops.batchnorm import (BatchNormResult as BatchNormResult,

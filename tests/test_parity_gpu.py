@@ -162,7 +162,9 @@ def test_batch_norm_momentum_outside_zero_one_is_pytorchs(momentum):
     assert rel(RV.numpy(), new_rv) <= 1e-5
 
 
-HARDTANH_BOUNDS = [(-1.0, 1.0), (-0.5, 2.0), (0.0, 6.0), (0.1, 0.1), (-2.5, -0.3)]
+HARDTANH_BOUNDS = [(-1.0, 1.0), (-0.5, 2.0), (0.0, 6.0), (0.1, 0.1), (-2.5, -0.3),
+                   (0.0, np.inf), (-np.inf, 0.0), (-np.inf, np.inf), (-np.inf, -np.inf),
+                   (np.inf, np.inf)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
@@ -174,10 +176,11 @@ def test_hardtanh_is_pytorchs_with_its_edges(dtype, bounds, layout):
     lo, hi = bounds
     rng = np.random.default_rng(21)
     x = rng.uniform(-4, 4, (2, 8, 5, 6))
-    special = [np.nan, np.inf, -np.inf, 0.0, -0.0, lo, hi, 1.0, -1.0]
+    tdt = {"bfloat16": torch.bfloat16}.get(dtype, getattr(torch, dtype, None))
+    big = torch.finfo(tdt).max  # next to an infinite bound: inside it
+    special = [np.nan, np.inf, -np.inf, 0.0, -0.0, lo, hi, 1.0, -1.0, big, -big]
     x.flat[:len(special) * 20] = np.tile(special, 20)
     dy = rng.uniform(0.5, 2.0, x.shape)
-    tdt = {"bfloat16": torch.bfloat16}.get(dtype, getattr(torch, dtype, None))
     xd = torch.tensor(x).to(tdt).contiguous(
         memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format)
     dyd = torch.tensor(dy).to(tdt).contiguous(memory_format=torch.contiguous_format)
