@@ -57,6 +57,7 @@ _EXPORTS: dict[str, str] = {
     # convolutions
     "convolution": "api.conv", "conv_transpose": "api.conv", "convolution_backward_data": "api.conv",
     "convolution_backward_filter": "api.conv", "convolution_add_relu": "api.conv",
+    "conv_transpose_backward_data": "api.conv", "conv_transpose_backward_filter": "api.conv",
     # operations beside convolutions
     "activation_forward": "ops.activation", "activation_backward": "ops.activation",
     "softmax_forward": "ops.softmax", "softmax_backward": "ops.softmax",
@@ -137,7 +138,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
                                    set_cache_limit as set_cache_limit)
     from .search.problem import ConvolutionParams as ConvolutionParams
     from .dispatch.preloading import (PreloadReport as PreloadReport, preload as preload)
-    from .api.conv import (conv_transpose as conv_transpose, convolution as convolution,
+    from .api.conv import (conv_transpose as conv_transpose,
+                           conv_transpose_backward_data as conv_transpose_backward_data,
+                           conv_transpose_backward_filter as conv_transpose_backward_filter,
+                           convolution as convolution,
                            convolution_add_relu as convolution_add_relu,
                            convolution_backward_data as convolution_backward_data,
                            convolution_backward_filter as convolution_backward_filter,

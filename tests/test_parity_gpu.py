@@ -146,6 +146,62 @@ def test_conv_transpose_output_padding_below_dilation_is_pytorchs(stride, dilati
     assert rel(out.numpy(), ref.numpy()) <= (1e-5 if dtype == "float32" else 1e-12)
 
 
+# (x shape, w shape, stride, padding, output_padding, dilation): a padding past the unpadded
+# size in H (the output is the bias alone there), one that keeps nothing, an ordinary crop
+CROPS = [((1, 2, 1, 3), (2, 3, 1, 3), (1, 1), (2, 0), (4, 0), (5, 1)),
+         ((1, 2, 1, 3), (2, 3, 1, 3), (1, 1), (1, 0), (2, 0), (3, 1)),
+         ((1, 2, 4, 4), (2, 3, 2, 2), (1, 1), (1, 1), (1, 1), (2, 2))]
+
+
+@pytest.mark.parametrize("geo", CROPS, ids=[str(g[3:]) for g in CROPS])
+def test_conv_transpose_crop_past_the_unpadded_size_is_pytorchs(geo):
+    xs, ws, st, pad, op, dil = geo
+    x, w, b = host64(xs, 30), host64(ws, 31), host64(ws[1], 32)
+    ref = F.conv_transpose2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=st,
+                             padding=pad, output_padding=op, dilation=dil).numpy()
+    got = pycudnn.conv_transpose(pycudnn.from_numpy(x), pycudnn.from_numpy(w),
+                                 pycudnn.from_numpy(b), stride=st, padding=pad,
+                                 output_padding=op, dilation=dil, tuning_db=False).numpy()
+    assert rel(got, ref) <= 1e-12
+
+
+# (x shape, w shape, stride, padding, output_padding, dilation, groups); output_padding at
+# least the stride (below the dilation) first, as in PyTorch's OpInfo samples, then below it
+TGRADS = [((1, 4, 4, 4), (4, 2, 3, 3), 1, (1, 1), (0, 1), (1, 2), 1),
+          ((2, 4, 5, 6), (4, 3, 3, 3), 1, 1, 2, 3, 1),
+          ((2, 4, 5, 6), (4, 2, 2, 3), (2, 1), (0, 2), (3, 1), (4, 2), 2),
+          ((1, 2, 3, 4, 3), (2, 2, 2, 2, 2), 1, 0, (1, 0, 1), 2, 1),
+          ((2, 3, 7), (3, 2, 3), 1, 2, 2, 3, 1),
+          ((2, 4, 5, 6), (4, 3, 3, 3), 2, 1, 1, 1, 1),
+          ((1, 2, 3, 4, 3), (2, 4, 2, 2, 2), 2, 1, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("geo", TGRADS, ids=[f"{len(g[0]) - 2}d-op{g[4]}-s{g[2]}" for g in TGRADS])
+def test_conv_transpose_gradients_are_pytorchs(geo, dtype):
+    """conv_transpose_backward_data / _filter against PyTorch's autograd of conv_transpose in
+    float64 on the CPU."""
+    xs, ws, st, pad, op, dil, g = geo
+    fn = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[len(xs)]
+    x, w = host64(xs, 33), host64(ws, 34)
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y = fn(xt, wt, None, st, pad, op, g, dil)
+    gy = host64(tuple(y.shape), 35)
+    y.backward(torch.tensor(gy))
+    kw = dict(stride=st, padding=pad, output_padding=op, dilation=dil, groups=g,
+              allow_tf32=False, tuning_db=False)
+    X, W, GY = (pycudnn.from_numpy(a.astype(dtype)) for a in (x, w, gy))
+    gx = pycudnn.conv_transpose_backward_data(GY, W, xs, **kw)
+    gw = pycudnn.conv_transpose_backward_filter(X, GY, ws, **kw)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    assert rel(gx.numpy(), xt.grad.numpy()) <= tol
+    assert rel(gw.numpy(), wt.grad.numpy()) <= tol
+    # the forward with the same geometry still matches (the gradients' geometry is its own)
+    yp = pycudnn.conv_transpose(X, W, stride=st, padding=pad, output_padding=op, dilation=dil,
+                                groups=g, allow_tf32=False, tuning_db=False)
+    assert rel(yp.numpy(), y.detach().numpy()) <= tol
+
+
 @pytest.mark.parametrize("momentum", [1.5, -0.2, 3.0])
 def test_batch_norm_momentum_outside_zero_one_is_pytorchs(momentum):
     x = host64((4, 3, 5, 5), 13) * 2 + 1
