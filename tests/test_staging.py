@@ -1,5 +1,5 @@
 """The staging steps of the operations without a GPU: what the calls copy (converted to float32
-for the half-precision ELU and softmax backward passes, round 3; the hardtanh passes) is
+for the half-precision ELU backward and softmax passes; the hardtanh passes) is
 described to the real libcudnn, which must take every descriptor, 0-d and 1-D tensors included
 (cudnnTransformTensor takes 4 dims at least). The allocations, copies and launches are
 recorders; the values are checked on a GPU (test_edge_values_gpu.py, test_parity_gpu.py)."""
@@ -55,6 +55,7 @@ class _Recorder:
         monkeypatch.setattr(hardtanh, "_op", lambda *a, **k: rec.launches.append("cudnnOpTensor"))
         activation._BACKWARD.clear()
         softmax._BACKWARD.clear()
+        softmax._FORWARD.clear()
 
 
 def t(shape, dtype, region):
@@ -83,6 +84,28 @@ def test_half_softmax_backward_runs_on_float32_copies(monkeypatch, dtype, shape,
     assert dx.shape == shape and dx.dtype.name == dtype
     assert rec.launches == ["cudnnSoftmaxBackward"]
     assert [c[1:4:2] for c in rec.copies] == [(dtype, "float32")] * 2 + [("float32", dtype)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape,mode", [((1, 1, 5), "instance"), ((1, 5), "channel"),
+                                        ((4, 100), "channel"), ((2, 3, 4, 5, 6), "channel"),
+                                        ((2, 3, 4, 5), "instance")])
+@pytest.mark.parametrize("algorithm", ["accurate", "log"])
+def test_half_softmax_forward_runs_on_float32_copies(monkeypatch, dtype, shape, mode, algorithm):
+    """PyTorch computes a half softmax in float32 and rounds once: so does this call, so that
+    its y is PyTorch's (the backward amplifies any other rounding of y)."""
+    rec = _Recorder(monkeypatch)
+    y = softmax.softmax_forward(t(shape, dtype, 0), mode=mode, algorithm=algorithm)
+    assert y.shape == shape and y.dtype.name == dtype
+    assert rec.launches == ["cudnnSoftmaxForward"]
+    assert [c[1:4:2] for c in rec.copies] == [(dtype, "float32"), ("float32", dtype)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_full_precision_softmax_forward_runs_on_its_operands(monkeypatch, dtype):
+    rec = _Recorder(monkeypatch)
+    softmax.softmax_forward(t((2, 3, 4, 5), dtype, 0))
+    assert rec.launches == ["cudnnSoftmaxForward"] and rec.copies == []
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
