@@ -57,9 +57,11 @@ _EXPORTS: dict[str, str] = {
     # convolutions
     "convolution": "api.conv", "conv_transpose": "api.conv", "convolution_backward_data": "api.conv",
     "convolution_backward_filter": "api.conv", "convolution_add_relu": "api.conv",
+    "conv_transpose_backward_data": "api.conv", "conv_transpose_backward_filter": "api.conv",
     # operations beside convolutions
     "activation_forward": "ops.activation", "activation_backward": "ops.activation",
     "softmax_forward": "ops.softmax", "softmax_backward": "ops.softmax",
+    "hardtanh_forward": "ops.hardtanh", "hardtanh_backward": "ops.hardtanh",
     "pooling_forward": "ops.pooling", "pooling_backward": "ops.pooling",
     "PoolingDescriptor": "cudnn.descriptors",
     "batch_norm_forward_training": "ops.batchnorm", "batch_norm_forward_inference": "ops.batchnorm",
@@ -136,7 +138,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
                                    set_cache_limit as set_cache_limit)
     from .engines.problem import ConvolutionParams as ConvolutionParams
     from .search.preload import (PreloadReport as PreloadReport, preload as preload)
-    from .api.conv import (conv_transpose as conv_transpose, convolution as convolution,
+    from .api.conv import (conv_transpose as conv_transpose,
+                           conv_transpose_backward_data as conv_transpose_backward_data,
+                           conv_transpose_backward_filter as conv_transpose_backward_filter,
+                           convolution as convolution,
                            convolution_add_relu as convolution_add_relu,
                            convolution_backward_data as convolution_backward_data,
                            convolution_backward_filter as convolution_backward_filter,
@@ -146,6 +151,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
                                  activation_forward as activation_forward)
     from .ops.softmax import (softmax_backward as softmax_backward,
                               softmax_forward as softmax_forward)
+    from .ops.hardtanh import (hardtanh_backward as hardtanh_backward,
+                               hardtanh_forward as hardtanh_forward)
     from .ops.pooling import (pooling_backward as pooling_backward,
                               pooling_forward as pooling_forward)
     from .ops.batchnorm import (BatchNormResult as BatchNormResult,

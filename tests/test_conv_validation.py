@@ -317,3 +317,103 @@ def test_conv_transpose_output_padding_at_least_stride_and_dilation_is_refused()
     with pytest.raises(ValueError, match="output padding must be smaller than either stride or "
                                          "dilation"):
         pycudnn.conv_transpose(X, t(4, 2, 3, 3), stride=2, dilation=2, output_padding=2)
+
+
+def test_conv_transpose_crop_past_the_unpadded_size_keeps_nothing_there(monkeypatch):
+    """A padding larger than the unpadded size (a kernel of size 1 in that dim, output_padding
+    below the dilation): no input element reaches the output there, PyTorch's output is the bias
+    alone, so the output is zeroed and nothing is copied."""
+    rec = _Recorder(monkeypatch)
+    y = pycudnn.conv_transpose(t(1, 2, 1, 3), t(2, 3, 1, 3), stride=1, padding=(2, 0),
+                               output_padding=(4, 0), dilation=(5, 1))
+    assert y.shape == (1, 3, 1, 5)  # PyTorch's: (1 - 1) * 1 - 4 + 0 + 4 + 1 = 1 in H
+    assert rec.runs[-1][3][0] == (1, 3, 1, 5)  # the unpadded result: 1 in H, 5 in W
+    assert rec.zeroed == [y] and rec.copies == []
+
+
+@pytest.mark.parametrize("x,w,kwargs,words", [
+    (t(1, 2, 5), t(2, 3, 2), {"output_padding": 1},
+     "conv_transpose1d: output padding must be smaller than either stride or dilation, but got "
+     "output_padding_width: 1 stride_width: 1 dilation_width: 1"),
+    (t(1, 2, 3, 3), t(2, 3, 2, 2), {"output_padding": (2, 0), "stride": (2, 1)},
+     "conv_transpose2d: output padding must be smaller than either stride or dilation, but got "
+     "output_padding_height: 2 output_padding_width: 0 stride_height: 2 stride_width: 1 "
+     "dilation_height: 1 dilation_width: 1"),
+    (t(1, 2, 3, 3, 3), t(2, 3, 2, 2, 2), {"output_padding": (0, 0, 3), "dilation": (1, 1, 3)},
+     "conv_transpose3d: output padding must be smaller than either stride or dilation, but got "
+     "output_padding_depth: 0 output_padding_height: 0 output_padding_width: 3 stride_depth: 1 "
+     "stride_height: 1 stride_width: 1 dilation_depth: 1 dilation_height: 1 dilation_width: 3"),
+])
+def test_conv_transpose_output_padding_refusal_is_worded_as_pytorchs(x, w, kwargs, words):
+    import re
+
+    with pytest.raises(ValueError, match="^" + re.escape(words) + "$"):
+        pycudnn.conv_transpose(x, w, **kwargs)
+
+
+# geometry of PyTorch's OpInfo samples: output_padding 1 >= stride 1 (below the dilation 2) in W
+TX, TW = t(1, 4, 4, 4), t(4, 2, 3, 3, ptr=0x7F0000000000 + (1 << 36))
+TGEO = dict(stride=1, padding=(1, 1), output_padding=(0, 1), dilation=(1, 2))
+TY_SHAPE = (1, 2, 4, 7)  # (4 - 1) - 2 + 2 * 2 + 1 + 1 = 7 in W
+
+
+def test_conv_transpose_weight_gradient_with_output_padding_at_least_stride_pads_the_input(
+        monkeypatch):
+    """The backward filter of the convolution of grad_y, whose output has output_padding //
+    stride more positions than x: x extended with zeros after its last element there."""
+    rec = _Recorder(monkeypatch)
+    gy = t(*TY_SHAPE, ptr=0x7F0000000000 + (2 << 36))
+    gw = pycudnn.conv_transpose_backward_filter(TX, gy, (4, 2, 3, 3), **TGEO)
+    assert gw.shape == (4, 2, 3, 3)
+    direction, pad, dil, (xs, ws, ys) = rec.runs[-1]
+    # roles swapped: grad_y is the convolution's input, the padded x its output gradient
+    assert direction == "backward_filter" and pad == (1, 1) and dil == (1, 2)
+    assert xs == TY_SHAPE and ws == (4, 2, 3, 3) and ys == (1, 4, 4, 5)
+    (src, dst), = rec.copies  # x into the corner of zeros
+    assert src is TX and dst.shape == TX.shape and dst.strides == (4 * 4 * 5, 4 * 5, 5, 1)
+
+
+def test_conv_transpose_input_gradient_with_output_padding_at_least_stride_drops_the_extra(
+        monkeypatch):
+    rec = _Recorder(monkeypatch)
+    gy = t(*TY_SHAPE, ptr=0x7F0000000000 + (2 << 36))
+    gx = pycudnn.conv_transpose_backward_data(gy, TW, TX.shape, **TGEO)
+    assert gx.shape == TX.shape
+    direction, pad, dil, (xs, ws, ys) = rec.runs[-1]
+    assert direction == "forward" and xs == TY_SHAPE and ys == (1, 4, 4, 5)
+    (src, dst), = rec.copies  # the first 4 of the 5 positions in W
+    assert src.shape == TX.shape and src.strides == (4 * 4 * 5, 4 * 5, 5, 1) and dst is gx
+
+
+def test_conv_transpose_gradients_below_the_stride_are_the_plain_convolutions(monkeypatch):
+    rec = _Recorder(monkeypatch)
+    x, w = t(2, 4, 5, 5), t(4, 3, 3, 3, ptr=0x7F0000000000 + (1 << 36))
+    gy = t(2, 3, 10, 10, ptr=0x7F0000000000 + (2 << 36))  # (5 - 1) * 2 - 2 + 2 + 1 + 1
+    geo = dict(stride=2, padding=1, output_padding=1)
+    assert pycudnn.conv_transpose_backward_data(gy, w, x.shape, **geo).shape == x.shape
+    assert pycudnn.conv_transpose_backward_filter(x, gy, w.shape, **geo).shape == w.shape
+    assert [r[0] for r in rec.runs] == ["forward", "backward_filter"] and rec.copies == []
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: pycudnn.conv_transpose_backward_filter(TX, t(1, 2, 4, 6), (4, 2, 3, 3), **TGEO),
+     r"conv_transpose_backward_filter: expected grad_y of size \[1, 2, 4, 7\] for input "
+     r"\[1, 4, 4, 4\] and weight \[4, 2, 3, 3\], but got \[1, 2, 4, 6\]"),
+    (lambda: pycudnn.conv_transpose_backward_data(t(1, 2, 4, 6), TW, (1, 4, 4, 4), **TGEO),
+     r"conv_transpose_backward_data: expected grad_y of size \[1, 2, 4, 7\] for input_shape "
+     r"\[1, 4, 4, 4\] and weight \[4, 2, 3, 3\], but got \[1, 2, 4, 6\]"),
+    (lambda: pycudnn.conv_transpose_backward_filter(TX, t(*TY_SHAPE), (4, 2, 3, 3), stride=1,
+                                                    output_padding=1),
+     "conv_transpose_backward_filter: output padding must be smaller than either stride or "
+     "dilation, but got output_padding_height: 1"),
+    (lambda: pycudnn.conv_transpose_backward_filter(TX, t(*TY_SHAPE), (3, 2, 3, 3), **TGEO),
+     r"expected input\[1, 4, 4, 4\] to have 3 channels, but got 4"),
+    (lambda: pycudnn.conv_transpose_backward_data(t(*TY_SHAPE), TW, (1, 4, 4), **TGEO),
+     "input_shape: expected 4 sizes"),
+    (lambda: pycudnn.conv_transpose_backward_data(t(*TY_SHAPE, dtype="float16"), TW,
+                                                  (1, 4, 4, 4), **TGEO),
+     "float16"),
+])
+def test_conv_transpose_gradient_bad_input_is_refused_before_any_gpu_work(call, words):
+    with pytest.raises((ValueError, TypeError), match=words):
+        call()

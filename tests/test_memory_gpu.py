@@ -329,6 +329,105 @@ def test_device_buffer_on_a_raw_stream_handle_is_freed_after_a_device_synchroniz
     assert rt.calls == [("cuCtxSynchronize",), ("cuMemFree", 0x4000)] and drv.frees == []
 
 
+@pytest.fixture
+def fallback_workspaces(fake_cuda, monkeypatch):
+    """allocate_fast on its careful path: the driver's stream-ordered allocation answers 0, so
+    every workspace is a DeviceBuffer from allocate(), freed through the made-up driver."""
+    from pycudnn.runtime import memory
+
+    drv, rt, _ = fake_cuda
+    drv.allocate = lambda nbytes, stream: 0
+    made: list = []
+
+    def allocate(nbytes, device=None, stream=None, **kw):
+        ptr = 0x6000_0000_0000 + (len(made) + 1) * (1 << 24)
+        made.append((ptr, nbytes, stream))
+        return memory.DeviceBuffer(ptr, nbytes, device, stream)
+
+    monkeypatch.setattr(memory.stream_allocation, "allocate", allocate)
+    return drv, rt, made
+
+
+def test_evicting_a_fallback_thread_workspace_frees_it_after_a_device_synchronize(
+        fallback_workspaces):
+    from pycudnn.runtime.memory import workspaces
+
+    drv, rt, made = fallback_workspaces
+    ptrs = []
+
+    def work():
+        for stream in range(0x5000, 0x5000 + workspaces.THREAD_WORKSPACES_MAX + 1):
+            ptrs.append(workspaces.thread_workspace(1 << 20, 0, stream))
+        # the first evicted: freed only after waiting for the device (its stream may be gone)
+        assert rt.calls == [("cuCtxSynchronize",), ("cuMemFree", ptrs[0])]
+        assert drv.frees == []
+
+    _in_thread(work)
+    assert [m[2] for m in made] == list(range(0x5000, 0x5000 + len(ptrs)))
+    assert len(set(ptrs)) == len(ptrs)
+
+
+def test_a_fallback_thread_workspace_of_a_destroyed_stream_is_freed_synchronously(
+        fallback_workspaces):
+    import ctypes
+
+    from pycudnn.runtime.memory import workspaces
+
+    drv, rt, _ = fallback_workspaces
+    ids = {0x5000: 7}
+
+    def stream_id(stream, out_address):
+        ctypes.c_uint64.from_address(out_address).value = ids[stream]
+        return 0
+
+    drv.stream_id = stream_id
+    got = []
+
+    def work():
+        got.append(workspaces.thread_workspace(1 << 20, 0, 0x5000))
+        ids[0x5000] = 8  # the stream was destroyed, a new one got its handle
+        got.append(workspaces.thread_workspace(1 << 20, 0, 0x5000))
+        assert rt.calls == [("cuCtxSynchronize",), ("cuMemFree", got[0])] and drv.frees == []
+
+    _in_thread(work)
+    assert got[0] != got[1]
+
+
+def test_a_fallback_thread_workspace_grown_on_its_stream_is_freed_on_that_stream(
+        fallback_workspaces):
+    from pycudnn.runtime.memory import workspaces
+
+    drv, rt, _ = fallback_workspaces
+    got = []
+
+    def work():
+        got.append(workspaces.thread_workspace(1 << 20, 0, 0x5000))
+        got.append(workspaces.thread_workspace(1 << 22, 0, 0x5000))  # larger: replaced
+        # the allocation stream, still in use: stream-ordered, no wait
+        assert [f[:2] for f in drv.frees] == [(got[0], 0x5000)]
+        assert rt.calls == []
+
+    _in_thread(work)
+
+
+def test_a_fallback_workspace_that_cannot_be_freed_synchronously_is_kept_not_freed(
+        fallback_workspaces):
+    from pycudnn.runtime.memory import workspaces
+
+    drv, rt, _ = fallback_workspaces
+    rt.status = 900  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: another thread is capturing
+    ptrs = []
+
+    def work():
+        for stream in range(0x5000, 0x5000 + workspaces.THREAD_WORKSPACES_MAX + 1):
+            ptrs.append(workspaces.thread_workspace(1 << 20, 0, stream))
+        # neither freed nor raised: the memory is kept while work may still use it
+        assert rt.calls == [("cuCtxSynchronize",)] and drv.frees == []
+
+    _in_thread(work)
+    assert len(ptrs) == workspaces.THREAD_WORKSPACES_MAX + 1
+
+
 # ---- GPU ---------------------------------------------------------------------------------------
 
 F = dict(padding=1, engine="graph", allow_tf32=False)
@@ -409,6 +508,55 @@ def test_per_thread_stream_result_dropped_by_another_thread_does_not_overwrite_i
     tb.join()
     assert not errors, errors
     assert report["before"] < 1e-4 and report["after"] < 1e-4, report
+
+
+@gpu
+def test_thread_workspaces_from_the_allocation_fallback_are_evicted_on_a_fifth_stream(monkeypatch):
+    """With the driver's cuMemAllocAsync refusing, allocate_fast hands out allocate()'s
+    DeviceBuffers; a thread using more streams than it keeps workspaces for evicts one of them.
+    The workspaces stay writable and convolutions on every stream stay right (float64 NumPy)."""
+    import pycudnn
+    from cuda.bindings import runtime as rt
+    from pycudnn.runtime.memory import copies, driver, workspaces
+
+    real = driver.driver_memory()
+    assert real, "libcuda must load where a GPU is usable"
+
+    class Refusing:
+        def allocate(self, nbytes, stream):
+            return 0  # allocate_fast's careful path
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 8, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    ref = R.conv_forward(x, w, (1, 1), (1, 1), (1, 1), 1)
+    X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)
+    streams = []
+    for _ in range(workspaces.THREAD_WORKSPACES_MAX + 2):
+        err, s = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
+        assert not int(err)
+        streams.append(int(s))
+    errs: list[float] = []
+    monkeypatch.setattr(driver, "loaded", Refusing())
+
+    def work():
+        for s in streams:
+            ws = workspaces.thread_workspace(1 << 20, 0, s)
+            copies.memset(ws, 1 << 20, s, value=7)
+            y = pycudnn.convolution(X, W, padding=1, engine="graph", allow_tf32=False, stream=s)
+            errs.append(_err(y.numpy(stream=s), ref))
+
+    try:
+        _in_thread(work)
+    finally:
+        monkeypatch.setattr(driver, "loaded", real)
+        for s in streams:
+            rt.cudaStreamSynchronize(s)
+            rt.cudaStreamDestroy(s)
+    assert len(errs) == len(streams) and max(errs) < 1e-5, errs
 
 
 @gpu

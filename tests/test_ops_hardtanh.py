@@ -1,11 +1,15 @@
 """pycudnn.ops.hardtanh without a GPU: the argument checks (PyTorch's rules, the parameter
-named) fire before any GPU work, and valid calls go on to ask for a cuDNN handle. The values are
-checked against PyTorch's in tests/test_parity_gpu.py."""
+named) fire before any GPU work, valid calls go on to ask for a cuDNN handle, and the backward's
+two mask terms, evaluated in NumPy in the compute dtype, give PyTorch's gradient (infinite bounds
+included). The values on the device are checked against PyTorch's in tests/test_parity_gpu.py."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+import torch
 
 import pycudnn
 from pycudnn.ops.hardtanh import hardtanh_backward, hardtanh_forward
@@ -65,3 +69,53 @@ def test_empty_tensors_need_no_gpu():
     e = t(0, 3)
     assert hardtanh_forward(e).shape == (0, 3)
     assert hardtanh_backward(t(0, 3, region=1), e).shape == (0, 3)
+
+
+INF = math.inf
+MASK_BOUNDS = [(-1.0, 1.0), (0.0, 6.0), (0.1, 0.1), (-0.0, 0.0), (0.0, INF), (-INF, 0.0),
+               (-INF, INF), (-INF, -INF), (INF, INF), (-INF, 2.5), (-3.0, INF)]
+
+
+@pytest.mark.parametrize("wide", ["float32", "float64"])
+@pytest.mark.parametrize("bounds", MASK_BOUNDS, ids=[f"{a}:{b}" for a, b in MASK_BOUNDS])
+def test_backward_masks_give_pytorchs_gradient_at_every_edge(wide, bounds):
+    """``alpha * x + b`` of each mask, a NaN made +inf, then ``> 0`` (ReLU's gradient): dy passes
+    exactly where PyTorch's ``x <= min_val || x >= max_val ? 0 : dy`` passes it (NaN included)."""
+    from pycudnn.ops.hardtanh import _mask_terms
+
+    lo, hi = bounds
+    dt = np.dtype(wide)
+    fi = np.finfo(dt)
+    rng = np.random.default_rng(3)
+    edges = [np.nan, INF, -INF, 0.0, -0.0, fi.max, -fi.max, fi.tiny, -fi.tiny,
+             fi.smallest_subnormal, -fi.smallest_subnormal, 1.0, -1.0]
+    near = [v for b in (lo, hi) if math.isfinite(b)
+            for v in (b, np.nextafter(dt.type(b), dt.type(INF)),
+                      np.nextafter(dt.type(b), dt.type(-INF)))]
+    x = np.concatenate([np.array(edges + near, dt), rng.uniform(-8, 8, 200).astype(dt)])
+    dy = np.full_like(x, 2.0)
+    (a1, b1), (a2, b2) = _mask_terms(lo, hi, dt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        above = dt.type(a1) * x + dt.type(b1)
+        below = dt.type(a2) * x + dt.type(b2)
+    above[np.isnan(above)] = INF
+    below[np.isnan(below)] = INF
+    got = np.where((above > 0) & (below > 0), dy, 0.0)
+    # PyTorch's CUDA kernel's rule (its CPU kernels disagree with each other at NaN: their scalar
+    # path gives 0, their vectorized one dy), checked against its CPU kernel away from NaN
+    with np.errstate(invalid="ignore"):
+        want = np.where((x <= lo) | (x >= hi), 0.0, dy)
+    cpu = torch.ops.aten.hardtanh_backward(torch.from_numpy(dy), torch.from_numpy(x), lo,
+                                           hi).numpy()
+    real = ~np.isnan(x)
+    assert np.array_equal(want[real], cpu[real])
+    assert np.array_equal(got, want), [(float(v), g, w) for v, g, w in zip(x, got, want)
+                                       if g != w]
+
+
+def test_hardtanh_is_exported_at_the_top_level_like_the_other_operations():
+    from pycudnn.ops import hardtanh
+
+    for name in ("hardtanh_forward", "hardtanh_backward"):
+        assert name in pycudnn.__all__ and name in dir(pycudnn)
+        assert getattr(pycudnn, name) is getattr(hardtanh, name)

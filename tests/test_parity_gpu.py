@@ -59,12 +59,7 @@ def test_pooling_ceil_mode_is_pytorchs(dtype, mode, geo):
     hw, k, s, p = geo
     x = host64((2, 3) + hw, 1)
     xt, ref = _torch_pool(x, k, s, p, mode, True)
-    floor_shape = F.max_pool2d(torch.zeros((1, 1) + hw), k, s, p).shape
     X = pycudnn.from_numpy(x.astype(dtype))
-    if mode == "average_include_padding" and ref.shape[2:] != floor_shape[2:]:
-        with pytest.raises(ValueError, match="ceil_mode=True with mode='average_include_padding'"):
-            pooling_forward(X, k, stride=s, padding=p, mode=mode, ceil_mode=True)
-        return
     Y = pooling_forward(X, k, stride=s, padding=p, mode=mode, ceil_mode=True)
     assert rel(Y.numpy(), ref.detach().numpy()) <= TOL[dtype]
     dy = host64(ref.shape, 2)
@@ -72,6 +67,38 @@ def test_pooling_ceil_mode_is_pytorchs(dtype, mode, geo):
     DX = pooling_backward(Y, pycudnn.from_numpy(dy.astype(dtype)), X, k, stride=s, padding=p,
                           mode=mode, ceil_mode=True)
     assert rel(DX.numpy(), xt.grad.numpy()) <= TOL[dtype]
+
+
+# (x spatial, kernel, stride, padding): last windows past the padding in some dims (PyTorch's
+# include-padding divisor clipped there), 2-D and 3-D, the OpInfo kind among them
+CLIPPED = [((8, 8), 3, 2, 0), ((6, 9), (3, 2), (2, 2), (1, 0)), ((5, 5), 2, 3, 1),
+           ((5, 7, 6), 3, 2, 1), ((4, 5, 7), (2, 3, 3), (3, 2, 2), (0, 1, 1))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("geo", CLIPPED, ids=[str(g) for g in CLIPPED])
+def test_ceil_mode_include_padding_clipped_windows_are_pytorchs(dtype, layout, geo):
+    """PyTorch divides a ceil_mode window that passes the padding by the window clipped to the
+    padded input; forward and backward against PyTorch in float64 on the CPU (dy and y
+    untouched)."""
+    hw, k, s, p = geo
+    pool = F.avg_pool2d if len(hw) == 2 else F.avg_pool3d
+    x = host64((2, 3) + hw, 40)
+    xt = torch.tensor(x, requires_grad=True)
+    ref = pool(xt, k, s, p, ceil_mode=True, count_include_pad=True)
+    X = pycudnn.from_numpy(x.astype(dtype), memory_format=layout)
+    Y = pooling_forward(X, k, stride=s, padding=p, mode="average_include_padding", ceil_mode=True)
+    tol = {"float16": 2e-3}.get(dtype, TOL[dtype])
+    assert rel(Y.numpy(), ref.detach().numpy()) <= tol
+    y_before = Y.numpy().copy()
+    dy = host64(ref.shape, 41)
+    ref.backward(torch.tensor(dy))
+    DY = pycudnn.from_numpy(dy.astype(dtype))
+    DX = pooling_backward(Y, DY, X, k, stride=s, padding=p, mode="average_include_padding",
+                          ceil_mode=True)
+    assert rel(DX.numpy(), xt.grad.numpy()) <= tol
+    assert np.array_equal(DY.numpy(), dy.astype(dtype)) and np.array_equal(Y.numpy(), y_before)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -146,6 +173,62 @@ def test_conv_transpose_output_padding_below_dilation_is_pytorchs(stride, dilati
     assert rel(out.numpy(), ref.numpy()) <= (1e-5 if dtype == "float32" else 1e-12)
 
 
+# (x shape, w shape, stride, padding, output_padding, dilation): a padding past the unpadded
+# size in H (the output is the bias alone there), one that keeps nothing, an ordinary crop
+CROPS = [((1, 2, 1, 3), (2, 3, 1, 3), (1, 1), (2, 0), (4, 0), (5, 1)),
+         ((1, 2, 1, 3), (2, 3, 1, 3), (1, 1), (1, 0), (2, 0), (3, 1)),
+         ((1, 2, 4, 4), (2, 3, 2, 2), (1, 1), (1, 1), (1, 1), (2, 2))]
+
+
+@pytest.mark.parametrize("geo", CROPS, ids=[str(g[3:]) for g in CROPS])
+def test_conv_transpose_crop_past_the_unpadded_size_is_pytorchs(geo):
+    xs, ws, st, pad, op, dil = geo
+    x, w, b = host64(xs, 30), host64(ws, 31), host64(ws[1], 32)
+    ref = F.conv_transpose2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=st,
+                             padding=pad, output_padding=op, dilation=dil).numpy()
+    got = pycudnn.conv_transpose(pycudnn.from_numpy(x), pycudnn.from_numpy(w),
+                                 pycudnn.from_numpy(b), stride=st, padding=pad,
+                                 output_padding=op, dilation=dil, tuning_db=False).numpy()
+    assert rel(got, ref) <= 1e-12
+
+
+# (x shape, w shape, stride, padding, output_padding, dilation, groups); output_padding at
+# least the stride (below the dilation) first, as in PyTorch's OpInfo samples, then below it
+TGRADS = [((1, 4, 4, 4), (4, 2, 3, 3), 1, (1, 1), (0, 1), (1, 2), 1),
+          ((2, 4, 5, 6), (4, 3, 3, 3), 1, 1, 2, 3, 1),
+          ((2, 4, 5, 6), (4, 2, 2, 3), (2, 1), (0, 2), (3, 1), (4, 2), 2),
+          ((1, 2, 3, 4, 3), (2, 2, 2, 2, 2), 1, 0, (1, 0, 1), 2, 1),
+          ((2, 3, 7), (3, 2, 3), 1, 2, 2, 3, 1),
+          ((2, 4, 5, 6), (4, 3, 3, 3), 2, 1, 1, 1, 1),
+          ((1, 2, 3, 4, 3), (2, 4, 2, 2, 2), 2, 1, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("geo", TGRADS, ids=[f"{len(g[0]) - 2}d-op{g[4]}-s{g[2]}" for g in TGRADS])
+def test_conv_transpose_gradients_are_pytorchs(geo, dtype):
+    """conv_transpose_backward_data / _filter against PyTorch's autograd of conv_transpose in
+    float64 on the CPU."""
+    xs, ws, st, pad, op, dil, g = geo
+    fn = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[len(xs)]
+    x, w = host64(xs, 33), host64(ws, 34)
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y = fn(xt, wt, None, st, pad, op, g, dil)
+    gy = host64(tuple(y.shape), 35)
+    y.backward(torch.tensor(gy))
+    kw = dict(stride=st, padding=pad, output_padding=op, dilation=dil, groups=g,
+              allow_tf32=False, tuning_db=False)
+    X, W, GY = (pycudnn.from_numpy(a.astype(dtype)) for a in (x, w, gy))
+    gx = pycudnn.conv_transpose_backward_data(GY, W, xs, **kw)
+    gw = pycudnn.conv_transpose_backward_filter(X, GY, ws, **kw)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    assert rel(gx.numpy(), xt.grad.numpy()) <= tol
+    assert rel(gw.numpy(), wt.grad.numpy()) <= tol
+    # the forward with the same geometry still matches (the gradients' geometry is its own)
+    yp = pycudnn.conv_transpose(X, W, stride=st, padding=pad, output_padding=op, dilation=dil,
+                                groups=g, allow_tf32=False, tuning_db=False)
+    assert rel(yp.numpy(), y.detach().numpy()) <= tol
+
+
 @pytest.mark.parametrize("momentum", [1.5, -0.2, 3.0])
 def test_batch_norm_momentum_outside_zero_one_is_pytorchs(momentum):
     x = host64((4, 3, 5, 5), 13) * 2 + 1
@@ -162,7 +245,9 @@ def test_batch_norm_momentum_outside_zero_one_is_pytorchs(momentum):
     assert rel(RV.numpy(), new_rv) <= 1e-5
 
 
-HARDTANH_BOUNDS = [(-1.0, 1.0), (-0.5, 2.0), (0.0, 6.0), (0.1, 0.1), (-2.5, -0.3)]
+HARDTANH_BOUNDS = [(-1.0, 1.0), (-0.5, 2.0), (0.0, 6.0), (0.1, 0.1), (-2.5, -0.3),
+                   (0.0, np.inf), (-np.inf, 0.0), (-np.inf, np.inf), (-np.inf, -np.inf),
+                   (np.inf, np.inf)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
@@ -174,10 +259,11 @@ def test_hardtanh_is_pytorchs_with_its_edges(dtype, bounds, layout):
     lo, hi = bounds
     rng = np.random.default_rng(21)
     x = rng.uniform(-4, 4, (2, 8, 5, 6))
-    special = [np.nan, np.inf, -np.inf, 0.0, -0.0, lo, hi, 1.0, -1.0]
+    tdt = {"bfloat16": torch.bfloat16}.get(dtype, getattr(torch, dtype, None))
+    big = torch.finfo(tdt).max  # next to an infinite bound: inside it
+    special = [np.nan, np.inf, -np.inf, 0.0, -0.0, lo, hi, 1.0, -1.0, big, -big]
     x.flat[:len(special) * 20] = np.tile(special, 20)
     dy = rng.uniform(0.5, 2.0, x.shape)
-    tdt = {"bfloat16": torch.bfloat16}.get(dtype, getattr(torch, dtype, None))
     xd = torch.tensor(x).to(tdt).contiguous(
         memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format)
     dyd = torch.tensor(dy).to(tdt).contiguous(memory_format=torch.contiguous_format)

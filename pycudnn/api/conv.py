@@ -732,12 +732,7 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
         nd = _check_rank(x, "input", fn)
         _check_pair(x, "input", w, "weight")
         stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
-        output_padding_t = _spatial("output_padding", output_padding, nd, 0, "negative output_padding is not supported")
-        for op, s, d in zip(output_padding_t, stride_t, dilation_t):
-            if op >= s and op >= d:
-                raise ValueError(f"{fn}: output padding must be smaller than either stride or dilation, "
-                                 f"but got output_padding={list(output_padding_t)}, stride={list(stride_t)}, "
-                                 f"dilation={list(dilation_t)}")
+        output_padding_t = _output_padding(fn, output_padding, stride_t, dilation_t)
         # output_padding >= stride (but < dilation, as PyTorch allows): cuDNN's backward data has
         # no such output size; the call computes the unpadded transposed convolution and crops
         crop = any(op >= s for op, s in zip(output_padding_t, stride_t))
@@ -784,6 +779,22 @@ def _transposed(x: Any, w: Any, bias: Any, stride: Any, padding: Any, output_pad
             restore_device(prev)
 
 
+def _output_padding(fn: str, output_padding: Any, stride: tuple[int, ...],
+                    dilation: tuple[int, ...]) -> tuple[int, ...]:
+    """``output_padding`` as a tuple, checked as PyTorch checks it (smaller than the stride or
+    the dilation, per dim), refused in PyTorch's words (its per-dim names)."""
+    nd = len(stride)
+    op = _spatial("output_padding", output_padding, nd, 0, "negative output_padding is not supported")
+    if any(o >= s and o >= d for o, s, d in zip(op, stride, dilation)):
+        names = ("depth", "height", "width")[3 - nd:]
+        got = " ".join(f"{what}_{n}: {v}" for what, values in
+                       (("output_padding", op), ("stride", stride), ("dilation", dilation))
+                       for n, v in zip(names, values))
+        raise ValueError(f"{fn}: output padding must be smaller than either stride or dilation, "
+                         f"but got {got}")
+    return op
+
+
 def _window(t: Tensor, starts: Sequence[int], sizes: Sequence[int]) -> Tensor:
     """The view of ``t`` whose spatial dims start at ``starts`` with ``sizes`` (N and C whole)."""
     offset = sum(st * t.strides[2 + i] for i, st in enumerate(starts))
@@ -809,11 +820,118 @@ def _cropped_transpose(fn: str, x: Tensor, w: Tensor, shape: tuple[int, ...],
     if y.size == 0:
         return y
     handle = get_handle(y.device, s)
-    kept = tuple(min(o, f - p) for o, f, p in zip(shape[2:], full, padding))
+    # a padding past the unpadded size (a kernel of size 1 in that dim) keeps nothing there:
+    # the output is the bias alone
+    kept = tuple(max(0, min(o, f - p)) for o, f, p in zip(shape[2:], full, padding))
     if kept != shape[2:]:
         _fill_zero(y, s, handle)
-    transform(handle, _window(tmp, padding, kept), _window(y, (0,) * nd, kept))
+    if 0 not in kept:
+        transform(handle, _window(tmp, padding, kept), _window(y, (0,) * nd, kept))
     return y
+
+
+def conv_transpose_backward_data(grad_y: TensorLike, w: TensorLike, input_shape: Sequence[int], *,
+                                 stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                                 output_padding: int | Sequence[int] = 0,
+                                 dilation: int | Sequence[int] = 1, groups: int = 1,
+                                 out: TensorLike | None = None, stream: StreamLike | None = None,
+                                 **flags: Unpack[ConvolutionFlags]) -> Tensor:
+    """Gradient of `conv_transpose` with respect to its input, of shape ``input_shape``: the
+    convolution of ``grad_y`` with ``w`` (PyTorch's ``convolution_backward`` with
+    ``transposed=True``).
+
+    ``grad_y`` has the transposed convolution's output shape. Where ``output_padding`` is at
+    least the stride (PyTorch allows it below the dilation), that convolution has
+    ``output_padding // stride`` more positions per dim than the input; they are dropped.
+    """
+    fn = "conv_transpose_backward_data"
+    if type(grad_y) is not Tensor:
+        grad_y = as_tensor(grad_y, stream=stream)
+    if type(w) is not Tensor:
+        w = as_tensor(w, stream=stream)
+    nd = _check_rank(grad_y, "grad_y", fn)
+    _check_pair(grad_y, "grad_y", w, "weight")
+    input_shape_t = _shape_arg("input_shape", input_shape, grad_y.ndim)
+    geom, extra = _transposed_grad_geometry(fn, input_shape_t, w.shape, grad_y, "input_shape",
+                                            stride, padding, output_padding, dilation, groups)
+    st, pad, dil, g = geom
+    if not any(extra):
+        return convolution(grad_y, w, stride=st, padding=pad, dilation=dil, groups=g, out=out,
+                           stream=stream, **flags)
+    s = resolve_stream(stream)
+    dx = _output(out, input_shape_t, grad_y, suggest_memory_format(grad_y, w), s,
+                 reads=(("grad_y", grad_y), ("weight", w)))
+    full = convolution(grad_y, w, stride=st, padding=pad, dilation=dil, groups=g, stream=stream,
+                       **flags)
+    if dx.size:
+        transform(get_handle(dx.device, s), _window(full, (0,) * nd, input_shape_t[2:]), dx)
+    return dx
+
+
+def conv_transpose_backward_filter(x: TensorLike, grad_y: TensorLike, weight_shape: Sequence[int], *,
+                                   stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                                   output_padding: int | Sequence[int] = 0,
+                                   dilation: int | Sequence[int] = 1, groups: int = 1,
+                                   out: TensorLike | None = None, stream: StreamLike | None = None,
+                                   **flags: Unpack[ConvolutionFlags]) -> Tensor:
+    """Gradient of `conv_transpose` with respect to its weight, of shape ``weight_shape``
+    (``(C_in, C_out/groups, *kernel)``): the backward filter of the convolution whose backward
+    data the transposed convolution is, its roles swapped (``grad_y`` the input, ``x`` the
+    output's gradient).
+
+    Where ``output_padding`` is at least the stride, that convolution's output has
+    ``output_padding // stride`` more positions per dim than ``x``: ``x`` is extended with zeros
+    there (positions no input element occupies contribute nothing), as PyTorch computes it.
+    """
+    fn = "conv_transpose_backward_filter"
+    if type(x) is not Tensor:
+        x = as_tensor(x, stream=stream)
+    if type(grad_y) is not Tensor:
+        grad_y = as_tensor(grad_y, stream=stream)
+    _check_rank(x, "input", fn)
+    _check_pair(x, "input", grad_y, "grad_y")
+    weight_shape_t = _shape_arg("weight_shape", weight_shape, x.ndim)
+    geom, extra = _transposed_grad_geometry(fn, x.shape, weight_shape_t, grad_y, "input", stride,
+                                            padding, output_padding, dilation, groups)
+    st, pad, dil, g = geom
+    if any(extra):
+        x = _padded_input(x, extra, suggest_memory_format(x, grad_y), resolve_stream(stream))
+    return convolution_backward_filter(grad_y, x, weight_shape_t, stride=st, padding=pad,
+                                       dilation=dil, groups=g, out=out, stream=stream, **flags)
+
+
+def _transposed_grad_geometry(fn: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...],
+                              grad_y: Tensor, x_name: str, stride: Any, padding: Any,
+                              output_padding: Any, dilation: Any, groups: Any
+                              ) -> tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int],
+                                         tuple[int, ...]]:
+    """The checked geometry of a transposed convolution's gradient, and per dim how many more
+    positions the convolution of its ``grad_y`` has than its input (``output_padding //
+    stride``); ``grad_y`` must have the transposed convolution's output shape."""
+    nd = len(x_shape) - 2
+    stride_t, padding_t, dilation_t = _geometry(stride, padding, dilation, nd)
+    op = _output_padding(fn, output_padding, stride_t, dilation_t)
+    g = _groups(groups)
+    if any(k < 1 for k in w_shape):
+        raise ValueError(f"{fn}: expected weight of size {list(w_shape)} to have positive sizes "
+                         f"(input channels, output channels per group, kernel)")
+    if w_shape[0] != x_shape[1]:
+        raise ValueError(f"{fn}: given weight of size {list(w_shape)}, expected {x_name}"
+                         f"{list(x_shape)} to have {w_shape[0]} channels, but got {x_shape[1]} "
+                         f"channels instead")
+    if w_shape[0] % g:
+        raise ValueError(f"{fn}: expected weight of size {list(w_shape)} to have a first dim "
+                         f"divisible by groups={g}")
+    spatial = tuple((i - 1) * s - 2 * p + d * (k - 1) + o + 1 for i, k, s, p, d, o in
+                    zip(x_shape[2:], w_shape[2:], stride_t, padding_t, dilation_t, op))
+    if any(o < 1 for o in spatial):
+        raise ValueError(f"{fn}: calculated output size {list(spatial)} is too small")
+    expected = (x_shape[0], w_shape[1] * g) + spatial
+    if tuple(grad_y.shape) != expected:
+        raise ValueError(f"{fn}: expected grad_y of size {list(expected)} for {x_name} "
+                         f"{list(x_shape)} and weight {list(w_shape)}, but got "
+                         f"{list(grad_y.shape)}")
+    return (stride_t, padding_t, dilation_t, g), tuple(o // s for o, s in zip(op, stride_t))
 
 
 def _string_padding(padding: Any, stride: tuple[int, ...], dilation: tuple[int, ...],

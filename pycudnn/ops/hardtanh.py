@@ -7,11 +7,9 @@ gives 0. Here both passes are built from cuDNN operations whose results are exac
 * forward: ``cudnnOpTensor`` MAX with ``min_val``, then MIN with ``max_val`` in place (a maximum
   and a minimum round nothing; NaN propagates, as PyTorch's clamp does);
 * backward: PyTorch's rule, ``dx = dy`` where ``min_val < x < max_val`` and 0 elsewhere (0 at the
-  bounds themselves; ``dy`` at NaN, where both of PyTorch's tests are false), as two ReLU masks: ``x - min_val > 0`` and ``max_val - x > 0``, each exact
-  in IEEE arithmetic (a difference of two floats is 0 only when they are equal, and has their
-  order's sign), computed in float32 (float64 for float64 data, PyTorch's opmath) so that the
-  bounds are compared as PyTorch compares them. The gradient passes through as ``dy`` or 0, so
-  it is exact in every dtype.
+  bounds, infinite ones included; ``dy`` at NaN), as two ReLU masks: ``x - min_val > 0`` and
+  ``max_val - x > 0``, exact in IEEE arithmetic (see `_mask_terms` for infinite bounds), computed
+  in float32 (float64 for float64 data, PyTorch's opmath). ``dx`` is ``dy`` or 0: exact.
 
 Both take any strides (0 to 5 dims) and refuse what PyTorch refuses (``min_val > max_val``).
 """
@@ -66,6 +64,24 @@ def _bounds(min_val: Any, max_val: Any, fn: str) -> tuple[float, float]:
         raise ValueError(f"{fn}: min_val cannot be greater than max_val, but got "
                          f"min_val={min_val!r} and max_val={max_val!r}")
     return lo, hi
+
+
+def _mask_terms(lo: float, hi: float, wide: Any) -> tuple[tuple[float, float], tuple[float, float]]:
+    """``(alpha, b)`` of the two masks of `hardtanh_backward`, each ``alpha * x + b`` in the
+    compute dtype ``wide``: the first positive exactly where ``x > lo``, the second exactly where
+    ``x < hi``, NaN where x is NaN (and only there, or where the other mask is 0).
+
+    A finite bound gives the exact difference (``x - lo``, ``hi - x``). At an infinite bound the
+    difference at that same infinity is ``inf - inf``, a NaN the NaN rule would pass where PyTorch
+    gives 0 (``x <= -inf``, ``x >= inf`` hold there), so ``lo = -inf`` uses ``x / 2 + M`` and
+    ``hi = inf`` uses ``M - x / 2`` (M the largest finite value of ``wide``): positive for every
+    finite x (``|x| / 2 < M``; halving keeps the sign), ``-inf`` at the bound's infinity. A bound
+    at the other infinity (``lo = hi = inf``) keeps the difference: its NaN at ``x = inf`` is
+    masked by the other bound's term."""
+    big = float(np.finfo(np.dtype(wide)).max)
+    above = (0.5, big) if lo == -math.inf else (1.0, -lo)
+    below = (-0.5, big) if hi == math.inf else (-1.0, hi)
+    return above, below
 
 
 def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> TensorDescriptor:
@@ -198,12 +214,14 @@ def hardtanh_backward(dy: TensorLike, x: TensorLike, min_val: float = -1.0, max_
             return d
 
         xw, dyw = dense(xt), dense(dyt)
-        bounds = from_numpy(np.array([-lo, hi, math.inf]), dtype=wide, device=dev, stream=s)
-        neg_lo, hi_t, inf = (Tensor._make(bounds.ptr + i * wide.itemsize, (1,), (1,), wide, dev,
-                                          bounds) for i in range(3))
+        (a_above, b_above), (a_below, b_below) = _mask_terms(lo, hi, wide)
+        bounds = from_numpy(np.array([b_above, b_below, math.inf]), dtype=wide, device=dev,
+                            stream=s)
+        b_above_t, b_below_t, inf = (Tensor._make(bounds.ptr + i * wide.itemsize, (1,), (1,),
+                                                  wide, dev, bounds) for i in range(3))
         above, below = dense(), dense()
-        _op(handle, OpTensorOp.ADD, xw, 1.0, neg_lo, above)   # x - min_val
-        _op(handle, OpTensorOp.ADD, xw, -1.0, hi_t, below)    # max_val - x
+        _op(handle, OpTensorOp.ADD, xw, a_above, b_above_t, above)  # > 0 where x > min_val
+        _op(handle, OpTensorOp.ADD, xw, a_below, b_below_t, below)  # > 0 where x < max_val
         # PyTorch passes dy at NaN (x <= min_val and x >= max_val are both false there): a NaN
         # difference becomes +inf, a minimum that does not propagate NaN keeps every other value
         keep_nan = NanPropagation.NOT_PROPAGATE_NAN

@@ -169,7 +169,7 @@ class _Plan:
         self.stage_x: tuple[int, ...] | None = None  # forward: x staged into these strides
         self.stage_y: tuple[int, ...] | None = None  # forward: y computed in these, then copied
         self.keep: tuple[Any, ...] = ()
-        #: backward: float16/bfloat16 operands computed in float32 copies (the dtype staged in)
+        #: float16/bfloat16 operands computed in float32 copies (the dtype staged in)
         self.wide: Any = None
 
 
@@ -224,9 +224,9 @@ def softmax_forward(x: TensorLike, *, algorithm: str = "accurate", mode: str = "
                                            s_ref)
         src, target = x, y
         if plan.stage_x is not None:
-            src = staged(handle, _at_least_4d(x), plan.stage_x, s)
+            src = staged(handle, _at_least_4d(x), plan.stage_x, s, dtype=plan.wide)
         if plan.stage_y is not None:
-            target = staged(handle, _at_least_4d(y), plan.stage_y, s, copy=False)
+            target = staged(handle, _at_least_4d(y), plan.stage_y, s, copy=False, dtype=plan.wide)
         status = plan.launch(handle, plan.algo, plan.mode, plan.one, plan.x, src.ptr, plan.zero,
                              plan.y, target.ptr)
         if status:
@@ -249,24 +249,29 @@ def _forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: st
     plan.nbytes = x.size * x.dtype.itemsize
     if x.size == 0:
         return plan
-    plan.one, plan.zero = scalars_of(x.dtype)
+    # float16/bfloat16 in float32 copies, rounded once into y, as PyTorch computes them: the
+    # backward amplifies a y that differs from PyTorch's by one rounding step by |dy - sum(y*dy)|
+    compute = FLOAT32 if x.dtype.name in HALF_DTYPES else x.dtype
+    plan.wide = compute if compute != x.dtype else None
+    plan.one, plan.zero = scalars_of(compute)
     plan.launch = c_function("cudnnSoftmaxForward")
     shape, instance = x.shape, plan.mode == SoftmaxMode.INSTANCE
     # the layouts cuDNN computes in: the operands' own where it takes them, else dense copies
     # (instance mode: x in y's layout, both sample-packed)
     ys = plan.strides
-    if not _takes(shape, ys, instance):
+    if plan.wide is not None or not _takes(shape, ys, instance):
         ys = layout_strides(shape, x)
         plan.stage_y = _pad(ys)
     xs = x.strides
-    if not _takes(shape, xs, instance) or (instance and not same_layout(shape, xs, ys)):
+    if (plan.wide is not None or not _takes(shape, xs, instance)
+            or (instance and not same_layout(shape, xs, ys))):
         xs = ys
         plan.stage_x = _pad(ys)
     if (plan.mode == SoftmaxMode.CHANNEL and _no_spatial(shape) and same_layout(shape, xs, ys)
             and _sample_packed(shape, xs)):
         plan.mode = SoftmaxMode.INSTANCE  # the same values, cuDNN's faster kernel (see _no_spatial)
-    xd = _descriptor(shape, xs, x.dtype)
-    yd = xd if same_layout(shape, xs, ys) else _descriptor(shape, ys, x.dtype)
+    xd = _descriptor(shape, xs, compute)
+    yd = xd if same_layout(shape, xs, ys) else _descriptor(shape, ys, compute)
     plan.x, plan.y = xd.handle, yd.handle
     plan.keep = (xd, yd)
     return plan

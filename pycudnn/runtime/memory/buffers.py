@@ -215,6 +215,22 @@ class DeviceBuffer:
             else:
                 drv.free(ptr, self._stream)
 
+    def free_synchronously(self) -> None:
+        """Free now, after waiting for all work on the device: for memory whose allocation stream
+        may no longer exist (the twin of `StreamAllocation.free_synchronously`, so a per-thread
+        workspace of either kind is evicted alike). Idempotent. Nothing is freed when the device
+        cannot be synchronized (another thread capturing a CUDA graph): the memory is kept for
+        the rest of the process, never handed to the next allocation while work may use it."""
+        ptr = self._ptr
+        if ptr is None:
+            return
+        self._ptr = None
+        self._stream_ref = None
+        if self._finalizer is None:
+            return
+        self._finalizer.detach()
+        _release(ptr, self.device, 0, None, True)
+
     def __enter__(self) -> "DeviceBuffer":
         return self
 
