@@ -18,24 +18,26 @@ the iterator with its fallbacks, the guards and the batch splitting are those of
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from .._types import MathType
 from ..cudnn.graph.build import (Epilogue, OperationGraph, TensorSpec, bias_spec,
                                  build_convolution_graph, nchw_strides, nhwc_strides)
 from ..cudnn.graph.plan import EngineConfig, ExecutionPlan, engine_configs, filter_candidates
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
-from ..runtime.gate import MAX_QUEUED, StreamGate, gate_for
-from ..runtime.memory import allocate, check_cuda, mem_get_info
+from ..runtime.memory import (allocate, event_create, event_destroy, event_elapsed_ms, event_record,
+                              event_synchronize, mem_get_info, stream_synchronize)
 from .contract import Engine, check_precision, error_if_capturing, release, workspace
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind, written_bytes
 from .stored import (INT64_MAX, INT_MAX, brief, checked_int, checked_ints, checked_record,
                      checked_text)
+
+if TYPE_CHECKING:
+    from ..runtime.gate import StreamGate
 
 __all__ = ["GraphEngine", "GraphRecord", "GraphChoice", "BENCHMARK_TIME_BUDGET_S", "HEURISTIC_MODES"]
 
@@ -519,6 +521,11 @@ class GraphEngine(Engine):
         """
         if not ready:
             return []
+        # imported here: a heuristics first call needs neither
+        import statistics
+
+        from ..runtime.gate import gate_for
+
         p = args.params
         ptrs = args.pointers(out_ptr)
         ws_size = max(r.plan.workspace_size or 0 for r in ready)
@@ -532,7 +539,7 @@ class GraphEngine(Engine):
                     ok.append(i)
                 except CudnnError as exc:
                     failures.append((rec.plan.tag, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
-            check_cuda(self._rt().cudaStreamSynchronize(args.stream)[0], "cudaStreamSynchronize")
+            stream_synchronize(args.stream)
             if not ok:
                 return [None] * len(ready)  # none ran: the failures say why
             gate = gate_for(p.device)
@@ -567,6 +574,8 @@ class GraphEngine(Engine):
                  ptrs: tuple[int, ...], wptr: int) -> list[float]:
         """Time ``runs`` ((candidate, repetitions)) behind holds of ``gate``, at most
         `MAX_QUEUED` runs queued behind one hold; ms per run of each."""
+        from ..runtime.gate import MAX_QUEUED
+
         out: list[float] = []
         batch: list[tuple[GraphRecord, int]] = []
         queued = 0
@@ -585,48 +594,34 @@ class GraphEngine(Engine):
                      wptr: int) -> list[float]:
         """One batch: (hold,) per candidate an event, its runs, an event; (open,) then each
         candidate's ms per run."""
-        rt = self._rt()
         s = args.stream
-        events: list[Any] = []
+        events: list[int] = []
         # everything after the first event is made runs inside the try blocks: a failure (an
         # event that cannot be made, a watchdog thread that cannot start, an interrupt) still
         # opens a queued hold, else the caller's stream would wait on the word forever, and
         # destroys the events made so far
         try:
             for _ in range(len(runs) + 1):
-                err, ev = rt.cudaEventCreate()
-                check_cuda(err, "cudaEventCreate")
-                events.append(ev)
+                events.append(event_create())
             generation = 0
             timer = None
             try:
                 if gate is not None:
                     generation = gate.hold(s)
                     timer = gate.watchdog(generation)
-                rt.cudaEventRecord(events[0], s)
+                event_record(events[0], s)
                 for k, (rec, n) in enumerate(runs):
                     for _ in range(n):
                         rec.plan.execute(args.handle, ptrs, wptr)
-                    rt.cudaEventRecord(events[k + 1], s)
+                    event_record(events[k + 1], s)
             finally:
                 if gate is not None and generation:
                     gate.open(generation)
                 if timer is not None:
                     timer.cancel()
-            check_cuda(rt.cudaEventSynchronize(events[-1])[0], "cudaEventSynchronize")
-            out = []
-            for k, (_, n) in enumerate(runs):
-                err, ms = rt.cudaEventElapsedTime(events[k], events[k + 1])
-                check_cuda(err, "cudaEventElapsedTime")
-                out.append(ms / n)
-            return out
+            event_synchronize(events[-1])
+            return [event_elapsed_ms(events[k], events[k + 1]) / n
+                    for k, (_, n) in enumerate(runs)]
         finally:
             for ev in events:
-                rt.cudaEventDestroy(ev)
-
-    @staticmethod
-    def _rt() -> Any:
-        from cuda.bindings import runtime
-
-        return runtime
-
+                event_destroy(ev)
