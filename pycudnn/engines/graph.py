@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from .._types import MathType
-from ..cudnn.graph.build import (Epilogue, OperationGraph, TensorSpec, bias_spec,
+from ..cudnn.graph.build import (DT_FLOAT, Epilogue, OperationGraph, TensorSpec, bias_spec,
                                  build_convolution_graph, nchw_strides, nhwc_strides)
-from ..cudnn.graph.plan import EngineConfig, ExecutionPlan, engine_configs, filter_candidates
+from ..cudnn.graph.plan import (EngineConfig, ExecutionPlan, LazyCandidates, candidate_refusal,
+                                filter_candidates, iter_engine_configs)
+from ..ffi.backend import to_data_type
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..runtime.memory import (allocate, event_create, event_destroy, event_elapsed_ms, event_record,
                               event_synchronize, mem_get_info, stream_synchronize)
@@ -168,10 +170,20 @@ class _KeyGraphs:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.graphs: list[OperationGraph] | None = None
-        self.by_mode: dict[tuple[int, str], list[GraphRecord]] = {}
+        self.by_mode: dict[tuple[int, str], _ModeCandidates] = {}
         self.seen: set = set()
         self.dropped: list[tuple[str, str]] = []
         self.problems: list[str] = []
+
+
+class _ModeCandidates:
+    """One heuristics mode's candidates of one graph: the records that passed so far, in order,
+    and the configs not described yet (``source``; None once used up)."""
+
+    def __init__(self, source: LazyCandidates) -> None:
+        self.records: list[GraphRecord] = []
+        self.source: LazyCandidates | None = source
+        self.problems_copied = 0  # how many of ``source.problems`` are in the key's problems
 
 
 class GraphEngine(Engine):
@@ -249,36 +261,63 @@ class GraphEngine(Engine):
             prep.graphs = graphs
         return prep.graphs
 
-    def _mode(self, args: ConvolutionArgs, prep: _KeyGraphs, gi: int, mode: str) -> list[GraphRecord]:
-        """The candidates of graph ``gi`` from one heuristics mode, deduplicated and filtered."""
-        records = prep.by_mode.get((gi, mode))
-        if records is not None:
-            return records
+    def _mode(self, args: ConvolutionArgs, prep: _KeyGraphs, gi: int, mode: str) -> Iterator[GraphRecord]:
+        """The candidates of graph ``gi`` from one heuristics mode, deduplicated and filtered,
+        each config described only when the caller asks for the next one.
+
+        The records made so far are kept (`_ModeCandidates`): a later search of the key, or
+        another thread, gets the same records in the same order, then goes on describing where
+        the furthest one stopped. Configs are taken and checked under ``prep.lock``; records are
+        yielded outside it, so a caller finalizing or running one holds no lock.
+        """
+        key = (gi, mode)
         with prep.lock:
-            records = prep.by_mode.get((gi, mode))
-            if records is not None:
-                return records
-            p = args.params
-            g = self._graphs(args, prep)[gi]
-            cands = engine_configs(args.handle, g, (mode,))
-            prep.problems.extend(cands.problems)
-            fresh = []
-            for c in cands:
-                if (gi, c.key) in prep.seen:
+            state = prep.by_mode.get(key)
+            if state is None:
+                g = self._graphs(args, prep)[gi]
+                state = prep.by_mode[key] = _ModeCandidates(
+                    iter_engine_configs(args.handle, g, (mode,)))
+        i = 0
+        while True:
+            with prep.lock:
+                if i >= len(state.records) and not self._next_record(args, prep, gi, mode, state):
+                    return
+                rec = state.records[i]
+            i += 1
+            yield rec
+
+    @staticmethod
+    def _next_record(args: ConvolutionArgs, prep: _KeyGraphs, gi: int, mode: str,
+                     state: _ModeCandidates) -> bool:
+        """Describe configs of ``state`` until one passes (appended to ``state.records``: True)
+        or none is left (False). Called under ``prep.lock``."""
+        source = state.source
+        if source is None:
+            return False
+        p = args.params
+        is_float32 = to_data_type(p.dtype) == DT_FLOAT
+        try:
+            for c in source:
+                if (gi, c.key) in prep.seen:  # offered by an earlier mode
                     c.close()
-                else:
-                    prep.seen.add((gi, c.key))
-                    fresh.append(c)
-            kept, dropped = filter_candidates(fresh, p.dtype, p.allow_tf32, p.deterministic)
-            prep.dropped.extend((c.tag, why) for c, why in dropped)
-            for c, _ in dropped:
-                c.close()
-            records = [GraphRecord(ExecutionPlan(c), p.direction, mode=mode, graph_index=gi) for c in kept]
-            prep.by_mode[(gi, mode)] = records
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("graph engine: %s: graph %d mode %s gives %d candidates", p.short(), gi,
-                          mode, len(records))
-        return records
+                    continue
+                prep.seen.add((gi, c.key))
+                why = candidate_refusal(c, is_float32, p.allow_tf32, p.deterministic)
+                if why is not None:
+                    prep.dropped.append((c.tag, why))
+                    c.close()
+                    continue
+                state.records.append(GraphRecord(ExecutionPlan(c), p.direction, mode=mode,
+                                                 graph_index=gi))
+                return True
+        finally:
+            prep.problems.extend(source.problems[state.problems_copied:])
+            state.problems_copied = len(source.problems)
+        state.source = None
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("graph engine: %s: graph %d mode %s gives %d candidates", p.short(), gi,
+                      mode, len(state.records))
+        return False
 
     def _iter_candidates(self, args: ConvolutionArgs, prep: _KeyGraphs, gi: int) -> Iterator[GraphRecord]:
         for mode in HEURISTIC_MODES:
