@@ -29,10 +29,11 @@ Four parts (``--parts calls,first,breakdown,floor``, all by default):
   timed executions each, CUDA events, the fastest kept); PyTorch with
   ``torch.backends.cudnn.benchmark`` off and on.
 * **breakdown** (where pycudnn's first call goes): the same first call in a fresh process under
-  ``cProfile``; the inclusive time of the functions that load libcudnn, create the handle, set up
-  cuda.core and cuda.bindings, run the gate's self-test, read the tuning database, build the
-  operation graph, run heuristics, finalize plans, measure candidates and execute (nested parts
-  are not summed; cProfile adds its own overhead to the Python parts).
+  ``cProfile``; the inclusive time of the functions that load libcudnn and the CUDA driver,
+  probe the devices, prepare the memory pool, import cuda.bindings (none should), create the
+  handle, run the gate's self-test, read the tuning database, build the operation graph, query
+  heuristics and describe their configs, finalize plans, measure candidates and execute (nested
+  parts are not summed; cProfile adds its own overhead to the Python parts).
 * **floor**: ``cudnnBackendExecute``'s own host time: the plan pycudnn chose for the tiny
   convolution executed directly through ctypes with a finalized variant pack, in a loop; beside
   it ``ExecutionPlan.execute`` (the variant pack looked up) and an empty ctypes call into
@@ -82,11 +83,10 @@ CLEANUPS: list[Callable[[], Any]] = []
 #: what the breakdown reports: (label, file suffix, function name); inclusive times
 BREAKDOWN = [
     ("libcudnn loaded (ffi.library._load)", "ffi/library.py", "_load"),
-    ("cuda.bindings runtime imported (memory._runtime)", "runtime/memory.py", "_runtime"),
-    ("devices probed (memory._probe_devices)", "runtime/memory.py", "_probe_devices"),
-    ("cuda.core imported (memory._core)", "runtime/memory.py", "_core"),
-    ("cuda.core memory resource (memory._memory_resource)", "runtime/memory.py", "_memory_resource"),
-    ("cuda.core stream wrapped (memory._core_stream)", "runtime/memory.py", "_core_stream"),
+    ("CUDA driver loaded and cuInit (driver.driver)", "runtime/memory/driver.py", "driver"),
+    ("devices probed (devices._probe_devices)", "runtime/memory/devices.py", "_probe_devices"),
+    ("memory pool prepared (buffers._prepare_pool)", "runtime/memory/buffers.py", "_prepare_pool"),
+    ("cuda.bindings runtime imported (bindings.runtime)", "runtime/memory/bindings.py", "runtime"),
     ("cuDNN handle created (handle._create)", "runtime/handle.py", "_create"),
     ("the gate made and self-tested (gate.gate_for)", "runtime/gate.py", "gate_for"),
     ("  of which its self-test (StreamGate.self_test)", "runtime/gate.py", "self_test"),
@@ -95,7 +95,8 @@ BREAKDOWN = [
     ("GPU identity for the database (tuning_db.device_identity)", "tuning/db.py",
      "device_identity"),
     ("operation graph built (build_convolution_graph)", "graph/build.py", "build_convolution_graph"),
-    ("heuristics (plan.engine_configs)", "graph/plan.py", "engine_configs"),
+    ("heuristics queried (LazyCandidates._query)", "graph/plan.py", "_query"),
+    ("engine configs described (plan._describe)", "graph/plan.py", "_describe"),
     ("plans finalized (ExecutionPlan.finalize)", "graph/plan.py", "finalize"),
     ("candidates measured (GraphEngine._measure)", "engines/graph.py", "_measure"),
     ("plan executed (ExecutionPlan.execute)", "graph/plan.py", "execute"),

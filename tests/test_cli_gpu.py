@@ -50,6 +50,16 @@ def test_info_lists_the_gpu(tmp_path):
     dev = info["devices"][0]
     assert dev["name"] and dev["compute_capability"][0] >= 7 and dev["memory_bytes"] > 1 << 30
     assert info["cuda_driver"] and info["cudnn"]["version"].startswith("9.")
+    from cuda.bindings import runtime as rt  # the runtime's own answers, beside the driver's
+
+    for d in info["devices"]:
+        err, prop = rt.cudaGetDeviceProperties(d["index"])
+        assert int(err) == 0, err
+        assert d["memory_bytes"] == prop.totalGlobalMem
+        assert d["compute_capability"] == [prop.major, prop.minor]
+        assert d["sm_count"] == prop.multiProcessorCount
+    err, version = rt.cudaDriverGetVersion()
+    assert int(err) == 0 and info["cuda_driver"] == f"{version // 1000}.{(version % 1000) // 10}"
 
 
 def test_bench_one_layer_all_directions(tmp_path):

@@ -107,3 +107,54 @@ def test_python_m_pycudnn_version():
     proc = subprocess.run([sys.executable, "-m", "pycudnn", "--version"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("pycudnn ")
+
+
+class _TwoGpuDriver:
+    """The driver calls `pycudnn info` makes for its GPU lines, answering for two devices; the
+    second one's memory query fails."""
+
+    init_status = 0
+
+    def cuDriverGetVersion(self, out):
+        out._obj.value = 12080
+        return 0
+
+    def cuDeviceGetCount(self, out):
+        out._obj.value = 2
+        return 0
+
+    def cuDeviceGet(self, out, ordinal):
+        out._obj.value = ordinal
+        return 0 if ordinal in (0, 1) else 101
+
+    def cuDeviceGetName(self, buf, size, dev):
+        buf.value = f"Scripted GPU {dev}".encode()
+        return 0
+
+    def cuDeviceGetAttribute(self, out, attr, dev):
+        out._obj.value = {75: 9, 76: 0, 16: 132}[attr]  # CC major, CC minor, SM count
+        return 0
+
+    def cuDeviceTotalMem(self, out, dev):
+        if dev == 1:
+            return 999  # CUDA_ERROR_UNKNOWN
+        out._obj.value = 80 << 30
+        return 0
+
+    def error_text(self, code):
+        return f"CUDA_ERROR {code}"
+
+
+def test_info_reads_the_gpus_and_the_driver_version_from_the_driver(monkeypatch):
+    from pycudnn.runtime.memory import devices, driver
+    from pycudnn.runtime.memory import errors as memory_errors
+
+    monkeypatch.setattr(driver, "loaded", _TwoGpuDriver())
+    monkeypatch.setattr(memory_errors, "_driver_found", True)
+    monkeypatch.setattr(devices, "visible_devices", None)
+    got, reason = environment.list_devices()
+    assert reason is None
+    assert got[0] == {"index": 0, "name": "Scripted GPU 0", "compute_capability": [9, 0],
+                      "sm_count": 132, "memory_bytes": 80 << 30}
+    assert got[1] == {"index": 1, "error": "cuDeviceTotalMem(1) failed: CUDA_ERROR 999"}
+    assert devices.driver_version() == 12080

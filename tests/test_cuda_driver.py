@@ -7,8 +7,9 @@
   device) is checked against a made-up driver that keeps a current context per thread, as
   libcuda does.
 * A fresh interpreter that imports the modules of a first convolution and runs it as far as it
-  goes (to the handle without a GPU; to the result with one) imports neither cuda.core nor
-  cuda.bindings.
+  goes (to the first device call without a GPU; to the result with one), with heuristics and
+  with ``benchmark=True``, imports neither cuda.core nor cuda.bindings; the call path's imports
+  leave out the tuning database, the gate and statistics, which only a measured search loads.
 """
 
 from __future__ import annotations
@@ -302,57 +303,95 @@ import numpy as np
 import pycudnn
 from pycudnn.runtime.memory import device_count
 
+benchmark = sys.argv[1] == "benchmark"
+
 class Array:  # a CUDA array interface with a made-up pointer: only used where no GPU is
     def __init__(self, shape):
         self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f4", "data": (0x7000, False),
                                          "version": 3, "strides": None, "stream": None}
 
-out = {"gpu": bool(device_count())}
+import pycudnn.api.conv  # what a first call imports before it runs
+out = {"gpu": bool(device_count()),
+       "imported": sorted(m for m in sys.modules if m.startswith("pycudnn") or m == "statistics")}
 if out["gpu"]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
     y = pycudnn.convolution(pycudnn.from_numpy(x), pycudnn.from_numpy(w), padding=1,
-                            allow_tf32=False).numpy()
+                            allow_tf32=False, benchmark=benchmark).numpy()
     out["y"] = y.astype(np.float64).tolist()
     out["x"], out["w"] = x.tolist(), w.tolist()
 else:
     try:
-        pycudnn.convolution(Array((2, 3, 8, 8)), Array((4, 3, 3, 3)), padding=1)
+        pycudnn.convolution(Array((2, 3, 8, 8)), Array((4, 3, 3, 3)), padding=1,
+                            benchmark=benchmark)
     except pycudnn.NoDeviceError as exc:
         out["error"] = str(exc)
 out["cuda_modules"] = sorted(m for m in sys.modules if m.startswith(("cuda.core", "cuda.bindings")))
 out["pycudnn_modules"] = sorted(m for m in sys.modules if m.startswith("pycudnn"))
+out["statistics"] = "statistics" in sys.modules
+if out["gpu"]:  # read after the modules were listed: this imports the database
+    from pycudnn.tuning import db as tuning_db
+    out["stored"] = len(tuning_db.entries(set_aside=False))
 print(json.dumps(out))
 """
 
+#: imported only by a measured search (benchmark mode), never by a heuristics first call
+_BENCHMARK_ONLY = ("pycudnn.tuning.db", "pycudnn.tuning.files", "pycudnn.tuning.records",
+                   "pycudnn.runtime.gate", "statistics")
 
-def _run_first_call() -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True,
+
+def _run_first_call(mode: str, cache_dir: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYCUDNN_CACHE_DIR=cache_dir)  # an empty tuning database: the search measures
+    env.pop("PYCUDNN_TUNING_DB", None)
+    proc = subprocess.run([sys.executable, "-c", _FIRST_CALL, mode], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_a_first_convolution_imports_neither_cuda_core_nor_cuda_bindings():
-    out = _run_first_call()
+@pytest.mark.parametrize("mode", ["heuristics", "benchmark"])
+def test_a_first_convolution_imports_neither_cuda_core_nor_cuda_bindings(mode, tmp_path):
+    out = _run_first_call(mode, str(tmp_path))
     assert out["cuda_modules"] == []
     assert "pycudnn.api.conv" in out["pycudnn_modules"]  # the call path was imported and run
+    # the call path's own imports leave the tuning database, the gate and statistics out
+    assert not set(_BENCHMARK_ONLY) & set(out["imported"]), out["imported"]
     if not out["gpu"]:  # the path ran to its first device call, which said why it cannot go on
         error = out["error"]
         assert re.search(r"no NVIDIA driver found|no usable CUDA device", error), error
 
 
-@pytest.mark.gpu
-def test_a_first_convolution_on_a_gpu_is_right_and_imports_no_cuda_python_module():
+def _check_result(out: dict) -> None:
     import numpy as np
 
     import reference as R
 
-    out = _run_first_call()
     assert out["gpu"]
     ref = R.conv_forward(np.asarray(out["x"]), np.asarray(out["w"]), (1, 1), (1, 1), (1, 1), 1)
     got = np.asarray(out["y"])
     assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.gpu
+def test_a_first_convolution_on_a_gpu_is_right_and_imports_no_cuda_python_module(tmp_path):
+    out = _run_first_call("heuristics", str(tmp_path))
+    _check_result(out)
     assert out["cuda_modules"] == []
+    # a heuristics call reads no tuning database and times nothing
+    loaded = set(out["pycudnn_modules"]) | ({"statistics"} if out["statistics"] else set())
+    assert not set(_BENCHMARK_ONLY) & loaded, sorted(loaded)
+    assert out["stored"] == 0
+
+
+@pytest.mark.gpu
+def test_a_measured_first_convolution_on_a_gpu_is_right_and_imports_no_cuda_python_module(
+        tmp_path):
+    out = _run_first_call("benchmark", str(tmp_path))
+    _check_result(out)
+    # the search timed its candidates behind the gate, looked up and stored its winner in the
+    # tuning database (the GPU's identity included), all without cuda.core or cuda.bindings
+    assert out["cuda_modules"] == []
+    assert {"pycudnn.runtime.gate", "pycudnn.tuning.db"} <= set(out["pycudnn_modules"])
+    assert out["stored"] == 1

@@ -1,7 +1,7 @@
 """The search's stream gate without a GPU: every hold that was queued is opened, whatever fails
 between queuing it and opening it (round 3, defect 5), and the events made are destroyed.
 
-The CUDA runtime and driver are replaced by recorders here because the point is the host-side
+The CUDA driver is replaced by recorders here because the point is the host-side
 ordering of hold/open around failures; what a hold does on a GPU is in test_benchmarks_timing.py
 and the search's GPU tests.
 """
@@ -15,34 +15,45 @@ import types
 
 import pytest
 
-from pycudnn.runtime import gate as G
 from pycudnn.engines import graph
+from pycudnn.errors import OutOfMemoryError
+from pycudnn.runtime import gate as G
+from pycudnn.runtime.memory import driver as DRV
 
 
-class _Runtime:
-    """Counts events; a run of the search's timing loop needs no more than these calls."""
+class _Driver:
+    """The CUDA driver's event calls, counted: a run of the search's timing loop makes no
+    other driver call (it is installed as the loaded driver table)."""
 
     def __init__(self, fail_event_at: int | None = None) -> None:
         self.created = self.destroyed = 0
+        self.recorded_on: list[int] = []
         self.fail_event_at = fail_event_at
 
-    def cudaEventCreate(self):
+    def cuEventCreate(self, out, flags):
         if self.fail_event_at is not None and self.created == self.fail_event_at:
-            return 2, None  # cudaErrorMemoryAllocation
+            return 2  # CUDA_ERROR_OUT_OF_MEMORY
         self.created += 1
-        return 0, object()
+        out._obj.value = 0x5000 + self.created
+        return 0
 
-    def cudaEventDestroy(self, ev):
+    def cuEventDestroy(self, ev):
         self.destroyed += 1
+        return 0
 
-    def cudaEventRecord(self, ev, s):
-        return (0,)
+    def cuEventRecord(self, ev, stream):
+        self.recorded_on.append(stream)
+        return 0
 
-    def cudaEventSynchronize(self, ev):
-        return (0,)
+    def cuEventSynchronize(self, ev):
+        return 0
 
-    def cudaEventElapsedTime(self, a, b):
-        return 0, 1.0
+    def cuEventElapsedTime(self, out, start, end):
+        out._obj.value = 1.0
+        return 0
+
+    def error_text(self, code):
+        return f"CUresult {code}"
 
 
 class _Gate:
@@ -73,46 +84,56 @@ class _Plan:
             raise KeyboardInterrupt  # an interrupt while the runs are queued
 
 
-def _round(rt, gate, runs=()):
-    search = types.SimpleNamespace(_rt=lambda: rt)
+@pytest.fixture
+def drv(monkeypatch):
+    """Installs a recording driver in place of libcuda's table (`event_create()` ... take it)."""
+    def install(**kw):
+        fake = _Driver(**kw)
+        monkeypatch.setattr(DRV, "loaded", fake)
+        return fake
+    return install
+
+
+def _round(gate, runs=()):
     args = types.SimpleNamespace(stream=0x1234, handle=0)
-    return graph.GraphEngine._gated_round(search, args, gate, list(runs), (), 0)
+    return graph.GraphEngine._gated_round(graph.GraphEngine(), args, gate, list(runs), (), 0)
 
 
-def test_a_watchdog_that_cannot_start_still_opens_the_hold_and_frees_the_events():
-    rt, gate = _Runtime(), _Gate(watchdog_fails=True)
+def test_a_watchdog_that_cannot_start_still_opens_the_hold_and_frees_the_events(drv):
+    rt, gate = drv(), _Gate(watchdog_fails=True)
     with pytest.raises(RuntimeError, match="can't start new thread"):
-        _round(rt, gate)
+        _round(gate)
     assert gate.held == [0x1234]
     assert gate.opened == [1]
     assert rt.created == rt.destroyed == 1
 
 
-def test_an_interrupt_while_queuing_opens_the_hold():
-    rt, gate = _Runtime(), _Gate()
+def test_an_interrupt_while_queuing_opens_the_hold(drv):
+    rt, gate = drv(), _Gate()
     runs = [(types.SimpleNamespace(plan=_Plan(fail=True)), 3)]
     with pytest.raises(KeyboardInterrupt):
-        _round(rt, gate, runs)
+        _round(gate, runs)
     assert gate.opened == [1]
     assert rt.created == rt.destroyed == 2
 
 
-def test_an_event_that_cannot_be_made_queues_no_hold_and_frees_the_others():
-    rt, gate = _Runtime(fail_event_at=1), _Gate()
+def test_an_event_that_cannot_be_made_queues_no_hold_and_frees_the_others(drv):
+    rt, gate = drv(fail_event_at=1), _Gate()
     runs = [(types.SimpleNamespace(plan=_Plan(fail=False)), 1)]
-    with pytest.raises(Exception, match="cudaEventCreate"):
-        _round(rt, gate, runs)
+    with pytest.raises(OutOfMemoryError, match="cuEventCreate"):
+        _round(gate, runs)
     assert gate.held == [] and gate.opened == []
     assert rt.created == rt.destroyed == 1
 
 
-def test_a_successful_round_opens_once_and_times_each_candidate():
-    rt, gate = _Runtime(), _Gate()
+def test_a_successful_round_opens_once_and_times_each_candidate(drv):
+    rt, gate = drv(), _Gate()
     runs = [(types.SimpleNamespace(plan=_Plan(fail=False)), 4),
             (types.SimpleNamespace(plan=_Plan(fail=False)), 2)]
-    assert _round(rt, gate, runs) == [0.25, 0.5]
+    assert _round(gate, runs) == [0.25, 0.5]
     assert gate.opened == [1]
     assert rt.created == rt.destroyed == 3
+    assert rt.recorded_on == [0x1234] * 3  # every event on the caller's stream
 
 
 def _host_gate() -> G.StreamGate:

@@ -401,3 +401,21 @@ def test_preload_in_a_thread_while_the_main_thread_convolves(db):
     r = reports[0]
     assert r.restored + r.already_cached == len(cases) and r.dropped == r.skipped == 0, r
     assert _searches() == 0
+
+
+def test_device_identity_agrees_with_the_cuda_runtimes_device_properties(db):
+    from cuda.bindings import runtime as rt
+
+    from pycudnn.runtime.memory import device_count
+
+    for device in range(device_count()):
+        err, prop = rt.cudaGetDeviceProperties(device)
+        assert int(err) == 0, err
+        name = prop.name
+        if isinstance(name, (bytes, bytearray)):
+            name = bytes(name).split(b"\0", 1)[0].decode("utf-8", "replace")
+        ident = db.device_identity(device)
+        assert ident == {"name": str(name).strip(),
+                         "compute_capability": [int(prop.major), int(prop.minor)],
+                         "sm_count": int(prop.multiProcessorCount)}
+        assert db.device_identity(device) is ident  # asked of the driver once per device

@@ -81,15 +81,17 @@ def test_breakdown_sums_the_named_functions_of_the_named_files_only():
         ("/x/pycudnn/cudnn/graph/plan.py", 290, "finalize"): (2, 2, 0.0, 0.030, {}),
         ("/x/pycudnn/engines/graph.py", 82, "finalize"): (2, 2, 0.0, 0.031, {}),  # another file
         ("/x/other/library.py", 1, "_load"): (1, 1, 0.0, 5.0, {}),
+        ("/x/pycudnn/runtime/memory/driver.py", 194, "driver"): (1, 1, 0.0, 0.002, {}),
     }
     rows = {r["what"]: r for r in V.breakdown_from_stats(stats, 0.3)}
     assert rows["libcudnn loaded (ffi.library._load)"]["ms"] == pytest.approx(120.0)
     assert rows["libcudnn loaded (ffi.library._load)"]["share"] == pytest.approx(0.4)
     assert rows["plans finalized (ExecutionPlan.finalize)"]["ms"] == pytest.approx(30.0)
     assert rows["plans finalized (ExecutionPlan.finalize)"]["calls"] == 2
-    assert rows["heuristics (plan.engine_configs)"]["ms"] == 0.0
+    assert rows["heuristics queried (LazyCandidates._query)"]["ms"] == 0.0
+    assert rows["CUDA driver loaded and cuInit (driver.driver)"]["ms"] == pytest.approx(2.0)
     top = V.top_functions(stats)
-    assert top[0]["function"].startswith("ffi/library.py:522(_load)") and len(top) == 3
+    assert top[0]["function"].startswith("ffi/library.py:522(_load)") and len(top) == 4
 
 
 def test_pycudnns_libcudnn_directory_goes_first_on_the_loader_path_once():
@@ -103,3 +105,16 @@ def test_pycudnns_libcudnn_directory_goes_first_on_the_loader_path_once():
 def test_the_commit_comes_from_the_environment_when_set(monkeypatch):
     monkeypatch.setenv("PYCUDNN_COMMIT", "abc1234")
     assert V.commit() == "abc1234"
+
+
+def test_every_breakdown_row_names_a_function_defined_in_its_file():
+    import ast
+    import pathlib
+
+    package = pathlib.Path(__file__).resolve().parents[1] / "pycudnn"
+    for label, suffix, func in V.BREAKDOWN:
+        files = [f for f in package.rglob("*.py") if f.as_posix().endswith("/" + suffix)]
+        assert len(files) == 1, (label, suffix, files)
+        names = {n.name for n in ast.walk(ast.parse(files[0].read_text()))
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        assert func in names, (label, suffix, func)

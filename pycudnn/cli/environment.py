@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import CudnnNotFoundError
+from ..errors import CudnnNotFoundError, PycudnnError
 from ..ffi import library as _lib
-from ..runtime.memory import device_count, no_device_reason
+from ..runtime.memory import device_count, device_identity, no_device_reason
+from ..runtime.memory.devices import device_total_memory
 from .errors import RunError, UsageError
 
 
@@ -39,26 +40,16 @@ def require_gpu(command: str, device: int = 0) -> None:
 
 
 def list_devices() -> tuple[list[dict[str, Any]], str | None]:
-    """(devices, None) or ([], why there is none)."""
-    from cuda.bindings import runtime as rt
-
-
+    """(devices, None) or ([], why there is none); asked of the driver, which makes no context."""
     reason = no_device_reason()
     if reason is not None:
         return [], reason
-    out = []
+    out: list[dict[str, Any]] = []
     for i in range(device_count()):
-        err, prop = rt.cudaGetDeviceProperties(i)
-        if int(err):
-            out.append({"index": i, "error": str(err)})
-            continue
-        name = prop.name
-        if isinstance(name, (bytes, bytearray)):
-            name = bytes(name).split(b"\0", 1)[0].decode("utf-8", "replace")
-        out.append({"index": i, "name": str(name).strip(),
-                    "compute_capability": [int(prop.major), int(prop.minor)],
-                    "sm_count": int(prop.multiProcessorCount),
-                    "memory_bytes": int(prop.totalGlobalMem)})
+        try:
+            out.append({"index": i, **device_identity(i), "memory_bytes": device_total_memory(i)})
+        except PycudnnError as exc:
+            out.append({"index": i, "error": str(exc)})
     return out, None
 
 

@@ -11,10 +11,23 @@ from typing import Any
 
 from ..errors import CudnnNotFoundError, TuningDatabaseWarning
 from ..ffi import library as _lib
+from ..runtime.memory.devices import driver_version
 from ..tuning import db as tuning_db
 from ..tuning import routes as route_store
 from .environment import cuda_mismatches, cuda_text, dist_version, list_devices, version_text
 from .report import format_bytes, terminal_safe
+
+
+def _bindings_runtime() -> str | None:
+    """The CUDA version of the runtime cuda-bindings loads (for the mismatch warnings), or None
+    where cuda-bindings is absent or broken."""
+    try:
+        from cuda.bindings import runtime as rt
+
+        err, rtv = rt.cudaRuntimeGetVersion()
+        return cuda_text(rtv) if not int(err) else None
+    except Exception:  # noqa: BLE001 - cuda.bindings itself broken
+        return None
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -36,16 +49,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         info["cudnn"] = {"error": "not found", "install": _lib.INSTALL_HINT,
                          "tried": [line.strip()[2:] for line in str(exc).splitlines()
                                    if line.startswith("  - ")]}
-    try:
-        from cuda.bindings import runtime as rt
-
-        err, drv = rt.cudaDriverGetVersion()
-        info["cuda_driver"] = cuda_text(drv) if not int(err) and drv else None
-        err, rtv = rt.cudaRuntimeGetVersion()
-        info["cuda_python_runtime"] = cuda_text(rtv) if not int(err) else None
-        devices, reason = list_devices()
-    except Exception as exc:  # noqa: BLE001 - cuda.bindings itself broken
-        info["cuda_driver"], devices, reason = None, [], f"{type(exc).__name__}: {exc}"
+    drv = driver_version()
+    info["cuda_driver"] = cuda_text(drv) if drv else None
+    info["cuda_python_runtime"] = _bindings_runtime()
+    devices, reason = list_devices()
     info["devices"] = devices
     info["no_gpu_reason"] = reason
     db: dict[str, Any] = {"path": tuning_db.path(), "enabled": tuning_db.enabled()}

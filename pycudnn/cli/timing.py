@@ -15,7 +15,8 @@ from .._types import MathType
 from ..configuration import flags
 from ..engines.registry import engine_for
 from ..ffi.backend import BehaviorNote, NumericalNote
-from ..runtime.memory import check_cuda, device_guard, empty_cache
+from ..runtime.memory import (device_guard, empty_cache, event_create, event_destroy,
+                              event_elapsed_ms, event_record, event_synchronize, synchronize)
 from ..tuning import db as tuning_db
 from ..search.cache import caches
 from .models import SHORT, Layer
@@ -105,30 +106,27 @@ class _CudaTimer:
     """CUDA events on the legacy default stream (where pycudnn runs without ``stream=``)."""
 
     def __init__(self) -> None:
-        from cuda.bindings import runtime as rt
-
-        self.rt = rt
-        self.ev0 = rt.cudaEventCreate()[1]
-        self.ev1 = rt.cudaEventCreate()[1]
+        self.ev0 = event_create()
+        try:
+            self.ev1 = event_create()
+        except BaseException:
+            event_destroy(self.ev0)
+            raise
 
     def start(self) -> None:
-        self.rt.cudaEventRecord(self.ev0, 0)
+        event_record(self.ev0, 0)
 
     def stop(self) -> float:
-
-        self.rt.cudaEventRecord(self.ev1, 0)
-        check_cuda(self.rt.cudaEventSynchronize(self.ev1)[0], "cudaEventSynchronize")
-        err, ms = self.rt.cudaEventElapsedTime(self.ev0, self.ev1)
-        check_cuda(err, "cudaEventElapsedTime")
-        return float(ms)
+        event_record(self.ev1, 0)
+        event_synchronize(self.ev1)
+        return event_elapsed_ms(self.ev0, self.ev1)
 
     def sync(self) -> None:
-
-        check_cuda(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        synchronize()
 
     def close(self) -> None:
-        self.rt.cudaEventDestroy(self.ev0)
-        self.rt.cudaEventDestroy(self.ev1)
+        event_destroy(self.ev0)
+        event_destroy(self.ev1)
 
 
 class _TorchTimer:

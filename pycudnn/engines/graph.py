@@ -18,24 +18,28 @@ the iterator with its fallbacks, the guards and the batch splitting are those of
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from .._types import MathType
-from ..cudnn.graph.build import (Epilogue, OperationGraph, TensorSpec, bias_spec,
+from ..cudnn.graph.build import (DT_FLOAT, Epilogue, OperationGraph, TensorSpec, bias_spec,
                                  build_convolution_graph, nchw_strides, nhwc_strides)
-from ..cudnn.graph.plan import EngineConfig, ExecutionPlan, engine_configs, filter_candidates
+from ..cudnn.graph.plan import (EngineConfig, ExecutionPlan, LazyCandidates, candidate_refusal,
+                                filter_candidates, iter_engine_configs)
+from ..ffi.backend import to_data_type
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
-from ..runtime.gate import MAX_QUEUED, StreamGate, gate_for
-from ..runtime.memory import allocate, check_cuda, mem_get_info
+from ..runtime.memory import (allocate, event_create, event_destroy, event_elapsed_ms, event_record,
+                              event_synchronize, mem_get_info, stream_synchronize)
 from .contract import Engine, check_precision, error_if_capturing, release, workspace
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind, written_bytes
 from .stored import (INT64_MAX, INT_MAX, brief, checked_int, checked_ints, checked_record,
                      checked_text)
+
+if TYPE_CHECKING:
+    from ..runtime.gate import StreamGate
 
 __all__ = ["GraphEngine", "GraphRecord", "GraphChoice", "BENCHMARK_TIME_BUDGET_S", "HEURISTIC_MODES"]
 
@@ -166,10 +170,20 @@ class _KeyGraphs:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.graphs: list[OperationGraph] | None = None
-        self.by_mode: dict[tuple[int, str], list[GraphRecord]] = {}
+        self.by_mode: dict[tuple[int, str], _ModeCandidates] = {}
         self.seen: set = set()
         self.dropped: list[tuple[str, str]] = []
         self.problems: list[str] = []
+
+
+class _ModeCandidates:
+    """One heuristics mode's candidates of one graph: the records that passed so far, in order,
+    and the configs not described yet (``source``; None once used up)."""
+
+    def __init__(self, source: LazyCandidates) -> None:
+        self.records: list[GraphRecord] = []
+        self.source: LazyCandidates | None = source
+        self.problems_copied = 0  # how many of ``source.problems`` are in the key's problems
 
 
 class GraphEngine(Engine):
@@ -247,36 +261,63 @@ class GraphEngine(Engine):
             prep.graphs = graphs
         return prep.graphs
 
-    def _mode(self, args: ConvolutionArgs, prep: _KeyGraphs, gi: int, mode: str) -> list[GraphRecord]:
-        """The candidates of graph ``gi`` from one heuristics mode, deduplicated and filtered."""
-        records = prep.by_mode.get((gi, mode))
-        if records is not None:
-            return records
+    def _mode(self, args: ConvolutionArgs, prep: _KeyGraphs, gi: int, mode: str) -> Iterator[GraphRecord]:
+        """The candidates of graph ``gi`` from one heuristics mode, deduplicated and filtered,
+        each config described only when the caller asks for the next one.
+
+        The records made so far are kept (`_ModeCandidates`): a later search of the key, or
+        another thread, gets the same records in the same order, then goes on describing where
+        the furthest one stopped. Configs are taken and checked under ``prep.lock``; records are
+        yielded outside it, so a caller finalizing or running one holds no lock.
+        """
+        key = (gi, mode)
         with prep.lock:
-            records = prep.by_mode.get((gi, mode))
-            if records is not None:
-                return records
-            p = args.params
-            g = self._graphs(args, prep)[gi]
-            cands = engine_configs(args.handle, g, (mode,))
-            prep.problems.extend(cands.problems)
-            fresh = []
-            for c in cands:
-                if (gi, c.key) in prep.seen:
+            state = prep.by_mode.get(key)
+            if state is None:
+                g = self._graphs(args, prep)[gi]
+                state = prep.by_mode[key] = _ModeCandidates(
+                    iter_engine_configs(args.handle, g, (mode,)))
+        i = 0
+        while True:
+            with prep.lock:
+                if i >= len(state.records) and not self._next_record(args, prep, gi, mode, state):
+                    return
+                rec = state.records[i]
+            i += 1
+            yield rec
+
+    @staticmethod
+    def _next_record(args: ConvolutionArgs, prep: _KeyGraphs, gi: int, mode: str,
+                     state: _ModeCandidates) -> bool:
+        """Describe configs of ``state`` until one passes (appended to ``state.records``: True)
+        or none is left (False). Called under ``prep.lock``."""
+        source = state.source
+        if source is None:
+            return False
+        p = args.params
+        is_float32 = to_data_type(p.dtype) == DT_FLOAT
+        try:
+            for c in source:
+                if (gi, c.key) in prep.seen:  # offered by an earlier mode
                     c.close()
-                else:
-                    prep.seen.add((gi, c.key))
-                    fresh.append(c)
-            kept, dropped = filter_candidates(fresh, p.dtype, p.allow_tf32, p.deterministic)
-            prep.dropped.extend((c.tag, why) for c, why in dropped)
-            for c, _ in dropped:
-                c.close()
-            records = [GraphRecord(ExecutionPlan(c), p.direction, mode=mode, graph_index=gi) for c in kept]
-            prep.by_mode[(gi, mode)] = records
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("graph engine: %s: graph %d mode %s gives %d candidates", p.short(), gi,
-                          mode, len(records))
-        return records
+                    continue
+                prep.seen.add((gi, c.key))
+                why = candidate_refusal(c, is_float32, p.allow_tf32, p.deterministic)
+                if why is not None:
+                    prep.dropped.append((c.tag, why))
+                    c.close()
+                    continue
+                state.records.append(GraphRecord(ExecutionPlan(c), p.direction, mode=mode,
+                                                 graph_index=gi))
+                return True
+        finally:
+            prep.problems.extend(source.problems[state.problems_copied:])
+            state.problems_copied = len(source.problems)
+        state.source = None
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("graph engine: %s: graph %d mode %s gives %d candidates", p.short(), gi,
+                      mode, len(state.records))
+        return False
 
     def _iter_candidates(self, args: ConvolutionArgs, prep: _KeyGraphs, gi: int) -> Iterator[GraphRecord]:
         for mode in HEURISTIC_MODES:
@@ -519,6 +560,11 @@ class GraphEngine(Engine):
         """
         if not ready:
             return []
+        # imported here: a heuristics first call needs neither
+        import statistics
+
+        from ..runtime.gate import gate_for
+
         p = args.params
         ptrs = args.pointers(out_ptr)
         ws_size = max(r.plan.workspace_size or 0 for r in ready)
@@ -532,7 +578,7 @@ class GraphEngine(Engine):
                     ok.append(i)
                 except CudnnError as exc:
                     failures.append((rec.plan.tag, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
-            check_cuda(self._rt().cudaStreamSynchronize(args.stream)[0], "cudaStreamSynchronize")
+            stream_synchronize(args.stream)
             if not ok:
                 return [None] * len(ready)  # none ran: the failures say why
             gate = gate_for(p.device)
@@ -567,6 +613,8 @@ class GraphEngine(Engine):
                  ptrs: tuple[int, ...], wptr: int) -> list[float]:
         """Time ``runs`` ((candidate, repetitions)) behind holds of ``gate``, at most
         `MAX_QUEUED` runs queued behind one hold; ms per run of each."""
+        from ..runtime.gate import MAX_QUEUED
+
         out: list[float] = []
         batch: list[tuple[GraphRecord, int]] = []
         queued = 0
@@ -585,48 +633,34 @@ class GraphEngine(Engine):
                      wptr: int) -> list[float]:
         """One batch: (hold,) per candidate an event, its runs, an event; (open,) then each
         candidate's ms per run."""
-        rt = self._rt()
         s = args.stream
-        events: list[Any] = []
+        events: list[int] = []
         # everything after the first event is made runs inside the try blocks: a failure (an
         # event that cannot be made, a watchdog thread that cannot start, an interrupt) still
         # opens a queued hold, else the caller's stream would wait on the word forever, and
         # destroys the events made so far
         try:
             for _ in range(len(runs) + 1):
-                err, ev = rt.cudaEventCreate()
-                check_cuda(err, "cudaEventCreate")
-                events.append(ev)
+                events.append(event_create())
             generation = 0
             timer = None
             try:
                 if gate is not None:
                     generation = gate.hold(s)
                     timer = gate.watchdog(generation)
-                rt.cudaEventRecord(events[0], s)
+                event_record(events[0], s)
                 for k, (rec, n) in enumerate(runs):
                     for _ in range(n):
                         rec.plan.execute(args.handle, ptrs, wptr)
-                    rt.cudaEventRecord(events[k + 1], s)
+                    event_record(events[k + 1], s)
             finally:
                 if gate is not None and generation:
                     gate.open(generation)
                 if timer is not None:
                     timer.cancel()
-            check_cuda(rt.cudaEventSynchronize(events[-1])[0], "cudaEventSynchronize")
-            out = []
-            for k, (_, n) in enumerate(runs):
-                err, ms = rt.cudaEventElapsedTime(events[k], events[k + 1])
-                check_cuda(err, "cudaEventElapsedTime")
-                out.append(ms / n)
-            return out
+            event_synchronize(events[-1])
+            return [event_elapsed_ms(events[k], events[k + 1]) / n
+                    for k, (_, n) in enumerate(runs)]
         finally:
             for ev in events:
-                rt.cudaEventDestroy(ev)
-
-    @staticmethod
-    def _rt() -> Any:
-        from cuda.bindings import runtime
-
-        return runtime
-
+                event_destroy(ev)

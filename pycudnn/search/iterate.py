@@ -15,7 +15,6 @@ from typing import Any, Iterable
 from ..engines.contract import Engine
 from ..engines.problem import ConvolutionArgs
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
-from ..tuning import db as tuning_db
 from .cache import BenchmarkCache, caches
 
 __all__ = ["try_all"]
@@ -97,10 +96,17 @@ def try_all(args: ConvolutionArgs, engine: Engine, cache: BenchmarkCache | None 
 
 
 # ---- the persistent tuning database hooks ---------------------------------------------------------
-# pycudnn.tuning.db owns the file; the engines own what a record is (serialize / restore).
+# pycudnn.tuning.db owns the file; the engines own what a record is (serialize / restore). Only a
+# measured search reads or writes it, so it is imported then: a heuristics call never loads the
+# database's modules (file locking, JSON, hashing).
 
-def _database_on(args: ConvolutionArgs) -> bool:
-    return args.tuning_db and tuning_db.enabled()
+def _database(args: ConvolutionArgs) -> Any:
+    """``pycudnn.tuning.db`` when this call may use the database and it is on, else None."""
+    if not args.tuning_db:
+        return None
+    from ..tuning import db as tuning_db
+
+    return tuning_db if tuning_db.enabled() else None
 
 
 def _from_tuning_db(args: ConvolutionArgs, engine: Engine) -> Any:
@@ -110,7 +116,8 @@ def _from_tuning_db(args: ConvolutionArgs, engine: Engine) -> Any:
     library changed, hand-edited, imported from elsewhere) is dropped and logged, and the search
     runs as if it had never been there.
     """
-    if not _database_on(args):
+    tuning_db = _database(args)
+    if tuning_db is None:
         return None
     data = tuning_db.lookup(args.params)
     if data is None:
@@ -130,7 +137,8 @@ def _from_tuning_db(args: ConvolutionArgs, engine: Engine) -> Any:
 
 
 def _to_tuning_db(args: ConvolutionArgs, engine: Engine, record: Any) -> None:
-    if not _database_on(args):
+    tuning_db = _database(args)
+    if tuning_db is None:
         return
     try:
         tuning_db.store(args.params, engine.serialize(record))

@@ -75,7 +75,7 @@ import threading
 from typing import Any, Callable
 
 from ..configuration import config
-from ..runtime.memory import check_cuda
+from ..runtime.memory import device_identity as _device_identity
 from .files import (RefusedFile, atomic_write, file_signature, locked, move_aside, process_lock,
                            read_database, read_import, warn, write_database)
 from .records import (CorruptFile, canonical_json, document_text, new_entry, params_key,
@@ -120,25 +120,17 @@ _identities: dict[int, dict[str, Any]] = {}
 
 
 def device_identity(device: int) -> dict[str, Any]:
-    """``{"name", "compute_capability", "sm_count"}`` of CUDA device ``device``, asked once per
-    device through ``cudaGetDeviceProperties`` (only called once a GPU has run a convolution).
+    """``{"name", "compute_capability", "sm_count"}`` of CUDA device ``device``, asked of the
+    driver once per device (`pycudnn.runtime.memory.device_identity`; only called once a GPU
+    has run a convolution).
 
     Raises:
-        pycudnn.NoDeviceError, pycudnn.runtime.memory.CudaError: the runtime could not answer.
+        pycudnn.NoDeviceError, pycudnn.runtime.memory.CudaError: the driver could not answer.
     """
     ident = _identities.get(device)
     if ident is not None:
         return ident
-    from cuda.bindings import runtime as rt
-
-
-    err, prop = rt.cudaGetDeviceProperties(device)
-    check_cuda(err, f"cudaGetDeviceProperties({device})")
-    name = prop.name
-    if isinstance(name, (bytes, bytearray)):
-        name = bytes(name).split(b"\0", 1)[0].decode("utf-8", "replace")
-    ident = {"name": str(name).strip(), "compute_capability": [int(prop.major), int(prop.minor)],
-             "sm_count": int(prop.multiProcessorCount)}
+    ident = _device_identity(device)
     with _identity_lock:
         _identities[device] = ident
     return ident

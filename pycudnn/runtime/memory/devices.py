@@ -2,7 +2,8 @@
 usable (`no_device_reason()`), the calling thread's current device (`current_device()`,
 `ensure_device()`, `device_guard`, `callers_device()` / `restore_device()`), validating a device
 argument (`normalize_device()`), the device that owns a pointer, a device's name and figures,
-and device-wide waits and memory figures, all through the CUDA driver by ctypes (`driver`).
+device-wide waits and memory figures, and the driver's CUDA version, all through the CUDA
+driver by ctypes (`driver`).
 
 The current device is the runtime's notion of it (what ``cudaGetDevice`` answers: the device of
 the thread's current context, 0 where none is current), so it agrees with PyTorch, CuPy and
@@ -338,3 +339,29 @@ def memory_in_use(device: Any = None) -> int:
     check_driver(drv.cuMemPoolGetAttribute(pool, _driver.MEMPOOL_USED_MEM_CURRENT, byref(used)),
                  "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT)")
     return used.value
+
+
+def device_total_memory(device: int) -> int:
+    """Bytes of memory ``device`` (an ordinal checked by `normalize_device()`) has
+    (``cuDeviceTotalMem``; makes no context).
+
+    Raises:
+        NoDeviceError, CudaError: the driver could not answer.
+    """
+    drv = require_driver("cuDeviceTotalMem")
+    handle, total = c_int(), c_size_t()
+    check_driver(drv.cuDeviceGet(byref(handle), device), f"cuDeviceGet({device})")
+    check_driver(drv.cuDeviceTotalMem(byref(total), handle.value), f"cuDeviceTotalMem({device})")
+    return total.value
+
+
+def driver_version() -> int | None:
+    """The newest CUDA version the installed driver supports (``cuDriverGetVersion``: 1000 *
+    major + 10 * minor, e.g. 12080), or None where there is no driver or it cannot say."""
+    drv = _driver.loaded or _driver.driver()
+    if not drv:
+        return None
+    v = c_int()
+    if drv.cuDriverGetVersion(byref(v)) or not v.value:
+        return None
+    return v.value

@@ -45,6 +45,8 @@ PROTOTYPES: dict[str, tuple[str, object, tuple]] = {
     "cuDeviceGetAttribute": ("cuDeviceGetAttribute", c_int, (_p, c_int, c_int)),
     # CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     "cuDeviceGetName": ("cuDeviceGetName", c_int, (c_char_p, c_int, c_int)),
+    # CUresult cuDeviceTotalMem(size_t *bytes, CUdevice dev)
+    "cuDeviceTotalMem": ("cuDeviceTotalMem_v2", c_int, (_p, c_int)),
     # CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     "cuDevicePrimaryCtxRetain": ("cuDevicePrimaryCtxRetain", c_int, (_p, c_int)),
     # CUresult cuCtxGetCurrent(CUcontext *pctx)
