@@ -6,8 +6,6 @@ recorders; the values are checked on a GPU (test_edge_values_gpu.py, test_parity
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 
@@ -167,60 +165,3 @@ def test_dilated_max_pooling_launches_plain_poolings_libcudnn_takes(monkeypatch,
                                   dilation=d)
     assert dx.shape == shape and rec.zeroed == [shape]  # no window reads some residues
     assert rec.launches == ["cudnnPoolingBackward"] * pieces
-
-
-def _scale_recorder(monkeypatch, rec):
-    scaled: list[tuple[int, float]] = []  # (address, factor) of each cudnnScaleTensor
-
-    def c_function(name):
-        def call(*args):
-            rec.launches.append(name)
-            if name == "cudnnScaleTensor":
-                scaled.append((args[2], ctypes.c_float.from_address(args[3]).value))
-            return 0
-        return call
-
-    monkeypatch.setattr(pooling, "c_function", c_function)
-    pooling._FORWARD.clear()
-    pooling._BACKWARD.clear()
-    return scaled
-
-
-CEIL = dict(stride=2, ceil_mode=True, mode="average_include_padding")
-
-
-def test_ceil_mode_include_padding_forward_rescales_the_last_row_and_column(monkeypatch):
-    """x 8x8, kernel 3, stride 2: 4 windows per dim, the last (6..8) clipped to 2 elements by
-    PyTorch's divisor where cuDNN divides by 3: the last row and the last column times 3/2."""
-    rec = _Recorder(monkeypatch)
-    scaled = _scale_recorder(monkeypatch, rec)
-    y = pooling.pooling_forward(t((2, 3, 8, 8), "float32", 0), 3, **CEIL)
-    assert y.shape == (2, 3, 4, 4)
-    assert rec.launches == ["cudnnPoolingForward", "cudnnScaleTensor", "cudnnScaleTensor"]
-    assert scaled == [(y.ptr + 3 * 4 * 4, 1.5), (y.ptr + 3 * 4, 1.5)]  # H index 3, W index 3
-
-
-def test_ceil_mode_include_padding_backward_rescales_a_copy_of_dy(monkeypatch):
-    rec = _Recorder(monkeypatch)
-    scaled = _scale_recorder(monkeypatch, rec)
-    dy = t((2, 3, 4, 4), "float32", 2)
-    dx = pooling.pooling_backward(t((2, 3, 4, 4), "float32", 1), dy,
-                                  t((2, 3, 8, 8), "float32", 0), 3, **CEIL)
-    assert dx.shape == (2, 3, 8, 8)
-    assert rec.launches == ["cudnnScaleTensor", "cudnnScaleTensor", "cudnnPoolingBackward"]
-    assert rec.copies == [((2, 3, 4, 4), "float32", (2, 3, 4, 4), "float32")]  # dy, copied
-    copy = scaled[0][0] - 3 * 4 * 4
-    assert abs(copy - dy.ptr) >= 1 << 32  # the caller's dy is not written
-    assert scaled == [(copy + 3 * 4 * 4, 1.5), (copy + 3 * 4, 1.5)]
-
-
-@pytest.mark.parametrize("kwargs", [dict(stride=2, ceil_mode=True, mode="average_exclude_padding"),
-                                    dict(stride=2, ceil_mode=True, mode="max"),
-                                    dict(stride=2, ceil_mode=True, divisor_override=4,
-                                         mode="average_include_padding"),
-                                    dict(stride=2, mode="average_include_padding")])
-def test_pooling_without_a_clipped_include_padding_divisor_rescales_nothing(monkeypatch, kwargs):
-    rec = _Recorder(monkeypatch)
-    _scale_recorder(monkeypatch, rec)
-    pooling.pooling_forward(t((2, 3, 8, 8), "float32", 0), 3, **kwargs)
-    assert rec.launches == ["cudnnPoolingForward"]

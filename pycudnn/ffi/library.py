@@ -158,9 +158,6 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
     # cudnnStatus_t cudnnSetTensor(cudnnHandle_t handle, const cudnnTensorDescriptor_t yDesc,
     #     void *y, const void *valuePtr)
     "cudnnSetTensor": (c_int, (_p, _p, _p, _p)),
-    # cudnnStatus_t cudnnScaleTensor(cudnnHandle_t handle, const cudnnTensorDescriptor_t yDesc,
-    #     void *y, const void *alpha)
-    "cudnnScaleTensor": (c_int, (_p, _p, _p, _p)),
     # cudnnStatus_t cudnnTransformTensor(cudnnHandle_t handle, const void *alpha,
     #     const cudnnTensorDescriptor_t xDesc, const void *x, const void *beta,
     #     const cudnnTensorDescriptor_t yDesc, void *y)

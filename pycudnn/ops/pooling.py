@@ -52,11 +52,10 @@ from ..ops._common import (
 )
 from ..runtime.handle import get_handle
 from ..runtime.memory import StreamLike
-from ..runtime.tensor import Tensor, TensorLike, as_tensor, empty
+from ..runtime.tensor import Tensor, TensorLike, as_tensor
 
 __all__ = ["pooling_forward", "pooling_backward", "PoolingDescriptor", "PoolingMode", "MODES",
-           "output_size", "ceil_output_size", "ceil_corrections", "windows_hold_input",
-           "dilated_classes"]
+           "output_size", "ceil_output_size", "windows_hold_input", "dilated_classes"]
 
 
 #: the ``mode`` names the functions take
@@ -206,53 +205,25 @@ def _plain(ceil_mode: Any, dilation: Any, divisor_override: Any) -> bool:
             and divisor_override is None)
 
 
-def ceil_corrections(input_size: Sequence[int], kernel_size: Sequence[int],
-                     stride: Sequence[int], padding: Sequence[int],
-                     out_size: Sequence[int]) -> tuple[tuple[int, float], ...]:
-    """``(spatial dim, factor)`` for each dim whose last window reaches past the right padding.
-
-    cuDNN computes ceil_mode's extra window as a window of an output given one window larger
-    (as for Chainer's cover_all) and, in include-padding mode, divides every window's sum by the
-    whole window. PyTorch's ``count_include_pad`` divides by the window clipped to the padded
-    input: ``min(start + k, i + p) - start`` per dim, ``start = o * s - p``. Only the last window
-    of a dim can pass (ceil_mode adds at most one), so multiplying the last output position of
-    each such dim by ``k / clipped`` gives PyTorch's average (both factors at a corner); the
-    backward takes the same factors on ``dy``. ``divisor_override`` needs none: it replaces every
-    divisor, cuDNN's whole-window one included."""
-    out = []
-    for d, (i, k, s, p, o) in enumerate(zip(input_size, kernel_size, stride, padding, out_size)):
-        start = (o - 1) * s - p
-        clipped = min(start + k, i + p) - start
-        if clipped < k:
-            out.append((d, k / clipped))
-    return tuple(out)
-
-
-def _corrections(x: Tensor, k: tuple[int, ...], st: tuple[int, ...], p: tuple[int, ...],
-                 shape: tuple[int, ...], m: PoolingMode, divisor: int | None,
-                 strides: tuple[int, ...]) -> tuple[Any, ...]:
-    """The plan's ``(element offset, descriptor, factor)`` of each last slice to rescale in a
-    tensor of ``shape`` and ``strides`` (see `ceil_corrections`), with the C function."""
-    if m != PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING or divisor is not None or not x.size:
-        return ()
-    fixes = []
-    for d, factor in ceil_corrections(x.shape[2:], k, st, p, shape[2:]):
-        dim = d + 2
-        sliced = shape[:dim] + (1,) + shape[dim + 1:]
-        keep: list[Any] = []
-        alpha = _alpha(x.dtype, factor, keep)
-        fixes.append(((shape[dim] - 1) * strides[dim],
-                      TensorDescriptor(sliced, x.dtype, strides), alpha, keep))
-    return tuple(fixes)
-
-
-def _rescale(handle: int, fixes: tuple[Any, ...], t: Tensor, fn: str) -> None:
-    """Multiply the last slices of ``t`` named in ``fixes`` by their factors, in place."""
-    scale = c_function("cudnnScaleTensor")
-    for offset, desc, alpha, _ in fixes:
-        status = scale(handle, desc.handle, t.ptr + offset * t.dtype.itemsize, alpha)
-        if status:
-            raise_launch(status, "cudnnScaleTensor", fn, slice=desc)
+def _ceil_exact(x: Tensor, k: tuple[int, ...], st: tuple[int, ...], p: tuple[int, ...],
+                shape: tuple[int, ...], m: PoolingMode, divisor: int | None, fn: str) -> None:
+    """cuDNN computes ceil_mode's extra window as a window of an output given one window
+    larger (as for Chainer's cover_all): max and average_exclude_padding then agree with
+    PyTorch. An extra window always reaches past the right padding, where PyTorch's
+    include-padding divisor stops counting and cuDNN's counts the whole window: with
+    average_include_padding (and divisor_override, which rescales it) only a ceil_mode that
+    adds no window is taken; the rest is refused."""
+    if m != PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING:
+        return
+    for d, (i, ki, si, pi, o) in enumerate(zip(x.shape[2:], k, st, p, shape[2:])):
+        if (o - 1) * si - pi + ki > i + pi:
+            what = "divisor_override" if divisor is not None else "mode='average_include_padding'"
+            raise ValueError(
+                f"{fn}: ceil_mode=True with {what}: the last window of spatial dim {d} reaches "
+                f"past the padding (x {list(x.shape)}, kernel_size={k}, stride={st}, "
+                f"padding={p}), where cuDNN's divisor is not PyTorch's; pass "
+                f"mode='average_exclude_padding', ceil_mode=False, or a geometry whose windows "
+                f"end within the padding")
 
 
 def _alpha(dtype: Any, scale: float, keep: list[Any]) -> int:
@@ -295,7 +266,7 @@ _PROPAGATE = int(NanPropagation.PROPAGATE_NAN)
 
 class _Plan:
     __slots__ = ("pool", "x", "y", "shape", "strides", "nbytes", "y_dense", "x_dense", "stage",
-                 "one", "zero", "launch", "keep", "fixes")
+                 "one", "zero", "launch", "keep")
 
     def __init__(self) -> None:
         self.pool = self.x = self.y = 0
@@ -308,8 +279,6 @@ class _Plan:
         self.x_dense: tuple[int, ...] = ()
         self.stage = False
         self.keep: tuple[Any, ...] = ()
-        #: ceil_mode windows whose include-padding divisor is rescaled (`ceil_corrections`)
-        self.fixes: tuple[Any, ...] = ()
 
 
 def _key(kernel_size: Any, stride: Any, padding: Any, mode: Any, nan: NanPropagation,
@@ -344,9 +313,9 @@ def pooling_forward(x: TensorLike, kernel_size: int | Sequence[int], *,
             ``"average_exclude_padding"``.
         ceil_mode: PyTorch's: the output size rounded up (a last window may be partial), less
             a window that would start in the right padding. With
-            ``"average_include_padding"`` a last window past the right padding is divided by
-            the window clipped to the padded input, as PyTorch divides it (cuDNN's whole-window
-            average rescaled there, see `ceil_corrections`).
+            ``"average_include_padding"`` (or ``divisor_override``) only where it adds no
+            window: an extra window reaches past the right padding, where cuDNN's divisor is
+            not PyTorch's (refused, naming the dim).
         dilation: the spacing of a window's elements, max pooling only (PyTorch's): cuDNN's
             pooling has none, so a dilated one runs as ``d / gcd(stride, d)`` plain poolings
             per dim on strided views of ``x`` (exact: a maximum ignores the views' padding).
@@ -410,8 +379,6 @@ def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, 
         if status:
             raise_launch(status, "cudnnPoolingForward", fn, pooling=plan.keep[0],
                          x=plan.keep[1], y=plan.keep[2])
-        if plan.fixes:
-            _rescale(handle, plan.fixes, y, fn)
         return y
     finally:
         restore_device(prev)
@@ -423,13 +390,13 @@ def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: 
     check_input(x, "x", fn, _RANKS, _WHAT)
     k, st, p, shape = _geometry(x, kernel_size, stride, padding, fn, rule)
     m = _mode(mode, divisor, fn)
+    if rule == _CEIL:
+        _ceil_exact(x, k, st, p, shape, m, divisor, fn)
     if o is not None:
         o = checked_out(o, shape, x, fn, None, out_name)
     plan = _Plan()
     plan.shape = shape
     plan.strides = layout_strides(shape, x) if o is None else o.strides
-    if rule == _CEIL:
-        plan.fixes = _corrections(x, k, st, p, shape, m, divisor, plan.strides)
     plan.nbytes = math.prod(shape) * x.dtype.itemsize
     if x.size == 0:
         return plan
@@ -531,15 +498,7 @@ def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding
         target = dx
         if plan.stage:  # cuDNN reads y and dy in one layout, x and dx in one layout
             yl, xl = plan.y_dense, plan.x_dense
-            y, x = staged(handle, y, yl, s), staged(handle, x, xl, s)
-            if plan.fixes:  # a copy of dy even where dy is dense: it is rescaled
-                fresh = empty(dy.shape, dy.dtype, device=dy.device, stream=s)
-                dy_copy = Tensor._make(fresh.ptr, dy.shape, yl, dy.dtype, dy.device, fresh.owner)
-                transform(handle, dy, dy_copy)
-                _rescale(handle, plan.fixes, dy_copy, fn)
-                dy = dy_copy
-            else:
-                dy = staged(handle, dy, yl, s)
+            y, dy, x = staged(handle, y, yl, s), staged(handle, dy, yl, s), staged(handle, x, xl, s)
             target = staged(handle, dx, xl, s, copy=False)
         status = plan.launch(handle, plan.pool, plan.one, plan.y, y.ptr, plan.y, dy.ptr, plan.x,
                              x.ptr, plan.zero, plan.x, target.ptr)
@@ -563,6 +522,8 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: A
         check_match(x, "x", t, name, fn)
         check_shape(t, name, y_shape, fn, f"the pooled size of x {list(x.shape)}")
     m = _mode(mode, divisor, fn)
+    if rule == _CEIL:
+        _ceil_exact(x, k, st, p, y_shape, m, divisor, fn)
     if o is not None:
         o = checked_out(o, x.shape, x, fn, None)
     plan = _Plan()
@@ -578,9 +539,7 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: A
     if divisor is not None:  # the gradient of alpha * average
         plan.one = _alpha(x.dtype, math.prod(k) / divisor, scale)
     plan.launch = c_function("cudnnPoolingBackward")
-    if rule == _CEIL:  # on a copy of dy (the caller's is left alone) in the dense layout
-        plan.fixes = _corrections(x, k, st, p, y_shape, m, divisor, plan.y_dense)
-    plan.stage = bool(plan.fixes) or not (same_layout(y_shape, y.strides, plan.y_dense)
+    plan.stage = not (same_layout(y_shape, y.strides, plan.y_dense)
                       and same_layout(y_shape, dy.strides, plan.y_dense)
                       and same_layout(x.shape, x.strides, plan.x_dense)
                       and same_layout(x.shape, plan.strides, plan.x_dense))
