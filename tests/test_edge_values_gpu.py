@@ -111,7 +111,16 @@ def _where_they_differ(x, got, want, keep):
     return sorted(set(bad), key=str)[:12]
 
 
-@pytest.mark.parametrize("mode,coef", ACT, ids=[f"{m}-{c}" for m, c in ACT])
+#: where cuDNN's backward kernels, legacy and compiled, are not PyTorch's (measured on an H200):
+#: swish's gradient is 0 at x = 1e30 (PyTorch: dy) and not NaN at +-inf; tanh's gradient is
+#: about 2.5e-5 relative off in float32 at |x| ~ 1 (PyTorch's dy * (1 - y * y) is exact there)
+_NOT_PYTORCHS = {("swish", 1.0): "cuDNN's swish gradient is 0 at x = 1e30 and finite at +-inf",
+                 ("tanh", 0.0): "cuDNN's tanh gradient is ~2.5e-5 relative off in float32"}
+
+
+@pytest.mark.parametrize("mode,coef", [
+    pytest.param(m, c, marks=pytest.mark.xfail(strict=True, reason=_NOT_PYTORCHS[(m, c)]))
+    if (m, c) in _NOT_PYTORCHS else (m, c) for m, c in ACT], ids=[f"{m}-{c}" for m, c in ACT])
 def test_activation_edge_values_are_pytorchs(mode, coef):
     x, dy, ys, dxs = _runs(mode, coef)
     ry, rdx = torch_reference(mode, coef, x, dy)

@@ -95,7 +95,7 @@ ACTIVATIONS: tuple[Activation, ...] = (
     Activation("swish", ActivationMode.SWISH, _P.SWISH_FWD, _P.SWISH_BWD,
                "x * sigmoid(coef * x)", params=(Attr.POINTWISE_SWISH_BETA,),
                legacy_setter="cudnnSetActivationDescriptorSwishBeta",
-               cupy="CUDNN_ACTIVATION_SWISH", edges="nan_at_inf"),
+               cupy="CUDNN_ACTIVATION_SWISH"),
     Activation("gelu", None, _P.GELU_FWD, _P.GELU_BWD, "x * Phi(x) = x * (1 + erf(x / sqrt(2))) / 2"),
     Activation("gelu_tanh", None, _P.GELU_APPROX_TANH_FWD, _P.GELU_APPROX_TANH_BWD,
                "x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))) / 2"),
