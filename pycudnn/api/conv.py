@@ -36,7 +36,7 @@ from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..ffi import library as _lib
 from ..runtime.memory import devices as _devices
 from ..runtime.handle import get_handle
-from ..runtime.memory import StreamLike, callers_device, resolve_stream, restore_device
+from ..runtime.memory import StreamLike, callers_device, resolve_stream, restore_device, stream_pair
 from ..runtime.memory.workspaces import shared_zeros
 from ..runtime.tensor import (Tensor, TensorLike, as_tensor, check_writable, empty,
                               has_internal_overlap, spans_overlap, tensor_from_pointer, zeros)
@@ -205,15 +205,6 @@ def _flags(given: Mapping[str, Any]) -> dict[str, Any]:
 # if flags else None``. Keyword order is kept as given: one call site always passes the same
 # order, and another order is only another (equally valid) entry.
 _override_get = override_token.get  # bound once: read on every call
-
-
-def _stream_pair(stream: Any) -> tuple[int, Any]:
-    """(handle, the stream object to keep alive until frees ordered on it, or None)."""
-    if stream is None:
-        return 0, None
-    if type(stream) is int:
-        return stream, None
-    return resolve_stream(stream), stream
 
 
 # ---- the runner -----------------------------------------------------------------------------------
@@ -452,12 +443,7 @@ def _replay(key: tuple[Any, ...], a: Tensor, b: Tensor, out: Any, stream: Any,
             out = prepared.matching_out(out, a, b, bias, z, stream)
             if out is False:
                 return None
-    if stream is None:
-        s, stream_ref = 0, None
-    elif type(stream) is int:
-        s, stream_ref = stream, None
-    else:
-        s, stream_ref = resolve_stream(stream), stream
+    s, stream_ref = (0, None) if stream is None else stream_pair(stream)
     # the key matched a, b, z and bias: launch without re-checking them
     return prepared._run(a, b, out, z, bias, s, stream_ref), prepared
 

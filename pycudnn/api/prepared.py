@@ -25,7 +25,7 @@ from ..cudnn.tensor_ops import contiguous_bias
 from ..errors import PycudnnError
 from ..runtime.handle import get_handle
 from ..runtime.memory import devices as _devices
-from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
+from ..runtime.memory import allocate_fast, callers_device, restore_device, stream_pair
 from ..runtime.tensor import (Tensor, as_tensor, check_writable, span_elements, spans_overlap,
                               views_overlap)
 from ..engines.contract import Engine
@@ -114,7 +114,7 @@ class PreparedConvolution:
                 a = as_tensor(a, stream=stream)
             if type(b) is not Tensor:
                 b = as_tensor(b, stream=stream)
-            s = 0 if stream is None else (stream if type(stream) is int else resolve_stream(stream))
+            s, s_ref = (0, None) if stream is None else stream_pair(stream)
             dt = self.dtype
             a_shape, a_strides = self._a_key
             b_shape, b_strides = self._b_key
@@ -159,7 +159,6 @@ class PreparedConvolution:
                 # the fused plan reads K contiguous elements: a strided bias is copied first, on
                 # this call's stream, as the full path does (after every check: nothing has run)
                 bt = contiguous_bias(bt, s)
-            s_ref = None if stream is None or type(stream) is int else stream
             return self._run(a, b, out, zt, bt, s, s_ref)
         finally:
             if prev is not None:

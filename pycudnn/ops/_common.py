@@ -5,7 +5,7 @@ Every check names the function and the parameter (PyTorch's wording where it has
 before anything is launched, so a refused call leaves every buffer as it was. The pieces are the
 convolutions' own where they fit: `pycudnn.tensor.as_tensor`, `pycudnn.tensor.check_writable`,
 `pycudnn.tensor.views_overlap`, `pycudnn.arguments.check_no_broadcast`,
-`pycudnn.memory.resolve_stream`, `pycudnn.memory.allocate_fast` and
+`pycudnn.runtime.memory.stream_pair`, `pycudnn.memory.allocate_fast` and
 `pycudnn.tensor_ops.scalar_pointers` / `pycudnn.tensor_ops.transform`.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 from ..cudnn.tensor_ops import scalar_pointers, transform
 from ..runtime.tensor.checks import check_no_broadcast
 from ..ffi import library as _lib
-from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
+from ..runtime.memory import allocate_fast, callers_device, restore_device, stream_pair
 from ..runtime.tensor import (
     Tensor,
     as_tensor,
@@ -72,16 +72,6 @@ class Reserve:
 def tensor_arg(obj: Any, stream: Any) -> Tensor:
     """``obj`` as a `Tensor` (zero-copy; a Tensor is returned as is)."""
     return obj if type(obj) is Tensor else as_tensor(obj, stream=stream)
-
-
-def stream_pair(stream: Any) -> tuple[int, Any]:
-    """(the ``cudaStream_t`` handle, the stream object to keep alive until memory allocated on
-    it is freed, or None), as the convolutions resolve ``stream=``."""
-    if stream is None:
-        return 0, None
-    if type(stream) is int:
-        return resolve_stream(stream), None
-    return resolve_stream(stream), stream
 
 
 _SCALARS: dict[Any, tuple[int, int]] = {}

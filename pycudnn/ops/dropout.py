@@ -41,8 +41,8 @@ from ..runtime.memory import (
     allocate_fast,
     callers_device,
     current_device,
-    resolve_stream,
     restore_device,
+    stream_pair,
     stream_synchronize,
 )
 from ..runtime.tensor import (
@@ -126,14 +126,6 @@ def _seed(seed: Any, what: str) -> int:
     return value
 
 
-def _stream_pair(stream: Any) -> tuple[int, Any]:
-    if stream is None:
-        return 0, None
-    if type(stream) is int:
-        return stream, None
-    return resolve_stream(stream), stream
-
-
 # ---- the state ------------------------------------------------------------------------------------
 
 class DropoutState:
@@ -161,7 +153,7 @@ class DropoutState:
         self._lock = threading.Lock()
         prev = callers_device()
         try:
-            s, sref = _stream_pair(stream)
+            s, sref = stream_pair(stream)
             handle = get_handle(device, s)
             self.device = current_device()
             size = c_size_t()
@@ -202,7 +194,7 @@ class DropoutState:
         new_seed = self.seed if seed is None else _seed(seed, "DropoutState.reset")
         prev = callers_device()
         try:
-            s, _ = _stream_pair(stream)
+            s, _ = stream_pair(stream)
             with self._lock:
                 handle = get_handle(self.device, s)
                 self._desc.set(handle, self._p, self._states.ptr, self.states_nbytes, new_seed)
@@ -416,7 +408,7 @@ def dropout_forward(x: TensorLike, state: DropoutState, *, out: TensorLike | Non
     if o is not None:  # what the key cannot know
         check_writable(o, "out")
         _check_apart(o, "out", [("input", xt)])
-    s, sref = _stream_pair(stream)
+    s, sref = stream_pair(stream)
     dev = xt.device
     prev = callers_device()
     try:
@@ -449,7 +441,7 @@ def _forward_full(x: Any, state: Any, out: Any, stream: Any) -> tuple[Tensor, Dr
         xt = x if type(x) is Tensor else as_tensor(x, stream=stream)
         _check_tensor(xt, "input", fn, st_)
         o = _check_out(out, "out", xt, fn, stream, [("input", xt)]) if out is not None else None
-        s, sref = _stream_pair(stream)
+        s, sref = stream_pair(stream)
         if xt.size and _packed_order(xt) and (o is None or o.strides == xt.strides):
             # no copy: later calls of this signature take the plan
             d, res_size = _flat(xt.size, xt.dtype)
@@ -514,7 +506,7 @@ def dropout_backward(dy: TensorLike, state: DropoutState, reserve: DropoutReserv
     if o is not None:  # what the key cannot know
         check_writable(o, "out")
         _check_apart(o, "out", [("grad_output", dyt)])
-    s, sref = _stream_pair(stream)
+    s, sref = stream_pair(stream)
     dev = dyt.device
     prev = callers_device()
     try:
@@ -564,7 +556,7 @@ def _backward_full(dy: Any, state: Any, reserve: Any, out: Any, stream: Any) -> 
                              f"cuda:{st_.device}")
         o = _check_out(out, "out", dyt, fn, stream, [("grad_output", dyt)]) \
             if out is not None else None
-        s, sref = _stream_pair(stream)
+        s, sref = stream_pair(stream)
         if dyt.size and dyt.strides == reserve.strides and (o is None or o.strides == dyt.strides):
             # no copy: later calls of this signature take the plan
             d, res_size = _flat(dyt.size, dyt.dtype)

@@ -11,7 +11,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...runtime.tensor.checks import check_no_broadcast
-from ...runtime.memory import resolve_stream
 from ...runtime.tensor import Tensor, as_tensor, check_writable, has_internal_overlap, views_overlap
 
 
@@ -216,12 +215,3 @@ def check_written(fn: str, o: Tensor | None, sm: Tensor | None, si: Tensor | Non
     if si is not None:
         check_writable(si, "save_invstd")
         no_overlap(si, "save_invstd", reads + [("save_mean", sm)])
-
-
-def stream_pair(stream: Any) -> tuple[int, Any]:
-    """(the stream's handle, the object to keep alive until frees ordered on it, or None)."""
-    if stream is None:
-        return 0, None
-    if type(stream) is int:
-        return stream, None
-    return resolve_stream(stream), stream

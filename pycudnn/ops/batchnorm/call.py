@@ -10,11 +10,10 @@ from typing import Any, Sequence
 from ...cudnn.tensor_ops import relu_descriptor, scalar_pointers, transform
 from ...ffi import library as _lib
 from ...runtime.handle import get_handle
-from ...runtime.memory import allocate_fast
+from ...runtime.memory import allocate_fast, stream_pair
 from ...runtime.tensor import Tensor, views_overlap
 from .arguments import (MODES, MODE_NAMES, OPS_ADD_RELU, OPS_BN, as4d, check_mode, check_param,
-                        check_x, from4d, no_overlap, param_dtype, param_shape, stream_pair,
-                        tensor_of)
+                        check_x, from4d, no_overlap, param_dtype, param_shape, tensor_of)
 from .descriptors import Layout, layout_of, sizes_of
 from .results import ReserveSpace
 from .staging import (Params, alloc_like, contiguous, dense_input, dense_strides,

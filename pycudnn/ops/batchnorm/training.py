@@ -10,11 +10,11 @@ from typing import Any
 
 from ...ffi import library as _lib
 from ...runtime.handle import get_handle
-from ...runtime.memory import StreamLike, allocate_fast, callers_device, restore_device
+from ...runtime.memory import StreamLike, allocate_fast, callers_device, restore_device, stream_pair
 from ...runtime.tensor import Tensor, TensorLike, check_writable
 from .._common import meet
 from .arguments import (OPS_BN, check_eps, check_momentum, check_out, check_param, check_written,
-                        no_overlap, stream_pair, tensor_of)
+                        no_overlap, tensor_of)
 from .call import check_stats, prologue, reserve_key, run_training, save_outputs
 from .descriptors import sizes_of
 from .plans import TRAIN, launch_failed, new_pair, plan_of, planned_output, planned_sizes, train_key
