@@ -40,6 +40,7 @@ from ..runtime.memory import StreamLike, callers_device, resolve_stream, restore
 from ..runtime.memory.workspaces import shared_zeros
 from ..runtime.tensor import (Tensor, TensorLike, as_tensor, check_writable, empty,
                               has_internal_overlap, spans_overlap, tensor_from_pointer, zeros)
+from ..runtime.tensor.geometry import conv_output_size
 from ..search.iterate import try_all
 from ..engines.problem import DIRECTION, ConvolutionArgs, ConvolutionParams, EpilogueKind
 from .repro import repro_lines
@@ -51,7 +52,7 @@ elif TYPE_CHECKING:  # Python 3.10: for type checkers only (annotations are stri
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
            "convolution_backward_filter", "convolution_add_relu", "prepare_convolution",
-           "output_size", "suggest_memory_format"]
+           "suggest_memory_format"]
 
 log = logging.getLogger("pycudnn")
 
@@ -118,16 +119,9 @@ def _check_rank(t: Tensor, name: str, fn: str) -> int:
     return t.ndim - 2
 
 
-def output_size(input_size: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
-                padding: Sequence[int], dilation: Sequence[int]) -> tuple[int, ...]:
-    """Spatial output sizes of a convolution: ``(i + 2p - d*(k-1) - 1) // s + 1``."""
-    return tuple((i + 2 * p - d * (k - 1) - 1) // s + 1
-                 for i, k, s, p, d in zip(input_size, kernel, stride, padding, dilation))
-
-
 def _check_output_positive(x_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
                            padding: Sequence[int], dilation: Sequence[int], fn: str) -> tuple[int, ...]:
-    spatial = output_size(x_shape[2:], kernel, stride, padding, dilation)
+    spatial = conv_output_size(x_shape[2:], kernel, stride, padding, dilation)
     if any(o < 1 for o in spatial):
         padded = " x ".join(str(i + 2 * p) for i, p in zip(x_shape[2:], padding))
         eff = " x ".join(str(d * (k - 1) + 1) for k, d in zip(kernel, dilation))

@@ -46,6 +46,7 @@ from .._live import LiveCounter
 from .._types import (ActivationMode, ConvolutionMode, DataType, MathType, NanPropagation,
                       OpTensorOp, PoolingMode, TensorFormat, dtype_to_cudnn, normalize_dtype)
 from ..ffi.library import lib, raise_status
+from ..runtime.tensor.geometry import conv_output_size
 
 __all__ = [
     "TensorDescriptor", "FilterDescriptor", "ConvolutionDescriptor", "ActivationDescriptor",
@@ -688,9 +689,8 @@ class ConvolutionDescriptor(Descriptor):
             raise_status(status, "cudnnGetConvolutionNdForwardOutputDim",
                          f"input: {x_desc!r}", f"weight: {w_desc!r}", f"convolution: {self!r}")
         shape = tuple(out)
-        exact = (xs[0], ws[0]) + tuple(
-            (i + 2 * p - d * (k - 1) - 1) // s + 1
-            for i, k, p, s, d in zip(xs[2:], ws[2:], self._padding, self._stride, self._dilation))
+        exact = (xs[0], ws[0]) + conv_output_size(xs[2:], ws[2:], self._stride, self._padding,
+                                                  self._dilation)
         if shape != exact or any(n < 1 for n in shape):
             # cuDNN computes in 32-bit ints: a huge dilation or padding wraps around unchecked
             raise ValueError(f"output_shape: cuDNN reports the output {shape} for input {xs}, weight "
