@@ -27,7 +27,7 @@ from ..cudnn.tensor_ops import fill_zero as _fill_zero
 from ..cudnn.tensor_ops import unsqueeze_1d as _unsqueeze
 from . import prepared as _prepared
 from ..runtime.tensor.checks import check_bias as _check_bias
-from ..runtime.tensor.checks import check_out_reads as _check_out_reads
+from ..runtime.tensor.checks import check_out_reads
 from ..runtime.tensor.checks import check_pair as _check_pair
 from ..runtime.tensor.checks import check_z as _check_z
 from ..engines.registry import engine_for
@@ -167,7 +167,7 @@ def suggest_memory_format(*tensors: Tensor) -> str:
 
 def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: int,
             reads: Sequence[tuple[str, Tensor | None]] = (), name: str = "out",
-            in_place: Tensor | None = None) -> Tensor:
+            in_place: Tensor | None = None, fn: str = "") -> Tensor:
     """The tensor to write: ``out`` checked (shape, dtype, device, no overlap with itself or with
     the tensors the call ``reads``), or a new one. ``in_place`` may be ``out`` itself exactly (the
     residual of convolution_add_relu), but not partly."""
@@ -186,7 +186,7 @@ def _output(out: Any, shape: tuple[int, ...], like: Tensor, fmt: str, stream: in
             raise ValueError(f"{name}: its elements overlap each other (strides {list(out.strides)}): "
                              f"more than one element of the written-to tensor refers to a single "
                              f"memory location; pass an output without overlapping elements")
-        _check_out_reads(out, reads, name, in_place)
+        check_out_reads(out, reads, fn, in_place, name, in_place_name="z")
     return out
 
 
@@ -572,7 +572,7 @@ def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding
         fmt = suggest_memory_format(x, w)
         if out is not None:
             _output(out, (x.shape[0], w.shape[0]) + spatial, x, fmt, 0,
-                    reads=(("input", x), ("weight", w), ("bias", b)))
+                    reads=(("input", x), ("weight", w), ("bias", b)), fn=fn)
         x_given = x
         x = _padded_input(x, extra, fmt, resolve_stream(stream))
         y, _ = _convolution(x, w, bias, stride_t, padding_t, dilation_t, groups, activation,
@@ -586,7 +586,7 @@ def _convolution(x: Tensor, w: Tensor, bias: Tensor | None, stride: Any, padding
     call = ConvolutionCall(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups, f, stream)
     y = _output(out, (x.shape[0], w.shape[0]) + spatial, x, call.fmt, call.stream,
                 reads=(("input", x if reads_also is None else reads_also), ("weight", w),
-                       ("bias", b)))
+                       ("bias", b)), fn=fn)
     call.y = y
     y, fused_all = _forward_with_epilogue(call, y, b, relu)
     return y, (_prepare(call) if fused_all else None)
@@ -884,7 +884,7 @@ def _backward_data(fn: str, dy: Tensor, w: Tensor, input_shape: Sequence[int],
     _check_sample_size(fn, dy.shape, tuple(input_shape))
     call = ConvolutionCall(fn, "backward_data", None, w, dy, stride, padding, dilation, groups, f, stream)
     dx = _output(out, tuple(input_shape), dy, call.fmt, call.stream,
-                 reads=reads if reads is not None else (("grad_y", dy), ("weight", w)))
+                 reads=reads if reads is not None else (("grad_y", dy), ("weight", w)), fn=fn)
     call.x = dx
     if dx.size == 0:
         return dx, None
@@ -936,7 +936,7 @@ def _backward_filter_call(x: Any, grad_y: Any, weight_shape: Any, stride: Any,
         _check_sample_size(fn, x.shape, grad_y.shape)
         call = ConvolutionCall(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)
         dw = _output(out, weight_shape_t, x, call.fmt, call.stream,
-                     reads=(("input", x), ("grad_y", grad_y)))
+                     reads=(("input", x), ("grad_y", grad_y)), fn=fn)
         call.w = dw
         if x.size == 0 or grad_y.size == 0:
             _fill_zero(dw, call.stream)  # an empty batch contributes nothing to the gradient
@@ -1005,7 +1005,7 @@ def _add_relu(x: Any, w: Any, z: Any, alpha: Any, bias: Any, stride: Any, paddin
         call = ConvolutionCall(fn, "forward", x, w, None, stride_t, padding_t, dilation_t, groups_i, f, stream,
                                epilogue="add_relu", z=z, alpha=float(alpha))
         y = _output(out, shape, x, call.fmt, call.stream,
-                    reads=(("input", x), ("weight", w), ("bias", b)), in_place=z)
+                    reads=(("input", x), ("weight", w), ("bias", b)), in_place=z, fn=fn)
         if y.size == 0:
             return y, None
         if x.size == 0:

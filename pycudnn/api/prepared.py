@@ -154,7 +154,8 @@ class PreparedConvolution:
                                      "shares no memory with the inputs")
                 if zt is not None or bt is not None:
                     # the full path's rule: out may be z exactly (an in-place residual), not partly
-                    check_out_reads(out, (("bias", bt),), "prepared convolution: out", in_place=zt)
+                    check_out_reads(out, (("bias", bt),), "prepared convolution", zt,
+                                    in_place_name="z")
             if bt is not None and bt.strides != self.strides["b"]:
                 # the fused plan reads K contiguous elements: a strided bias is copied first, on
                 # this call's stream, as the full path does (after every check: nothing has run)

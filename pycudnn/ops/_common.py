@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..cudnn.tensor_ops import scalar_pointers, transform
-from ..runtime.tensor.checks import check_no_broadcast
+from ..runtime.tensor.checks import check_no_broadcast, check_out_reads
 from ..ffi import library as _lib
 from ..runtime.memory import allocate_fast, callers_device, restore_device, stream_pair
 from ..runtime.tensor import (
@@ -179,24 +179,6 @@ def checked_out(out: Any, shape: tuple[int, ...], like: Tensor, fn: str, stream:
                          f"refers to a single memory location; pass an output without "
                          f"overlapping elements")
     return t
-
-
-def check_out_reads(out: Tensor, reads: Sequence[tuple[str, Tensor]], fn: str,
-                    in_place: Tensor | None = None, name: str = "out") -> None:
-    """Refuse an ``out`` that shares memory with a tensor the call reads. ``in_place`` (an input
-    cuDNN may overwrite) may be ``out`` exactly, same address and strides, but not partly."""
-    if out.readonly:
-        check_writable(out, f"{fn}: {name}")
-    if in_place is not None and views_overlap(out, in_place) and not (
-            out.ptr == in_place.ptr and out.strides == in_place.strides):
-        raise ValueError(f"{fn}: {name} partially overlaps the input it may replace in place: pass "
-                         f"the input itself (same address and strides) or an output that shares "
-                         f"no memory with it")
-    for read, t in reads:
-        if views_overlap(out, t):
-            raise ValueError(f"{fn}: {name} overlaps {read}, which the call reads: cuDNN does not "
-                             f"compute this in place, the result would be wrong; pass an output "
-                             f"that shares no memory with the inputs")
 
 
 def new_output(shape: tuple[int, ...], strides: tuple[int, ...], like: Tensor, stream: int,

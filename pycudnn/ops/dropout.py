@@ -31,7 +31,7 @@ import numpy as np
 from .._types import normalize_dtype
 from ..cudnn.descriptors import TensorDescriptor, Descriptor
 from ..cudnn.tensor_ops import transform
-from ..runtime.tensor.checks import check_no_broadcast
+from ..runtime.tensor.checks import check_no_broadcast, check_out_reads
 from ..ffi import library as _lib
 from ..ops._common import PlanCache, Reserve, c_function
 from ..runtime.handle import get_handle
@@ -52,7 +52,6 @@ from ..runtime.tensor import (
     check_writable,
     contiguous_strides,
     has_internal_overlap,
-    views_overlap,
 )
 
 __all__ = ["DropoutDescriptor", "DropoutState", "DropoutReserve", "dropout_forward",
@@ -337,15 +336,8 @@ def _check_out(out: Any, name: str, like: Tensor, fn: str, stream: Any,
     if o.size and has_internal_overlap(o.shape, o.strides):
         raise ValueError(f"{fn}: {name} has overlapping elements (strides {list(o.strides)}); "
                          f"pass an output without overlapping elements")
-    _check_apart(o, name, reads)
+    check_out_reads(o, reads, name=name)
     return o
-
-
-def _check_apart(o: Tensor, name: str, reads: list[tuple[str, Tensor]]) -> None:
-    for read_name, t in reads:
-        if o.size and views_overlap(o, t):
-            raise ValueError(f"{name}: it overlaps {read_name}, which the call reads: pass an "
-                             f"output that shares no memory with the inputs")
 
 
 def _check_state(state: Any, fn: str) -> DropoutState:
@@ -406,8 +398,7 @@ def dropout_forward(x: TensorLike, state: DropoutState, *, out: TensorLike | Non
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
         return _forward_full(x, state, out, stream)
     if o is not None:  # what the key cannot know
-        check_writable(o, "out")
-        _check_apart(o, "out", [("input", xt)])
+        check_out_reads(o, (("input", xt),))
     s, sref = stream_pair(stream)
     dev = xt.device
     prev = callers_device()
@@ -504,8 +495,7 @@ def dropout_backward(dy: TensorLike, state: DropoutState, reserve: DropoutReserv
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
         return _backward_full(dy, state, reserve, out, stream)
     if o is not None:  # what the key cannot know
-        check_writable(o, "out")
-        _check_apart(o, "out", [("grad_output", dyt)])
+        check_out_reads(o, (("grad_output", dyt),))
     s, sref = stream_pair(stream)
     dev = dyt.device
     prev = callers_device()
