@@ -11,7 +11,10 @@ import pytest
 
 import pycudnn
 from conftest import has_gpu
+from pycudnn.api import call as call_module
 from pycudnn.api import conv
+from pycudnn.api.arguments import suggest_memory_format
+from pycudnn.api.call import ConvolutionCall
 from pycudnn.runtime.tensor.geometry import conv_output_size
 
 
@@ -87,10 +90,10 @@ def test_suggest_memory_format():
     nchw = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8, 8), "float32")
     nhwc = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8, 8), "float32", strides=(256, 1, 32, 4))
     w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3, 3), "float32")
-    assert conv.suggest_memory_format(nchw, w) == "contiguous"
-    assert conv.suggest_memory_format(nhwc, w) == "channels_last"
+    assert suggest_memory_format(nchw, w) == "contiguous"
+    assert suggest_memory_format(nhwc, w) == "channels_last"
     one_d = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8), "float32")
-    assert conv.suggest_memory_format(one_d, pycudnn.tensor_from_pointer(0x2000, (8, 4, 3), "float32")) == "contiguous"
+    assert suggest_memory_format(one_d, pycudnn.tensor_from_pointer(0x2000, (8, 4, 3), "float32")) == "contiguous"
 
 
 def test_repro_snippet_covers_bfloat16_and_channels_last():
@@ -101,7 +104,7 @@ def test_repro_snippet_covers_bfloat16_and_channels_last():
     w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3, 3), "bfloat16", strides=(36, 1, 12, 4))
     y = pycudnn.tensor_from_pointer(0x3000, (2, 8, 8, 8), "bfloat16", strides=(512, 1, 64, 8))
     flags = pycudnn.config.resolve({"benchmark": True})
-    call = conv.ConvolutionCall("conv2d", "forward", x, w, y, (1, 1), (1, 1), (1, 1), 1, flags, None)
+    call = ConvolutionCall("conv2d", "forward", x, w, y, (1, 1), (1, 1), (1, 1), 1, flags, None)
     params = call.params_for(x, w, y, None)
     assert isinstance(params, ConvolutionParams)
     lines = repro_lines(call, params)
@@ -121,7 +124,7 @@ def test_params_for_1d_conv_are_2d_with_unit_height():
     w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3), "float32")
     y = pycudnn.tensor_from_pointer(0x3000, (2, 8, 7), "float32")
     flags = pycudnn.config.resolve({})
-    call = conv.ConvolutionCall("conv1d", "forward", x, w, y, (2,), (0,), (1,), 1, flags, None)
+    call = ConvolutionCall("conv1d", "forward", x, w, y, (2,), (0,), (1,), 1, flags, None)
     p = call.params_for(x, w, y, None)
     assert p.input_shape == (2, 4, 1, 16) and p.weight_shape == (8, 4, 1, 3)
     assert p.output_shape == (2, 8, 1, 7)
@@ -238,12 +241,14 @@ class _Recorder:
             rec.next += 1 << 32
             return pycudnn.tensor_from_pointer(rec.next, shape, dtype)
 
-        monkeypatch.setattr(conv.ConvolutionCall, "run", run)
-        monkeypatch.setattr(conv.ConvolutionCall, "run_fused", lambda call: False)
-        monkeypatch.setattr(conv, "empty", alloc)
-        monkeypatch.setattr(conv, "zeros", alloc)
-        monkeypatch.setattr(conv, "get_handle", lambda *a, **k: 0)
-        monkeypatch.setattr(conv, "transform", lambda h, src, dst: rec.copies.append((src, dst)))
+        monkeypatch.setattr(ConvolutionCall, "run", run)
+        monkeypatch.setattr(ConvolutionCall, "run_fused", lambda call: False)
+        for module in (conv, call_module):  # the public functions and the call they run
+            monkeypatch.setattr(module, "empty", alloc)
+            monkeypatch.setattr(module, "zeros", alloc)
+            monkeypatch.setattr(module, "get_handle", lambda *a, **k: 0)
+            monkeypatch.setattr(module, "transform",
+                                lambda h, src, dst: rec.copies.append((src, dst)))
         monkeypatch.setattr(conv, "_fill_zero", lambda t, s, h=None: rec.zeroed.append(t))
 
 

@@ -32,7 +32,7 @@ from ..engines.contract import Engine
 from ..engines.problem import DIRECTION, ConvolutionParams
 from ..runtime.tensor.checks import check_bias, check_out_reads, check_z
 
-__all__ = ["PreparedConvolution", "prepare_convolution", "remembered_calls", "clear_fast_calls",
+__all__ = ["PreparedConvolution", "remembered_calls", "clear_fast_calls",
            "FAST_CALLS_MAX"]
 
 #: bound of the map from call signatures to prepared convolutions
