@@ -228,9 +228,7 @@ class Descriptor:
         self._finalizer = None
         L = lib()
         p = c_void_p()
-        status = getattr(L, self._create_name)(byref(p))
-        if status:
-            raise_status(status, self._create_name)
+        getattr(L.checked, self._create_name)(byref(p))
         _LIVE.add()
         return L, getattr(L, self._destroy_name), p.value
 
@@ -394,10 +392,8 @@ class TensorDescriptor(Descriptor):
         L = lib()
         dt, nb = c_int(), c_int()
         dims, strides = (c_int * MAX_DIMS)(), (c_int * MAX_DIMS)()
-        status = L.cudnnGetTensorNdDescriptor(self.handle, MAX_DIMS, byref(dt), byref(nb), dims,
-                                              strides)
-        if status:
-            raise_status(status, "cudnnGetTensorNdDescriptor")
+        L.checked.cudnnGetTensorNdDescriptor(self.handle, MAX_DIMS, byref(dt), byref(nb), dims,
+                                             strides)
         n = nb.value
         return dt.value, list(dims[:n]), list(strides[:n])
 
@@ -487,10 +483,8 @@ class FilterDescriptor(Descriptor):
         L = lib()
         dt, fmt, nb = c_int(), c_int(), c_int()
         dims = (c_int * MAX_DIMS)()
-        status = L.cudnnGetFilterNdDescriptor(self.handle, MAX_DIMS, byref(dt), byref(fmt),
-                                              byref(nb), dims)
-        if status:
-            raise_status(status, "cudnnGetFilterNdDescriptor")
+        L.checked.cudnnGetFilterNdDescriptor(self.handle, MAX_DIMS, byref(dt), byref(fmt),
+                                             byref(nb), dims)
         return dt.value, fmt.value, list(dims[:nb.value])
 
     def _describe(self) -> str:
@@ -648,18 +642,14 @@ class ConvolutionDescriptor(Descriptor):
     def math_type(self) -> MathType:
         """The math type cuDNN holds now (cudnnGetConvolutionMathType)."""
         v = c_int()
-        status = lib().cudnnGetConvolutionMathType(self.handle, byref(v))
-        if status:
-            raise_status(status, "cudnnGetConvolutionMathType")
+        lib().checked.cudnnGetConvolutionMathType(self.handle, byref(v))
         return MathType(v.value)
 
     @math_type.setter
     def math_type(self, value: MathType | int) -> None:
         # Algorithm records carry a math type; apply it before running (see DESIGN habit 5).
         m = enum_member(MathType, value, "math_type")
-        status = lib().cudnnSetConvolutionMathType(self.handle, int(m))
-        if status:
-            raise_status(status, "cudnnSetConvolutionMathType")
+        lib().checked.cudnnSetConvolutionMathType(self.handle, int(m))
 
     def output_shape(self, x_desc: TensorDescriptor, w_desc: FilterDescriptor, *,
                      validate: bool = True) -> tuple[int, ...]:
@@ -730,16 +720,10 @@ class ConvolutionDescriptor(Descriptor):
         n = MAX_SPATIAL_DIMS
         nb, mode, ct, groups, math_t = c_int(), c_int(), c_int(), c_int(), c_int()
         pad, stride, dil = (c_int * n)(), (c_int * n)(), (c_int * n)()
-        status = L.cudnnGetConvolutionNdDescriptor(h, n, byref(nb), pad, stride, dil,
-                                                   byref(mode), byref(ct))
-        if status:
-            raise_status(status, "cudnnGetConvolutionNdDescriptor")
-        status = L.cudnnGetConvolutionGroupCount(h, byref(groups))
-        if status:
-            raise_status(status, "cudnnGetConvolutionGroupCount")
-        status = L.cudnnGetConvolutionMathType(h, byref(math_t))
-        if status:
-            raise_status(status, "cudnnGetConvolutionMathType")
+        L.checked.cudnnGetConvolutionNdDescriptor(h, n, byref(nb), pad, stride, dil,
+                                                  byref(mode), byref(ct))
+        L.checked.cudnnGetConvolutionGroupCount(h, byref(groups))
+        L.checked.cudnnGetConvolutionMathType(h, byref(math_t))
         k = nb.value
         return (list(pad[:k]), list(stride[:k]), list(dil[:k]), mode.value, ct.value,
                 groups.value, math_t.value)
@@ -802,10 +786,8 @@ class ActivationDescriptor(Descriptor):
 
     def _query(self) -> tuple[int, int, float]:
         mode, nan, coef = c_int(), c_int(), c_double()
-        status = lib().cudnnGetActivationDescriptor(self.handle, byref(mode), byref(nan),
-                                                    byref(coef))
-        if status:
-            raise_status(status, "cudnnGetActivationDescriptor")
+        lib().checked.cudnnGetActivationDescriptor(self.handle, byref(mode), byref(nan),
+                                                   byref(coef))
         return mode.value, nan.value, coef.value
 
     def _describe(self) -> str:
@@ -861,9 +843,7 @@ class OpTensorDescriptor(Descriptor):
 
     def _query(self) -> tuple[int, int, int]:
         op, ct, nan = c_int(), c_int(), c_int()
-        status = lib().cudnnGetOpTensorDescriptor(self.handle, byref(op), byref(ct), byref(nan))
-        if status:
-            raise_status(status, "cudnnGetOpTensorDescriptor")
+        lib().checked.cudnnGetOpTensorDescriptor(self.handle, byref(op), byref(ct), byref(nan))
         return op.value, ct.value, nan.value
 
     def _describe(self) -> str:
@@ -976,10 +956,8 @@ class PoolingDescriptor(Descriptor):
         n = MAX_SPATIAL_DIMS
         mode, nan, nb = c_int(), c_int(), c_int()
         win, pad, stride = (c_int * n)(), (c_int * n)(), (c_int * n)()
-        status = lib().cudnnGetPoolingNdDescriptor(self.handle, n, byref(mode), byref(nan),
-                                                        byref(nb), win, pad, stride)
-        if status:
-            raise_status(status, "cudnnGetPoolingNdDescriptor")
+        lib().checked.cudnnGetPoolingNdDescriptor(self.handle, n, byref(mode), byref(nan),
+                                                       byref(nb), win, pad, stride)
         k = nb.value
         return mode.value, nan.value, list(win[:k]), list(pad[:k]), list(stride[:k])
 

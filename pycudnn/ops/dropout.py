@@ -156,9 +156,7 @@ class DropoutState:
             handle = get_handle(device, s)
             self.device = current_device()
             size = c_size_t()
-            st = _lib.lib().cudnnDropoutGetStatesSize(handle, byref(size))
-            if st:
-                _lib.raise_status(st, "cudnnDropoutGetStatesSize")
+            _lib.lib().checked.cudnnDropoutGetStatesSize(handle, byref(size))
             self.states_nbytes = int(size.value)
             self._states = allocate(self.states_nbytes, self.device,
                                     sref if sref is not None else s, what=what)

@@ -167,7 +167,5 @@ def _training_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_va
 def query_runtime_error(handle: int) -> int:
     """cudnnQueryRuntimeError (blocking): the status a persistent batch norm left (0: none)."""
     status = ctypes.c_int()
-    st = _lib.lib().cudnnQueryRuntimeError(handle, byref(status), 2, None)
-    if st:
-        _lib.raise_status(st, "cudnnQueryRuntimeError")
+    _lib.lib().checked.cudnnQueryRuntimeError(handle, byref(status), 2, None)
     return status.value
