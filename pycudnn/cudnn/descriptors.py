@@ -301,7 +301,28 @@ class Descriptor:
 
 # ---- tensor -------------------------------------------------------------------------------------
 
-class TensorDescriptor(Descriptor):
+class _Shaped(Descriptor):
+    """A descriptor of sizes and a dtype (a tensor's or a filter's)."""
+
+    __slots__ = ("_shape", "_dtype")
+    _shape: tuple[int, ...]
+    _dtype: np.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Sizes as given: (N, C, *spatial) for a tensor, (K, C / groups, *kernel) for a filter."""
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+
+class TensorDescriptor(_Shaped):
     """An N-d tensor (3 to 8 dims) of float32, float16, bfloat16 or float64.
 
     Args:
@@ -319,7 +340,7 @@ class TensorDescriptor(Descriptor):
             elements or more); the message carries cuDNN's reason where it gives one.
     """
 
-    __slots__ = ("_shape", "_strides", "_dtype")
+    __slots__ = ("_strides",)
     _create_name = "cudnnCreateTensorDescriptor"
     _destroy_name = "cudnnDestroyTensorDescriptor"
 
@@ -370,22 +391,9 @@ class TensorDescriptor(Descriptor):
         self._adopt(destroy, h)
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        """Sizes as given."""
-        return self._shape
-
-    @property
     def strides(self) -> tuple[int, ...]:
         """Strides in elements."""
         return self._strides
-
-    @property
-    def ndim(self) -> int:
-        return len(self._shape)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
 
     def _query(self) -> tuple[int, list[int], list[int]]:
         """(cudnnDataType_t, dims, strides) as cuDNN holds them."""
@@ -423,7 +431,7 @@ def _filter_format(format: Any) -> TensorFormat:
     return fmt
 
 
-class FilterDescriptor(Descriptor):
+class FilterDescriptor(_Shaped):
     """Convolution weights: 3 to 8 dims, (K, C / groups, spatial...).
 
     The dims are given in that order whatever the format; ``format`` says how they lie in memory:
@@ -436,7 +444,7 @@ class FilterDescriptor(Descriptor):
         validate: when False, skip the positivity check so that cuDNN's own check applies.
     """
 
-    __slots__ = ("_shape", "_dtype", "_format")
+    __slots__ = ("_format",)
     _create_name = "cudnnCreateFilterDescriptor"
     _destroy_name = "cudnnDestroyFilterDescriptor"
 
@@ -460,19 +468,6 @@ class FilterDescriptor(Descriptor):
         self._dtype = np_dtype
         self._format = fmt
         self._adopt(destroy, h)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """(K, C / groups, *kernel) as given."""
-        return self._shape
-
-    @property
-    def ndim(self) -> int:
-        return len(self._shape)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
 
     @property
     def format(self) -> TensorFormat:
