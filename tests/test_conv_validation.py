@@ -11,7 +11,11 @@ import pytest
 
 import pycudnn
 from conftest import has_gpu
+from pycudnn.api import call as call_module
 from pycudnn.api import conv
+from pycudnn.api.arguments import suggest_memory_format
+from pycudnn.api.call import ConvolutionCall
+from pycudnn.runtime.tensor.geometry import conv_output_size
 
 
 def t(*shape, dtype="float32", ptr=0x7F0000000000):
@@ -77,19 +81,19 @@ def test_bad_input_is_refused_before_any_gpu_work(fn, args, kwargs, exc, words):
 
 
 def test_output_size_formula():
-    assert conv.output_size((8, 8), (3, 3), (1, 1), (1, 1), (1, 1)) == (8, 8)
-    assert conv.output_size((7,), (3,), (2,), (0,), (2,)) == (2,)
-    assert conv.output_size((5, 6, 7), (2, 2, 2), (2, 2, 2), (1, 0, 2), (1, 1, 1)) == (3, 3, 5)
+    assert conv_output_size((8, 8), (3, 3), (1, 1), (1, 1), (1, 1)) == (8, 8)
+    assert conv_output_size((7,), (3,), (2,), (0,), (2,)) == (2,)
+    assert conv_output_size((5, 6, 7), (2, 2, 2), (2, 2, 2), (1, 0, 2), (1, 1, 1)) == (3, 3, 5)
 
 
 def test_suggest_memory_format():
     nchw = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8, 8), "float32")
     nhwc = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8, 8), "float32", strides=(256, 1, 32, 4))
     w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3, 3), "float32")
-    assert conv.suggest_memory_format(nchw, w) == "contiguous"
-    assert conv.suggest_memory_format(nhwc, w) == "channels_last"
+    assert suggest_memory_format(nchw, w) == "contiguous"
+    assert suggest_memory_format(nhwc, w) == "channels_last"
     one_d = pycudnn.tensor_from_pointer(0x1000, (2, 4, 8), "float32")
-    assert conv.suggest_memory_format(one_d, pycudnn.tensor_from_pointer(0x2000, (8, 4, 3), "float32")) == "contiguous"
+    assert suggest_memory_format(one_d, pycudnn.tensor_from_pointer(0x2000, (8, 4, 3), "float32")) == "contiguous"
 
 
 def test_repro_snippet_covers_bfloat16_and_channels_last():
@@ -100,7 +104,7 @@ def test_repro_snippet_covers_bfloat16_and_channels_last():
     w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3, 3), "bfloat16", strides=(36, 1, 12, 4))
     y = pycudnn.tensor_from_pointer(0x3000, (2, 8, 8, 8), "bfloat16", strides=(512, 1, 64, 8))
     flags = pycudnn.config.resolve({"benchmark": True})
-    call = conv.ConvolutionCall("conv2d", "forward", x, w, y, (1, 1), (1, 1), (1, 1), 1, flags, None)
+    call = ConvolutionCall("conv2d", "forward", x, w, y, (1, 1), (1, 1), (1, 1), 1, flags, None)
     params = call.params_for(x, w, y, None)
     assert isinstance(params, ConvolutionParams)
     lines = repro_lines(call, params)
@@ -120,7 +124,7 @@ def test_params_for_1d_conv_are_2d_with_unit_height():
     w = pycudnn.tensor_from_pointer(0x2000, (8, 4, 3), "float32")
     y = pycudnn.tensor_from_pointer(0x3000, (2, 8, 7), "float32")
     flags = pycudnn.config.resolve({})
-    call = conv.ConvolutionCall("conv1d", "forward", x, w, y, (2,), (0,), (1,), 1, flags, None)
+    call = ConvolutionCall("conv1d", "forward", x, w, y, (2,), (0,), (1,), 1, flags, None)
     p = call.params_for(x, w, y, None)
     assert p.input_shape == (2, 4, 1, 16) and p.weight_shape == (8, 4, 1, 3)
     assert p.output_shape == (2, 8, 1, 7)
@@ -142,7 +146,7 @@ BASE = 0x7F0000000000
 ], ids=["forward", "backward_data", "backward_filter"])
 def test_out_aliasing_an_input_is_refused(out_shape, call):
     """An out= starting where the first input starts: cuDNN does not compute in place."""
-    with pytest.raises(ValueError, match=r"out: it overlaps (input|grad_y), which the call reads"):
+    with pytest.raises(ValueError, match=r"out overlaps (input|grad_y), which the call reads"):
         call(t(*out_shape, ptr=BASE))
 
 
@@ -181,7 +185,7 @@ def test_add_relu_accepts_out_equal_to_z_but_not_shifted():
     with pytest.raises(NoDeviceError):  # the in-place residual: validation passes
         pycudnn.convolution_add_relu(X, W, z, padding=1, out=z)
     shifted = t(2, 8, 8, 8, ptr=BASE + (2 << 30) + 4 * 8)
-    with pytest.raises(ValueError, match="out: it overlaps z"):
+    with pytest.raises(ValueError, match="out partially overlaps z"):
         pycudnn.convolution_add_relu(X, W, z, padding=1, out=shifted)
 
 
@@ -237,12 +241,14 @@ class _Recorder:
             rec.next += 1 << 32
             return pycudnn.tensor_from_pointer(rec.next, shape, dtype)
 
-        monkeypatch.setattr(conv.ConvolutionCall, "run", run)
-        monkeypatch.setattr(conv.ConvolutionCall, "run_fused", lambda call: False)
-        monkeypatch.setattr(conv, "empty", alloc)
-        monkeypatch.setattr(conv, "zeros", alloc)
-        monkeypatch.setattr(conv, "get_handle", lambda *a, **k: 0)
-        monkeypatch.setattr(conv, "transform", lambda h, src, dst: rec.copies.append((src, dst)))
+        monkeypatch.setattr(ConvolutionCall, "run", run)
+        monkeypatch.setattr(ConvolutionCall, "run_fused", lambda call: False)
+        for module in (conv, call_module):  # the public functions and the call they run
+            monkeypatch.setattr(module, "empty", alloc)
+            monkeypatch.setattr(module, "zeros", alloc)
+            monkeypatch.setattr(module, "get_handle", lambda *a, **k: 0)
+            monkeypatch.setattr(module, "transform",
+                                lambda h, src, dst: rec.copies.append((src, dst)))
         monkeypatch.setattr(conv, "_fill_zero", lambda t, s, h=None: rec.zeroed.append(t))
 
 

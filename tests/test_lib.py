@@ -372,6 +372,30 @@ def test_real_failure_message_has_function_status_and_reason():
     assert _lib.last_error_string() == ""
 
 
+def test_checked_calls_raise_naming_the_function_and_pass_success_through():
+    L = _lib.lib()
+    h = ctypes.c_void_p()
+    assert L.checked.cudnnCreateConvolutionDescriptor(ctypes.byref(h)) is None and h.value
+    try:
+        with pytest.raises(CudnnBadParamError) as info:
+            L.checked.cudnnSetConvolutionGroupCount(h, 0)
+        assert L.checked.cudnnSetConvolutionGroupCount(h, 2) is None
+    finally:
+        L.cudnnDestroyConvolutionDescriptor(h)
+    e = info.value
+    assert e.function == "cudnnSetConvolutionGroupCount" and e.status == Status.BAD_PARAM
+    assert "group count must be >= 1" in e.reason or "groupCount < 1" in e.reason
+    assert L.checked.cudnnSetConvolutionGroupCount is L.checked.cudnnSetConvolutionGroupCount
+
+
+def test_checked_calls_exist_only_for_table_functions_that_return_a_status():
+    L = _lib.lib()
+    with pytest.raises(AttributeError, match="returns no cudnnStatus_t"):
+        L.checked.cudnnGetVersion  # noqa: B018 - the attribute access is the test
+    with pytest.raises(AttributeError, match="not in pycudnn's prototype table"):
+        L.checked.cudnnNoSuchFunction  # noqa: B018
+
+
 def test_check_passes_success_through():
     assert _lib.check(0, "cudnnAnything") is None
 

@@ -160,7 +160,7 @@ def test_out_partly_overlapping_z_is_refused_out_being_z_is_not(launched):
     conv.default_bias = T(0x50000000, "b")
     z = T(0x60000000, "z")
     shifted = T(0x60000000 + 4 * 4 * 30, "y")  # z moved by 4 rows: most of their elements shared
-    with pytest.raises(ValueError, match="out: it overlaps z, which the call reads"):
+    with pytest.raises(ValueError, match="out partially overlaps z, which it may replace in place"):
         conv(X, W, out=shifted, z=z)
     assert launched == []
     # out is z exactly: the in-place residual the full path allows too
@@ -171,7 +171,7 @@ def test_out_partly_overlapping_z_is_refused_out_being_z_is_not(launched):
 def test_out_overlapping_bias_is_refused(launched):
     conv = _prepared(launched)
     out = T(0x50000000, "y")
-    with pytest.raises(ValueError, match="out: it overlaps bias"):
+    with pytest.raises(ValueError, match="out overlaps bias"):
         conv(X, W, out=out, bias=tensor_from_pointer(0x50000000 + 64, (16,), F32, device=0))
     assert launched == []
 

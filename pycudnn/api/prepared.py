@@ -25,14 +25,14 @@ from ..cudnn.tensor_ops import contiguous_bias
 from ..errors import PycudnnError
 from ..runtime.handle import get_handle
 from ..runtime.memory import devices as _devices
-from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
+from ..runtime.memory import allocate_fast, callers_device, restore_device, stream_pair
 from ..runtime.tensor import (Tensor, as_tensor, check_writable, span_elements, spans_overlap,
                               views_overlap)
 from ..engines.contract import Engine
 from ..engines.problem import DIRECTION, ConvolutionParams
 from ..runtime.tensor.checks import check_bias, check_out_reads, check_z
 
-__all__ = ["PreparedConvolution", "prepare_convolution", "remembered_calls", "clear_fast_calls",
+__all__ = ["PreparedConvolution", "remembered_calls", "clear_fast_calls",
            "FAST_CALLS_MAX"]
 
 #: bound of the map from call signatures to prepared convolutions
@@ -114,7 +114,7 @@ class PreparedConvolution:
                 a = as_tensor(a, stream=stream)
             if type(b) is not Tensor:
                 b = as_tensor(b, stream=stream)
-            s = 0 if stream is None else (stream if type(stream) is int else resolve_stream(stream))
+            s, s_ref = (0, None) if stream is None else stream_pair(stream)
             dt = self.dtype
             a_shape, a_strides = self._a_key
             b_shape, b_strides = self._b_key
@@ -154,12 +154,12 @@ class PreparedConvolution:
                                      "shares no memory with the inputs")
                 if zt is not None or bt is not None:
                     # the full path's rule: out may be z exactly (an in-place residual), not partly
-                    check_out_reads(out, (("bias", bt),), "prepared convolution: out", in_place=zt)
+                    check_out_reads(out, (("bias", bt),), "prepared convolution", zt,
+                                    in_place_name="z")
             if bt is not None and bt.strides != self.strides["b"]:
                 # the fused plan reads K contiguous elements: a strided bias is copied first, on
                 # this call's stream, as the full path does (after every check: nothing has run)
                 bt = contiguous_bias(bt, s)
-            s_ref = None if stream is None or type(stream) is int else stream
             return self._run(a, b, out, zt, bt, s, s_ref)
         finally:
             if prev is not None:

@@ -27,7 +27,7 @@ def _make(name: str, shape: Sequence[int], dtype: str, fmt: str) -> str:
 
 
 def repro_snippet(call: Any) -> str:
-    """Python that reproduces ``call`` (a conv.ConvolutionCall) on random data with pycudnn."""
+    """Python that reproduces ``call`` (a `pycudnn.api.call.ConvolutionCall`) on random data with pycudnn."""
     dtype = (call.x if call.x is not None else call.y).dtype.name
     fmt = call.fmt
     flags = ", ".join(f"{k}={call.flags[k]!r}" for k in _FLAG_ORDER if k in call.flags)

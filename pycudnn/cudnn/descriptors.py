@@ -46,6 +46,7 @@ from .._live import LiveCounter
 from .._types import (ActivationMode, ConvolutionMode, DataType, MathType, NanPropagation,
                       OpTensorOp, PoolingMode, TensorFormat, dtype_to_cudnn, normalize_dtype)
 from ..ffi.library import lib, raise_status
+from ..runtime.tensor.geometry import conv_output_size
 
 __all__ = [
     "TensorDescriptor", "FilterDescriptor", "ConvolutionDescriptor", "ActivationDescriptor",
@@ -227,9 +228,7 @@ class Descriptor:
         self._finalizer = None
         L = lib()
         p = c_void_p()
-        status = getattr(L, self._create_name)(byref(p))
-        if status:
-            raise_status(status, self._create_name)
+        getattr(L.checked, self._create_name)(byref(p))
         _LIVE.add()
         return L, getattr(L, self._destroy_name), p.value
 
@@ -302,7 +301,28 @@ class Descriptor:
 
 # ---- tensor -------------------------------------------------------------------------------------
 
-class TensorDescriptor(Descriptor):
+class _Shaped(Descriptor):
+    """A descriptor of sizes and a dtype (a tensor's or a filter's)."""
+
+    __slots__ = ("_shape", "_dtype")
+    _shape: tuple[int, ...]
+    _dtype: np.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Sizes as given: (N, C, *spatial) for a tensor, (K, C / groups, *kernel) for a filter."""
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+
+class TensorDescriptor(_Shaped):
     """An N-d tensor (3 to 8 dims) of float32, float16, bfloat16 or float64.
 
     Args:
@@ -320,7 +340,7 @@ class TensorDescriptor(Descriptor):
             elements or more); the message carries cuDNN's reason where it gives one.
     """
 
-    __slots__ = ("_shape", "_strides", "_dtype")
+    __slots__ = ("_strides",)
     _create_name = "cudnnCreateTensorDescriptor"
     _destroy_name = "cudnnDestroyTensorDescriptor"
 
@@ -371,32 +391,17 @@ class TensorDescriptor(Descriptor):
         self._adopt(destroy, h)
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        """Sizes as given."""
-        return self._shape
-
-    @property
     def strides(self) -> tuple[int, ...]:
         """Strides in elements."""
         return self._strides
-
-    @property
-    def ndim(self) -> int:
-        return len(self._shape)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
 
     def _query(self) -> tuple[int, list[int], list[int]]:
         """(cudnnDataType_t, dims, strides) as cuDNN holds them."""
         L = lib()
         dt, nb = c_int(), c_int()
         dims, strides = (c_int * MAX_DIMS)(), (c_int * MAX_DIMS)()
-        status = L.cudnnGetTensorNdDescriptor(self.handle, MAX_DIMS, byref(dt), byref(nb), dims,
-                                              strides)
-        if status:
-            raise_status(status, "cudnnGetTensorNdDescriptor")
+        L.checked.cudnnGetTensorNdDescriptor(self.handle, MAX_DIMS, byref(dt), byref(nb), dims,
+                                             strides)
         n = nb.value
         return dt.value, list(dims[:n]), list(strides[:n])
 
@@ -426,7 +431,7 @@ def _filter_format(format: Any) -> TensorFormat:
     return fmt
 
 
-class FilterDescriptor(Descriptor):
+class FilterDescriptor(_Shaped):
     """Convolution weights: 3 to 8 dims, (K, C / groups, spatial...).
 
     The dims are given in that order whatever the format; ``format`` says how they lie in memory:
@@ -439,7 +444,7 @@ class FilterDescriptor(Descriptor):
         validate: when False, skip the positivity check so that cuDNN's own check applies.
     """
 
-    __slots__ = ("_shape", "_dtype", "_format")
+    __slots__ = ("_format",)
     _create_name = "cudnnCreateFilterDescriptor"
     _destroy_name = "cudnnDestroyFilterDescriptor"
 
@@ -465,19 +470,6 @@ class FilterDescriptor(Descriptor):
         self._adopt(destroy, h)
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        """(K, C / groups, *kernel) as given."""
-        return self._shape
-
-    @property
-    def ndim(self) -> int:
-        return len(self._shape)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
-
-    @property
     def format(self) -> TensorFormat:
         return self._format
 
@@ -486,10 +478,8 @@ class FilterDescriptor(Descriptor):
         L = lib()
         dt, fmt, nb = c_int(), c_int(), c_int()
         dims = (c_int * MAX_DIMS)()
-        status = L.cudnnGetFilterNdDescriptor(self.handle, MAX_DIMS, byref(dt), byref(fmt),
-                                              byref(nb), dims)
-        if status:
-            raise_status(status, "cudnnGetFilterNdDescriptor")
+        L.checked.cudnnGetFilterNdDescriptor(self.handle, MAX_DIMS, byref(dt), byref(fmt),
+                                             byref(nb), dims)
         return dt.value, fmt.value, list(dims[:nb.value])
 
     def _describe(self) -> str:
@@ -647,18 +637,14 @@ class ConvolutionDescriptor(Descriptor):
     def math_type(self) -> MathType:
         """The math type cuDNN holds now (cudnnGetConvolutionMathType)."""
         v = c_int()
-        status = lib().cudnnGetConvolutionMathType(self.handle, byref(v))
-        if status:
-            raise_status(status, "cudnnGetConvolutionMathType")
+        lib().checked.cudnnGetConvolutionMathType(self.handle, byref(v))
         return MathType(v.value)
 
     @math_type.setter
     def math_type(self, value: MathType | int) -> None:
         # Algorithm records carry a math type; apply it before running (see DESIGN habit 5).
         m = enum_member(MathType, value, "math_type")
-        status = lib().cudnnSetConvolutionMathType(self.handle, int(m))
-        if status:
-            raise_status(status, "cudnnSetConvolutionMathType")
+        lib().checked.cudnnSetConvolutionMathType(self.handle, int(m))
 
     def output_shape(self, x_desc: TensorDescriptor, w_desc: FilterDescriptor, *,
                      validate: bool = True) -> tuple[int, ...]:
@@ -688,9 +674,8 @@ class ConvolutionDescriptor(Descriptor):
             raise_status(status, "cudnnGetConvolutionNdForwardOutputDim",
                          f"input: {x_desc!r}", f"weight: {w_desc!r}", f"convolution: {self!r}")
         shape = tuple(out)
-        exact = (xs[0], ws[0]) + tuple(
-            (i + 2 * p - d * (k - 1) - 1) // s + 1
-            for i, k, p, s, d in zip(xs[2:], ws[2:], self._padding, self._stride, self._dilation))
+        exact = (xs[0], ws[0]) + conv_output_size(xs[2:], ws[2:], self._stride, self._padding,
+                                                  self._dilation)
         if shape != exact or any(n < 1 for n in shape):
             # cuDNN computes in 32-bit ints: a huge dilation or padding wraps around unchecked
             raise ValueError(f"output_shape: cuDNN reports the output {shape} for input {xs}, weight "
@@ -730,16 +715,10 @@ class ConvolutionDescriptor(Descriptor):
         n = MAX_SPATIAL_DIMS
         nb, mode, ct, groups, math_t = c_int(), c_int(), c_int(), c_int(), c_int()
         pad, stride, dil = (c_int * n)(), (c_int * n)(), (c_int * n)()
-        status = L.cudnnGetConvolutionNdDescriptor(h, n, byref(nb), pad, stride, dil,
-                                                   byref(mode), byref(ct))
-        if status:
-            raise_status(status, "cudnnGetConvolutionNdDescriptor")
-        status = L.cudnnGetConvolutionGroupCount(h, byref(groups))
-        if status:
-            raise_status(status, "cudnnGetConvolutionGroupCount")
-        status = L.cudnnGetConvolutionMathType(h, byref(math_t))
-        if status:
-            raise_status(status, "cudnnGetConvolutionMathType")
+        L.checked.cudnnGetConvolutionNdDescriptor(h, n, byref(nb), pad, stride, dil,
+                                                  byref(mode), byref(ct))
+        L.checked.cudnnGetConvolutionGroupCount(h, byref(groups))
+        L.checked.cudnnGetConvolutionMathType(h, byref(math_t))
         k = nb.value
         return (list(pad[:k]), list(stride[:k]), list(dil[:k]), mode.value, ct.value,
                 groups.value, math_t.value)
@@ -802,10 +781,8 @@ class ActivationDescriptor(Descriptor):
 
     def _query(self) -> tuple[int, int, float]:
         mode, nan, coef = c_int(), c_int(), c_double()
-        status = lib().cudnnGetActivationDescriptor(self.handle, byref(mode), byref(nan),
-                                                    byref(coef))
-        if status:
-            raise_status(status, "cudnnGetActivationDescriptor")
+        lib().checked.cudnnGetActivationDescriptor(self.handle, byref(mode), byref(nan),
+                                                   byref(coef))
         return mode.value, nan.value, coef.value
 
     def _describe(self) -> str:
@@ -861,9 +838,7 @@ class OpTensorDescriptor(Descriptor):
 
     def _query(self) -> tuple[int, int, int]:
         op, ct, nan = c_int(), c_int(), c_int()
-        status = lib().cudnnGetOpTensorDescriptor(self.handle, byref(op), byref(ct), byref(nan))
-        if status:
-            raise_status(status, "cudnnGetOpTensorDescriptor")
+        lib().checked.cudnnGetOpTensorDescriptor(self.handle, byref(op), byref(ct), byref(nan))
         return op.value, ct.value, nan.value
 
     def _describe(self) -> str:
@@ -976,10 +951,8 @@ class PoolingDescriptor(Descriptor):
         n = MAX_SPATIAL_DIMS
         mode, nan, nb = c_int(), c_int(), c_int()
         win, pad, stride = (c_int * n)(), (c_int * n)(), (c_int * n)()
-        status = lib().cudnnGetPoolingNdDescriptor(self.handle, n, byref(mode), byref(nan),
-                                                        byref(nb), win, pad, stride)
-        if status:
-            raise_status(status, "cudnnGetPoolingNdDescriptor")
+        lib().checked.cudnnGetPoolingNdDescriptor(self.handle, n, byref(mode), byref(nan),
+                                                       byref(nb), win, pad, stride)
         k = nb.value
         return mode.value, nan.value, list(win[:k]), list(pad[:k]), list(stride[:k])
 

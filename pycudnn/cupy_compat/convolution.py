@@ -11,6 +11,7 @@ import numpy as np
 
 from ..api import conv as _conv
 from ..runtime.tensor import Tensor, as_tensor, tensor_from_pointer
+from ..runtime.tensor.geometry import conv_output_size
 from .arrays import (CUDNN_TENSOR_NCHW, check_layout, data_view, filter_view,
                      input_view, stream_of)
 
@@ -170,7 +171,7 @@ def convolution_backward_data(W: Any, x: Any, b: Any, y: Any, pad: Sequence[int]
     if len(pad_t) != gxv.ndim - 2:
         raise ValueError(f"convolution_backward_data: expected pad, stride and dilation with "
                          f"{gxv.ndim - 2} values, got pad={pad!r}")
-    expected = _conv.output_size(gxv.shape[2:], wv.shape[2:], stride_t, pad_t, dil_t)
+    expected = conv_output_size(gxv.shape[2:], wv.shape[2:], stride_t, pad_t, dil_t)
     if tuple(expected) != tuple(gyv.shape[2:]):
         raise ValueError(f"convolution_backward_data: y of size {list(gxv.shape)} (as NCHW) would "
                          f"give a forward output of spatial size {list(expected)}, but x has "

@@ -315,10 +315,8 @@ class V7Engine(Engine):
         descs = self.descriptors(p)
         a, _, b, _, out, _ = descs.operands(p.direction, args)
         size = ctypes.c_size_t(0)
-        fn = getattr(_lib.lib(), table.workspace_fn)
-        status = fn(args.handle, a, b, descs.conv(math_type).handle, out, int(algo), ctypes.byref(size))
-        if status:
-            _lib.raise_status(status, table.workspace_fn)
+        getattr(_lib.lib().checked, table.workspace_fn)(
+            args.handle, a, b, descs.conv(math_type).handle, out, int(algo), ctypes.byref(size))
         return size.value
 
     def max_workspace_size(self, args: ConvolutionArgs) -> int:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, NoReturn
 from .._types import Status
 from ..errors import CudnnNotFoundError, error_class_for_status
 
-__all__ = ["PROTOTYPES", "Library", "lib", "check", "raise_status", "version", "version_tuple",
+__all__ = ["PROTOTYPES", "Library", "CheckedFunctions", "lib", "check", "raise_status", "version", "version_tuple",
            "library_path", "cudart_version", "is_loaded", "fresh_load", "status_name", "MIN_VERSION",
            "INSTALL_HINT"]
 
@@ -451,13 +451,15 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
 
 
 class Library:
-    """The loaded libcudnn: C functions bound lazily from `PROTOTYPES` as attributes."""
+    """The loaded libcudnn: C functions bound lazily from `PROTOTYPES` as attributes; the same
+    functions checked (`CheckedFunctions`) as ``checked``."""
 
     def __init__(self, cdll: ctypes.CDLL, path: str, found_via: str) -> None:
         self._cdll = cdll
         self.path = path
         self.found_via = found_via
         self._bind_lock = threading.Lock()
+        self.checked = CheckedFunctions(self)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not yet bound; binds the row and caches it on the instance.
@@ -470,6 +472,31 @@ class Library:
             fn.argtypes = list(argtypes)
             self.__dict__[name] = fn
         return fn
+
+
+class CheckedFunctions:
+    """The table's functions that return a ``cudnnStatus_t``, called so that a failure raises
+    the `CudnnError` naming the function (``lib().checked.cudnnCreateTensorDescriptor(p)``), as
+    numba's driver wraps its calls. For the cold path: a hot call site checks the status
+    inline, one Python call less."""
+
+    def __init__(self, library: Library) -> None:
+        self._library = library
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        # Only reached for names not yet wrapped; wraps the bound function and caches it.
+        fn = getattr(self._library, name)  # AttributeError for a name outside the table
+        if PROTOTYPES[name][0] is not c_int:
+            raise AttributeError(f"{name!r} returns no cudnnStatus_t: call it unchecked")
+
+        def checked(*args: Any) -> None:
+            status = fn(*args)
+            if status:
+                raise_status(status, name)
+
+        checked.__name__ = checked.__qualname__ = name
+        self.__dict__[name] = checked
+        return checked
 
 
 _lock = threading.Lock()
@@ -649,16 +676,10 @@ def raise_status(status: int, function: str, *context: str) -> NoReturn:
 
 
 def check(status: int, function: str, *context: str) -> None:
-    """Raise if ``status`` is not success. Hot paths inline ``if status: raise_status(...)``."""
+    """Raise if ``status`` is not success (with ``context`` lines). Cold calls without context
+    use ``lib().checked``; hot paths inline ``if status: raise_status(...)``."""
     if status:
         raise_status(status, function, *context)
-
-
-def call(function: str, *args: Any) -> None:
-    """Call a table function that returns a status and raise on failure."""
-    status = getattr(lib(), function)(*args)
-    if status:
-        raise_status(status, function)
 
 
 # ---- versions -----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ Every check names the function and the parameter (PyTorch's wording where it has
 before anything is launched, so a refused call leaves every buffer as it was. The pieces are the
 convolutions' own where they fit: `pycudnn.tensor.as_tensor`, `pycudnn.tensor.check_writable`,
 `pycudnn.tensor.views_overlap`, `pycudnn.arguments.check_no_broadcast`,
-`pycudnn.memory.resolve_stream`, `pycudnn.memory.allocate_fast` and
+`pycudnn.runtime.memory.stream_pair`, `pycudnn.memory.allocate_fast` and
 `pycudnn.tensor_ops.scalar_pointers` / `pycudnn.tensor_ops.transform`.
 """
 
@@ -18,9 +18,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..cudnn.tensor_ops import scalar_pointers, transform
-from ..runtime.tensor.checks import check_no_broadcast
+from ..runtime.tensor.checks import check_no_broadcast, check_out_reads
 from ..ffi import library as _lib
-from ..runtime.memory import allocate_fast, callers_device, resolve_stream, restore_device
+from ..runtime.memory import allocate_fast, callers_device, restore_device, stream_pair
 from ..runtime.tensor import (
     Tensor,
     as_tensor,
@@ -72,16 +72,6 @@ class Reserve:
 def tensor_arg(obj: Any, stream: Any) -> Tensor:
     """``obj`` as a `Tensor` (zero-copy; a Tensor is returned as is)."""
     return obj if type(obj) is Tensor else as_tensor(obj, stream=stream)
-
-
-def stream_pair(stream: Any) -> tuple[int, Any]:
-    """(the ``cudaStream_t`` handle, the stream object to keep alive until memory allocated on
-    it is freed, or None), as the convolutions resolve ``stream=``."""
-    if stream is None:
-        return 0, None
-    if type(stream) is int:
-        return resolve_stream(stream), None
-    return resolve_stream(stream), stream
 
 
 _SCALARS: dict[Any, tuple[int, int]] = {}
@@ -189,24 +179,6 @@ def checked_out(out: Any, shape: tuple[int, ...], like: Tensor, fn: str, stream:
                          f"refers to a single memory location; pass an output without "
                          f"overlapping elements")
     return t
-
-
-def check_out_reads(out: Tensor, reads: Sequence[tuple[str, Tensor]], fn: str,
-                    in_place: Tensor | None = None, name: str = "out") -> None:
-    """Refuse an ``out`` that shares memory with a tensor the call reads. ``in_place`` (an input
-    cuDNN may overwrite) may be ``out`` exactly, same address and strides, but not partly."""
-    if out.readonly:
-        check_writable(out, f"{fn}: {name}")
-    if in_place is not None and views_overlap(out, in_place) and not (
-            out.ptr == in_place.ptr and out.strides == in_place.strides):
-        raise ValueError(f"{fn}: {name} partially overlaps the input it may replace in place: pass "
-                         f"the input itself (same address and strides) or an output that shares "
-                         f"no memory with it")
-    for read, t in reads:
-        if views_overlap(out, t):
-            raise ValueError(f"{fn}: {name} overlaps {read}, which the call reads: cuDNN does not "
-                             f"compute this in place, the result would be wrong; pass an output "
-                             f"that shares no memory with the inputs")
 
 
 def new_output(shape: tuple[int, ...], strides: tuple[int, ...], like: Tensor, stream: int,

@@ -31,7 +31,7 @@ import numpy as np
 from .._types import normalize_dtype
 from ..cudnn.descriptors import TensorDescriptor, Descriptor
 from ..cudnn.tensor_ops import transform
-from ..runtime.tensor.checks import check_no_broadcast
+from ..runtime.tensor.checks import check_no_broadcast, check_out_reads
 from ..ffi import library as _lib
 from ..ops._common import PlanCache, Reserve, c_function
 from ..runtime.handle import get_handle
@@ -41,8 +41,8 @@ from ..runtime.memory import (
     allocate_fast,
     callers_device,
     current_device,
-    resolve_stream,
     restore_device,
+    stream_pair,
     stream_synchronize,
 )
 from ..runtime.tensor import (
@@ -52,7 +52,6 @@ from ..runtime.tensor import (
     check_writable,
     contiguous_strides,
     has_internal_overlap,
-    views_overlap,
 )
 
 __all__ = ["DropoutDescriptor", "DropoutState", "DropoutReserve", "dropout_forward",
@@ -126,14 +125,6 @@ def _seed(seed: Any, what: str) -> int:
     return value
 
 
-def _stream_pair(stream: Any) -> tuple[int, Any]:
-    if stream is None:
-        return 0, None
-    if type(stream) is int:
-        return stream, None
-    return resolve_stream(stream), stream
-
-
 # ---- the state ------------------------------------------------------------------------------------
 
 class DropoutState:
@@ -161,13 +152,11 @@ class DropoutState:
         self._lock = threading.Lock()
         prev = callers_device()
         try:
-            s, sref = _stream_pair(stream)
+            s, sref = stream_pair(stream)
             handle = get_handle(device, s)
             self.device = current_device()
             size = c_size_t()
-            st = _lib.lib().cudnnDropoutGetStatesSize(handle, byref(size))
-            if st:
-                _lib.raise_status(st, "cudnnDropoutGetStatesSize")
+            _lib.lib().checked.cudnnDropoutGetStatesSize(handle, byref(size))
             self.states_nbytes = int(size.value)
             self._states = allocate(self.states_nbytes, self.device,
                                     sref if sref is not None else s, what=what)
@@ -202,7 +191,7 @@ class DropoutState:
         new_seed = self.seed if seed is None else _seed(seed, "DropoutState.reset")
         prev = callers_device()
         try:
-            s, _ = _stream_pair(stream)
+            s, _ = stream_pair(stream)
             with self._lock:
                 handle = get_handle(self.device, s)
                 self._desc.set(handle, self._p, self._states.ptr, self.states_nbytes, new_seed)
@@ -345,15 +334,8 @@ def _check_out(out: Any, name: str, like: Tensor, fn: str, stream: Any,
     if o.size and has_internal_overlap(o.shape, o.strides):
         raise ValueError(f"{fn}: {name} has overlapping elements (strides {list(o.strides)}); "
                          f"pass an output without overlapping elements")
-    _check_apart(o, name, reads)
+    check_out_reads(o, reads, name=name)
     return o
-
-
-def _check_apart(o: Tensor, name: str, reads: list[tuple[str, Tensor]]) -> None:
-    for read_name, t in reads:
-        if o.size and views_overlap(o, t):
-            raise ValueError(f"{name}: it overlaps {read_name}, which the call reads: pass an "
-                             f"output that shares no memory with the inputs")
 
 
 def _check_state(state: Any, fn: str) -> DropoutState:
@@ -414,9 +396,8 @@ def dropout_forward(x: TensorLike, state: DropoutState, *, out: TensorLike | Non
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
         return _forward_full(x, state, out, stream)
     if o is not None:  # what the key cannot know
-        check_writable(o, "out")
-        _check_apart(o, "out", [("input", xt)])
-    s, sref = _stream_pair(stream)
+        check_out_reads(o, (("input", xt),))
+    s, sref = stream_pair(stream)
     dev = xt.device
     prev = callers_device()
     try:
@@ -449,7 +430,7 @@ def _forward_full(x: Any, state: Any, out: Any, stream: Any) -> tuple[Tensor, Dr
         xt = x if type(x) is Tensor else as_tensor(x, stream=stream)
         _check_tensor(xt, "input", fn, st_)
         o = _check_out(out, "out", xt, fn, stream, [("input", xt)]) if out is not None else None
-        s, sref = _stream_pair(stream)
+        s, sref = stream_pair(stream)
         if xt.size and _packed_order(xt) and (o is None or o.strides == xt.strides):
             # no copy: later calls of this signature take the plan
             d, res_size = _flat(xt.size, xt.dtype)
@@ -512,9 +493,8 @@ def dropout_backward(dy: TensorLike, state: DropoutState, reserve: DropoutReserv
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
         return _backward_full(dy, state, reserve, out, stream)
     if o is not None:  # what the key cannot know
-        check_writable(o, "out")
-        _check_apart(o, "out", [("grad_output", dyt)])
-    s, sref = _stream_pair(stream)
+        check_out_reads(o, (("grad_output", dyt),))
+    s, sref = stream_pair(stream)
     dev = dyt.device
     prev = callers_device()
     try:
@@ -564,7 +544,7 @@ def _backward_full(dy: Any, state: Any, reserve: Any, out: Any, stream: Any) -> 
                              f"cuda:{st_.device}")
         o = _check_out(out, "out", dyt, fn, stream, [("grad_output", dyt)]) \
             if out is not None else None
-        s, sref = _stream_pair(stream)
+        s, sref = stream_pair(stream)
         if dyt.size and dyt.strides == reserve.strides and (o is None or o.strides == dyt.strides):
             # no copy: later calls of this signature take the plan
             d, res_size = _flat(dyt.size, dyt.dtype)

@@ -152,7 +152,6 @@ def get_handle(device: Any = None, stream: Any = None) -> int:
             could not initialise (cuDNN's reason).
         ValueError: a device ordinal that does not exist.
     """
-    s = 0 if stream is None else (stream if type(stream) is int else resolve_stream(stream))
     try:
         state = _tls.state
     except AttributeError:
@@ -169,11 +168,12 @@ def get_handle(device: Any = None, stream: Any = None) -> int:
         device, handle = _acquire(device, state)
     else:
         _devices.ensure_device(device)
-    if state.streams.get(device) != s:
-        if s < 0 or s >= 1 << 64:
-            resolve_stream(s)  # raises the ValueError naming the range
-        _set_stream(handle, s)
-        state.streams[device] = s
+    # the hot callers pass the int handle already set: converted only when it is another stream
+    if state.streams.get(device, -1) != stream:
+        s = resolve_stream(stream)
+        if state.streams.get(device, -1) != s:
+            _set_stream(handle, s)
+            state.streams[device] = s
     return handle
 
 

@@ -27,7 +27,7 @@ import torch.autograd.forward_ad as _forward_ad
 import torch.nn.functional as F
 
 from pycudnn.api import conv as _conv
-from pycudnn.configuration import config
+from pycudnn.configuration import config, override_token
 from pycudnn.runtime.handle import get_handle
 from pycudnn.runtime.memory import callers_device, restore_device
 from pycudnn.runtime.tensor import Tensor, tensor_from_pointer
@@ -122,8 +122,7 @@ def _autocast_readers() -> tuple[Callable[[], bool], Callable[[], Any]]:
 autocast_enabled, autocast_dtype = _autocast_readers()
 threshold_backward = torch.ops.aten.threshold_backward.default
 convolution_backward = torch.ops.aten.convolution_backward.default
-_token = config.token
-_NO_FLAGS: dict[str, Any] = {}
+_override_get = override_token.get  # bound once: read on every call
 #: more than one GPU visible: launches give the caller's current device back (set on first calls)
 _multi_gpu = False
 
@@ -139,8 +138,9 @@ _stream = _stream_fn()
 
 
 def _flags_key() -> tuple[Any, ...]:
-    """What decides the flags of a call: pycudnn's (``config.token``) and PyTorch's."""
-    return (_token(_NO_FLAGS), _tf32(), _det() or _det_algos(), _bench())
+    """What decides the flags of a call: pycudnn's (``config.token({})``, spelt out: one call
+    less on every launch) and PyTorch's."""
+    return ((config.generation, _override_get()), _tf32(), _det() or _det_algos(), _bench())
 
 
 def _flags(fkey: tuple[Any, ...]) -> dict[str, Any]:
@@ -539,7 +539,8 @@ def run_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
         _forget(_FWD, key)
         _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
     finally:
-        restore_device(prev)
+        if prev is not None:
+            restore_device(prev)
     return y, x, w, e[2], None
 
 
@@ -634,71 +635,65 @@ def _forward_public(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float, geom:
 
 # ---- backward data and backward filter ------------------------------------------------------------
 
+def _backward_key(direction: str, a: Any, b: Any, other: Any, fmt: Any, geom: tuple[Any, ...],
+                  fk: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The call signature of a backward direction (``a, b, other`` as in `_backward_first`)."""
+    return (direction, a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(),
+            other.shape, fmt, geom, fk)
+
+
+def _backward(key: tuple[Any, ...], direction: str, a: Any, b: Any, other: Any, fmt: Any,
+              geom: tuple[Any, ...]) -> tuple[Any, bool]:
+    """``(gradient, through_torch)`` of one backward direction: the remembered launch of ``key``
+    where there is one, else `_backward_first`. ``a, b``: ``gy, w`` for data, ``x, gy`` for
+    filter (the forward roles of the pointers: ``(dx, w, gy)`` and ``(x, dw, gy)``)."""
+    e = _BWD.get(key)
+    if e is None or e[0] is None:
+        return _backward_first(key, direction, a, b, other, fmt, geom)
+    out = torch.empty(e[1], dtype=a.dtype, device=e[3], memory_format=fmt)
+    ap, bp = a.data_ptr(), b.data_ptr()
+    if (ap | bp) & 15:
+        return _backward_public(direction, a, b, out, geom, key[-1]), False
+    dev = key[7]
+    prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
+    try:
+        s = _stream(dev)
+        launch = e[0]
+        launch(get_handle(dev, s),
+               (out.data_ptr(), bp, ap) if direction == "data" else (ap, out.data_ptr(), bp), s)
+    except Exception:
+        _forget(_BWD, key)
+        _backward_public(direction, a, b, out, geom, key[-1])
+    finally:
+        if prev is not None:
+            restore_device(prev)
+    return out, False
+
+
 def run_backward_data(gy: Any, w: Any, x: Any, fmt: Any, geom: tuple[Any, ...]) -> tuple[Any, bool]:
     """``(grad_x, through_torch)``: the input's gradient for ``gy`` (``x``, the dense input the
     forward read, gives its shape: only its shape is read, so a transposed convolution's forward
     passes `transposed_call`'s stand-in), and whether PyTorch's convolution computed it
     (routing)."""
-    dev = gy.get_device()
-    key = ("data", gy.shape, gy.stride(), w.shape, w.stride(), gy.dtype, dev, x.shape, fmt, geom,
-           _flags_key())
-    e = _BWD.get(key)
-    if e is None or e[0] is None:
-        return _backward_first(key, "data", gy, w, x, fmt, geom)
-    dx = torch.empty(e[1], dtype=gy.dtype, device=e[3], memory_format=fmt)
-    gp, wp = gy.data_ptr(), w.data_ptr()
-    if (gp | wp) & 15:
-        return _backward_public("data", gy, w, dx, geom, key[-1]), False
-    prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
-    try:
-        s = _stream(dev)
-        launch = e[0]
-        launch(get_handle(dev, s), (dx.data_ptr(), wp, gp), s)  # forward roles: x, w, y
-    except Exception:
-        _forget(_BWD, key)
-        _backward_public("data", gy, w, dx, geom, key[-1])
-    finally:
-        restore_device(prev)
-    return dx, False
+    return _backward(_backward_key("data", gy, w, x, fmt, geom, _flags_key()), "data", gy, w, x,
+                     fmt, geom)
 
 
 def run_backward_filter(x: Any, gy: Any, w: Any, fmt: Any, geom: tuple[Any, ...]) -> tuple[Any, bool]:
     """``(grad_w, through_torch)``: the weight's gradient for ``gy`` (``w`` gives its shape)."""
-    dev = gy.get_device()
-    key = ("filter", x.shape, x.stride(), gy.shape, gy.stride(), gy.dtype, dev, w.shape, fmt, geom,
-           _flags_key())
-    e = _BWD.get(key)
-    if e is None or e[0] is None:
-        return _backward_first(key, "filter", x, gy, w, fmt, geom)
-    dw = torch.empty(e[1], dtype=gy.dtype, device=e[3], memory_format=fmt)
-    xp, gp = x.data_ptr(), gy.data_ptr()
-    if (xp | gp) & 15:
-        return _backward_public("filter", x, gy, dw, geom, key[-1]), False
-    prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
-    try:
-        s = _stream(dev)
-        launch = e[0]
-        launch(get_handle(dev, s), (xp, dw.data_ptr(), gp), s)
-    except Exception:
-        _forget(_BWD, key)
-        _backward_public("filter", x, gy, dw, geom, key[-1])
-    finally:
-        restore_device(prev)
-    return dw, False
+    return _backward(_backward_key("filter", x, gy, w, fmt, geom, _flags_key()), "filter", x, gy,
+                     w, fmt, geom)
 
 
 def run_backward(gy: Any, x: Any, w: Any, fmt: Any, geom: tuple[Any, ...], need_x: bool,
                  need_w: bool) -> tuple[Any, Any, bool]:
     """``(grad_x, grad_w, through_torch)`` for the gradients asked for: one call of PyTorch's
     ``convolution_backward`` for both where both directions were measured faster there (as
-    PyTorch's own autograd node makes it), else `run_backward_data` and `run_backward_filter`."""
-    if need_x and need_w:
-        fk = _flags_key()
-        dev = gy.get_device()
-        kd = ("data", gy.shape, gy.stride(), w.shape, w.stride(), gy.dtype, dev, x.shape, fmt,
-              geom, fk)
-        kf = ("filter", x.shape, x.stride(), gy.shape, gy.stride(), gy.dtype, dev, w.shape, fmt,
-              geom, fk)
+    PyTorch's own autograd node makes it), else one backward launch per direction."""
+    fk = _flags_key()
+    kd = _backward_key("data", gy, w, x, fmt, geom, fk) if need_x else None
+    kf = _backward_key("filter", x, gy, w, fmt, geom, fk) if need_w else None
+    if kd is not None and kf is not None:
         ed, ef = _BWD.get(kd), _BWD.get(kf)
         if ed is not None and ef is not None and ed[1] is _TORCH and ef[1] is _TORCH:
             stride, padding, dilation, groups = geom
@@ -706,8 +701,8 @@ def run_backward(gy: Any, x: Any, w: Any, fmt: Any, geom: tuple[Any, ...], need_
                                              list(dilation), False, [0, 0], groups,
                                              [True, True, False])
             return gx, gw, True
-    gx, tx = run_backward_data(gy, w, x, fmt, geom) if need_x else (None, True)
-    gw, tw = run_backward_filter(x, gy, w, fmt, geom) if need_w else (None, True)
+    gx, tx = _backward(kd, "data", gy, w, x, fmt, geom) if kd is not None else (None, True)
+    gw, tw = _backward(kf, "filter", x, gy, w, fmt, geom) if kf is not None else (None, True)
     return gx, gw, tx and tw
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 from .._version import __version__
 from ..engines.problem import ConvolutionParams
 from ..engines.registry import ENGINES, engine_for
+from ..runtime.tensor.geometry import conv_output_size
 from ..engines.stored import INT64_MAX as _INT64_MAX
 from ..engines.stored import INT_MAX as _INT_MAX
 from ..engines.stored import brief as _brief
@@ -118,8 +119,7 @@ def params_from_dict(data: Any, device: int) -> Any:
     v["groups"] = g = _int("params.groups", d["groups"], 1, _INT_MAX)
     if ws[0] % g or xs[1] != ws[1] * g:
         raise ValueError(f"params: input {list(xs)}, weight {list(ws)} and groups={g} do not fit")
-    spatial = tuple((i + 2 * p - dl * (k - 1) - 1) // s + 1
-                    for i, k, s, p, dl in zip(xs[2:], ws[2:], st, pad, dil))
+    spatial = conv_output_size(xs[2:], ws[2:], st, pad, dil)
     if any(o < 1 for o in spatial) or ys != (xs[0], ws[0]) + spatial:
         raise ValueError(f"params.output_shape: {list(ys)} is not the output of input {list(xs)} "
                          f"and weight {list(ws)} with padding {list(pad)}, stride {list(st)}, "

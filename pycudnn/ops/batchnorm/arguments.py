@@ -10,9 +10,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...runtime.tensor.checks import check_no_broadcast
-from ...runtime.memory import resolve_stream
-from ...runtime.tensor import Tensor, as_tensor, check_writable, has_internal_overlap, views_overlap
+from ...runtime.tensor.checks import check_no_broadcast, check_out_reads
+from ...runtime.tensor import Tensor, as_tensor, check_writable, has_internal_overlap
 
 
 #: ``cudnnBatchNormMode_t`` by name
@@ -189,16 +188,8 @@ def check_out(out: Any, name: str, x: Tensor, fn: str, stream: Any,
         raise ValueError(f"{fn}: {name} has overlapping elements (strides {list(o.strides)}): more "
                          f"than one element refers to a single memory location; pass an output "
                          f"without overlapping elements")
-    no_overlap(o, name, reads)
+    check_out_reads(o, reads, name=name)
     return o
-
-
-def no_overlap(o: Tensor, name: str, reads: Sequence[tuple[str, Tensor | None]]) -> None:
-    for read_name, t in reads:
-        if t is not None and o.size and t.size and views_overlap(o, t):
-            raise ValueError(f"{name}: it overlaps {read_name}, which the call reads or writes: "
-                             f"cuDNN does not compute in place; pass an output that shares no "
-                             f"memory with the other arguments")
 
 
 def check_written(fn: str, o: Tensor | None, sm: Tensor | None, si: Tensor | None,
@@ -207,21 +198,9 @@ def check_written(fn: str, o: Tensor | None, sm: Tensor | None, si: Tensor | Non
     flags, memory shared with the other arguments), as `check_out` and `save_outputs` make
     them."""
     if o is not None:
-        check_writable(o, "out")
-        no_overlap(o, "out", reads)
+        check_out_reads(o, reads)
     reads = reads + [("out", o)]
     if sm is not None:
-        check_writable(sm, "save_mean")
-        no_overlap(sm, "save_mean", reads)
+        check_out_reads(sm, reads, name="save_mean")
     if si is not None:
-        check_writable(si, "save_invstd")
-        no_overlap(si, "save_invstd", reads + [("save_mean", sm)])
-
-
-def stream_pair(stream: Any) -> tuple[int, Any]:
-    """(the stream's handle, the object to keep alive until frees ordered on it, or None)."""
-    if stream is None:
-        return 0, None
-    if type(stream) is int:
-        return stream, None
-    return resolve_stream(stream), stream
+        check_out_reads(si, reads + [("save_mean", sm)], name="save_invstd")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ...runtime.handle import get_handle
-from ...runtime.memory import StreamLike, callers_device, restore_device
+from ...runtime.memory import StreamLike, callers_device, restore_device, stream_pair
 from ...runtime.tensor import Tensor, TensorLike
 from .arguments import (OPS_BN, as4d, check_eps, check_like, check_out, check_param, check_written,
-                        stream_pair, tensor_of)
+                        tensor_of)
 from .call import check_reserve, check_saved, prologue, run_backward
 from .plans import (BACKWARD, backward_key, launch_failed, new_pair, plan_of, planned_output,
                     planned_sizes)

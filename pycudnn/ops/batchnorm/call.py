@@ -10,11 +10,11 @@ from typing import Any, Sequence
 from ...cudnn.tensor_ops import relu_descriptor, scalar_pointers, transform
 from ...ffi import library as _lib
 from ...runtime.handle import get_handle
-from ...runtime.memory import allocate_fast
+from ...runtime.memory import allocate_fast, stream_pair
 from ...runtime.tensor import Tensor, views_overlap
+from ...runtime.tensor.checks import check_out_reads
 from .arguments import (MODES, MODE_NAMES, OPS_ADD_RELU, OPS_BN, as4d, check_mode, check_param,
-                        check_x, from4d, no_overlap, param_dtype, param_shape, stream_pair,
-                        tensor_of)
+                        check_x, from4d, param_dtype, param_shape, tensor_of)
 from .descriptors import Layout, layout_of, sizes_of
 from .results import ReserveSpace
 from .staging import (Params, alloc_like, contiguous, dense_input, dense_strides,
@@ -110,8 +110,8 @@ def check_stats(fn: str, running_mean: Any, running_var: Any, call: Call, stream
         raise ValueError(f"{fn}: running_mean and running_var overlap; pass separate tensors")
     # updated in place: sharing memory with what the call reads (one ``ones`` tensor as weight
     # and running_var, say) would change that input mid-call
-    no_overlap(rm, f"{fn}: running_mean", reads)
-    no_overlap(rv, f"{fn}: running_var", reads)
+    check_out_reads(rm, reads, fn, name="running_mean")
+    check_out_reads(rv, reads, fn, name="running_var")
     return rm, rv
 
 
@@ -120,10 +120,10 @@ def save_outputs(fn: str, save_mean: Any, save_invstd: Any, call: Call, stream: 
     sm = si = None
     if save_mean is not None:
         sm = check_param(save_mean, "save_mean", call.x, call.mode, fn, stream, writable=True)
-        no_overlap(sm, "save_mean", reads)
+        check_out_reads(sm, reads, name="save_mean")
     if save_invstd is not None:
         si = check_param(save_invstd, "save_invstd", call.x, call.mode, fn, stream, writable=True)
-        no_overlap(si, "save_invstd", reads + [("save_mean", sm)])
+        check_out_reads(si, reads + [("save_mean", sm)], name="save_invstd")
     return sm, si
 
 

@@ -8,12 +8,12 @@ from typing import Any
 from ...cudnn.tensor_ops import scalar_pointers
 from ...ffi import library as _lib
 from ...runtime.handle import get_handle
-from ...runtime.memory import StreamLike, callers_device, restore_device
+from ...runtime.memory import StreamLike, callers_device, restore_device, stream_pair
 from ...runtime.tensor import Tensor, TensorLike
 from .. import runtime_kernels
 from ..runtime_kernels import ALIGNMENT
 from .arguments import (MODES, MODE_NAMES, check_eps, check_out, check_param, check_written, from4d,
-                        stream_pair, tensor_of)
+                        tensor_of)
 from .call import prologue
 from .plans import INFER, infer_key, launch_failed, plan_of, planned_output
 from .staging import Params, alloc_like

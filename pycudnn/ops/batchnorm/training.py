@@ -10,11 +10,12 @@ from typing import Any
 
 from ...ffi import library as _lib
 from ...runtime.handle import get_handle
-from ...runtime.memory import StreamLike, allocate_fast, callers_device, restore_device
+from ...runtime.memory import StreamLike, allocate_fast, callers_device, restore_device, stream_pair
 from ...runtime.tensor import Tensor, TensorLike, check_writable
+from ...runtime.tensor.checks import check_out_reads
 from .._common import meet
 from .arguments import (OPS_BN, check_eps, check_momentum, check_out, check_param, check_written,
-                        no_overlap, stream_pair, tensor_of)
+                        tensor_of)
 from .call import check_stats, prologue, reserve_key, run_training, save_outputs
 from .descriptors import sizes_of
 from .plans import TRAIN, launch_failed, new_pair, plan_of, planned_output, planned_sizes, train_key
@@ -89,7 +90,7 @@ def batch_norm_forward_training(x: TensorLike, weight: TensorLike, bias: TensorL
                 for read, r, span in (("input", xt, plan.nbytes), ("weight", w, pn),
                                       ("bias", b, pn)):
                     if meet(t, pn, r, span):
-                        no_overlap(t, f"batch_norm_forward_training: {name}", ((read, r),))
+                        check_out_reads(t, ((read, r),), "batch_norm_forward_training", name=name)
     if o is not None or sm is not None or si is not None:
         check_written("batch_norm_forward_training", o, sm, si,
                       [("input", xt), ("weight", w), ("bias", b), ("running_mean", rm),
@@ -166,7 +167,5 @@ def _training_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_va
 def query_runtime_error(handle: int) -> int:
     """cudnnQueryRuntimeError (blocking): the status a persistent batch norm left (0: none)."""
     status = ctypes.c_int()
-    st = _lib.lib().cudnnQueryRuntimeError(handle, byref(status), 2, None)
-    if st:
-        _lib.raise_status(st, "cudnnQueryRuntimeError")
+    _lib.lib().checked.cudnnQueryRuntimeError(handle, byref(status), 2, None)
     return status.value

@@ -3,8 +3,9 @@
 `driver` (the CUDA driver by ctypes: the prototype table every call below goes through);
 `errors` (`check_driver()` / `check_cuda()`, `CudaError`); `devices` (count, the reason there is
 none, the current device and its guards, validation, a pointer's owner, synchronize, free/total
-memory, the memory this process holds from the pool); `streams` (`resolve_stream()`, `StreamLike`, waits, events, thread tokens, stream ids);
-`capture` (capture status, the relaxed capture-mode block); `copies` (host/device copies and
+memory, the memory this process holds from the pool); `streams` (`resolve_stream()`,
+`stream_pair()`, `StreamLike`, waits, events, thread tokens, stream ids); `capture` (capture
+status, the relaxed capture-mode block); `copies` (host/device copies and
 fills); `pool` (blocks kept for reuse on the legacy stream; every stream-ordered free);
 `buffers` (`allocate()`, `DeviceBuffer`, `empty_cache()`); `stream_allocation` (the hot path's
 `allocate_fast()`); `workspaces` (per-thread workspaces, zeros every stream may read).
@@ -23,8 +24,8 @@ from .errors import CudaError, check_cuda, check_driver
 from .stream_allocation import allocate_fast
 from .streams import (HasCudaStreamHandle, HasStreamPointer, StreamLike, SupportsCudaStream,
                       event_create, event_destroy, event_elapsed_ms, event_query, event_record,
-                      event_synchronize, resolve_stream, stream_synchronize, stream_wait,
-                      thread_token)
+                      event_synchronize, resolve_stream, stream_pair, stream_synchronize,
+                      stream_wait, thread_token)
 
 __all__ = [
     "CudaError", "check_cuda", "check_driver", "device_count", "device_identity",
@@ -34,7 +35,7 @@ __all__ = [
     "mem_get_info", "memory_in_use", "relaxed_capture_mode", "stream_is_capturing", "synchronize",
     "stream_synchronize", "stream_wait", "event_create", "event_record", "event_query",
     "event_synchronize", "event_elapsed_ms", "event_destroy",
-    "resolve_stream", "StreamLike", "SupportsCudaStream", "HasCudaStreamHandle", "HasStreamPointer",
+    "resolve_stream", "stream_pair", "StreamLike", "SupportsCudaStream", "HasCudaStreamHandle", "HasStreamPointer",
     "copy_host_to_device", "copy_device_to_host", "memset", "pointer_device",
     "empty_cache", "MAX_ALLOCATION",
 ]

@@ -20,7 +20,7 @@ from .devices import (current_device, device_count, device_guard, mem_get_info, 
                       require_driver)
 from .errors import check_driver, driver_error_text
 from .pool import release_kept_blocks
-from .streams import LEGACY, resolve_stream, thread_token
+from .streams import LEGACY, resolve_stream, stream_pair, thread_token
 
 #: Allocations from this size up are refused as out of memory without asking the driver: cuDNN
 #: sometimes reports workspace sizes near 2^64 (PyTorch's Conv_v7.cpp applies the same 1 TiB rule).
@@ -276,8 +276,7 @@ def allocate(nbytes: int, device: Any = None, stream: Any = None, *,
             f"device {where}: sizes from 1 TiB up are treated as out of memory (cuDNN sometimes "
             "reports sizes near 2^64)")
     dev = normalize_device(device, what=what)
-    handle = stream if type(stream) is int else resolve_stream(stream)
-    stream_ref = None if stream is None or type(stream) is int else stream
+    handle, stream_ref = stream_pair(stream)
     drv = require_driver("cuMemAllocAsync")
     with device_guard(dev):
         if dev not in _pools:

@@ -16,7 +16,7 @@ from .streams import resolve_stream
 def stream_is_capturing(stream: Any) -> bool:
     """Whether ``stream`` is being captured into a CUDA graph (``cuStreamIsCapturing``; an
     invalidated capture counts as capturing)."""
-    handle = stream if type(stream) is int else resolve_stream(stream)
+    handle = resolve_stream(stream)
     status = c_int()
     err = require_driver("cuStreamIsCapturing").cuStreamIsCapturing(handle, byref(status))
     if err:

@@ -20,7 +20,7 @@ def copy_host_to_device(dst_ptr: int, array: Any, stream: Any = None) -> None:
     if not n:
         return
     drv = require_driver("cuMemcpyHtoDAsync")
-    handle = stream if type(stream) is int else resolve_stream(stream)
+    handle = resolve_stream(stream)
     check_driver(drv.cuMemcpyHtoDAsync(dst_ptr, a.ctypes.data, n, handle),
                  f"cuMemcpyHtoDAsync ({n} bytes)")
     check_driver(drv.cuStreamSynchronize(handle), "cuStreamSynchronize")
@@ -35,7 +35,7 @@ def copy_device_to_host(array: Any, src_ptr: int, stream: Any = None) -> None:
     if not n:
         return
     drv = require_driver("cuMemcpyDtoHAsync")
-    handle = stream if type(stream) is int else resolve_stream(stream)
+    handle = resolve_stream(stream)
     check_driver(drv.cuMemcpyDtoHAsync(array.ctypes.data, src_ptr, n, handle),
                  f"cuMemcpyDtoHAsync ({n} bytes)")
     check_driver(drv.cuStreamSynchronize(handle), "cuStreamSynchronize")
@@ -45,6 +45,6 @@ def memset(ptr: int, nbytes: int, stream: Any = None, value: int = 0) -> None:
     """Fill ``nbytes`` bytes at ``ptr`` with the byte ``value``, ordered on ``stream`` (no sync)."""
     if not nbytes:
         return
-    handle = stream if type(stream) is int else resolve_stream(stream)
+    handle = resolve_stream(stream)
     check_driver(require_driver("cuMemsetD8Async").cuMemsetD8Async(ptr, value, nbytes, handle),
                  f"cuMemsetD8Async ({nbytes} bytes)")

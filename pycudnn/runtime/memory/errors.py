@@ -106,11 +106,17 @@ def error_text(code: int) -> str:
 def cuda_error(err: Any, what: str) -> Exception:
     """The exception `check_cuda()` raises for a failed ``err`` (not raised here)."""
     code = int(err)
-    text = error_text(code)
-    if code in _no_device_set():
+    return _status_error(code, what, error_text(code), code in _no_device_set(),
+                         DRIVER_HINTS.get(code, ""))
+
+
+def _status_error(code: int, what: str, text: str, no_device: bool, hint: str = "") -> Exception:
+    """The exception for a failed runtime or driver status ``code`` (``text`` names it;
+    ``no_device``: a status that means no usable device, ``hint`` what to do about it)."""
+    if no_device:
         if not driver_found():
             return NoDeviceError(f"{what}: {NO_DRIVER}\n{NO_DRIVER_ADVICE}")
-        return NoDeviceError(f"{what}: no usable CUDA device: {text}{DRIVER_HINTS.get(code, '')}")
+        return NoDeviceError(f"{what}: no usable CUDA device: {text}{hint}")
     if code == _INVALID_DEVICE:
         return NoDeviceError(f"{what}: {text} (this machine has {_device_count()} CUDA device(s))")
     if code == _OOM_CODE:
@@ -142,16 +148,7 @@ def driver_error_text(code: int) -> str:
 def driver_error(code: int, what: str) -> Exception:
     """The exception `check_driver()` raises for a failed ``code`` (not raised here)."""
     code = int(code)
-    text = driver_error_text(code)
-    if code in DRIVER_NO_DEVICE:
-        if not driver_found():
-            return NoDeviceError(f"{what}: {NO_DRIVER}\n{NO_DRIVER_ADVICE}")
-        return NoDeviceError(f"{what}: no usable CUDA device: {text}")
-    if code == _INVALID_DEVICE:
-        return NoDeviceError(f"{what}: {text} (this machine has {_device_count()} CUDA device(s))")
-    if code == _OOM_CODE:
-        return OutOfMemoryError(f"{what}: out of device memory: {text}")
-    return CudaError(code, what, text)
+    return _status_error(code, what, driver_error_text(code), code in DRIVER_NO_DEVICE)
 
 
 def check_driver(code: int, what: str) -> None:

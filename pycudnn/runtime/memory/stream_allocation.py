@@ -51,7 +51,7 @@ class StreamAllocation:
             return
         self.ptr = 0
         if stream is not None:
-            s = stream if type(stream) is int else resolve_stream(stream)
+            s = resolve_stream(stream)
         else:
             s = self.stream
             if s == 2 and self.thread is not thread_token():

@@ -1,5 +1,6 @@
-"""Streams: `resolve_stream()` turns whatever the caller gave (`StreamLike`) into a
-``cudaStream_t`` handle (an ``int``; ``None`` is the legacy default stream, ``0``); waits on a
+"""Streams: `resolve_stream()` and `stream_pair()`, the one conversion of whatever a caller gave
+(`StreamLike`) into a ``cudaStream_t`` handle (an ``int``; ``None`` is the legacy default
+stream, ``0``), with the object to keep alive where memory is ordered on it; waits on a
 stream and between streams; events for timing (`event_create()` ... `event_elapsed_ms()`); the
 calling thread's token (`thread_token()`, for memory of the per-thread default stream) and a
 stream's driver id (`stream_identity()`, which no later stream reuses). All through the CUDA
@@ -87,6 +88,24 @@ def resolve_stream(stream: StreamLike | None) -> int:
     return _resolve_stream_object(stream)
 
 
+def stream_pair(stream: StreamLike | None) -> tuple[int, Any]:
+    """``(handle, keep)``: ``stream``'s handle, as `resolve_stream()` gives it, and the object to
+    keep alive until memory allocated or freed on the stream is (None for ``None`` and raw ints,
+    which own nothing).
+
+    Raises:
+        TypeError: naming ``stream`` and what was given.
+        ValueError: a handle outside 0 .. 2**64 - 1.
+    """
+    if stream is None:
+        return 0, None
+    if type(stream) is int:
+        if stream < 0 or stream >= 1 << 64:
+            _stream_int(stream)  # raises, naming the range
+        return stream, None
+    return _resolve_stream_object(stream), stream
+
+
 def _resolve_stream_object(stream: Any) -> int:
     if isinstance(stream, bool):
         raise TypeError("stream: expected a CUDA stream, got bool")
@@ -133,7 +152,7 @@ def _stream_int(handle: int) -> int:
 
 def stream_synchronize(stream: Any) -> None:
     """Wait for all work on ``stream`` (anything `resolve_stream()` accepts)."""
-    handle = stream if type(stream) is int else resolve_stream(stream)
+    handle = resolve_stream(stream)
     err = require_driver("cuStreamSynchronize").cuStreamSynchronize(handle)
     check_driver(err, "cuStreamSynchronize")
 
@@ -148,8 +167,8 @@ def stream_wait(waiting: Any, producer: Any) -> None:
 
     Nothing is done when both name the same stream.
     """
-    w = waiting if type(waiting) is int else resolve_stream(waiting)
-    p = producer if type(producer) is int else resolve_stream(producer)
+    w = resolve_stream(waiting)
+    p = resolve_stream(producer)
     if same_stream(w, p):
         return
     drv = require_driver("cuEventCreate")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .importers import as_tensor
-from .view import Tensor, views_overlap
+from .view import Tensor, check_writable, views_overlap
 
 __all__ = ["check_no_broadcast", "check_pair", "check_bias", "check_z", "check_out_reads"]
 
@@ -66,16 +66,23 @@ def check_z(z: Any, shape: Sequence[int], ref: Tensor, fn: str, stream: Any = No
     return z
 
 
-def check_out_reads(out: Tensor, reads: Sequence[tuple[str, Tensor | None]], name: str = "out",
-                     in_place: Tensor | None = None) -> None:
-    """Refuse an ``out`` that shares memory with a tensor the call reads; ``in_place`` (z) may be
-    ``out`` exactly (same address and strides), but not partly. Used by the full path and by
-    prepared convolutions."""
-    if (in_place is not None and not (in_place.ptr == out.ptr and in_place.strides == out.strides)
-            and views_overlap(out, in_place)):
-        reads = (*reads, ("z", in_place))
-    for read_name, t in reads:
+def check_out_reads(out: Tensor, reads: Sequence[tuple[str, Tensor | None]], fn: str = "",
+                    in_place: Tensor | None = None, name: str = "out",
+                    in_place_name: str = "the input") -> None:
+    """Refuse an ``out`` that is read-only or shares memory with a tensor the call reads (or
+    writes: any of ``reads``; None entries are skipped). ``in_place`` (an input cuDNN may
+    overwrite) may be ``out`` exactly, same address and strides, but not partly. The errors name
+    ``fn`` (where given) and ``name``."""
+    where = f"{fn}: {name}" if fn else name
+    if out.readonly:
+        check_writable(out, where)
+    if in_place is not None and views_overlap(out, in_place) and not (
+            out.ptr == in_place.ptr and out.strides == in_place.strides):
+        raise ValueError(f"{where} partially overlaps {in_place_name}, which it may replace in "
+                         f"place: pass {in_place_name} itself (same address and strides) or an "
+                         f"output that shares no memory with it")
+    for read, t in reads:
         if t is not None and views_overlap(out, t):
-            raise ValueError(f"{name}: it overlaps {read_name}, which the call reads: cuDNN does "
-                             f"not compute in place, the result would be wrong; pass an output "
-                             f"that shares no memory with the inputs")
+            raise ValueError(f"{where} overlaps {read}, which the call reads or writes: cuDNN "
+                             f"does not compute in place, the result would be wrong; pass an "
+                             f"output that shares no memory with the other arguments")

@@ -1,6 +1,6 @@
 """Shapes, strides and memory formats: contiguous and channels-last strides, the span of a view,
-overlap within a view, PyTorch's memory-format rules, and the checks of shape and format
-arguments.
+overlap within a view, PyTorch's memory-format rules, the checks of shape and format arguments,
+and a convolution's output size.
 """
 
 from __future__ import annotations
@@ -39,6 +39,13 @@ def channels_last_strides(shape: Sequence[int]) -> tuple[int, ...]:
         strides[d] = acc
         acc *= max(shape[d], 1)
     return tuple(strides)
+
+
+def conv_output_size(input_size: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                     padding: Sequence[int], dilation: Sequence[int]) -> tuple[int, ...]:
+    """Spatial output sizes of a convolution: ``(i + 2p - d*(k-1) - 1) // s + 1`` per dim."""
+    return tuple((i + 2 * p - d * (k - 1) - 1) // s + 1
+                 for i, k, s, p, d in zip(input_size, kernel, stride, padding, dilation))
 
 
 def span_elements(shape: Sequence[int], strides: Sequence[int]) -> int:

@@ -380,7 +380,7 @@ def as_tensor(obj: Any, *, stream: StreamLike | None = None) -> Tensor:
     if torch is not None and obj.__class__ is torch.Tensor:
         return _from_torch(obj, torch)  # no stream rule for torch tensors: not resolved for them
     # the consumer's stream, resolved only for the producers that order on it
-    consumer = 0 if stream is None else (stream if type(stream) is int else _streams.resolve_stream(stream))
+    consumer = 0 if stream is None else _streams.resolve_stream(stream)
     cupy = sys.modules.get("cupy")
     if cupy is not None and obj.__class__ is cupy.ndarray:
         t = _from_cupy(obj, cupy, consumer)
