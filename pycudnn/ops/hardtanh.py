@@ -1,17 +1,15 @@
 """PyTorch's ``F.hardtanh(x, min_val, max_val)`` for any bounds: ``min(max(x, min_val), max_val)``.
 
-cuDNN's clipped ReLU (`activation_forward` mode ``"clipped_relu"``) has its lower bound at 0, and
-its legacy backward kernel takes the upper piece's gradient at ``x == coef`` where PyTorch
+cuDNN's clipped ReLU (`activation_forward` mode ``"clipped_relu"``) has its lower bound at 0,
+and its legacy backward kernel takes the upper piece's gradient at ``x == coef`` where PyTorch
 gives 0. Here both passes are built from cuDNN operations whose results are exact:
 
 * forward: ``cudnnOpTensor`` MAX with ``min_val``, then MIN with ``max_val`` in place (a maximum
   and a minimum round nothing; NaN propagates, as PyTorch's clamp does);
-* backward: PyTorch's rule, ``dx = dy`` where ``min_val < x < max_val`` and 0 elsewhere (0 at the
-  bounds themselves; ``dy`` at NaN, where both of PyTorch's tests are false), as two ReLU masks: ``x - min_val > 0`` and ``max_val - x > 0``, each exact
-  in IEEE arithmetic (a difference of two floats is 0 only when they are equal, and has their
-  order's sign), computed in float32 (float64 for float64 data, PyTorch's opmath) so that the
-  bounds are compared as PyTorch compares them. The gradient passes through as ``dy`` or 0, so
-  it is exact in every dtype.
+* backward: ``dx = dy`` where ``min_val < x < max_val``, else 0 (``dy`` at NaN, where both of
+  PyTorch's tests are false), as two ReLU masks on ``x - min_val`` and ``max_val - x``: exact in
+  IEEE arithmetic (a difference of two floats is 0 only when they are equal, and has their
+  order's sign), computed in float32 (float64 for float64 data, PyTorch's opmath).
 
 Both take any strides (0 to 5 dims) and refuse what PyTorch refuses (``min_val > max_val``).
 """
