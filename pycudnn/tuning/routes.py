@@ -1,21 +1,18 @@
 """Routing decisions that survive the process: which library ran a convolution signature, on disk.
 
-`pycudnn.torch.routing` (this module needs no PyTorch: ``pycudnn cache`` reads it) times pycudnn's launch against PyTorch's convolution once per signature
+`pycudnn.torch.routing` times pycudnn's launch against PyTorch's convolution once per signature
 and direction. The decision depends on the GPU, the two libraries' versions and PyTorch's flags,
 not on the process, so it is kept beside the tuning database (``routes-v1.json`` in
-`pycudnn.tuning.db.cache_dir()`) and read back by the next process, which then neither
-times the two sides again nor, where PyTorch won, searches pycudnn's own candidates.
+`pycudnn.tuning.db.cache_dir()`) and the next process neither times the two sides again nor,
+where PyTorch won, searches pycudnn's candidates. This module imports no PyTorch: ``pycudnn
+cache`` reads it.
 
-A decision's key: the GPU's identity (name, compute capability, SM count), pycudnn's cuDNN
-version, PyTorch's version and its cuDNN version, the signature (shapes, dtype, memory format,
-geometry), the direction, and PyTorch's TF32 and determinism flags.
-
-The file is untrusted input as the tuning database is (`pycudnn.tuning.files` opens,
-locks and replaces it): each entry is checked when read, and one that does not check is dropped;
-a file that does not parse is set aside. Decisions of one process are written together, a
-moment after the first of them and at exit, so a model's first step does not write the file once
-per layer. ``PYCUDNN_TUNING_DB=0`` (``pycudnn.config.tuning_db``) turns this store off with the
-tuning database.
+A key: the GPU's identity (name, compute capability, SM count), pycudnn's cuDNN version,
+PyTorch's version and its cuDNN version, the signature, the direction, and PyTorch's TF32 and
+determinism flags. The file is untrusted as the tuning database is (`pycudnn.tuning.files`
+opens, locks and replaces it; each entry is checked when read). One process's decisions are
+written together, a moment after the first and at exit, so a model's first step does not write
+the file once per layer; ``PYCUDNN_TUNING_DB=0`` turns it off.
 """
 
 from __future__ import annotations
