@@ -349,7 +349,7 @@ def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tu
         # at the kinks (x == coef; x == 0 with alpha != 1) cuDNN's legacy kernel passes the
         # gradient of the upper piece and the compiled one that of the lower (as PyTorch):
         # measured on an H200. ReLU's backward differs at NaN, +-inf and +-0 inputs (by the dy
-        # values, measured on an H200, round 3): the legacy kernel reads y, the graph's
+        # values, measured on an H200): the legacy kernel reads y, the graph's
         # RELU_BWD x, and the graph API has no select to state PyTorch's rule. A signature
         # keeps one convention: these stay on the legacy kernel
         return None
