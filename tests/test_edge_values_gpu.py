@@ -1,8 +1,8 @@
-"""Values at the edges, on a GPU (round 3, defects 2-4): NaN, +-inf, +-0 and the kinks of every
-activation, forward and backward, and batch-norm inference, give the same values before and
-after a signature switches to its runtime-compiled kernel, and PyTorch's values (float64 on the
-CPU, cuDNN off); float16/bfloat16 ELU backward of a one-element tensor and float16 softmax
-backward are accurate to within their dtype's rounding of float64."""
+"""Values at the edges, on a GPU: NaN, +-inf, +-0 and the kinks of every activation, forward and
+backward, and batch-norm inference, give the same values before and after a signature switches to
+its runtime-compiled kernel, and PyTorch's values (float64 on the CPU, cuDNN off); float16/bfloat16
+ELU backward of a one-element tensor and float16 softmax backward are accurate to within their
+dtype's rounding of float64."""
 
 from __future__ import annotations
 
@@ -105,13 +105,14 @@ def test_activation_edge_values_hold_across_the_switch(mode, coef):
 
 #: where cuDNN's kernels' value at an edge is not PyTorch's yet (seen on the H200, cuDNN 9.19):
 #: ReLU's gradient at x = +-0 (dy instead of 0), clipped ReLU's at +inf, swish's and tanh's
-#: backward; open in issue 27 (defect 2: a select op in the graph API's pointwise kernels)
+#: backward. Stating PyTorch's rule there needs a select op in the graph API's pointwise kernels.
 _NOT_PYTORCHS_YET = {("relu", 0.0), ("clipped_relu", float("inf")), ("swish", 1.0), ("tanh", 0.0)}
 
 
 @pytest.mark.parametrize("mode,coef", [
     pytest.param(m, c, marks=pytest.mark.xfail(
-        strict=True, reason="cuDNN's value at an edge is not PyTorch's yet (issue 27, defect 2)"))
+        strict=True, reason="cuDNN's kernels give another value than PyTorch's at this edge input "
+                           "(PyTorch's rule needs a select op the pointwise graphs lack)"))
     if (m, c) in _NOT_PYTORCHS_YET else (m, c) for m, c in ACT], ids=[f"{m}-{c}" for m, c in ACT])
 def test_activation_edge_values_are_pytorchs(mode, coef):
     x, dy, ys, dxs = _runs(mode, coef)

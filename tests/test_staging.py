@@ -1,8 +1,8 @@
-"""The staging steps of the operations without a GPU: what the calls copy (converted to float32
-for the half-precision ELU and softmax backward passes, round 3; the hardtanh passes) is
-described to the real libcudnn, which must take every descriptor, 0-d and 1-D tensors included
-(cudnnTransformTensor takes 4 dims at least). The allocations, copies and launches are
-recorders; the values are checked on a GPU (test_edge_values_gpu.py, test_parity_gpu.py)."""
+"""The staging steps of the operations without a GPU: what the calls copy (converted to float32 for
+the half-precision ELU and softmax backward passes, which lose accuracy in half precision; the
+hardtanh passes) is described to the real libcudnn, which must take every descriptor, 0-d and 1-D
+tensors included (cudnnTransformTensor takes 4 dims at least). The allocations, copies and launches
+are recorders; the values are checked on a GPU (test_edge_values_gpu.py, test_parity_gpu.py)."""
 
 from __future__ import annotations
 
