@@ -2,12 +2,11 @@
 
 pycudnn runs cuDNN's convolutions (forward, both gradients, transposed, with fused bias, ReLU
 and residual) and its CNN operations (activations, softmax, pooling, batch normalization,
-dropout) on the device arrays a program already has: CuPy, PyTorch, JAX, Numba or anything with
-``__cuda_array_interface__`` or ``__dlpack__``, without copies. It chooses each convolution's
+dropout) on the device arrays a program already has (CuPy, PyTorch, JAX, Numba or anything with
+``__cuda_array_interface__`` or ``__dlpack__``), without copies. It chooses each convolution's
 algorithm as PyTorch does (cuDNN's heuristics, or a measured search with ``benchmark=True``,
-remembered for each problem and kept on disk for later processes), and it is also a drop-in
-for CuPy 13's ``cupyx.cudnn`` (``pycudnn.cupy_compat``) and a PyTorch integration
-(``pycudnn.torch``).
+remembered for each problem and kept on disk for later processes); ``pycudnn.cupy_compat`` is a
+drop-in for CuPy 13's ``cupyx.cudnn`` and ``pycudnn.torch`` a PyTorch integration.
 
 Importing pycudnn is cheap: no submodule with heavy imports and no libcudnn is loaded until a
 name that needs it is first used (PEP 562 module ``__getattr__``).

@@ -292,7 +292,7 @@ def test_backward_filter_search_leaves_out_winograd():
     assert len(v7.v7_direction("backward_data").algos) == 6
 
 
-# ---- the v7 Find under concurrent cold searches (round 3, defect 9) ----------------------------
+# ---- the v7 Find under concurrent cold searches ------------------------------------------------
 
 class _Device:
     """Free memory that allocations take and closes give back; reading it is slow, which widens

@@ -223,7 +223,7 @@ def test_sample_above_int32_is_refused_before_allocating():
         pycudnn.convolution(t(1, 1, 50000, 50000), t(1, 1, 1, 1, ptr=BASE + (1 << 40)))
 
 
-# ---- PyTorch's string padding and output_padding >= stride (round 3 parity) ---------------------
+# ---- PyTorch's string padding and output_padding >= stride, accepted as PyTorch accepts them ----
 
 class _Recorder:
     """Stands in for the GPU steps of a convolution call: what each would have run."""

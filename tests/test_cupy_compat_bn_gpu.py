@@ -107,8 +107,8 @@ def test_mean_and_inv_std_given_are_written_and_only_y_returned():
                                 "batch_normalization_forward_training_ex"])
 @pytest.mark.parametrize("kind", ["float16", "non-contiguous float32"])
 def test_mean_and_inv_std_of_another_dtype_or_layout_are_written_back(fn, kind):
-    """Round 3, defect 1: cuDNN computes into converted temporaries, which must reach the
-    caller's arrays (the caller's -123 stayed there before)."""
+    """cuDNN computes into converted temporaries, which must reach the caller's arrays: a
+    sentinel the caller put there (-123) must be overwritten."""
     c = 8
     dt = "float16" if kind == "float16" else "float32"
     x = cupy.asarray(host((4, c, 5, 5), 11, 2.0, 3.0).astype(dt))

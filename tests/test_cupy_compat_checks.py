@@ -1,5 +1,6 @@
 """The CuPy 13 drop-in's own logic without a GPU: which buffers batch norm's training call
-writes and copies back, and which pooling geometries it accepts (round 3, defects 1 and 7).
+writes and copies back, and which pooling geometries it accepts (none with a window that holds
+no input element).
 
 Views point at made-up device addresses; for batch norm the GPU pieces (allocation, the copy
 kernel, the batch-norm launch) are replaced by recorders, since what is checked is which

@@ -1,4 +1,4 @@
-"""The fuzz of test_fuzz.py with real device buffers (GPU; issue 7).
+"""The fuzz of test_fuzz.py with real device buffers (GPU).
 
 The same case generators and oracle as the CPU fuzz, but every tensor view points into a real
 device buffer (allocated through pycudnn.runtime.memory, filled with random values of the view's dtype,

@@ -1,5 +1,6 @@
 """The search's stream gate without a GPU: every hold that was queued is opened, whatever fails
-between queuing it and opening it (round 3, defect 5), and the events made are destroyed.
+between queuing it and opening it (starting the watchdog included), and the events made are
+destroyed.
 
 The CUDA driver is replaced by recorders here because the point is the host-side
 ordering of hold/open around failures; what a hold does on a GPU is in test_benchmarks_timing.py

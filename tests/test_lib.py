@@ -165,8 +165,8 @@ def _env_library_error(monkeypatch, value: str) -> str:
 
 
 def test_pycudnn_library_that_does_not_load_is_an_error_not_a_fallback():
-    # Another cuDNN (the wheel's) loads in this environment; a missing PYCUDNN_LIBRARY used to be
-    # passed over silently in favour of it.
+    # Another cuDNN (the wheel's) loads in this environment: a missing PYCUDNN_LIBRARY must not be
+    # passed over silently in favour of it, or the user runs a cuDNN they did not ask for.
     assert _lib.library_path()
     missing = "/nonexistent/cudnn-9.1.0/lib/libcudnn.so.9"
     proc = run_python(ENV_LIBRARY_PROBE, PYCUDNN_LIBRARY=missing)

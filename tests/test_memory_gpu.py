@@ -230,7 +230,7 @@ def test_evicted_thread_workspace_is_freed_after_a_device_synchronize(fake_cuda)
 
 def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_streams_handle(
         fake_cuda):
-    """Round 3, defect 8: the driver hands a destroyed stream's handle to the next stream made;
+    """The driver hands a destroyed stream's handle to the next stream made;
     that stream's work is not ordered after the old one's, so the old workspace must not serve
     it. The key holds the driver's stream id (cuStreamGetId), which is never reused."""
     import ctypes

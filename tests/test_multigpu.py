@@ -1,4 +1,4 @@
-"""Several GPUs (issue 7): tensors on device 1 run on device 1, per-device caches, two threads
+"""Several GPUs: tensors on device 1 run on device 1, per-device caches, two threads
 driving two devices at once, and tensors on the wrong device for their partner or stream refused.
 
 Needs a machine with at least two CUDA devices; elsewhere every test skips and says so.

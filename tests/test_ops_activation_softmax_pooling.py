@@ -111,7 +111,7 @@ CASES = [
     (pooling_forward, (X, 2), {"out": t(2, 3, 8, 8, role="out")}, ValueError, r"expected out of size \[2, 3, 4, 4\]"),
     (pooling_forward, (X, 2), {"out": t(2, 3, 4, 4, offset=128)}, ValueError, r"out overlaps x"),
     (pooling_forward, (X, 2), {"out": t(2, 3, 4, 4, role="out", readonly=True)}, ValueError, r"out: is read-only"),
-    # PyTorch's ceil_mode, dilation and divisor_override (round 3 parity)
+    # PyTorch's ceil_mode, dilation and divisor_override: its checks and its messages
     (pooling_forward, (X, 2), {"ceil_mode": 1}, TypeError, r"ceil_mode must be a bool"),
     (pooling_forward, (X, 2), {"dilation": 2, "mode": "average_include_padding"}, ValueError, r"dilation=\(2, 2\) applies to max pooling"),
     (pooling_forward, (t(2, 3, 4, 4), 3), {"dilation": 2}, ValueError, r"Calculated output size: \(3x0x0\). Output size is too small"),
@@ -342,9 +342,9 @@ def test_softmax_stages_an_out_that_cuDNN_cannot_write():
 @pytest.mark.parametrize("dtype,wide", [("float16", "float32"), ("bfloat16", "float32"),
                                         ("float32", None), ("float64", None)])
 def test_half_softmax_backward_and_elu_backward_compute_in_float32(dtype, wide):
-    """Round 3, defects 3 and 4: cuDNN's half-precision softmax backward and ELU backward lose
-    accuracy; their calls run cuDNN on float32 copies (descriptors say float32), as PyTorch
-    computes them. The values are checked in test_edge_values_gpu.py."""
+    """cuDNN's half-precision softmax backward and ELU backward lose accuracy beyond their
+    dtype's rounding of float64; their calls run cuDNN on float32 copies (descriptors say
+    float32), as PyTorch computes them. The values are checked in test_edge_values_gpu.py."""
     from pycudnn.ops import activation as act
     from pycudnn.ops import softmax as sm
 

@@ -152,7 +152,8 @@ CASES = {
     "input rank": (lambda: fwd(T((2, 3, 2, 2, 2, 2)), T((3,)), T((3,))), ValueError, "input"),
     "input broadcast": (lambda: fwd(T((4, 3, 5, 5), strides=(75, 25, 0, 1)), T((3,)), T((3,))),
                         ValueError, "input"),
-    # broadcast (stride-0) parameters: refused up front naming the parameter (round 3, defect 6)
+    # broadcast (stride-0) parameters: refused up front naming the parameter, before a handle is
+    # taken or anything is staged
     "weight broadcast": (lambda: fwd(T((4, 3, 5, 5)), T((3,), strides=(0,)), T((3,))),
                          ValueError, "expected weight without broadcast dims"),
     "bias broadcast": (lambda: fwd(T((4, 3, 5, 5)), T((3,)), T((3,), strides=(0,))),

@@ -1,4 +1,4 @@
-"""What PyTorch accepts, on a GPU (round 3 parity): pooling with ceil_mode and divisor_override,
+"""What PyTorch accepts, on a GPU, computed as PyTorch computes it: pooling with ceil_mode and divisor_override,
 convolution with padding='same' (an odd total too) and 'valid', conv_transpose with
 output_padding at least the stride (below the dilation), batch norm with momentum outside
 [0, 1]. References: PyTorch in float64 on the CPU (cuDNN plays no part there) and the float64

@@ -178,7 +178,7 @@ def test_out_overlapping_bias_is_refused(launched):
 
 @pytest.mark.parametrize("given", ["bias", "z"])
 def test_epilogue_tensor_given_to_a_convolution_prepared_without_it_is_refused(launched, given):
-    """conv(x, w, bias=b) on a convolution prepared without a bias used to return conv(x, w)."""
+    """conv(x, w, bias=b) on a convolution prepared without a bias must not return conv(x, w)."""
     conv = _prepared(launched, "")
     kwargs = {"bias": T(0x70000000, "b")} if given == "bias" else {"z": T(0x71000000, "z")}
     with pytest.raises(ValueError, match=f"{given} was given, but this convolution was prepared without"):

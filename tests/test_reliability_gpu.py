@@ -1,13 +1,13 @@
-"""Reliability under load, memory pressure and threads (GPU; issue 7).
+"""Reliability under load, memory pressure and threads (GPU).
 
 * Resource hygiene: many convolution calls of mixed shapes (PYCUDNN_HYGIENE_CALLS, default
-  20,000; the issue's figure is 100,000) leave the live legacy descriptors, backend descriptors
+  20,000; 100,000 for a long soak) leave the live legacy descriptors, backend descriptors
   and handles flat after warm-up, and the process's RSS and the device memory in use within a
   bound; the benchmark caches are bounded; a thread that ends returns its handle to the pool.
 * Memory pressure: with the GPU filled until ~300 MB are free, heuristic and benchmark calls on
   both engines still succeed with correct results; with almost nothing free the error is
   OutOfMemoryError naming the bytes, and the next call after the memory is freed succeeds.
-* Concurrency: 16 threads x PYCUDNN_CONCURRENCY_CALLS (default 200; the issue's figure is 1,000)
+* Concurrency: 16 threads x PYCUDNN_CONCURRENCY_CALLS (default 200; 1,000 for a long soak)
   calls of mixed shapes, dtypes and directions on their own streams and on one shared stream,
   against precomputed float64 references: zero wrong results; and with the caches cold, threads
   racing to search the same keys run one search per key.

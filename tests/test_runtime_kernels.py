@@ -106,7 +106,8 @@ def test_which_activation_signatures_can_be_compiled():
     both = (x.strides, x.strides)
     assert rk.activation_promotion("clipped_relu", 6.0, x, both, True, True) is None
     assert rk.activation_promotion("elu", 0.5, x, both, True, True) is None
-    # ReLU's backward differs at NaN/inf/0 inputs between the two kernels (round 3, defect 2)
+    # ReLU's backward differs at NaN/inf/0 inputs between the two kernels (the legacy one reads
+    # y, the graph's x)
     assert rk.activation_promotion("relu", 0.0, x, both, True, True) is None
     assert isinstance(rk.activation_promotion("elu", 1.0, x, both, True, True), rk.Promotion)
     assert isinstance(rk.activation_promotion("clipped_relu", 6.0, x, (x.strides,), False, True),
@@ -194,7 +195,7 @@ def test_a_signature_past_its_count_builds_once_the_settings_allow_it(monkeypatc
     assert rk.stats()["failed"] == before["failed"] + 2
 
 
-# ---- the build queue and the ready plans stay bounded (round 3, defect 8) ----------------------
+# ---- the build queue and the ready plans stay bounded -----------------------------------------
 
 class _FakePlan:
     workspace_size = 0

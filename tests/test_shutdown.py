@@ -1,4 +1,4 @@
-"""Interpreter shutdown with live pycudnn objects prints nothing and exits 0 (issue 7).
+"""Interpreter shutdown with live pycudnn objects prints nothing and exits 0.
 
 Each test runs a fresh interpreter that creates tensors, legacy and backend descriptors (and, on a
 GPU, handles, plans, prepared convolutions, streams with queued work, threads holding handles,

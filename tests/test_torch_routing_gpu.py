@@ -1,7 +1,7 @@
 """pycudnn.torch's routing on a GPU: in benchmark mode a new call signature is timed against
 PyTorch's own convolution and runs on the faster side. Whichever side runs it, results equal
 PyTorch's native (non-cuDNN) float64 convolution; a layer whose forward and backward both went to
-PyTorch no longer passes through pycudnn's autograd function."""
+PyTorch skips pycudnn's autograd function."""
 
 from __future__ import annotations
 

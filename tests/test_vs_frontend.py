@@ -43,7 +43,7 @@ def test_ratios_name_their_reference_and_skip_missing_or_failed_ones():
     assert "| torch in | 12.00 | 1.20 | 1.50 |" in text and "| CuPy in | CuPy: not installed | | |" in text
 
 
-def test_targets_follow_the_issue():
+def test_call_targets_judge_each_row_against_its_reference():
     refs = {"torch in": ("F.conv2d", "frontend: execute(dict)"),
             "torch in, out=": ("F.conv2d", "frontend: execute(dict)"),
             "prepared, torch in": ("F.conv2d", None),

@@ -112,7 +112,8 @@ class ConvolutionCall:
         transform(self.handle, src, dst)
 
     def run(self) -> None:
-        assert self.x is not None and self.w is not None and self.y is not None  # written one attached by now
+        # the written tensor, None when the call was built, is attached before the call runs
+        assert self.x is not None and self.w is not None and self.y is not None
         written = DIRECTION[self.direction].written
         roles = {"x": self.x, "w": self.w, "y": self.y}
         user_out = roles[written]
@@ -210,7 +211,8 @@ class ConvolutionCall:
 
     def run_fused(self) -> bool:
         """Run with the fused epilogue; False (and remembered) when no engine takes it."""
-        assert self.x is not None and self.w is not None and self.y is not None  # written one attached by now
+        # the written tensor, None when the call was built, is attached before the call runs
+        assert self.x is not None and self.w is not None and self.y is not None
         key = (self.params_for(self.x, self.w, self.y, self.z), self.api)
         if key in _UNFUSABLE:
             return False

@@ -1,34 +1,17 @@
 """RAII wrappers of cuDNN's legacy descriptors: tensor, filter, convolution, activation, op-tensor.
 
-Each class owns one C descriptor. It is destroyed by a `weakref.finalize()` whose callback
-holds only what it needs (the destroy function and the integer handle) and never the Python
-object, so descriptors are freed when they are garbage collected, at `close()`, or at the end
-of a ``with`` block, and never from ``__del__`` during interpreter shutdown. After close,
-`handle` raises `ValueError`: a dead pointer is never passed to C.
+Each class owns one C descriptor, destroyed by a `weakref.finalize()` whose callback holds only
+the destroy function and the integer handle, never the Python object: when it is collected, at
+`close()` or at the end of a ``with`` block, never from ``__del__`` at shutdown. After close,
+`handle` raises `ValueError`: a dead pointer is never passed to C. A failed ``cudnnSet*Descriptor``
+can leave the descriptor half-written, so a descriptor whose set fails is destroyed at once.
 
-Arguments are validated in Python first, with messages that name the parameter, the value and what
-was expected. What only cuDNN checks (for instance tensors spanning 2**31 elements or more) comes
-back as the `CudnnError` subclass for the status, carrying cuDNN's
-own reason from ``cudnnGetLastErrorString`` where cuDNN records one. ``validate=False`` skips the
-Python value checks (signs, zero strides, channel counts) so that cuDNN's own reason can be seen.
-
-Facts about cuDNN 9 (measured with 9.28) that shape this module:
-
-* ``cudnnSetTensorNdDescriptor`` accepts 2 to 8 dims (``CUDNN_DIM_MAX``); 1 dim is refused with
-  "Tensor descriptor requires at least 2 dimensions", 9 with NOT_SUPPORTED and no reason.
-  ``cudnnSetFilterNdDescriptor`` needs at least 3. pycudnn accepts 3 to 8 for both: a convolution
-  needs N, C and at least one spatial dim, and 3-D (N, C, L) tensors and filters are accepted by
-  ``cudnnGetConvolutionNdForwardOutputDim`` for 1-D convolutions.
-* cuDNN accepts negative strides at set time; pycudnn refuses them.
-* A tensor whose span ``1 + sum((size - 1) * stride)`` reaches 2**31 elements is refused with
-  CUDNN_STATUS_NOT_SUPPORTED and *no* reason in ``cudnnGetLastErrorString`` (cuDNN logs it only as
-  a warning), so pycudnn adds the span to the error.
-* ``cudnnGetConvolutionNdForwardOutputDim`` checks that input C == groups * filter C, but not that
-  the filter's K is divisible by groups, and refuses a kernel larger than the padded input with
-  BAD_PARAM and an empty reason: both are checked in Python by
-  `ConvolutionDescriptor.output_shape()`.
-* A failed ``cudnnSet*Descriptor`` can leave the descriptor half-written, so a descriptor whose
-  set fails is destroyed at once and never handed out.
+Arguments are validated in Python first, with messages that name the parameter, the value and
+what was expected; ``validate=False`` skips those value checks so that cuDNN's own reason can be
+seen. What only cuDNN checks comes back as the `CudnnError` subclass for the status, with
+cuDNN's reason from ``cudnnGetLastErrorString`` where it records one. What cuDNN 9 itself checks
+and leaves unchecked, which these checks follow, is listed in docs/architecture.md ("What cuDNN
+checks, and what pycudnn checks first").
 """
 
 from __future__ import annotations

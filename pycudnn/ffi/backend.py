@@ -1,22 +1,17 @@
 """The cuDNN backend (graph) API: enums and an owning, typed wrapper of backend descriptors.
 
-Every value below is taken from cuDNN's own header ``cudnn_graph_v9.h`` (``tests/test_backend.py``
-parses the header and compares). Only the attribute names pycudnn uses are listed.
+Every value is taken from cuDNN's header ``cudnn_graph_v9.h`` (``tests/test_backend.py`` parses
+the header and compares); only the attribute names pycudnn uses are listed.
 
-`BackendDescriptor` is the only place in pycudnn that deals in raw attribute *types*:
-callers use typed setters and getters (``set_int64s``, ``set_enum``, ``set_descriptors``,
-``get_descriptors``...), which validate their Python arguments before any C call (a
-non-descriptor passed where cuDNN expects a descriptor segfaults instead of failing), and choose
-the C element type the attribute needs (enum-valued attributes are 4-byte ints; dims, strides,
-ids, alignment, paddings and workspace sizes are int64; booleans are 1 byte; the handle attribute
-takes a pointer to the handle).
+`BackendDescriptor` is the only place that deals in raw attribute types: callers use typed
+setters and getters (``set_int64s``, ``set_enum``, ``set_descriptors``, ``get_descriptors``...),
+which validate their arguments before any C call (a non-descriptor passed where cuDNN expects a
+descriptor segfaults) and choose the C element type the attribute needs.
 
-Lifetime rules, as elsewhere in pycudnn: the C object is freed by a ``weakref.finalize`` whose
-callback holds only the bound destroy function, the integer pointer and the live counter (never
-``self``); `BackendDescriptor.close()` frees it now; use after close raises
-`ClosedDescriptorError` instead of handing a dead pointer to cuDNN. Finalizers do not run
-at interpreter exit (``atexit = False``): destroying an execution plan after the CUDA context is
-gone is not safe, and the process is ending anyway (PyTorch leaks its handles the same way).
+The C object is freed by a ``weakref.finalize`` whose callback never holds ``self``; `close()`
+frees it now, and use after close raises `ClosedDescriptorError` instead of handing a dead
+pointer to cuDNN. Finalizers do not run at interpreter exit (``atexit = False``): destroying an
+execution plan after the CUDA context is gone is not safe (PyTorch leaks its handles alike).
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Finding and loading libcudnn lazily, the prototype table, and the status checker.
 
-``import pycudnn`` never opens libcudnn: `lib()` does, on first use, in this order:
-
-1. the path in the environment variable ``PYCUDNN_LIBRARY``;
-2. ``cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")`` (NVIDIA wheels, conda, system);
-3. the sonames ``libcudnn.so.9`` then ``libcudnn.so``.
-
-If none loads, `CudnnNotFoundError` lists every place tried and
-why.
-
-``PYCUDNN_LIBRARY`` (when set and not empty) is the only place tried: a library it names that does
-not load, is not cuDNN or is older than 9.0 raises ``CudnnNotFoundError`` naming the path and the
-reason, rather than falling through to another cuDNN the user did not ask for. It must be an
-absolute path: a relative one is refused (the message says which absolute path it would mean),
-because the library is opened lazily, at the first call that needs it, when the current directory
-may be another than where the variable was set, and a bare name would go through the dynamic
-loader's search path, which is what steps 2 and 3 already do.
+``import pycudnn`` never opens libcudnn: `lib()` does, on first use, trying in order the path in
+``PYCUDNN_LIBRARY``, ``cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")`` (NVIDIA wheels, conda,
+system), then the sonames ``libcudnn.so.9`` and ``libcudnn.so``; if none loads,
+`CudnnNotFoundError` lists every place tried and why. A non-empty ``PYCUDNN_LIBRARY`` is the only
+place tried (a library it names that does not load, is not cuDNN or is older than 9.0 is an
+error, never a fall-through to a cuDNN the user did not ask for), and it must be absolute: the
+library opens at the first call that needs it, when the current directory may be another.
 
 Every C function pycudnn calls is one row of `PROTOTYPES`, with explicit ``restype`` and
 ``argtypes`` (``c_void_p`` for handles and pointers, ``c_size_t`` for sizes: ctypes' default

@@ -1,17 +1,13 @@
-"""Dropout through cuDNN: a seeded random state that lives on the device, a forward pass that
-zeroes each element with probability ``p`` and scales the others by ``1 / (1 - p)``, and a backward
-pass that applies the forward pass's mask (kept in its reserve) to the gradient.
+"""Dropout through cuDNN: a seeded random state on the device, a forward pass that zeroes each
+element with probability ``p`` and scales the others by ``1 / (1 - p)``, and a backward pass that
+applies the forward pass's mask (kept in its reserve) to the gradient.
 
-`DropoutState` owns cuDNN's dropout descriptor and its RNG
-state buffer (``cudnnDropoutGetStatesSize`` bytes, initialised by ``cudnnSetDropoutDescriptor``
-from the seed: a kernel, run once). Each forward pass draws new random numbers from that state, so
-two states with one seed give the same sequence of masks. Changing ``p`` keeps the state
-(``cudnnRestoreDropoutDescriptor``, no new initialisation); `DropoutState.reset`
-re-initialises it from a seed.
-
-A state is one RNG stream: calls that use it must be ordered, on one CUDA stream or with the
-caller's synchronisation between streams. Its host side is guarded by a lock, so threads may
-share it; their masks then depend on the order of their calls.
+`DropoutState` owns cuDNN's dropout descriptor and its RNG state buffer, initialised from the
+seed by ``cudnnSetDropoutDescriptor`` (a kernel, run once); each forward pass draws new random
+numbers from it, so two states with one seed give the same masks. Changing ``p`` keeps the state
+(``cudnnRestoreDropoutDescriptor``); `DropoutState.reset` re-initialises it. A state is one RNG
+stream: calls that use it must be ordered on the device; its host side is locked, so threads may
+share it (their masks then depend on the order of their calls).
 
 A call whose tensors cuDNN takes as they are leaves a plan keyed by their layouts and devices
 (the flat descriptor, the reserve size, the C function): the next call of that signature checks

@@ -1,7 +1,7 @@
 """PyTorch's ``F.hardtanh(x, min_val, max_val)`` for any bounds: ``min(max(x, min_val), max_val)``.
 
-cuDNN's clipped ReLU (`activation_forward` mode ``"clipped_relu"``) has its lower bound at 0, and
-its legacy backward kernel takes the upper piece's gradient at ``x == coef`` where PyTorch
+cuDNN's clipped ReLU (`activation_forward` mode ``"clipped_relu"``) has its lower bound at 0,
+and its legacy backward kernel takes the upper piece's gradient at ``x == coef`` where PyTorch
 gives 0. Here both passes are built from cuDNN operations whose results are exact:
 
 * forward: ``cudnnOpTensor`` MAX with ``min_val``, then MIN with ``max_val`` in place (a maximum

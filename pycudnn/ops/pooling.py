@@ -1,25 +1,18 @@
-"""Max and average pooling through cuDNN's ``cudnnPoolingForward`` / ``cudnnPoolingBackward``
-(the window's RAII descriptor, `PoolingDescriptor`, lives with the other descriptors in
-`pycudnn.cudnn.descriptors`; it and `PoolingMode` are importable from here too).
+"""Max and average pooling through ``cudnnPoolingForward`` / ``cudnnPoolingBackward``; the
+window's descriptor `PoolingDescriptor` (`pycudnn.cudnn.descriptors`) and `PoolingMode` are
+importable from here too.
 
-2-D pooling takes 4-D tensors ``(N, C, H, W)``, 3-D pooling 5-D ones ``(N, C, D, H, W)``, with
-any strides (NCHW, channels-last or strided views). Modes: ``"max"``, ``"max_deterministic"``
-(the same forward result; a backward pass that gives the same bits on every run),
-``"average_include_padding"`` (divides by the window's size, as PyTorch's ``avg_pool2d`` with its
-default ``count_include_pad=True``) and ``"average_exclude_padding"`` (divides by the number of
-input elements in the window). The output size is ``floor((i + 2 * padding - kernel) / stride) + 1``
-per spatial dim (PyTorch's ``ceil_mode=False``); ``ceil_mode=True`` rounds up as PyTorch does
-(cuDNN is given the larger output), and ``divisor_override`` divides every window's sum by one
-number (cuDNN's scaling factor rescales its window average). Dilated max pooling, which cuDNN's
-pooling lacks, runs as a few plain poolings on strided views (see `dilated_classes`).
+2-D pooling takes 4-D tensors ``(N, C, H, W)``, 3-D pooling 5-D ones, with any strides. Modes:
+``"max"``, ``"max_deterministic"`` (the same forward result; a backward pass with the same bits
+on every run), ``"average_include_padding"`` and ``"average_exclude_padding"``. The geometry is
+PyTorch's: ``floor((i + 2 * padding - kernel) / stride) + 1`` per spatial dim, ``ceil_mode=True``
+rounding up (cuDNN is given the larger output), ``divisor_override`` through cuDNN's scaling
+factor, dilated max pooling (cuDNN has none) as plain poolings on strided views (`dilated_classes`).
 
-What cuDNN 9 refuses or accepts, measured: ``cudnnSetPoolingNdDescriptor`` refuses a window or a
-stride below 1 (BAD_PARAM, with the reason) and more than 6 spatial dims (NOT_SUPPORTED), but
-accepts negative padding and padding as large as the window, for which
-``cudnnGetPoolingNdForwardOutputDim`` then counts windows that lie entirely in the padding. pycudnn
-refuses those: the public functions take PyTorch's rule (padding at most half the kernel), the
-CuPy 13 drop-in the looser one that still leaves an input element in every window (padding
-smaller than the kernel).
+cuDNN 9 accepts negative padding and padding as large as the window, and then counts windows
+that lie wholly in the padding. pycudnn refuses those: the public functions take PyTorch's rule
+(padding at most half the kernel), the CuPy 13 drop-in the looser one that still leaves an input
+element in every window (padding smaller than the kernel).
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """cuDNN's runtime-compiled pointwise kernels (graph API) for the operations, built in the
 background once a call signature repeats.
 
-Why: measured on an H200 with cuDNN 9.19 (docs/benchmarks.md), cuDNN's legacy activation kernels
-(``cudnnActivationForward`` / ``Backward``) take 1.2-2.2x PyTorch's time, its legacy batch-norm
-inference 1.1-1.7x on channels-last bfloat16; the graph API's runtime-fusion engine runs the same
-element-wise work as one compiled kernel in about half the legacy time. But such a plan takes
-0.2-0.9 s to build (cuDNN compiles it with NVRTC). So a call signature first runs on the legacy
-kernel; at its ``after_calls``-th call its graph plan is built on a worker thread (its own cuDNN
-handle), and the calls after that launch the compiled kernel once it is ready. A one-off call
-never pays for a build, a training loop switches within its first steps without a stall, and a
+The graph API's runtime-fusion engine runs an activation or a batch-norm inference as one
+compiled kernel, faster than cuDNN's legacy kernels, but a plan takes a fraction of a second to
+build (cuDNN compiles it with NVRTC). So a signature first runs on the legacy kernel; at its
+``after_calls``-th call its plan is built on a worker thread (its own cuDNN handle), and later
+calls launch the compiled kernel once it is ready. A one-off call never pays for a build, and a
 build that fails (an engine that does not take the layout) leaves the signature on the legacy
-kernel for good.
-
-Only tensors of at least ``min_bytes`` (default `MIN_BYTES`, 1 MiB) that the graph can address get a plan: dense
-operands that share one layout (viewed as one flat channels-last block for element-wise work;
-batch norm: channels-last input), 16-byte-aligned addresses (checked per call; another address
-runs the legacy kernel), float32/float16/bfloat16 data, NaN propagated (the legacy kernels' mode
-the functions use). The compiled kernels' float32 transcendental functions (tanh, sigmoid,
-exp) are accurate to about 2e-5 relative, the legacy kernels' to 1e-5. Settings: `configure()`; `wait()` blocks until the
-builds asked for are done; `stats()` counts plans by state. A build runs in CUDA's relaxed
-capture mode, so the module it loads cannot invalidate a CUDA-graph capture in global mode
-(PyTorch's default), another thread's or, for an inline build, the caller's own.
+kernel for good. Only dense tensors of at least ``min_bytes`` (`MIN_BYTES`) in one shared
+layout, at 16-byte-aligned addresses (checked per call), in float32/float16/bfloat16 get a plan.
+Settings: `configure()`; `wait()` blocks until the builds asked for are done; `stats()` counts
+plans by state. A build runs in CUDA's relaxed capture mode, so the module it loads cannot
+invalidate a CUDA-graph capture in global mode (PyTorch's default), another thread's or, for an
+inline build, the caller's own.
 """
 
 from __future__ import annotations

@@ -5,15 +5,14 @@
 ``algorithm="accurate"`` subtracts the maximum first (what PyTorch computes), ``"fast"`` does not
 (it overflows for large inputs), ``"log"`` gives the log-softmax (``F.log_softmax``).
 
-Tensors of 2 to 5 dims ``(N, C, *spatial)`` are taken with any strides. cuDNN is given 4-D
-``(N, C, H, W)`` descriptors: 2-D and 3-D tensors get trailing unit dims, a 5-D one has two of
-its spatial dims folded into one, which its strides must allow (``D`` and ``H`` or ``H`` and ``W``
-adjacent in memory, as in NCDHW and NDHWC). cuDNN's 5-D descriptors give wrong results for
-spatial dims that are not packed, and its instance mode reads each sample's ``C*H*W`` values as
-one packed block; operands cuDNN cannot take as they are (a 5-D view that does not fold, or in
-instance mode any layout other than one dense, sample-major layout shared by all operands) are
-staged through dense copies. A repeated call with the same layouts, dtype and options reuses its
-descriptors.
+Tensors of 2 to 5 dims ``(N, C, *spatial)`` take any strides; cuDNN is given 4-D descriptors:
+2-D and 3-D tensors get trailing unit dims, a 5-D one has two spatial dims folded into one
+(``D`` and ``H``, or ``H`` and ``W``, adjacent in memory, as in NCDHW and NDHWC). cuDNN's 5-D
+descriptors give wrong results for spatial dims that are not packed, and its instance mode reads
+each sample's ``C*H*W`` values as one packed block: operands it cannot take as they are (a 5-D
+view that does not fold; in instance mode any layout but one dense, sample-major layout shared
+by all operands) are staged through dense copies. A repeated call with the same layouts, dtype
+and options reuses its descriptors.
 """
 
 from __future__ import annotations

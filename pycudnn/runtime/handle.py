@@ -1,22 +1,17 @@
 """cuDNN handles: one per (thread, device), created lazily, pooled across threads.
 
-A cuDNN handle must not be used by two threads at the same moment (ctypes releases the GIL around
-every call, so threads really run concurrently), and creating one costs milliseconds. pycudnn
-therefore does what PyTorch's ``DeviceThreadHandlePool`` does:
+A handle must not be used by two threads at the same moment (ctypes releases the GIL around
+every call) and creating one costs milliseconds, so pycudnn does what PyTorch's
+``DeviceThreadHandlePool`` does: each thread keeps its handles in a ``threading.local`` dict
+keyed by device; when the thread ends, a ``weakref.finalize`` (which holds the dict, never the
+object) puts them back into a global pool; a thread takes a handle from the pool before creating
+one. Handles are never destroyed, not at thread end and not at interpreter exit:
+``cudnnDestroy`` from an exit handler can run after the CUDA driver began shutting down and
+crash the process (PyTorch leaks them on purpose too); the driver reclaims them at exit.
 
-* each thread keeps its handles in a ``threading.local`` object, a dict keyed by device;
-* when the thread ends, that object is collected and a ``weakref.finalize`` (which holds the dict,
-  never the object) puts its handles back into a global pool guarded by a lock;
-* a thread that needs a handle takes one from the pool before creating a new one.
-
-Handles are never destroyed: not at thread end (they go back to the pool) and not at interpreter
-exit. PyTorch leaks them on purpose too, because ``cudnnDestroy`` from an exit handler can run
-after the CUDA driver has started shutting down and crash the process. The driver reclaims
-everything when the process ends.
-
-`get_handle()` also makes the device current and sets the caller's
-stream on the handle with ``cudnnSetStream`` (as PyTorch's ``getCudnnHandle()`` does), skipping
-the call when the stream is the one last set on that handle by this thread.
+`get_handle()` also makes the device current and sets the caller's stream on the handle with
+``cudnnSetStream`` (as PyTorch's ``getCudnnHandle()`` does), skipping the call when the stream is
+the one last set on that handle by this thread.
 """
 
 from __future__ import annotations

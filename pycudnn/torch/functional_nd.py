@@ -1,18 +1,14 @@
 """The differentiable convolutions beside `conv2d`: ``conv1d``, ``conv3d`` and
 ``conv_transpose1d/2d/3d``, with ``torch.nn.functional``'s signatures and semantics.
 
-How each runs:
-
-* ``conv1d`` is `conv2d` on views with a unit height (``unsqueeze(2)``), as PyTorch's cuDNN
-  path runs 1-D convolutions: the same remembered launches, routing, autograd function and
-  double backward as 2-D ones;
-* ``conv3d`` runs the remembered launches of `calls` on 5-D tensors (forward, backward data,
-  backward filter), through `_ConvNdFunction`;
-* a transposed convolution's forward is the backward data of the convolution whose input has
-  the transposed one's output shape; its input gradient is that convolution's forward, and its
+* ``conv1d`` is `conv2d` on views with a unit height (``unsqueeze(2)``), as PyTorch's cuDNN path
+  runs 1-D convolutions: the same remembered launches, routing, autograd function and double
+  backward as 2-D ones; ``conv_transpose1d`` runs as ``conv_transpose2d`` alike;
+* ``conv3d`` runs the remembered launches of `calls` on 5-D tensors, through `_ConvNdFunction`;
+* a transposed convolution's forward is the backward data of the convolution whose input has the
+  transposed one's output shape; its input gradient is that convolution's forward, and its
   weight gradient the convolution's backward filter with the roles swapped (the gradient is the
-  convolution's input, the transposed input its output gradient). ``conv_transpose1d`` runs as
-  ``conv_transpose2d`` with a unit height.
+  convolution's input, the transposed input its output gradient).
 
 An ``output_padding`` at least the stride (PyTorch allows it below the dilation) has no cuDNN
 backward-data size: such calls run PyTorch's own transposed convolution.

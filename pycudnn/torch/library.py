@@ -1,57 +1,18 @@
 """pycudnn's convolutions as PyTorch custom operators (``torch.library``): what ``torch.compile``
 and ``torch.export`` see of them.
 
-An eager call never comes here: the public functions (`pycudnn.torch.conv2d` and the fused ones)
-run their remembered launches directly, and take the branch to this module only while dynamo or
-``torch.export`` traces them (`dynamo_compiling` or ``compiler._is_compiling_flag``, read on every
-call: one Python call that returns False and one attribute read, about 25 ns). A launch through
-raw pointers is opaque to dynamo (it graph-breaks) and impossible on the fake tensors that
-tracing uses; a custom operator is one node of the graph instead, with
-
-* a schema (`OPS` lists them: the namespace is ``pycudnn``);
-* a fake implementation: the output's shape, dtype, device and memory format (channels_last
-  when the input or the weight is, PyTorch's rule in `calls.memory_format`), with PyTorch's
-  argument checks, so shapes propagate through the graph without a GPU;
-* a CUDA implementation: the same remembered launch an eager call makes (`calls.run_forward`,
-  `calls.run_backward_data`, `calls.run_backward_filter`), on plain tensors (autograd is above
-  it, none of it is recorded);
-* autograd (``register_autograd``): the forward saves what the backward needs, and the backward
-  calls the backward operators below, which AOTAutograd puts in the compiled backward graph.
-
-Routing at trace time: in benchmark mode a plain convolution whose signature PyTorch runs in every
-direction the graph needs is traced as ``F.conv2d``, not as the operator (`traced_conv2d`), so the
-compiler sees what it sees in the plain model and fuses around it. A signature new at trace time
-is measured then, on stand-in tensors (`_routed_to_torch`, which dynamo runs once per signature
-through ``assume_constant_result``).
-
-The backward operators are ``pycudnn::conv2d_backward_input`` and
-``pycudnn::conv2d_backward_weight``, one per direction (each is one remembered launch; a custom
-operator cannot return an undefined tensor, which an output mask would need); the bias gradient
-and the ReLU's mask are PyTorch operations the compiler may fuse.
-
-CUDA graphs (``mode="reduce-overhead"``): the CUDA implementations are capture-safe once a
-signature has run (a remembered launch is a kernel launch on PyTorch's current stream, with a
-stream-ordered workspace during capture). PyTorch's CUDA-graph trees run every new graph once
-before recording it, so a signature's first call (pycudnn's search and preparation) happens
-outside the capture. A first call that does come under someone's own capture: with
-``benchmark`` on it raises ``pycudnn.StreamCaptureError`` (a measured search cannot be
-captured), which says to run the shapes once first; without, the heuristic choice is made and
-launched inside the capture (not tested: warm up first, as PyTorch's CUDA-graph recipe does).
-
-Higher-order gradients: a backward pass recorded with ``create_graph=True`` runs PyTorch's
-``convolution_backward`` (differentiable), as eager calls do. ``torch.compile`` itself refuses
-double backward through a compiled graph (PyTorch's own error).
-
-Adding an operator: give its schema in `OPS`; define its CUDA implementation, its fake implementation (the outputs'
-shapes and strides exactly as the CUDA one returns them) and, when it is differentiable, its
-``setup_context`` and ``backward``; register them with `define`; give the public function the
-``dynamo_compiling() or compiler._is_compiling_flag`` branch to a traceable wrapper like
-`traced_conv2d`, which normalizes its arguments with code dynamo can trace (no global caches)
-and calls ``torch.ops.pycudnn.<name>``.
-
-With a PyTorch older than 2.4 (no ``torch.library.custom_op``) nothing is registered,
-`AVAILABLE` is False, `dynamo_compiling` always answers False, and the functions behave as
-before: ``torch.compile`` breaks the graph at each convolution, ``torch.export`` cannot export it.
+An eager call never comes here: the public functions run their remembered launches directly and
+branch to this module only while dynamo or ``torch.export`` traces them (`dynamo_compiling` or
+``compiler._is_compiling_flag``, read on every call). A launch through raw pointers is opaque to
+dynamo and impossible on fake tensors; a custom operator is one node of the graph, with a schema
+(`OPS`, namespace ``pycudnn``), a fake implementation (the output's shape, dtype, device and
+memory format, with PyTorch's argument checks), a CUDA implementation (the eager call's
+remembered launch: `calls.run_forward`, `calls.run_backward_data`, `calls.run_backward_filter`)
+and autograd whose backward calls the backward operators, one per direction (a custom operator
+cannot return the undefined tensor an output mask would need). In benchmark mode a signature
+PyTorch runs in every direction the graph needs is traced as ``F.conv2d`` (`traced_conv2d`).
+How to add an operator: docs/architecture.md, "Adding a custom operator". Without
+``torch.library.custom_op`` (PyTorch before 2.4) nothing is registered and `AVAILABLE` is False.
 """
 
 from __future__ import annotations

@@ -1,34 +1,17 @@
 """Which library runs a convolution call signature: pycudnn's prepared launch or PyTorch's own.
 
-A converted model must never be slower than the model it came from. pycudnn and PyTorch call the
-same cuDNN, and their searches mostly find the same kernels; what differs is the host time of a
-call (PyTorch's convolution and its autograd node are C++, a pycudnn launch goes through Python)
-and, for some layers, which kernel each search finds. So in benchmark mode (PyTorch's
-``torch.backends.cudnn.benchmark`` or pycudnn's ``benchmark`` flag) the first call of a
-signature, once pycudnn has searched and prepared it, times both sides on the caller's tensors:
-
-* the GPU time per call, with the stream held behind pycudnn's gate (no host launch gap counted);
-* the time per call back to back, which counts the host's cost where it exceeds the GPU's.
-
-pycudnn keeps the signature when its GPU time is lower by at least `MARGIN` and it is not slower
-back to back; otherwise the signature runs through PyTorch's convolution from then on (the same
-cuDNN, a cheaper call). A layer whose forward and backward both went to PyTorch skips pycudnn's
-autograd function altogether. `report()` lists every decision with its figures.
-
-Two things keep this from costing a model's first step more than PyTorch's own:
-
-* a decision is stored on disk (`pycudnn.tuning.routes`, beside the tuning database) and
-  the next process takes it from there: no timing, and no search of pycudnn's candidates for a
-  signature PyTorch won;
-* before pycudnn searches a new signature, PyTorch's call is timed alone (`prejudge`): where it
-  takes less time back to back than pycudnn's calls cost the host (`host_floor`, the least
-  back-to-back time of a host-bound pycudnn launch seen so far in that direction), pycudnn
-  cannot win the duel, and the signature goes to PyTorch unsearched.
-
-Routing applies to plain convolutions (with or without bias), not to the fused ones, which are
-pycudnn's to run; and only where PyTorch would honour the same numerical flags (pycudnn's own
-``deterministic=True`` or ``allow_tf32=False`` beyond PyTorch's keep the signature in pycudnn).
-``set_routing("pycudnn")`` (or ``PYCUDNN_TORCH_ROUTING=pycudnn``) turns routing off.
+A converted model must never be slower than the model it came from. Both call the same cuDNN;
+what differs is a call's host cost (PyTorch's convolution is C++) and, for some layers, the
+kernel each search finds. So in benchmark mode the first call of a signature, once pycudnn has
+prepared it, times both sides on the caller's tensors: GPU time behind pycudnn's gate, and time
+back to back. pycudnn keeps the signature when its GPU time is lower by at least `MARGIN` and it
+is not slower back to back; otherwise PyTorch's convolution runs it from then on, and a layer
+whose forward and backward both went to PyTorch skips pycudnn's autograd function. `report()`
+lists the decisions. A decision is stored for the next process (`pycudnn.tuning.routes`), and
+`prejudge` sends a new signature to PyTorch unsearched where PyTorch's call alone costs less than
+pycudnn's host floor (`host_floor`). Only plain convolutions are routed, and only where PyTorch
+honours the same numerical flags; ``set_routing("pycudnn")`` (``PYCUDNN_TORCH_ROUTING=pycudnn``)
+turns routing off.
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
 """Fused training blocks: Conv-BN, Conv-BN-ReLU and Conv-BN-add-ReLU as one autograd node each.
 
 `fuse_for_training` rewrites a model's ``Conv2d -> BatchNorm2d [-> (+ residual)] [-> ReLU]``
-chains (traced with ``torch.fx``) into `ConvBn2d`, `ConvBnReLU2d` and `ConvBnAddReLU2d` (the names
-of PyTorch's own fused modules in ``torch.ao.nn.intrinsic``). In training mode a block runs:
-
-* forward: the convolution (pycudnn's remembered launch, routed to PyTorch's where that was
-  measured faster), then one ``cudnnBatchNormalizationForwardTrainingEx`` that normalizes with the
-  batch statistics, updates the running statistics in place and applies the residual add and the
-  ReLU in the same kernel (``CUDNN_BATCHNORM_OPS_BN[_ADD]_ACTIVATION``);
-* backward: one ``cudnnBatchNormalizationBackwardEx`` (ReLU's mask, the residual's gradient and
-  the batch norm's input, scale and shift gradients together, from the reserve space the forward
-  kernel left), then the convolution's backward-data and backward-filter.
-
-PyTorch eager runs the same step as three or four separate operators with an autograd node and
-a memory pass each. cuDNN fuses these only for its persistent NHWC kernels: float16 or bfloat16
-input, channels-last, channel count a multiple of 4, float32 scale, shift and statistics. A
-block whose call does not fit (float32 input, NCHW, eval mode with gradients, ``torch.func``,
-...) runs the original modules one after another, exactly as the model did.
+chains (traced with ``torch.fx``) into `ConvBn2d`, `ConvBnReLU2d` and `ConvBnAddReLU2d`. A
+block in training mode runs the routed convolution, then one
+``cudnnBatchNormalizationForwardTrainingEx`` (batch statistics, running statistics updated in
+place, the residual add and the ReLU in one kernel); backward is one
+``cudnnBatchNormalizationBackwardEx``, then the convolution's backward data and filter. cuDNN
+fuses these only for its persistent NHWC kernels (float16 or bfloat16 channels-last input,
+channels a multiple of 4, float32 batch-norm state): a call that does not fit runs the original
+modules one after another, exactly as the model did.
 
 The model is fused in place: its class becomes a subclass whose ``forward`` is the rewritten
-graph's code, and the blocks, which own no parameters, sit beside the convolutions they replace,
-so ``state_dict`` keys, an optimizer made for the parameters and ``.to()`` all keep working.
-`revert` (``pycudnn.torch.revert``) turns the blocks back into the plain calls.
+graph's code, and the blocks, which own no parameters, sit beside the modules they replace, so
+``state_dict`` keys, an optimizer and ``.to()`` keep working; `revert` turns the blocks back.
 """
 
 from __future__ import annotations

@@ -1,67 +1,18 @@
 """The persistent tuning database: measured choices that survive the process.
 
 Every choice measured with ``benchmark=True`` is written here (by `pycudnn.search.iterate`,
-through `store()`) and read back on the first use of the same key in a later process (`lookup()`),
-so that process skips the search. A record is applied only where it is valid: the key holds the
-GPU's identity (name, compute capability, SM count), the cuDNN version, pycudnn's record schema
-version, the engine, and every field of the `ConvolutionParams`
-except the device *ordinal*, which is replaced by the device's identity (an ordinal depends on
-``CUDA_VISIBLE_DEVICES``; two GPUs of one model share their records). A record that no longer
-rebuilds is dropped by the caller (`drop()`).
+through `store()`) and read back on the first use of the same key in a later process
+(`lookup()`), which then skips the search; a record that does not rebuild is dropped by the
+caller (`drop()`). The key holds the GPU's identity (name, compute capability, SM count; never
+the ordinal, which ``CUDA_VISIBLE_DEVICES`` changes), the cuDNN version, the record schema, the
+engine and the `ConvolutionParams`. The file is JSON, one entry a line, data only (never pickle).
 
-**The file.** One JSON document, data only (never pickle: a database file cannot run code):
-
-```
-{"format": "pycudnn-tuning-db", "version": 1, "entries": [
-{"schema": 1, "gpu": {...}, "cudnn_version": 92800, "engine": "graph", "params": {...},
- "record": {...}, "created": "...", "pycudnn": "0.1.0"},
-...
-]}
-```
-
-one entry a line, so files diff and merge well and a team can ship one with its program
-(`export()`, `merge()`). ``record`` is what
-the engine's ``serialize()`` returned.
-
-**Untrusted input.** A database file may come from another machine, a shared directory or
-another user, so nothing in it is believed until checked. Every entry is validated when it is
-read, imported or written: its ``params`` are parsed as strictly as a call's arguments
-(`params_from_dict()`: canonical dtype names, ranks, non-negative sizes, a geometry that
-gives the stored output shape, ...), and its ``record`` must hold exactly the fields of the
-engine's ``serialize()`` with the right types and ranges. An entry that does not validate is
-dropped with a log line naming the file and the reason; `lookup()` only ever returns a
-validated record (the engines still check that it fits the call before running it). A file that
-does not parse at all (not JSON, nested too deep, not UTF-8, larger than
-`MAX_FILE_BYTES`, not a regular file) is moved aside to ``<file>.corrupt-<timestamp>`` with
-one warning, and the program carries on with an empty database. No public function of this
-module raises because of what a file contains.
-
-**The directory.** It is created with mode 0700 and files with mode 0600. A directory or database
-file that belongs to another user, or that group or others may write, is refused: the database
-is off for the rest of the process, with one
-`TuningDatabaseWarning`. Files are opened without
-following symbolic links and without blocking (a FIFO at the path cannot hang a call), through a
-descriptor of the checked directory.
-
-**Safety between writers.** Readers take no lock: writers replace the file atomically (a
-temporary file in the same directory, ``fsync``, ``os.replace``), so a reader sees the old or the
-new document, whole. Writers (`store()`, `drop()`, `clear()`,
-`merge()`) hold an exclusive ``flock`` on ``<file>.lock`` (and a lock per
-process for threads) while they read the current file, change it and replace it, so several
-processes and threads writing at once lose nothing.
-
-**Where.** ``$PYCUDNN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pycudnn``, else ``~/.cache/pycudnn``;
-the file is ``tuning-db-v1.json`` there. ``PYCUDNN_TUNING_DB=0`` or
-``pycudnn.config.tuning_db = False`` (or ``pycudnn.flags(tuning_db=False)``) turns reading and
-writing off.
-
-**Cost.** The file is read once per process (per path); a miss re-reads it at most once per key,
-and only when the file changed, so a record written meanwhile by another process is found.
-
-**Modules.** This one is the database (where it is, on or off, this process's copy, lookup,
-store, drop, listing, clearing, import and export); what an entry is and how it is checked is
-`pycudnn.tuning.records`; how files are opened, locked and replaced
-safely is `pycudnn.tuning.files`.
+A file is untrusted input: every entry is checked when it is read, imported or written, one that
+does not check is dropped with a log line, a file that does not parse is set aside, and no public
+function here raises because of what a file contains. Readers take no lock; writers replace the
+file atomically under an ``flock``. This module is the database (where it is, on or off, this
+process's copy, lookup, store, drop, listing, clearing, import, export); `pycudnn.tuning.records`
+checks entries and `pycudnn.tuning.files` opens, locks and replaces files.
 """
 
 from __future__ import annotations
