@@ -476,12 +476,15 @@ class CheckedFunctions:
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         # Only reached for names not yet wrapped; wraps the bound function and caches it.
-        fn = getattr(self._library, name)  # AttributeError for a name outside the table
+        library = self._library
+        getattr(library, name)  # AttributeError for a name outside the table
         if PROTOTYPES[name][0] is not c_int:
             raise AttributeError(f"{name!r} returns no cudnnStatus_t: call it unchecked")
 
         def checked(*args: Any) -> None:
-            status = fn(*args)
+            # looked up at each call (a cold path), so a replaced attribute of the library
+            # object (a test's recorder) is the function called
+            status = getattr(library, name)(*args)
             if status:
                 raise_status(status, name)
 
