@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     import pycudnn
 
     results: dict = {"commit": commit(), "device": torch.cuda.get_device_name(),
-                     "torch": torch.__version__, "cudnn": pycudnn.version(),
+                     "torch": torch.__version__, "cudnn": pycudnn.cudnn_version(),
                      "command": "benchmarks/compile_vs_torch.py " + " ".join(argv or sys.argv[1:])}
     for part in args.parts.split(","):
         try:

@@ -323,7 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "allocated by each library; ratio = torch_us / pycudnn_us",
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "torch_cudnn": torch.backends.cudnn.version(), "pycudnn": pycudnn.__version__,
-        "pycudnn_cudnn": pycudnn.version(), "pycudnn_config": repr(pycudnn.config),
+        "pycudnn_cudnn": pycudnn.cudnn_version(), "pycudnn_config": repr(pycudnn.config),
         "engine": args.engine, "batch": args.batch, "reps": args.reps, "batches": args.batches,
         "gate": gate.describe(), "configs": args.configs, "directions": args.directions,
         "cells": [],

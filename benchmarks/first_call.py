@@ -216,7 +216,7 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
     return {"torch_import_ms": t_torch_import * 1e3, "pycudnn_import_ms": t_pycudnn_import * 1e3,
             "warmup_ms": warm, "first_result": first_result, "cells": cells, "pycudnn_settings": info,
             "cache_dir": os.environ.get("PYCUDNN_CACHE_DIR"), "torch": torch.__version__,
-            "device": torch.cuda.get_device_name(), "pycudnn_cudnn": pycudnn.version(),
+            "device": torch.cuda.get_device_name(), "pycudnn_cudnn": pycudnn.cudnn_version(),
             "torch_cudnn": torch.backends.cudnn.version()}
 
 

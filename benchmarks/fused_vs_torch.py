@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "summary": summary, "device": torch.cuda.get_device_name(),
-                       "torch": torch.__version__, "cudnn": pycudnn.version(), "alpha": alpha}, f, indent=1)
+                       "torch": torch.__version__, "cudnn": pycudnn.cudnn_version(), "alpha": alpha}, f, indent=1)
     return 0
 
 

@@ -428,7 +428,7 @@ def main(argv=None) -> int:
     import pycudnn
 
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                     "torch_cudnn": torch.backends.cudnn.version(), "cudnn": pycudnn.version(),
+                     "torch_cudnn": torch.backends.cudnn.version(), "cudnn": pycudnn.cudnn_version(),
                      "quick": args.quick}
     print(f"{results['device']}, torch {results['torch']} (its cuDNN {results['torch_cudnn']}), "
           f"pycudnn's cuDNN {results['cudnn']}", flush=True)

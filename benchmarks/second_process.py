@@ -59,7 +59,7 @@ def phase_pycudnn(opts) -> dict:
 
     t_import = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pycudnn.version()
+    pycudnn.cudnn_version()
     pycudnn.get_handle(0)
     t_load = time.perf_counter() - t0
     t_preload, preload_report = 0.0, None
@@ -131,7 +131,7 @@ def phase_pycudnn(opts) -> dict:
     return {"import_ms": t_import * 1e3, "load_ms": t_load * 1e3, "warmup_ms": t_warm * 1e3,
             "preload_ms": t_preload * 1e3, "preload": preload_report,
             "searches": {d: caches[d].searches - searches_before[d] for d in directions},
-            "cudnn": pycudnn.version(), "rows": rows,
+            "cudnn": pycudnn.cudnn_version(), "rows": rows,
             "tuning_db": tuning_db.path()}
 
 

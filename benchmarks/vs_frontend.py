@@ -640,7 +640,7 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
             return result
         result["first_ms"] = timed(run(layers[0]))
         result["further_ms"] = [timed(run(t)) for t in layers[1:]]
-        result["versions"] = {"pycudnn": pycudnn.__version__, "libcudnn": pycudnn.version(),
+        result["versions"] = {"pycudnn": pycudnn.__version__, "libcudnn": pycudnn.cudnn_version(),
                               "libcudnn_path": pycudnn.library_path()}
     elif side.startswith("frontend"):
         t0 = time.perf_counter()
@@ -847,16 +847,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "what": "issue 25: pycudnn against nvidia-cudnn-frontend and PyTorch: call cost, time to "
                 "first result, where the first call goes, cudnnBackendExecute's floor",
         "commit": commit(), "pycudnn": pycudnn.__file__, "pycudnn_version": pycudnn.__version__,
-        "libcudnn": pycudnn.version(), "libcudnn_path": pycudnn.library_path(),
+        "libcudnn": pycudnn.cudnn_version(), "libcudnn_path": pycudnn.library_path(),
         "torch": torch.__version__, "torch_cudnn": torch.backends.cudnn.version(),
         "device": torch.cuda.get_device_name(), "options": {k: v for k, v in vars(args).items()
                                                             if not k.startswith("child")}}
     cudnn, why = import_frontend()
     report["frontend"] = ({"version": cudnn.__version__, "backend_version": cudnn.backend_version(),
                            "file": cudnn.__file__} if cudnn is not None else {"error": why})
-    if cudnn is not None and cudnn.backend_version() != pycudnn.version():
+    if cudnn is not None and cudnn.backend_version() != pycudnn.cudnn_version():
         print(f"WARNING: the frontend runs libcudnn {cudnn.backend_version()}, pycudnn "
-              f"{pycudnn.version()}: not the same library", file=sys.stderr)
+              f"{pycudnn.cudnn_version()}: not the same library", file=sys.stderr)
     if why:
         print(f"frontend: {why}", file=sys.stderr)
     shapes = FIRST_SHAPES[:3] if args.quick else FIRST_SHAPES

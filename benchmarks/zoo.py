@@ -703,7 +703,7 @@ def main(argv=None) -> int:
     import pycudnn
 
     results: dict = {"commit": commit(), "device": torch.cuda.get_device_name(),
-                     "torch": torch.__version__, "cudnn": pycudnn.version(),
+                     "torch": torch.__version__, "cudnn": pycudnn.cudnn_version(),
                      "command": "benchmarks/zoo.py " + " ".join(argv or sys.argv[1:]), "models": {}}
     for name in args.models.split(","):
         row: dict = {}

@@ -1,9 +1,17 @@
 """A 2-D convolution on CuPy arrays with pycudnn, checked against a float64 NumPy reference.
 
-Needs: an NVIDIA GPU and CuPy (from a checkout: pip install -e ".[cu12,examples]", or
-".[cu13,examples-cu13]" for CUDA 13). Run:  python examples/conv2d_cupy.py
+Needs: an NVIDIA GPU and CuPy (13 or 14):
+  pip install "pycudnn-ctypes[cu12,examples-cu12] @ git+https://github.com/pycudnn/pycudnn"
+  (CUDA 13: [cu13,examples-cu13]; in a clone of pycudnn: pip install ".[cu12,examples-cu12]").
+Run:  python conv2d_cupy.py
 CuPy arrays go in and come out without copies (the CUDA array interface both ways).
 """
+
+if __name__ == "__main__":  # before any optional import, so that --help works without it
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 
 import sys
 
@@ -13,7 +21,8 @@ try:
     import cupy as cp
 except ImportError:
     sys.exit("conv2d_cupy.py needs CuPy, which is not installed: "
-             'pip install -e ".[cu12,examples]" (CUDA 13: ".[cu13,examples-cu13]")')
+             'pip install "pycudnn-ctypes[cu12,examples-cu12] @ '
+             'git+https://github.com/pycudnn/pycudnn" (CUDA 13: [cu13,examples-cu13])')
 
 import pycudnn
 

@@ -1,9 +1,15 @@
 """A 2-D convolution on memory allocated with cuda-python alone (cuda.bindings), by raw pointers.
 
 Needs: an NVIDIA GPU; nothing beyond pycudnn's own dependencies.
-Run:  python examples/conv2d_raw_pointers.py
+Run:  python conv2d_raw_pointers.py
 No array library: cudaMalloc'd pointers are wrapped with pycudnn.tensor_from_pointer.
 """
+
+if __name__ == "__main__":  # before any optional import, so that --help works without it
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 
 import sys
 

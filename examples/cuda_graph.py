@@ -2,7 +2,7 @@
 graph, replay it on new data, and compare with running the same step eagerly.
 
 Needs: an NVIDIA GPU; nothing beyond pycudnn's own dependencies.
-Run:  python examples/cuda_graph.py
+Run:  python cuda_graph.py
 Only cuda-python (cuda.bindings) and pycudnn: the graph is captured with
 cudaStreamBeginCapture / cudaStreamEndCapture on a non-default stream, instantiated once and
 launched with cudaGraphLaunch.
@@ -18,6 +18,12 @@ The rules for capturing pycudnn calls:
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__":  # before any optional import, so that --help works without it
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 
 import gc
 import sys

@@ -1,8 +1,9 @@
 """Numba device arrays in and out of pycudnn, without copies.
 
-Needs: an NVIDIA GPU and Numba's CUDA target, numba-cuda (from a checkout:
-pip install -e ".[cu12,examples]", or ".[cu13,examples-cu13]" for CUDA 13).
-Run:  python examples/numba_interop.py
+Needs: an NVIDIA GPU and Numba's CUDA target, numba-cuda:
+  pip install "pycudnn-ctypes[cu12,examples-cu12] @ git+https://github.com/pycudnn/pycudnn"
+  (CUDA 13: [cu13,examples-cu13]; in a clone of pycudnn: pip install ".[cu12,examples-cu12]").
+Run:  python numba_interop.py
 
 * In: ``numba.cuda.to_device`` arrays go straight into pycudnn (the CUDA array interface).
 * Out: ``numba.cuda.as_cuda_array(pycudnn_tensor)`` views pycudnn's result, and ``out=`` writes
@@ -14,6 +15,12 @@ Run:  python examples/numba_interop.py
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before any optional import, so that --help works without it
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+
 import math
 import sys
 
@@ -23,7 +30,8 @@ try:
     from numba import cuda
 except ImportError:
     sys.exit("numba_interop.py needs Numba with numba-cuda, which is not installed: "
-             'pip install -e ".[cu12,examples]" (CUDA 13: ".[cu13,examples-cu13]")')
+             'pip install "pycudnn-ctypes[cu12,examples-cu12] @ '
+             'git+https://github.com/pycudnn/pycudnn" (CUDA 13: [cu13,examples-cu13])')
 
 import pycudnn
 

@@ -2,7 +2,7 @@
 
 Needs: an NVIDIA GPU and a CUDA build of PyTorch for the same CUDA major as pycudnn's extra
 (PyTorch's install selector gives the command; `pycudnn info` warns when the two disagree).
-Run:  python examples/torch_autograd.py
+Run:  python torch_autograd.py
 
 * ``pycudnn.torch.conv2d`` is ``torch.nn.functional.conv2d`` as a ``torch.autograd.Function``
   whose forward, backward-data and backward-filter convolutions run in pycudnn; outputs come from
@@ -18,6 +18,12 @@ equal to the original's.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before any optional import, so that --help works without it
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+
 import copy
 import sys
 
@@ -25,7 +31,8 @@ try:
     import torch
 except ImportError:
     sys.exit("torch_autograd.py needs PyTorch, which is not installed: install a CUDA build of "
-             "PyTorch for the same CUDA major as pycudnn's extra (see docs/examples.md)")
+             "PyTorch for the same CUDA major as pycudnn's extra (PyTorch's install selector "
+             "gives the command)")
 
 import pycudnn
 import pycudnn.torch as pt

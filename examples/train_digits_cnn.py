@@ -2,9 +2,11 @@
 but the dense one, forward and backward (convolutions, batch norm, ReLU, max pooling,
 log-softmax), and CuPy does the rest (the dense layer, the loss, Adam).
 
-Needs: an NVIDIA GPU, CuPy and scikit-learn; tqdm draws the progress bar when installed (from a
-checkout: pip install -e ".[cu12,examples]", or ".[cu13,examples-cu13]" for CUDA 13).
-Run:  python examples/train_digits_cnn.py
+Needs: an NVIDIA GPU, CuPy (13 or 14) and scikit-learn; tqdm draws the progress bar when
+installed:
+  pip install "pycudnn-ctypes[cu12,examples-cu12] @ git+https://github.com/pycudnn/pycudnn"
+  (CUDA 13: [cu13,examples-cu13]; in a clone of pycudnn: pip install ".[cu12,examples-cu12]").
+Run:  python train_digits_cnn.py
 It prints a progress bar per epoch (tqdm when installed), the test accuracy and the training time,
 and exits with status 1 unless the accuracy is at least 95% and training took under a minute.
 
@@ -23,6 +25,12 @@ Everything runs on CuPy's current stream, which every pycudnn call is given.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before any optional import, so that --help works without it
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+
 import sys
 import time
 
@@ -34,7 +42,8 @@ try:
     from sklearn.model_selection import train_test_split
 except ImportError as exc:
     sys.exit(f"train_digits_cnn.py needs CuPy and scikit-learn ({exc.name} is missing): "
-             'pip install -e ".[cu12,examples]" (CUDA 13: ".[cu13,examples-cu13]")')
+             'pip install "pycudnn-ctypes[cu12,examples-cu12] @ '
+             'git+https://github.com/pycudnn/pycudnn" (CUDA 13: [cu13,examples-cu13])')
 
 import pycudnn
 

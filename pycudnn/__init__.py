@@ -26,7 +26,7 @@ from ._version import __version__
 # public name -> module (inside pycudnn) that defines it
 _EXPORTS: dict[str, str] = {
     # library
-    "version": "ffi.library", "version_tuple": "ffi.library", "library_path": "ffi.library", "cudart_version": "ffi.library",
+    "library_path": "ffi.library", "cudart_version": "ffi.library",
     # errors
     "PycudnnError": "errors", "CudnnError": "errors", "CudnnBadParamError": "errors",
     "CudnnNotSupportedError": "errors", "CudnnInternalError": "errors",
@@ -70,7 +70,7 @@ _EXPORTS: dict[str, str] = {
     "DropoutReserve": "ops.dropout",
 }
 
-__all__ = sorted([*_EXPORTS, "cudnn_version"]) + ["__version__"]
+__all__ = sorted([*_EXPORTS, "cudnn_version", "cudnn_version_tuple"]) + ["__version__"]
 
 if _os.environ.get("PYCUDNN_LOG"):  # a stderr handler on the "pycudnn" logger (see _logging)
     from ._logging import configure_from_env as _configure_logging
@@ -82,8 +82,8 @@ if _os.environ.get("PYCUDNN_LOG"):  # a stderr handler on the "pycudnn" logger (
 def cudnn_version() -> int:
     """The loaded cuDNN library's version as an int: 91900 for cuDNN 9.19.0.
 
-    Loads libcudnn on the first call (no GPU needed). `pycudnn.version()` is the same function
-    under its older name; pycudnn's own version is `pycudnn.__version__`.
+    Loads libcudnn on the first call (no GPU needed). pycudnn's own version is
+    `pycudnn.__version__`.
 
     Raises:
         CudnnNotFoundError: no usable libcudnn was found.
@@ -91,6 +91,19 @@ def cudnn_version() -> int:
     from .ffi.library import version
 
     return version()
+
+
+def cudnn_version_tuple() -> tuple[int, int, int]:
+    """The loaded cuDNN library's version as ``(major, minor, patch)``: ``(9, 19, 0)``.
+
+    Loads libcudnn on the first call (no GPU needed).
+
+    Raises:
+        CudnnNotFoundError: no usable libcudnn was found.
+    """
+    from .ffi.library import version_tuple
+
+    return version_tuple()
 
 
 def __getattr__(name: str) -> Any:
@@ -108,8 +121,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     # ``name as name``: a re-export (mypy --strict and pyright read no computed __all__)
-    from .ffi.library import (cudart_version as cudart_version, library_path as library_path,
-                              version as version, version_tuple as version_tuple)
+    from .ffi.library import cudart_version as cudart_version, library_path as library_path
     from .errors import (CudnnAllocationError as CudnnAllocationError,
                          CudnnBadParamError as CudnnBadParamError, CudnnError as CudnnError,
                          CudnnExecutionError as CudnnExecutionError,

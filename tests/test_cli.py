@@ -78,7 +78,7 @@ def test_info_without_gpu(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert f"pycudnn      {pycudnn.__version__}" in out
-    v = pycudnn.version_tuple()
+    v = pycudnn.cudnn_version_tuple()
     assert f"cuDNN        {v[0]}.{v[1]}.{v[2]} at " in out and "found via" in out
     assert "cuDNN built for CUDA" in out
     assert "no GPU: " in out

@@ -120,7 +120,7 @@ from pycudnn.cli.models import parse_shape
 from pycudnn.runtime.memory import synchronize
 
 t0 = time.perf_counter()
-pycudnn.version(); pycudnn.get_handle(0)
+pycudnn.cudnn_version(); pycudnn.get_handle(0)
 load_ms = (time.perf_counter() - t0) * 1e3
 rows = []
 for text in sys.argv[1:]:

@@ -35,9 +35,15 @@ def test_one_source_for_the_version():
         pytest.skip("pycudnn-ctypes is not installed here")
 
 
-def test_cudnn_version_and_its_older_name():
-    assert pycudnn.cudnn_version() == pycudnn.version() >= 90000
-    assert "cudnn_version" in pycudnn.__all__ and "cudnn_version" in dir(pycudnn)
+def test_cudnn_version_has_one_name_and_version_means_nothing_else():
+    major, minor, patch = pycudnn.cudnn_version_tuple()
+    assert pycudnn.cudnn_version() == major * 10000 + minor * 100 + patch >= 90000
+    assert {"cudnn_version", "cudnn_version_tuple"} <= set(pycudnn.__all__) & set(dir(pycudnn))
+    # a bare "version" would read as pycudnn's own, which is __version__ alone
+    for name in ("version", "version_tuple"):
+        assert name not in pycudnn.__all__ and name not in dir(pycudnn)
+        with pytest.raises(AttributeError, match=name):
+            getattr(pycudnn, name)
 
 
 def test_no_command_prints_help_and_succeeds(capsys):

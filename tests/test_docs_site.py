@@ -35,12 +35,19 @@ def test_site_builds_strictly_and_loads_nothing_remote(tmp_path):
                            str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    remote = re.compile(r"""<(?:script|link)\b[^>]*\b(?:src|href)=["']?(?:https?:)?//""")
+    remote = re.compile(r"""<(?:script|link)\b[^>]*\b(?:src|href)=["']?(?:https?:)?//[^>]*>""")
     pages = sorted((tmp_path / "site").rglob("*.html"))
     assert len(pages) > 10
+    site_url = re.search(r"^site_url: (\S+)$", (ROOT / "mkdocs.yml").read_text(), re.M).group(1)
     for page in pages:
-        found = remote.findall(page.read_text())
+        text = page.read_text()
+        # rel=canonical names the page's published address for search engines; nothing loads it
+        canonical = re.findall(r'<link rel="canonical" href="([^"]+)"', text)
+        assert all(url.startswith(site_url) for url in canonical), canonical
+        found = [tag for tag in remote.findall(text) if 'rel="canonical"' not in tag]
         assert not found, f"{page.name} loads {found}"
+        # Material's repository widget asks the code host's API on every page view
+        assert "md-source" not in text, f"{page.name} has the repository widget"
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     for name in ("pycudnn.convolution", "pycudnn.Tensor", "pycudnn.flags", "pycudnn.NoDeviceError"):
         assert f'id="{name}"' in api, f"the API reference has no entry {name}"

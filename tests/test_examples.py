@@ -7,6 +7,7 @@ import ast
 import inspect
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,35 @@ def test_example_without_gpu_or_framework_is_one_line(path):
     assert proc.returncode == 1, (proc.returncode, proc.stdout, err)
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert err.startswith(f"{path.name} needs "), err
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_help_prints_its_docstring_and_runs_nothing(path, tmp_path):
+    """``--help`` works anywhere, framework or GPU or not, and is the script's own docstring."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", (proc.returncode, proc.stderr)
+    doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+    assert proc.stdout.startswith(f"usage: {path.name} [-h]")
+    assert doc.strip().splitlines()[0] in proc.stdout and "Needs: " in proc.stdout
+    bad = subprocess.run([sys.executable, str(path), "--no-such-option"], capture_output=True,
+                         text=True, timeout=60, env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "unrecognized arguments: --no-such-option" in bad.stderr
+
+
+def test_example_install_hints_work_without_a_checkout():
+    """Every install command an example gives installs from outside a clone (no ``-e .``) and
+    names extras that pyproject.toml defines."""
+    extras = set(re.findall(r"^([\w-]+) = \[", (ROOT / "pyproject.toml").read_text()
+                            .split("[project.optional-dependencies]")[1].split("\n[")[0], re.M))
+    for path in EXAMPLES:
+        text = path.read_text()
+        assert "pip install -e" not in text, f"{path.name} gives a checkout-only install"
+        for named in re.findall(r"pycudnn-ctypes\[([\w,-]+)\]", text):
+            assert set(named.split(",")) <= extras, (path.name, named, extras)
+        for named in re.findall(r"\[(cu1\d,examples[\w-]*)\]", text):
+            assert set(named.split(",")) <= extras, (path.name, named, extras)
 
 
 def _pycudnn_calls(path):

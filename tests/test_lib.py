@@ -50,7 +50,7 @@ def mapped():
         return "libcudnn" in f.read()
 state = {"import_s": import_s, "loaded_after_import": L.is_loaded(),
          "mapped_after_import": mapped()}
-pycudnn.version()  # positive control: now the library is open and mapped
+pycudnn.cudnn_version()  # positive control: now the library is open and mapped
 state.update(loaded_after_call=L.is_loaded(), mapped_after_call=mapped())
 print(json.dumps(state))
 """

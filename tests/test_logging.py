@@ -23,7 +23,7 @@ def run(code: str, level: str | None) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-LOAD = "import pycudnn; pycudnn.version(); print('done')"
+LOAD = "import pycudnn; pycudnn.cudnn_version(); print('done')"
 
 
 def test_debug_prints_pycudnn_debug_lines():

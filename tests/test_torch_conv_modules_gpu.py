@@ -3,7 +3,7 @@ native convolutions) in float64 as the reference: conv1d, conv3d and conv_transp
 forward and every gradient in float32 (TF32 off on both sides), bfloat16 and float16, with
 groups, dilation, stride, output_padding, odd 'same' padding, channels_last; first calls and
 remembered replays; only the gradients asked for; double backward and gradcheck in float64;
-autocast; jit tracing, forward AD and torch.func through PyTorch; calls routed to PyTorch; the
+autocast; torch.export, forward AD and torch.func through PyTorch; calls routed to PyTorch; the
 converted modules with padding modes and output_size; a converted model trained a few steps."""
 
 from __future__ import annotations
@@ -227,15 +227,19 @@ def test_autocast_casts_like_pytorch(fn, theirs, x_shape, w_shape, kwargs, dtype
         assert got.dtype == torch.float32 and rel_err(got, want) < 3e-2
 
 
-def test_tracing_forward_ad_and_torch_func_run_pytorchs_convolution():
+# torch's own forward-AD decompositions call torch.jit.script when a process first makes a dual
+# tensor; the test itself uses no TorchScript
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_export_forward_ad_and_torch_func_run_a_convolution():
     g = torch.Generator(device=DEV).manual_seed(4)
     model = pt.convert(nn.Sequential(nn.Conv1d(4, 6, 3, padding=1),
                                      nn.ConvTranspose1d(6, 4, 2, stride=2))).to(DEV)
     x = torch.randn(2, 4, 8, device=DEV, generator=g)
     with torch.no_grad():
-        traced = torch.jit.trace(model, x)
+        exported = torch.export.export(model, (x,))
+        assert "conv" in str(exported.graph)
         x2 = torch.randn(2, 4, 8, device=DEV, generator=g)
-        assert rel_err(traced(x2), model(x2)) < 1e-5
+        assert rel_err(exported.module()(x2), model(x2)) < 1e-5
     import torch.autograd.forward_ad as fwad
     x3 = torch.randn(1, 4, 3, 4, 3, device=DEV, generator=g)
     w3 = torch.randn(4, 2, 2, 2, 2, device=DEV, generator=g)

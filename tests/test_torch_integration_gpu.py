@@ -254,17 +254,21 @@ def test_errors_are_the_runtime_errors_pytorch_raises_too():
         pt.conv2d(x[0, 0], torch.randn(6, 4, 3, 3, device=DEV))
 
 
-def test_tracing_forward_ad_and_torch_func_see_a_convolution():
-    """jit.trace records PyTorch's convolution (a launch through raw pointers would leave it
-    out of the traced graph), forward-mode AD carries tangents, torch.func transforms work."""
+# torch's own forward-AD decompositions call torch.jit.script when a process first makes a dual
+# tensor; the test itself uses no TorchScript
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_export_forward_ad_and_torch_func_see_a_convolution():
+    """torch.export records a convolution (a launch through raw pointers would leave it out of
+    the exported graph), forward-mode AD carries tangents, torch.func transforms work."""
     g = torch.Generator(device=DEV).manual_seed(9)
     x = torch.randn(2, 4, 8, 8, device=DEV, generator=g)
     w = torch.randn(6, 4, 3, 3, device=DEV, generator=g)
     model = pt.convert(nn.Sequential(nn.Conv2d(4, 6, 3, padding=1))).cuda()
     with torch.no_grad():
-        traced = torch.jit.trace(model, x)
+        exported = torch.export.export(model, (x,))
+        assert "conv" in str(exported.graph)
         x2 = torch.randn(2, 4, 8, 8, device=DEV, generator=g)
-        assert rel_err(traced(x2), model(x2)) < 1e-5
+        assert rel_err(exported.module()(x2), model(x2)) < 1e-5
     import torch.autograd.forward_ad as fwad
     t = torch.randn_like(w)
     with fwad.dual_level():
