@@ -9,7 +9,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 import pycudnn
 from pycudnn.ops.hardtanh import hardtanh_backward, hardtanh_forward
@@ -105,10 +104,15 @@ def test_backward_masks_give_pytorchs_gradient_at_every_edge(wide, bounds):
     # path gives 0, their vectorized one dy), checked against its CPU kernel away from NaN
     with np.errstate(invalid="ignore"):
         want = np.where((x <= lo) | (x >= hi), 0.0, dy)
-    cpu = torch.ops.aten.hardtanh_backward(torch.from_numpy(dy), torch.from_numpy(x), lo,
-                                           hi).numpy()
     real = ~np.isnan(x)
-    assert np.array_equal(want[real], cpu[real])
+    try:
+        import torch
+    except ImportError:  # the rule above stands alone; PyTorch's kernel confirms it where present
+        pass
+    else:
+        cpu = torch.ops.aten.hardtanh_backward(torch.from_numpy(dy), torch.from_numpy(x), lo,
+                                               hi).numpy()
+        assert np.array_equal(want[real], cpu[real])
     assert np.array_equal(got, want), [(float(v), g, w) for v, g, w in zip(x, got, want)
                                        if g != w]
 
