@@ -330,7 +330,7 @@ def _empty_cl(like: Any) -> Any:
 def _dense_cl(t: Any) -> Any:
     """``t`` with the strides of ``torch.empty(..., memory_format=channels_last)`` (the layout
     the fused batch norm's descriptors are made for), copied only where it has others."""
-    n, c, h, w = t.shape
+    _, c, h, w = t.shape
     return t if t.stride() == (h * w * c, 1, w * c, c) else _empty_cl(t).copy_(t)
 
 
@@ -385,7 +385,7 @@ def _bn_train_reference(input: Any, weight: Any, bias: Any, z: Any, relu: bool, 
         out = out + z
     if relu:
         out = torch.relu(out)
-    reserve = torch.empty(max(reserve_size, 0), dtype=torch.uint8, device=input.device)
+    reserve = torch.zeros(max(reserve_size, 0), dtype=torch.uint8, device=input.device)
     return (_empty_cl(input).copy_(out), mean.to(weight.dtype), invstd.to(weight.dtype),
             reserve)
 
@@ -554,13 +554,13 @@ if AVAILABLE:
 class _OutputSpec:
     """What `_layout` reads of a tensor, for a dense channels-last output not made yet."""
 
-    __slots__ = ("shape", "dtype", "device")
+    __slots__ = ("device", "dtype", "shape")
 
     def __init__(self, shape: tuple[int, ...], dtype: Any, device: int) -> None:
         self.shape, self.dtype, self.device = torch.Size(shape), dtype, device
 
     def stride(self) -> tuple[int, ...]:
-        n, c, h, w = self.shape
+        _, c, h, w = self.shape
         return (h * w * c, 1, w * c, c)
 
     def get_device(self) -> int:
