@@ -277,6 +277,29 @@ def test_compiled_fused_model_trains_like_the_eager_one(backend, options):
             torch.testing.assert_close(b, c, rtol=1e-10, atol=1e-12, msg=name)
 
 
+def test_a_changed_batch_size_recompiles_once_with_the_operators():
+    """CPU tensors need no trace-time reserve, so the dynamic-shape graph dynamo makes for a
+    second batch size keeps the operators (on CUDA it traces the original modules)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    fused, plain = _fused_pair()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fused, backend=counter, fullgraph=True)
+    for n in (2, 3, 5):
+        x = _r(n, 3, 16, 16, seed=n)
+        y, ref = compiled(x), plain(x)
+        torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-12)
+        y.sum().backward()
+        ref.sum().backward()
+    assert counter.frame_count == 2
+    assert [_ops_in([g]).get("pycudnn.batch_norm_train") for g in counter.graphs] == [
+        13, 13]
+    for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-8, atol=1e-10, msg=name)
+    for (name, b), c in zip(fused.named_buffers(), plain.buffers()):
+        torch.testing.assert_close(b, c, rtol=1e-10, atol=1e-12, msg=name)
+
+
 def test_aot_autograd_puts_the_fused_backward_in_the_backward_graph():
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
