@@ -358,13 +358,16 @@ def _ops_of(relu: bool, add: bool) -> int:
     return _OPS_ADD_RELU if add else _OPS_RELU if relu else _OPS_BN
 
 
-def _cudnn_layout(fn: str, c: Any, weight: Any, ops: int, reserve_size: int) -> _BnLayout:
+def _cudnn_layout(fn: str, c: Any, weight: Any, bias: Any, ops: int,
+                  reserve_size: int) -> _BnLayout:
     """The fused batch norm's layout for the dense channels-last ``c``, checked against what
-    the graph was traced with."""
-    if c.dtype not in _HALF or weight.dtype is not torch.float32:
+    the graph was traced with (a new layout takes a handle: the caller restores the device)."""
+    dtypes = (weight.dtype, torch.float32 if bias is None else bias.dtype)
+    if c.dtype not in _HALF or dtypes != (torch.float32, torch.float32):
         raise ValueError(f"{fn}: cuDNN's fused batch norm (reserve_size >= 0) takes float16 or "
-                         f"bfloat16 input with float32 weight and bias, got {c.dtype} and "
-                         f"{weight.dtype}; reserve_size=-1 computes with PyTorch's operators")
+                         f"bfloat16 input with float32 weight and bias, got {c.dtype}, "
+                         f"{dtypes[0]} and {dtypes[1]}; reserve_size=-1 computes with "
+                         f"PyTorch's operators")
     e = _layout(c, ops)
     if e is None:
         raise ValueError(f"{fn}: cuDNN's fused batch norm refuses this layout ({list(c.shape)}, "
@@ -396,21 +399,21 @@ def _bn_train_cuda(input: Any, weight: Any, bias: Any, z: Any, relu: bool, eps: 
         return _bn_train_reference(input, weight, bias, z, relu, eps, reserve_size)
     fn = "pycudnn::batch_norm_train"
     _bn_check(fn, input, weight, bias, z, relu, reserve_size)
-    c = _dense_cl(input)
-    e = _cudnn_layout(fn, c, weight, _ops_of(relu, z is not None), reserve_size)
-    zc = None if z is None else _dense_cl(z)
-    weight, bias = weight.contiguous(), bias.contiguous().to(torch.float32)
-    dev = c.device
-    d = dev.index
-    y = torch.empty_like(c)
-    mean = torch.empty(e.channels, dtype=torch.float32, device=dev)
-    invstd = torch.empty(e.channels, dtype=torch.float32, device=dev)
-    reserve = torch.empty(e.reserve, dtype=torch.uint8, device=dev)
-    # a workspace per call from PyTorch's allocator: a buffer kept across calls would be one a
-    # CUDA-graph tree's memory pool check refuses
-    ws = torch.empty(e.fwd_ws, dtype=torch.uint8, device=dev) if e.fwd_ws else None
     prev = callers_device() if _calls._multi_gpu else None
     try:
+        c = _dense_cl(input)
+        e = _cudnn_layout(fn, c, weight, bias, _ops_of(relu, z is not None), reserve_size)
+        zc = None if z is None else _dense_cl(z)
+        weight, bias = weight.contiguous(), bias.contiguous()
+        dev = c.device
+        d = dev.index
+        y = torch.empty_like(c)
+        mean = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        invstd = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        reserve = torch.empty(e.reserve, dtype=torch.uint8, device=dev)
+        # a workspace per call from PyTorch's allocator: a buffer kept across calls would be
+        # one a CUDA-graph tree's memory pool check refuses
+        ws = torch.empty(e.fwd_ws, dtype=torch.uint8, device=dev) if e.fwd_ws else None
         # no running statistics: the traced code updates them from mean and invstd
         st = e.forward(
             get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.xd, c.data_ptr(),
@@ -465,28 +468,29 @@ def _bn_backward_cuda(grad_output: Any, input: Any, output: Any, weight: Any, bi
                                       save_invstd, reserve, relu, add, eps, reserve_size)
     fn = "pycudnn::batch_norm_train_backward"
     _bn_backward_check(fn, grad_output, input, output, relu)
-    c = _dense_cl(input)
-    e = _cudnn_layout(fn, c, weight, _ops_of(relu, add), reserve_size)
-    if reserve.numel() != e.reserve:
-        raise ValueError(f"{fn}: expected a reserve of {e.reserve} bytes (the forward's), got "
-                         f"{reserve.numel()}")
-    gy = _dense_cl(grad_output)
-    y = _dense_cl(output) if relu else None
-    beta = bias.contiguous().to(torch.float32) if relu and bias is not None else None
-    dev = c.device
-    d = dev.index
-    dc = torch.empty_like(c)
-    dz = torch.empty_like(c) if add else c.new_empty(0)
-    dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
-    dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
-    ws = torch.empty(e.bwd_ws, dtype=torch.uint8, device=dev) if e.bwd_ws else None
     prev = callers_device() if _calls._multi_gpu else None
     try:
+        c = _dense_cl(input)
+        e = _cudnn_layout(fn, c, weight, bias, _ops_of(relu, add), reserve_size)
+        if reserve.numel() != e.reserve:
+            raise ValueError(f"{fn}: expected a reserve of {e.reserve} bytes (the forward's), "
+                             f"got {reserve.numel()}")
+        gy = _dense_cl(grad_output)
+        y = _dense_cl(output) if relu else None
+        gamma = weight.contiguous()
+        beta = bias.contiguous() if relu and bias is not None else None
+        dev = c.device
+        d = dev.index
+        dc = torch.empty_like(c)
+        dz = torch.empty_like(c) if add else c.new_empty(0)
+        dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        ws = torch.empty(e.bwd_ws, dtype=torch.uint8, device=dev) if e.bwd_ws else None
         st = e.backward(
             get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
             c.data_ptr(), e.xd, None if y is None else y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
             dz.data_ptr() if add else None, e.xd, dc.data_ptr(), e.pd,
-            weight.contiguous().data_ptr(), None if beta is None else beta.data_ptr(),
+            gamma.data_ptr(), None if beta is None else beta.data_ptr(),
             dgamma.data_ptr(), dbeta.data_ptr(), eps, save_mean.data_ptr(),
             save_invstd.data_ptr(), e.act, None if ws is None else ws.data_ptr(), e.bwd_ws,
             reserve.data_ptr() if e.reserve else None, e.reserve)
