@@ -91,7 +91,8 @@ def test_dynamo_finds_no_graph_break_in_a_converted_and_a_fused_model():
 
 
 def test_dynamo_traces_a_fused_training_model_through_its_original_modules():
-    """fuse_for_training's blocks in training mode: dynamo traces their unfused path (the
+    """fuse_for_training's blocks in training mode with float32 data, which cuDNN's fused
+    kernels do not take: dynamo traces their unfused path (the
     converted convolution, batch norm, add, ReLU) without a graph break, and the compiled
     step computes the unfused model's output and gradients (float32, TF32 off: the fused model's
     batch norms are the unfused one's, so the two agree to float32 rounding)."""

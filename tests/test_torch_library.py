@@ -42,7 +42,17 @@ SCHEMAS = {
     "conv2d_backward_weight": "pycudnn::conv2d_backward_weight(Tensor grad_output, "
                               "Tensor input, Tensor weight, int[2] stride, int[2] padding, "
                               "int[2] dilation, int groups) -> Tensor",
+    "batch_norm_train": "pycudnn::batch_norm_train(Tensor input, Tensor weight, Tensor bias, "
+                        "Tensor? z, bool relu, float eps, int reserve_size) "
+                        "-> (Tensor, Tensor, Tensor, Tensor)",
+    "batch_norm_train_backward": "pycudnn::batch_norm_train_backward(Tensor grad_output, "
+                                 "Tensor input, Tensor? output, Tensor weight, Tensor? bias, "
+                                 "Tensor save_mean, Tensor save_invstd, Tensor reserve, "
+                                 "bool relu, bool add, float eps, int reserve_size) "
+                                 "-> (Tensor, Tensor, Tensor, Tensor)",
 }
+#: the operators that also have a CPU implementation (PyTorch's own batch norm)
+WITH_CPU = {"batch_norm_train", "batch_norm_train_backward"}
 
 
 def test_every_operator_is_registered_with_its_schema():
@@ -50,7 +60,7 @@ def test_every_operator_is_registered_with_its_schema():
     for name, schema in SCHEMAS.items():
         op = getattr(torch.ops.pycudnn, name).default
         assert str(op._schema) == schema
-        for key in ("CUDA", "Autograd"):
+        for key in ("CUDA", "Autograd", *(("CPU",) if name in WITH_CPU else ())):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"pycudnn::{name}", key), key
 
 

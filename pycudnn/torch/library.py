@@ -61,6 +61,14 @@ OPS: dict[str, str] = {
                               f"-> Tensor"),
     "conv2d_backward_weight": (f"(Tensor grad_output, Tensor input, Tensor weight, {_GEOMETRY}) "
                                f"-> Tensor"),
+    # fuse_for_training's blocks (registered by training.py, beside the kernels they launch)
+    "batch_norm_train": ("(Tensor input, Tensor weight, Tensor bias, Tensor? z, bool relu, "
+                         "float eps, int reserve_size) -> (Tensor, Tensor, Tensor, Tensor)"),
+    "batch_norm_train_backward": ("(Tensor grad_output, Tensor input, Tensor? output, "
+                                  "Tensor weight, Tensor? bias, Tensor save_mean, "
+                                  "Tensor save_invstd, Tensor reserve, bool relu, bool add, "
+                                  "float eps, int reserve_size) "
+                                  "-> (Tensor, Tensor, Tensor, Tensor)"),
 }
 
 

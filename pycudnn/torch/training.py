@@ -36,9 +36,10 @@ from pycudnn.runtime.handle import get_handle
 from pycudnn.runtime.memory import callers_device, restore_device
 
 from . import calls as _calls
-from .calls import (autocast_dtype, autocast_enabled, c_apply, geometry, grad_enabled,
-                    pytorch_only, run_backward, run_forward)
-from .library import compiler, dynamo_compiling
+from .calls import (DTYPE_NAMES, autocast_dtype, autocast_enabled, c_apply, geometry,
+                    grad_enabled, normalize_geometry, pytorch_only, run_backward, run_forward,
+                    threshold_backward)
+from .library import AVAILABLE, compiler, define, dynamo_compiling, traced_conv2d
 
 __all__ = ["ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d", "fuse_for_training", "unfuse_training"]
 
@@ -296,6 +297,342 @@ def _recomputed_backward(block: _ConvBnBase, gy: Any, y: Any, inputs: tuple[Any,
 _apply = c_apply(_ConvBnFunction)
 
 
+# ---- the blocks as custom operators: what torch.compile and torch.export see ---------------------
+# A launch through raw pointers is opaque to dynamo and impossible on fake tensors. Traced, a
+# block is its convolution (library.traced_conv2d: pycudnn's operator or, where routing gave the
+# signature to PyTorch, F.conv2d), then pycudnn::batch_norm_train: cuDNN's fused batch norm [+ z]
+# [+ ReLU] kernel as a functional operator returning the output, the batch's mean and 1/std and
+# cuDNN's reserve, which its registered backward, pycudnn::batch_norm_train_backward (cuDNN's
+# fused backward), reads. An operator with registered autograd cannot mutate its arguments, so
+# the running statistics are updated from the returned statistics by PyTorch operations on the
+# batch norm's buffers in the traced code: dynamo models that mutation and inductor fuses it.
+# Both operators also run with PyTorch's own batch norm (``native_batch_norm`` and its
+# backward, the same math): on CPU tensors, and on CUDA ones with ``reserve_size=-1``.
+
+def _acc(input: Any, weight: Any) -> Any:
+    dtype = torch.promote_types(input.dtype, weight.dtype)
+    return torch.float32 if dtype in _HALF else dtype
+
+
+def _empty_cl(like: Any) -> Any:
+    return torch.empty(like.shape, dtype=like.dtype, device=like.device, memory_format=_CL)
+
+
+def _dense_cl(t: Any) -> Any:
+    """``t`` with the strides of ``torch.empty(..., memory_format=channels_last)`` (the layout
+    the fused batch norm's descriptors are made for), copied only where it has others."""
+    _, c, h, w = t.shape
+    return t if t.stride() == (h * w * c, 1, w * c, c) else _empty_cl(t).copy_(t)
+
+
+def _bn_check(fn: str, input: Any, weight: Any, bias: Any, z: Any, relu: bool,
+              reserve_size: int) -> None:
+    if input.dim() != 4:
+        raise ValueError(f"{fn}: expected a 4-D input (N, C, H, W), got {input.dim()}-D")
+    c = input.shape[1]
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (t.dim() != 1 or t.shape[0] != c):
+            raise ValueError(f"{fn}: expected {name} of shape [{c}] (the input's channels), got "
+                             f"{list(t.shape)}")
+    if z is not None:
+        if not relu:
+            raise ValueError(f"{fn}: z (the residual add) needs relu=True: cuDNN fuses the add "
+                             f"only before a ReLU")
+        if z.shape != input.shape or z.dtype != input.dtype:
+            raise ValueError(f"{fn}: expected z of the input's shape {list(input.shape)} and "
+                             f"dtype {input.dtype}, got {list(z.shape)} and {z.dtype}")
+    if reserve_size < -1:
+        raise ValueError(f"{fn}: expected reserve_size >= -1, got {reserve_size}")
+
+
+def _ops_of(relu: bool, add: bool) -> int:
+    return _OPS_ADD_RELU if add else _OPS_RELU if relu else _OPS_BN
+
+
+def _cudnn_layout(fn: str, c: Any, weight: Any, bias: Any, ops: int,
+                  reserve_size: int) -> _BnLayout:
+    """The fused batch norm's layout for the dense channels-last ``c``, checked against what
+    the graph was traced with (a new layout takes a handle: the caller restores the device)."""
+    dtypes = (weight.dtype, torch.float32 if bias is None else bias.dtype)
+    if c.dtype not in _HALF or dtypes != (torch.float32, torch.float32):
+        raise ValueError(f"{fn}: cuDNN's fused batch norm (reserve_size >= 0) takes float16 or "
+                         f"bfloat16 input with float32 weight and bias, got {c.dtype}, "
+                         f"{dtypes[0]} and {dtypes[1]}; reserve_size=-1 computes with "
+                         f"PyTorch's operators")
+    e = _layout(c, ops)
+    if e is None:
+        raise ValueError(f"{fn}: cuDNN's fused batch norm refuses this layout ({list(c.shape)}, "
+                         f"{c.dtype}); reserve_size=-1 computes with PyTorch's operators")
+    if e.reserve != reserve_size:
+        raise ValueError(f"{fn}: expected reserve_size={e.reserve} (cuDNN's reserve for this "
+                         f"layout) or -1, got {reserve_size}")
+    return e
+
+
+def _bn_train_reference(input: Any, weight: Any, bias: Any, z: Any, relu: bool, eps: float,
+                        reserve_size: int) -> tuple[Any, Any, Any, Any]:
+    _bn_check("pycudnn::batch_norm_train", input, weight, bias, z, relu, reserve_size)
+    acc = _acc(input, weight)
+    out, mean, invstd = torch.ops.aten.native_batch_norm(
+        input.to(acc), weight.to(acc), bias.to(acc), None, None, True, 0.0, eps)
+    if z is not None:
+        out = out + z
+    if relu:
+        out = torch.relu(out)
+    reserve = torch.zeros(max(reserve_size, 0), dtype=torch.uint8, device=input.device)
+    return (_empty_cl(input).copy_(out), mean.to(weight.dtype), invstd.to(weight.dtype),
+            reserve)
+
+
+def _bn_train_cuda(input: Any, weight: Any, bias: Any, z: Any, relu: bool, eps: float,
+                   reserve_size: int) -> tuple[Any, Any, Any, Any]:
+    if reserve_size < 0:
+        return _bn_train_reference(input, weight, bias, z, relu, eps, reserve_size)
+    fn = "pycudnn::batch_norm_train"
+    _bn_check(fn, input, weight, bias, z, relu, reserve_size)
+    prev = callers_device() if _calls._multi_gpu else None
+    try:
+        c = _dense_cl(input)
+        e = _cudnn_layout(fn, c, weight, bias, _ops_of(relu, z is not None), reserve_size)
+        zc = None if z is None else _dense_cl(z)
+        weight, bias = weight.contiguous(), bias.contiguous()
+        dev = c.device
+        d = dev.index
+        y = torch.empty_like(c)
+        mean = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        invstd = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        reserve = torch.empty(e.reserve, dtype=torch.uint8, device=dev)
+        # a workspace per call from PyTorch's allocator: a buffer kept across calls would be
+        # one a CUDA-graph tree's memory pool check refuses
+        ws = torch.empty(e.fwd_ws, dtype=torch.uint8, device=dev) if e.fwd_ws else None
+        # no running statistics: the traced code updates them from mean and invstd
+        st = e.forward(
+            get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.xd, c.data_ptr(),
+            e.xd, None if zc is None else zc.data_ptr(), e.xd, y.data_ptr(), e.pd,
+            weight.data_ptr(), bias.data_ptr(), 0.0, None, None, eps, mean.data_ptr(),
+            invstd.data_ptr(), e.act, None if ws is None else ws.data_ptr(), e.fwd_ws,
+            reserve.data_ptr() if e.reserve else None, e.reserve)
+        if st:
+            _lib.raise_status(st, "cudnnBatchNormalizationForwardTrainingEx",
+                              f"  x: {e.x_desc!r}")
+    finally:
+        restore_device(prev)
+    return y, mean, invstd, reserve
+
+
+def _bn_train_fake(input: Any, weight: Any, bias: Any, z: Any, relu: bool, eps: float,
+                   reserve_size: int) -> tuple[Any, Any, Any, Any]:
+    _bn_check("pycudnn::batch_norm_train", input, weight, bias, z, relu, reserve_size)
+    dev = input.device
+    return (_empty_cl(input), torch.empty(input.shape[1], dtype=weight.dtype, device=dev),
+            torch.empty(input.shape[1], dtype=weight.dtype, device=dev),
+            torch.empty(max(reserve_size, 0), dtype=torch.uint8, device=dev))
+
+
+def _bn_backward_check(fn: str, grad_output: Any, input: Any, output: Any, relu: bool) -> None:
+    if grad_output.shape != input.shape:
+        raise ValueError(f"{fn}: expected grad_output of the input's shape {list(input.shape)}, "
+                         f"got {list(grad_output.shape)}")
+    if relu and (output is None or output.shape != input.shape):
+        raise ValueError(f"{fn}: relu=True needs the forward's output (its mask), of the "
+                         f"input's shape {list(input.shape)}")
+
+
+def _bn_backward_reference(grad_output: Any, input: Any, output: Any, weight: Any, bias: Any,
+                           save_mean: Any, save_invstd: Any, reserve: Any, relu: bool, add: bool,
+                           eps: float, reserve_size: int) -> tuple[Any, Any, Any, Any]:
+    _bn_backward_check("pycudnn::batch_norm_train_backward", grad_output, input, output, relu)
+    acc = _acc(input, weight)
+    g = threshold_backward(grad_output, output, 0) if relu else grad_output
+    gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
+        g.to(acc), input.to(acc), weight.to(acc), None, None, save_mean.to(acc),
+        save_invstd.to(acc), True, eps, [True, True, True])
+    gz = _empty_cl(input).copy_(g) if add else input.new_empty(0)
+    return _empty_cl(input).copy_(gx), gw.to(weight.dtype), gb.to(weight.dtype), gz
+
+
+def _bn_backward_cuda(grad_output: Any, input: Any, output: Any, weight: Any, bias: Any,
+                      save_mean: Any, save_invstd: Any, reserve: Any, relu: bool, add: bool,
+                      eps: float, reserve_size: int) -> tuple[Any, Any, Any, Any]:
+    if reserve_size < 0:
+        return _bn_backward_reference(grad_output, input, output, weight, bias, save_mean,
+                                      save_invstd, reserve, relu, add, eps, reserve_size)
+    fn = "pycudnn::batch_norm_train_backward"
+    _bn_backward_check(fn, grad_output, input, output, relu)
+    prev = callers_device() if _calls._multi_gpu else None
+    try:
+        c = _dense_cl(input)
+        e = _cudnn_layout(fn, c, weight, bias, _ops_of(relu, add), reserve_size)
+        if reserve.numel() != e.reserve:
+            raise ValueError(f"{fn}: expected a reserve of {e.reserve} bytes (the forward's), "
+                             f"got {reserve.numel()}")
+        gy = _dense_cl(grad_output)
+        y = _dense_cl(output) if relu else None
+        gamma = weight.contiguous()
+        beta = bias.contiguous() if relu and bias is not None else None
+        dev = c.device
+        d = dev.index
+        dc = torch.empty_like(c)
+        dz = torch.empty_like(c) if add else c.new_empty(0)
+        dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
+        ws = torch.empty(e.bwd_ws, dtype=torch.uint8, device=dev) if e.bwd_ws else None
+        st = e.backward(
+            get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
+            c.data_ptr(), e.xd, None if y is None else y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
+            dz.data_ptr() if add else None, e.xd, dc.data_ptr(), e.pd,
+            gamma.data_ptr(), None if beta is None else beta.data_ptr(),
+            dgamma.data_ptr(), dbeta.data_ptr(), eps, save_mean.data_ptr(),
+            save_invstd.data_ptr(), e.act, None if ws is None else ws.data_ptr(), e.bwd_ws,
+            reserve.data_ptr() if e.reserve else None, e.reserve)
+        if st:
+            _lib.raise_status(st, "cudnnBatchNormalizationBackwardEx", f"  x: {e.x_desc!r}")
+    finally:
+        restore_device(prev)
+    return dc, dgamma, dbeta, dz
+
+
+def _bn_backward_fake(grad_output: Any, input: Any, output: Any, weight: Any, bias: Any,
+                      save_mean: Any, save_invstd: Any, reserve: Any, relu: bool, add: bool,
+                      eps: float, reserve_size: int) -> tuple[Any, Any, Any, Any]:
+    _bn_backward_check("pycudnn::batch_norm_train_backward", grad_output, input, output, relu)
+    dev = input.device
+    return (_empty_cl(input), torch.empty(input.shape[1], dtype=weight.dtype, device=dev),
+            torch.empty(input.shape[1], dtype=weight.dtype, device=dev),
+            _empty_cl(input) if add else input.new_empty(0))
+
+
+def _bn_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
+    c, w, b, z, relu, eps, reserve_size = inputs
+    y, mean, invstd, reserve = output
+    # the output only for the ReLU's mask, the shift only where cuDNN's activation backward
+    # reads it, never z (its gradient is the masked gradient), as the eager block saves
+    ctx.save_for_backward(c, y if relu else None, w, b if relu else None, mean, invstd, reserve)
+    ctx.relu, ctx.add, ctx.eps, ctx.reserve_size = relu, z is not None, eps, reserve_size
+    ctx.mark_non_differentiable(mean, invstd, reserve)
+
+
+def _bn_backward(ctx: Any, gy: Any, *unused: Any) -> tuple[Any, ...]:
+    c, y, w, b, mean, invstd, reserve = ctx.saved_tensors
+    need_c, need_w, need_b, need_z = ctx.needs_input_grad[:4]
+    if torch.is_grad_enabled():  # create_graph=True: through PyTorch's differentiable operators
+        gc, gw, gb, gz = _bn_recomputed_backward(ctx, gy, c, y, w)
+    else:
+        gc, gw, gb, gz = torch.ops.pycudnn.batch_norm_train_backward(
+            gy, c, y, w, b, mean, invstd, reserve, ctx.relu, ctx.add, ctx.eps, ctx.reserve_size)
+    return (gc if need_c else None, gw if need_w else None, gb if need_b else None,
+            gz if ctx.add and need_z else None, None, None, None)
+
+
+def _bn_recomputed_backward(ctx: Any, gy: Any, c: Any, y: Any, w: Any) -> tuple[Any, ...]:
+    """The operator's gradients through PyTorch's batch norm on the saved input (batch
+    statistics), which autograd can differentiate again; the ReLU's mask is the output's."""
+    g = torch.where(y.detach() > 0, gy, gy.new_zeros(())) if ctx.relu else gy
+    acc = _acc(c, w)
+    wanted = [t for t in (c, w) if t.requires_grad]
+    grads: tuple[Any, ...] = ()
+    if wanted:
+        yb = F.batch_norm(c.to(acc), None, None, w.to(acc), None, True, 0.0, ctx.eps)
+        grads = torch.autograd.grad(yb, wanted, g.to(acc), create_graph=True)
+    got = iter(grads)
+    gc, gw = (next(got).to(t.dtype) if t.requires_grad else None for t in (c, w))
+    return gc, gw, g.sum((0, 2, 3)).to(w.dtype), g
+
+
+if AVAILABLE:
+    define("batch_norm_train", _bn_train_cuda, _bn_train_fake, _bn_backward,
+           _bn_setup).register_kernel("cpu", _bn_train_reference)
+    define("batch_norm_train_backward", _bn_backward_cuda,
+           _bn_backward_fake).register_kernel("cpu", _bn_backward_reference)
+
+
+class _OutputSpec:
+    """What `_layout` reads of a tensor, for a dense channels-last output not made yet."""
+
+    __slots__ = ("device", "dtype", "shape")
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any, device: int) -> None:
+        self.shape, self.dtype, self.device = torch.Size(shape), dtype, device
+
+    def stride(self) -> tuple[int, ...]:
+        _, c, h, w = self.shape
+        return (h * w * c, 1, w * c, c)
+
+    def get_device(self) -> int:
+        return self.device
+
+
+def _reserve_size(signature: tuple[Any, ...]) -> int:
+    """cuDNN's reserve size for the fused batch norm of a dense channels-last output
+    ``(shape, dtype name, device index, ops)``, or -1 where cuDNN refuses that layout. dynamo
+    calls this while it traces (``assume_constant_result``: run once, its answer baked into the
+    graph), outside the fake-tensor mode."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    shape, dtype, device, ops = signature
+    with unset_fake_temporarily():
+        e = _layout(_OutputSpec(shape, getattr(torch, dtype), device), ops)
+    return -1 if e is None else int(e.reserve)
+
+
+if AVAILABLE:
+    _reserve_size = torch._dynamo.assume_constant_result(_reserve_size)
+
+
+def traced_block(block: _ConvBnBase, x: Any, z: Any) -> Any:
+    """A training-mode block as dynamo or ``torch.export`` traces it: the convolution, then
+    ``pycudnn::batch_norm_train`` and the running statistics' update; or None, to trace the
+    original modules: a CUDA call that cuDNN's fused kernels do not take (as in eager), with
+    shapes that are not static (cuDNN's reserve is sized at trace time), or without
+    ``torch.library.custom_op``. CPU calls take the operator with PyTorch's batch norm."""
+    if not AVAILABLE or not isinstance(z, (torch.Tensor, type(None))) or x.dim() != 4:
+        return None
+    bn, conv = block.bn, block.conv
+    w, cb = conv.weight, conv.bias
+    if x.is_cuda and torch.is_autocast_enabled("cuda"):
+        dt = torch.get_autocast_dtype("cuda")
+        x, w = x.to(dt), w.to(dt)
+        cb = None if cb is None else cb.to(dt)
+    gamma, beta = bn.weight, bn.bias
+    if gamma is None or beta is None:
+        return None
+    geom, pre_pad = normalize_geometry(conv.stride, conv.padding, conv.dilation, conv.groups,
+                                       w.shape[2:])
+    out = _conv_out_shape(x, w, geom)
+    if pre_pad is not None or (z is not None and (list(z.shape) != out or z.dtype != x.dtype)):
+        return None
+    reserve = -1
+    if x.is_cuda:
+        if not _fits(bn, x, w, z) or not all(isinstance(n, int) for n in out):
+            return None
+        reserve = _reserve_size((tuple(out), DTYPE_NAMES[x.dtype], x.device.index, block.ops))
+        if reserve < 0:
+            return None
+    if x.shape[0] == 1:
+        _check_values_per_channel(x, w, geom)
+    c = traced_conv2d(x, w, cb, *geom) if x.is_cuda else F.conv2d(x, w, cb, *geom)
+    y, mean, invstd, _ = torch.ops.pycudnn.batch_norm_train(c, gamma, beta, z,
+                                                            block.ops != _OPS_BN, bn.eps, reserve)
+    _update_running_stats(bn, mean, invstd, out[0] * out[2] * out[3])
+    return y
+
+
+def _update_running_stats(bn: Any, mean: Any, invstd: Any, count: Any) -> None:
+    """nn.BatchNorm2d's training update of ``bn``'s buffers from the batch's mean and 1/std
+    (the unbiased variance for ``running_var``), as PyTorch operations the graph holds."""
+    rm, rv, nbt = bn.running_mean, bn.running_var, bn.num_batches_tracked
+    if not bn.track_running_stats or rm is None or rv is None:
+        return
+    factor: Any = 0.0 if bn.momentum is None else bn.momentum
+    if nbt is not None:
+        nbt.add_(1)
+        if bn.momentum is None:  # the cumulative average
+            factor = 1.0 / nbt.to(rm.dtype)
+    var = (invstd.to(rv.dtype).pow(-2) - bn.eps) * (count / (count - 1))
+    rm.mul_(1 - factor).add_(mean.to(rm.dtype) * factor)
+    rv.mul_(1 - factor).add_(var * factor)
+
+
 # ---- the modules --------------------------------------------------------------------------------
 
 class _ConvBnBase(torch.nn.Module):
@@ -341,12 +678,11 @@ class _ConvBnBase(torch.nn.Module):
     def _fused(self, x: Any, z: Any) -> Any:
         """The fused call, or None where this call does not fit cuDNN's fused kernels."""
         bn, conv = self.bn, self.conv
-        if not (bn.training and x.is_cuda) or pytorch_only() or has_hooks(conv) \
-                or has_hooks(bn):
+        if not bn.training or pytorch_only() or has_hooks(conv) or has_hooks(bn):
             return None  # hooks (prune, weight_norm, ...) run where the modules are called
         if dynamo_compiling() or compiler._is_compiling_flag:
-            # traced (torch.compile, torch.export): the original modules, which the compiler
-            # sees through (the converted convolutions included) and fuses by itself
+            return traced_block(self, x, z)  # torch.compile, torch.export: the operators
+        if not x.is_cuda:
             return None
         w, cb = conv.weight, conv.bias
         if autocast_enabled():
@@ -355,15 +691,9 @@ class _ConvBnBase(torch.nn.Module):
             cb = None if cb is None else cb.to(dt)
             if z is not None and z.dtype is not dt:
                 return None
-        gamma, beta = bn.weight, bn.bias
-        if (x.dtype not in _HALF or x.dim() != 4 or gamma is None or beta is None
-                or gamma.dtype is not torch.float32 or beta.dtype is not torch.float32
-                or w.dtype is not x.dtype or bn.num_features % 4
-                or (bn.running_mean is not None and bn.running_mean.dtype is not torch.float32)
-                or (z is not None and z.dtype is not x.dtype)
-                or not (x.is_contiguous(memory_format=_CL) or w.is_contiguous(memory_format=_CL))
-                or self.geometry[1] is not None):
+        if not _fits(bn, x, w, z) or self.geometry[1] is not None:
             return None
+        gamma, beta = bn.weight, bn.bias
         if x.shape[0] == 1:
             _check_values_per_channel(x, w, self.geometry[0])
         if z is not None and not z.is_contiguous(memory_format=_CL):
@@ -380,14 +710,33 @@ class _ConvBnBase(torch.nn.Module):
         return torch.relu(y) if self.ops != _OPS_BN else y
 
 
+def _fits(bn: Any, x: Any, w: Any, z: Any) -> bool:
+    """Whether cuDNN's fused kernels take these tensors (the input and weight as the convolution
+    gets them, the shortcut ``z``): float16/bfloat16 channels-last data, float32 batch-norm
+    parameters and statistics, channels a multiple of 4 (the layout itself is cuDNN's to
+    accept)."""
+    gamma, beta = bn.weight, bn.bias
+    return not (x.dtype not in _HALF or x.dim() != 4 or gamma is None or beta is None
+                or gamma.dtype is not torch.float32 or beta.dtype is not torch.float32
+                or w.dtype is not x.dtype or bn.num_features % 4
+                or (bn.running_mean is not None and bn.running_mean.dtype is not torch.float32)
+                or (z is not None and z.dtype is not x.dtype)
+                or not (x.is_contiguous(memory_format=_CL) or w.is_contiguous(memory_format=_CL)))
+
+
+def _conv_out_shape(x: Any, w: Any, geom: tuple[Any, ...]) -> list[Any]:
+    stride, padding, dilation, _ = geom
+    size = [x.shape[0], w.shape[0]]
+    for i in range(2):
+        size.append((x.shape[2 + i] + 2 * padding[i] - dilation[i] * (w.shape[2 + i] - 1) - 1)
+                    // stride[i] + 1)
+    return size
+
+
 def _check_values_per_channel(x: Any, w: Any, geom: tuple[Any, ...]) -> None:
     """nn.BatchNorm2d's refusal of one value per channel in training (the unbiased variance for
     ``running_var`` would divide by zero), made before the convolution runs."""
-    stride, padding, dilation, _ = geom
-    size = [int(x.shape[0]), int(w.shape[0])]
-    for i in range(2):
-        size.append((int(x.shape[2 + i]) + 2 * padding[i] - dilation[i] * (int(w.shape[2 + i]) - 1)
-                     - 1) // stride[i] + 1)
+    size = _conv_out_shape(x, w, geom)
     if size[0] * size[2] * size[3] == 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got input size "
                          f"{torch.Size(size)}")
