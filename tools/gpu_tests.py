@@ -106,9 +106,18 @@ def exclusive_files(files: Sequence[str]) -> list[str]:
     return found
 
 
+#: seconds one test may take before it is failed with every thread's stack (pytest-timeout, where
+#: installed): a test that hangs must fail its shard, not stall the whole run
+TEST_TIMEOUT_S = 300
+
+
 def _command(files: Sequence[str], marker: str, junit: str, extra: Sequence[str]) -> list[str]:
+    import importlib.util
+
+    timeout = ([f"--timeout={TEST_TIMEOUT_S}"] if importlib.util.find_spec("pytest_timeout")
+               else [])
     return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker,
-            f"--junitxml={junit}", *extra, *files]
+            f"--junitxml={junit}", *timeout, *extra, *files]
 
 
 def _env(cache: str) -> dict[str, str]:
