@@ -217,10 +217,12 @@ def test_plans_run_from_several_threads_at_once(db):
     errors: list = []
     results: dict = {}
 
+    # imported here, once: eight threads importing cuda.core for the first time at once can see
+    # its package half initialized (pycudnn itself no longer imports it)
+    from cuda.core import Device
+
     def worker(i):
         try:
-            from cuda.core import Device
-
             dev = Device(0)
             dev.set_current()
             s = dev.create_stream()

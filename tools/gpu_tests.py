@@ -86,10 +86,11 @@ def file_durations(junit_xml: str) -> dict[str, float]:
         file = case.get("file")
         if not file:  # pytest writes classname "tests.test_x" (or "tests.test_x.TestClass")
             parts = (case.get("classname") or "").split(".")
+            # the last part named like a test module: a folder above it may be named so too
             mods = [i for i, p in enumerate(parts) if p.startswith("test_")]
             if not mods:
                 continue
-            file = "/".join(parts[:mods[0] + 1]) + ".py"
+            file = "/".join(parts[:mods[-1] + 1]) + ".py"
         out[file] = out.get(file, 0.0) + float(case.get("time") or 0.0)
     return out
 
