@@ -19,7 +19,7 @@ F = torch.nn.functional
 
 
 def _blocks(model):
-    return [type(m).__name__ for m in model.modules() if isinstance(m, training._BLOCKS)]
+    return [type(m).__name__ for m in model.modules() if isinstance(m, training.BLOCKS)]
 
 
 def test_chains_of_a_resnet_become_blocks():
@@ -201,7 +201,7 @@ def test_pickle_stores_the_unfused_class_and_deepcopy_stays_fused():
     assert list(loaded.state_dict()) == list(fused.state_dict())
     assert torch.equal(loaded.eval()(x), want)
     again = pt.fuse_for_training(loaded)  # the stale block's name is taken back
-    assert [n for n, m in again.named_modules() if isinstance(m, training._BLOCKS)] == \
+    assert [n for n, m in again.named_modules() if isinstance(m, training.BLOCKS)] == \
         ["conv_bn_relu"]
     assert torch.equal(again(x), want)
     twin = copy.deepcopy(fused)

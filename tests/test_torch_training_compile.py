@@ -238,7 +238,7 @@ def test_dynamo_traces_a_fused_model_whole_with_the_batch_norm_operator():
     explained = torch._dynamo.explain(fused)(_r(2, 3, 16, 16))
     assert (explained.graph_break_count, explained.graph_count) == (0, 1), \
         explained.break_reasons
-    blocks = sum(isinstance(m, training._BLOCKS) for m in fused.modules())
+    blocks = sum(isinstance(m, training.BLOCKS) for m in fused.modules())
     found = _ops_in(explained.graphs)
     assert blocks == 13 and found.get("pycudnn.batch_norm_train") == blocks, found
     assert not any("batch_norm" in k and not k.startswith("pycudnn") for k in found), found

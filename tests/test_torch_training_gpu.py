@@ -84,7 +84,7 @@ def test_block_matches_float64(dtype, kind, shape, stride, groups):
     yt, gt, statst, _ = _reference(model, dtype, args)
 
     fused = pt.fuse_for_training(copy.deepcopy(model).to(dtype, memory_format=CL))
-    block = next(m for m in fused.modules() if isinstance(m, pt.training._BLOCKS))
+    block = next(m for m in fused.modules() if isinstance(m, pt.training.BLOCKS))
     assert type(block).__name__ == {"bn": "ConvBn2d", "relu": "ConvBnReLU2d",
                                     "add_relu": "ConvBnAddReLU2d"}[kind]
     ins = [a.detach().to(dtype).requires_grad_() for a in args]
@@ -110,7 +110,7 @@ def test_momentum_none_is_the_cumulative_average():
     model.bn.momentum = None
     ref = copy.deepcopy(model).to(torch.float64)
     fused = pt.fuse_for_training(copy.deepcopy(model).to(torch.bfloat16, memory_format=CL))
-    block = next(m for m in fused.modules() if isinstance(m, pt.training._BLOCKS))
+    block = next(m for m in fused.modules() if isinstance(m, pt.training.BLOCKS))
     for step in range(3):
         x = torch.randn(4, 8, 6, 6, device=DEV).to(memory_format=CL)
         y = fused(x.to(torch.bfloat16))
@@ -440,7 +440,7 @@ def test_the_conv_bias_and_shift_changed_before_backward(kind):
     _, g64, _, g = _reference(model, torch.float64, args)
     _, gbf, _, _ = _reference(model, torch.bfloat16, args)  # PyTorch's own bfloat16 distance
     fused = pt.fuse_for_training(copy.deepcopy(model).to(torch.bfloat16, memory_format=CL))
-    block = next(m for m in fused.modules() if isinstance(m, pt.training._BLOCKS))
+    block = next(m for m in fused.modules() if isinstance(m, pt.training.BLOCKS))
     ins = [a.detach().to(torch.bfloat16).requires_grad_() for a in args]
     y = fused(*ins)
     assert _fused_ran(y)

@@ -33,7 +33,8 @@ from .modules import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, 
                       FusedConv2d, conversion_report, convert, revert)
 from .routing import report as routing_report
 from .routing import set_routing
-from .training import ConvBn2d, ConvBnAddReLU2d, ConvBnReLU2d, fuse_for_training
+from .training import ConvBn2d, ConvBnAddReLU2d, ConvBnReLU2d
+from .training_rewrite import fuse_for_training
 
 __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_add_relu", "Conv2d", "FusedConv2d", "convert",
            "revert", "fuse_for_inference", "fold_batchnorm", "clear_cache", "CACHE_MAX",

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from .modules import CONVERSIONS, Conv2d, FusedConv2d, log
-from .training import add_fusable, has_hooks, inplace_tracer, is_add, is_relu, mutation_between
+from .training import has_hooks
+from .training_rewrite import add_fusable, inplace_tracer, is_add, is_relu, mutation_between
 
 
 # ---- inference fusion -----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from .calls import geometry
 from .functional import conv2d, conv2d_add_relu, conv2d_bias_relu
 from .functional_nd import conv1d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d
-from .training import unfuse_training
+from .training_rewrite import unfuse_training
 
 log = logging.getLogger("pycudnn")
 
