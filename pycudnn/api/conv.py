@@ -487,23 +487,6 @@ def _transposed_grad_geometry(fn: str, x_shape: tuple[int, ...], w_shape: tuple[
     return (stride_t, padding_t, dilation_t, g), tuple(o // s for o, s in zip(op, stride_t))
 
 
-def _string_padding(padding: Any, stride: tuple[int, ...], dilation: tuple[int, ...],
-                    kernel: Sequence[int], fn: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """PyTorch's ``padding='valid'`` / ``'same'``: (padding on both sides, the extra zero on
-    the far side of the dims whose total padding ``dilation * (kernel - 1)`` is odd)."""
-    nd = len(stride)
-    if padding == "valid":
-        return (0,) * nd, (0,) * nd
-    if padding != "same":
-        raise ValueError(f"{fn}: Invalid padding string '{padding}', should be one of "
-                         f"['valid', 'same']")
-    if any(s != 1 for s in stride):
-        raise ValueError(f"{fn}: padding='same' is not supported for strided convolutions, but "
-                         f"got stride={list(stride)}")
-    totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
-    return tuple(t // 2 for t in totals), tuple(t % 2 for t in totals)
-
-
 def _padded_input(x: Tensor, extra: tuple[int, ...], fmt: str, stream: int) -> Tensor:
     """``x`` with ``extra`` zeros after the last element of each spatial dim (PyTorch pads the
     input explicitly so for an odd 'same' padding), a new tensor in ``fmt``."""
