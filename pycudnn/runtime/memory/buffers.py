@@ -194,14 +194,9 @@ class DeviceBuffer:
     def close(self, stream: Any = None) -> None:
         """Free the memory now, ordered on ``stream`` (default: the stream it was allocated on).
         Closing twice is harmless."""
-        ptr = self._ptr
+        ptr = self._take()
         if ptr is None:
             return
-        self._ptr = None
-        self._stream_ref = None
-        if self._finalizer is None:
-            return
-        self._finalizer.detach()
         drv = _driver.loaded
         if not drv:
             return
@@ -221,15 +216,22 @@ class DeviceBuffer:
         workspace of either kind is evicted alike). Idempotent. Nothing is freed when the device
         cannot be synchronized (another thread capturing a CUDA graph): the memory is kept for
         the rest of the process, never handed to the next allocation while work may use it."""
+        ptr = self._take()
+        if ptr is not None:
+            _release(ptr, self.device, 0, None, True)
+
+    def _take(self) -> int | None:
+        """Mark the buffer closed and detach its finalizer: the address to free now, or None
+        where there is nothing to free (closed already, or an empty buffer)."""
         ptr = self._ptr
         if ptr is None:
-            return
+            return None
         self._ptr = None
         self._stream_ref = None
         if self._finalizer is None:
-            return
+            return None
         self._finalizer.detach()
-        _release(ptr, self.device, 0, None, True)
+        return ptr
 
     def __enter__(self) -> "DeviceBuffer":
         return self
