@@ -131,30 +131,25 @@ def below(coef: float, dtype: Any) -> float:
 
 
 class _EdgeFix:
-    """The extra operations that give PyTorch's values where cuDNN's legacy backward kernel
+    """The extra operation that gives PyTorch's values where cuDNN's legacy backward kernel
     gives others (`Activation.edges`), for one backward signature.
 
     ``nan_passes`` (ReLU): the kernel passes dy where its input is > 0 (0 at +-0 and -inf);
     PyTorch passes it where y is not <= 0, NaN included. ``min(y, +inf)`` with NaN not
     propagated is y with NaN turned into +inf, and the kernel is given that as y and x.
-    ``nan_at_inf`` (swish): PyTorch's ``dy * s * (1 + x * (1 - s))`` is NaN at x = +-inf;
-    ``dx += x - x`` (0 where x is finite, NaN elsewhere) adds exactly that.
     """
 
-    __slots__ = ("kind", "op", "scalar", "scalar_desc", "one", "minus_one", "keep")
+    __slots__ = ("kind", "op", "scalar", "scalar_desc", "one", "keep")
 
     def __init__(self, kind: str, compute: Any) -> None:
         self.kind = kind
         wide = "float64" if np.dtype(compute).name == "float64" else "float32"
-        if kind == "nan_passes":
-            self.op = OpTensorDescriptor(OpTensorOp.MIN, wide, NanPropagation.NOT_PROPAGATE_NAN)
-        else:
-            self.op = OpTensorDescriptor(OpTensorOp.ADD, wide, NanPropagation.PROPAGATE_NAN)
+        self.op = OpTensorDescriptor(OpTensorOp.MIN, wide, NanPropagation.NOT_PROPAGATE_NAN)
         self.scalar_desc = TensorDescriptor((1, 1, 1, 1), compute, (1, 1, 1, 1))
         self.scalar: Tensor | None = None  # +inf on the device, made at the first call
         c = ctypes.c_double if wide == "float64" else ctypes.c_float
-        self.keep = (c(1.0), c(-1.0), c(0.0))
-        self.one, self.minus_one = (ctypes.addressof(v) for v in self.keep[:2])
+        self.keep = (c(1.0), c(0.0))
+        self.one = ctypes.addressof(self.keep[0])
 
     def before(self, handle: int, y: Tensor, d: int, stream: int) -> Tensor:
         """ReLU: ``y`` with NaN as +inf, in a new dense tensor of ``y``'s layout."""
@@ -162,20 +157,13 @@ class _EdgeFix:
             self.scalar = from_numpy(np.array([np.inf]), dtype=y.dtype, device=y.device)
         t = empty(y.shape, y.dtype, device=y.device, stream=stream)
         t = Tensor._make(t.ptr, y.shape, y.strides, y.dtype, y.device, t.owner)
-        zero = ctypes.addressof(self.keep[2])
+        zero = ctypes.addressof(self.keep[1])
         status = c_function("cudnnOpTensor")(handle, self.op.handle, self.one, d, y.ptr, self.one,
                                           self.scalar_desc.handle, self.scalar.ptr, zero, d,
                                           t.ptr)
         if status:
             _lib.raise_status(status, "cudnnOpTensor", "  op: MIN (NaN to +inf)")
         return t
-
-    def after(self, handle: int, x: Tensor, dx: Tensor, d: int) -> None:
-        """Swish: ``dx = (x - x) + dx``."""
-        status = c_function("cudnnOpTensor")(handle, self.op.handle, self.one, d, x.ptr,
-                                          self.minus_one, d, x.ptr, self.one, d, dx.ptr)
-        if status:
-            _lib.raise_status(status, "cudnnOpTensor", "  op: ADD (x - x + dx)")
 
 
 class GraphKernel:
@@ -486,8 +474,6 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
         if status:
             raise_launch(status, "cudnnActivationBackward", fn, activation=plan.keep[0],
                          tensors=plan.keep[1])
-        if fix is not None and fix.kind == "nan_at_inf":
-            fix.after(handle, x, target, d)
         if target is not dx:
             transform(handle, target, _view4(dx))
         if fast is not None and fast.plan is None:
@@ -536,7 +522,7 @@ def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Te
         # ceiling one value of the dtype lower makes its test PyTorch's x < coef
         c = below(c, x.dtype)
     act = activation_descriptor(mode, c, nan)
-    if pytorch_edges and act_row.edges in ("nan_passes", "nan_at_inf"):
+    if pytorch_edges and act_row.edges == "nan_passes":
         plan.fix = _EdgeFix(act_row.edges, compute)
     d = _descriptor(x.shape, dense, compute)
     plan.act = act.handle

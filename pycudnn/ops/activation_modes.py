@@ -42,8 +42,8 @@ class Activation:
     ``coef``, ``fixed`` those set to a constant. ``compiles_backward(coef)`` says whether a
     compiled backward kernel gives the legacy kernel's values (else the signature keeps the
     legacy kernel). ``edges`` names the correction that gives PyTorch's edge values:
-    ``"nan_passes"`` (dy passes where y is NaN), ``"open_ceiling"`` (0 at x == coef) or
-    ``"nan_at_inf"`` (NaN where x is +-inf); ``""`` none.
+    ``"nan_passes"`` (dy passes where y is NaN) or ``"open_ceiling"`` (0 at x == coef); ``""``
+    none.
     """
     name: str
     legacy: ActivationMode | None

@@ -337,12 +337,7 @@ def activation_steps(act: Activation, coef: float, backward: bool
         real: tuple[str, ...] = ("dy", "y", "dx")
     else:
         assert act.backward is not None
-        nan_at_inf = act.edges == "nan_at_inf"
-        steps = [PointwiseStep(act.backward, x="x", dy="dy", dx="g" if nan_at_inf else "dx",
-                               params=params)]
-        if nan_at_inf:
-            steps += [PointwiseStep(PointwiseMode.SUB, x="x", b="x", y="z"),
-                      PointwiseStep(PointwiseMode.ADD, x="g", b="z", y="dx")]
+        steps = [PointwiseStep(act.backward, x="x", dy="dy", dx="dx", params=params)]
         real = ("dy", "x", "dx")
     names: list[str] = []
     for st in steps:
