@@ -1,5 +1,5 @@
 """Call cost and time to first result: pycudnn against NVIDIA's own Python binding,
-``nvidia-cudnn-frontend`` (``import cudnn``), and PyTorch. Issue 25's tables in one script.
+``nvidia-cudnn-frontend`` (``import cudnn``), and PyTorch.
 
     PYTHONPATH=. python3 benchmarks/vs_frontend.py --json $OUT/vs_frontend.json      # ~3-4 min
     PYTHONPATH=. python3 benchmarks/vs_frontend.py --quick --json $OUT/vs_frontend_quick.json
@@ -44,8 +44,9 @@ use pycudnn's libcudnn (the same file): the script puts the directory of
 ``pycudnn.library_path()`` first on ``LD_LIBRARY_PATH`` before ``import cudnn`` (the frontend's
 loader tries that path first) and reports both libraries' versions.
 
-Run it with the pycudnn to measure on ``PYTHONPATH``; ``--json`` writes every figure with the
-commit (``PYCUDNN_COMMIT`` when set, else ``git rev-parse``).
+Run it with the pycudnn to measure importable (on ``PYTHONPATH``, or installed from a wheel, as
+users get it: bytecode compiled at install); the fresh processes import the same copy. ``--json``
+writes every figure with the commit (``PYCUDNN_COMMIT`` when set, else ``git rev-parse``).
 """
 
 from __future__ import annotations
@@ -730,13 +731,22 @@ def _frontend_unbuilt(cudnn: Any, torch: Any, handle: Any, tensors: dict[str, An
     return g, {"x": X, "w": W, "y": Y}
 
 
+def pycudnn_root() -> str:
+    """The folder this process imported pycudnn from (the repository, or an installed package's
+    site-packages): the fresh processes import the same copy."""
+    import pycudnn
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(pycudnn.__file__)))
+
+
 def run_child(opts: dict[str, Any], libdir: str | None) -> dict[str, Any]:
     """``child(opts)`` in a fresh interpreter with an empty tuning database and pycudnn's
     libcudnn first on LD_LIBRARY_PATH."""
     with tempfile.TemporaryDirectory(prefix="pycudnn-vs-frontend-") as tmp:
         env = with_libcudnn_first(dict(os.environ), libdir)
         env["PYCUDNN_CACHE_DIR"] = os.path.join(tmp, "cache")
-        env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = pycudnn_root() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                              else "")
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(opts), "--child-out", out]
         try:
@@ -844,7 +854,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import pycudnn
 
     report: dict[str, Any] = {
-        "what": "issue 25: pycudnn against nvidia-cudnn-frontend and PyTorch: call cost, time to "
+        "what": "pycudnn against nvidia-cudnn-frontend and PyTorch: call cost, time to "
                 "first result, where the first call goes, cudnnBackendExecute's floor",
         "commit": commit(), "pycudnn": pycudnn.__file__, "pycudnn_version": pycudnn.__version__,
         "libcudnn": pycudnn.cudnn_version(), "libcudnn_path": pycudnn.library_path(),
