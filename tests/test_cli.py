@@ -115,7 +115,7 @@ def test_info_without_libcudnn_says_what_to_install(tmp_path):
     if "cuDNN        not found" not in proc.stdout:
         pytest.skip(f"a libcudnn is on the system's default search path:\n{proc.stdout}")
     assert proc.returncode == 1, proc.stderr  # the full report, then: pycudnn cannot run here
-    assert 'pip install "pycudnn-ctypes[cu12]"' in proc.stdout
+    assert "pip install nvidia-cudnn-cu12" in proc.stdout
     assert "tried PYCUDNN_LIBRARY=/nonexistent/dir/libcudnn.so.9" in proc.stdout
     assert "tuning DB" in proc.stdout and "Traceback" not in proc.stderr
     proc = run_cli("info", "--json", cache=tmp_path, prelude=HIDE_PATHFINDER,

@@ -101,10 +101,14 @@ def test_the_install_command_fits_where_pycudnn_comes_from(monkeypatch):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(environment.__file__))))
     if os.path.isfile(os.path.join(root, "pyproject.toml")):
         assert text == f'pip install -e "{root}[cu12]"'
-    else:
-        assert text == 'pip install "pycudnn-ctypes[cu12]"'
     monkeypatch.setattr(os.path, "isfile", lambda p: False)
-    assert environment.pip_install_command("cu13") == 'pip install "pycudnn-ctypes[cu13]"'
+    # an installed pycudnn: the extra's own requirements, which resolve without pycudnn on an index
+    text = environment.pip_install_command("cu13")
+    assert "pycudnn-ctypes" not in text
+    assert '"nvidia-cudnn-cu13' in text and '"cuda-python' in text and "<14" in text
+    assert '"nvidia-cudnn-cu12' in environment.pip_install_command("cu12")
+    with pytest.raises(ValueError, match="unknown extra 'cu99'"):
+        environment.pip_install_command("cu99")
 
 
 def test_python_m_pycudnn_version():

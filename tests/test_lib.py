@@ -133,7 +133,7 @@ def test_missing_library_error_lists_every_place_tried():
     assert tried[1].startswith("  - libcudnn.so.9: OSError")
     assert tried[2].startswith("  - libcudnn.so: OSError")
     assert "could not load libcudnn; tried, in order:" in out
-    assert 'pip install "pycudnn-ctypes[cu12]"' in out and "set PYCUDNN_LIBRARY" in out
+    assert "pip install nvidia-cudnn-cu12" in out and "set PYCUDNN_LIBRARY" in out
 
 
 # ---- PYCUDNN_LIBRARY is the only place tried when set -------------------------------------------

@@ -61,12 +61,36 @@ def cuda_text(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
+#: what the ``cu12`` / ``cu13`` extras require, where the installed metadata cannot say
+_EXTRAS = {"cu12": ("nvidia-cudnn-cu12>=9,<10", "cuda-python>=12.6,<13"),
+           "cu13": ("nvidia-cudnn-cu13>=9,<10", "cuda-python>=13,<14")}
+
+
+def extra_requirements(extra: str) -> list[str]:
+    """The requirements pycudnn's ``extra`` adds, from the installed package's metadata (else
+    the known ``cu12`` / ``cu13`` lists)."""
+    from importlib import metadata
+
+    try:
+        reqs = metadata.requires("pycudnn-ctypes") or []
+    except metadata.PackageNotFoundError:
+        reqs = []
+    marker = f'extra == "{extra}"'
+    found = [r.split(";")[0].strip() for r in reqs if marker in r]
+    return found or list(_EXTRAS.get(extra, ()))
+
+
 def pip_install_command(extra: str) -> str:
-    """The command that installs pycudnn with ``extra``: from this checkout when it is one."""
+    """The command that installs what pycudnn's ``extra`` brings: this checkout with the extra
+    when pycudnn runs from one, else the extra's own requirements (nothing of pycudnn's is on
+    a package index yet, so ``pycudnn-ctypes[extra]`` would not resolve)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # pycudnn/cli/..
     if os.path.isfile(os.path.join(root, "pyproject.toml")):
         return f'pip install -e "{root}[{extra}]"'
-    return f'pip install "pycudnn-ctypes[{extra}]"'
+    reqs = extra_requirements(extra)
+    if not reqs:
+        raise ValueError(f"pip_install_command: unknown extra {extra!r}")
+    return "pip install " + " ".join(f'"{r}"' for r in reqs)
 
 
 def _major(text: Any) -> int | None:

@@ -563,8 +563,8 @@ def _cudnn_installed() -> bool:
 
 
 #: what to do when no libcudnn loads (the end of that error, and of ``pycudnn info``'s answer)
-INSTALL_HINT = ('install the cuDNN 9 wheel that matches your CUDA: pip install "pycudnn-ctypes[cu12]" '
-                '(or [cu13]), or set PYCUDNN_LIBRARY to the path of libcudnn.so.9')
+INSTALL_HINT = ('install the cuDNN 9 wheel that matches your CUDA: pip install nvidia-cudnn-cu12 '
+                '(or nvidia-cudnn-cu13), or set PYCUDNN_LIBRARY to the path of libcudnn.so.9')
 
 
 def _load() -> Library:
@@ -605,7 +605,7 @@ def _load() -> Library:
             f"could not load the libcudnn that PYCUDNN_LIBRARY names ({env}); pycudnn does not "
             "fall back to another cuDNN while it is set:\n" + "\n".join(tried)
             + "\nfix the path, or unset PYCUDNN_LIBRARY to use the cuDNN found otherwise "
-            '(the cuDNN wheel: pip install "pycudnn-ctypes[cu12]" or [cu13])')
+            "(the cuDNN wheel: pip install nvidia-cudnn-cu12 or nvidia-cudnn-cu13)")
     raise CudnnNotFoundError("could not load libcudnn; tried, in order:\n" + "\n".join(tried)
                              + f"\n{INSTALL_HINT}")
 
