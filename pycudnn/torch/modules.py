@@ -28,17 +28,22 @@ def _pycudnn_runs(input: Any) -> bool:
 
 # ---- modules --------------------------------------------------------------------------------------
 
+def _padded_forward(module: Any, fn: Any, input: Any, weight: Any, bias: Any) -> Any:
+    """``ConvNd._conv_forward`` through ``fn``: padding modes other than ``"zeros"`` pad with
+    ``F.pad`` first, as PyTorch does."""
+    if module.padding_mode != "zeros":
+        return fn(F.pad(input, module._reversed_padding_repeated_twice, mode=module.padding_mode),
+                  weight, bias, module.stride, 0, module.dilation, module.groups)
+    return fn(input, weight, bias, module.stride, module.padding, module.dilation, module.groups)
+
+
 class Conv1d(torch.nn.Conv1d):
     """``torch.nn.Conv1d`` whose convolutions run in pycudnn (`conv1d`): as `Conv2d`."""
 
     def _conv_forward(self, input: Any, weight: Any, bias: Any) -> Any:
         if not _pycudnn_runs(input):
             return super()._conv_forward(input, weight, bias)
-        if self.padding_mode != "zeros":
-            return conv1d(F.pad(input, self._reversed_padding_repeated_twice,
-                                mode=self.padding_mode),
-                          weight, bias, self.stride, 0, self.dilation, self.groups)
-        return conv1d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        return _padded_forward(self, conv1d, input, weight, bias)
 
 
 class Conv2d(torch.nn.Conv2d):
@@ -53,11 +58,7 @@ class Conv2d(torch.nn.Conv2d):
     def _conv_forward(self, input: Any, weight: Any, bias: Any) -> Any:
         if not _pycudnn_runs(input):
             return super()._conv_forward(input, weight, bias)
-        if self.padding_mode != "zeros":
-            return conv2d(F.pad(input, self._reversed_padding_repeated_twice,
-                                mode=self.padding_mode),
-                          weight, bias, self.stride, 0, self.dilation, self.groups)
-        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        return _padded_forward(self, conv2d, input, weight, bias)
 
 
 class Conv3d(torch.nn.Conv3d):
@@ -66,15 +67,15 @@ class Conv3d(torch.nn.Conv3d):
     def _conv_forward(self, input: Any, weight: Any, bias: Any) -> Any:
         if not _pycudnn_runs(input):
             return super()._conv_forward(input, weight, bias)
-        if self.padding_mode != "zeros":
-            return conv3d(F.pad(input, self._reversed_padding_repeated_twice,
-                                mode=self.padding_mode),
-                          weight, bias, self.stride, 0, self.dilation, self.groups)
-        return conv3d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        return _padded_forward(self, conv3d, input, weight, bias)
 
 
-def _transposed_forward(module: Any, fn: Any, nd: int, input: Any, output_size: Any) -> Any:
-    """``ConvTransposeNd.forward`` through ``fn`` (``output_size`` as PyTorch takes it)."""
+def _transposed_forward(module: Any, pytorch_forward: Any, fn: Any, nd: int, input: Any,
+                        output_size: Any) -> Any:
+    """``ConvTransposeNd.forward`` through ``fn`` (``output_size`` as PyTorch takes it), or
+    through ``pytorch_forward`` where `_pytorch_transposes` says PyTorch's runs the call."""
+    if _pytorch_transposes(module, input):
+        return pytorch_forward(input, output_size)
     output_padding = module.output_padding if output_size is None else tuple(
         module._output_padding(input, output_size, module.stride, module.padding,
                                module.kernel_size, nd, module.dilation))
@@ -94,9 +95,8 @@ class ConvTranspose1d(torch.nn.ConvTranspose1d):
     `ConvTranspose2d`."""
 
     def forward(self, input: Any, output_size: list[int] | None = None) -> Any:
-        if _pytorch_transposes(self, input):
-            return super().forward(input, output_size)
-        return _transposed_forward(self, conv_transpose1d, 1, input, output_size)
+        return _transposed_forward(self, super().forward, conv_transpose1d, 1, input,
+                                   output_size)
 
 
 class ConvTranspose2d(torch.nn.ConvTranspose2d):
@@ -108,9 +108,8 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
     """
 
     def forward(self, input: Any, output_size: list[int] | None = None) -> Any:
-        if _pytorch_transposes(self, input):
-            return super().forward(input, output_size)
-        return _transposed_forward(self, conv_transpose2d, 2, input, output_size)
+        return _transposed_forward(self, super().forward, conv_transpose2d, 2, input,
+                                   output_size)
 
 
 class ConvTranspose3d(torch.nn.ConvTranspose3d):
@@ -118,9 +117,8 @@ class ConvTranspose3d(torch.nn.ConvTranspose3d):
     `ConvTranspose2d`."""
 
     def forward(self, input: Any, output_size: list[int] | None = None) -> Any:
-        if _pytorch_transposes(self, input):
-            return super().forward(input, output_size)
-        return _transposed_forward(self, conv_transpose3d, 3, input, output_size)
+        return _transposed_forward(self, super().forward, conv_transpose3d, 3, input,
+                                   output_size)
 
 
 #: the class `convert` gives each ``torch.nn`` convolution class, and back (`revert`)

@@ -95,14 +95,20 @@ def prologue(fn: str, x: Any, mode: Any, stream: Any, training: bool) -> Call:
     return Call(fn, xt, m, stream)
 
 
+def _neither(fn: str, a: Any, a_name: str, b: Any, b_name: str, note: str) -> bool:
+    """Whether neither of a pair that goes together is given; one without the other is refused
+    (``note`` says what their absence means)."""
+    if (a is None) != (b is None):
+        missing = b_name if b is None else a_name
+        raise ValueError(f"{fn}: expected {a_name} and {b_name} both given or both None{note}, "
+                         f"but {missing} is None")
+    return a is None
+
+
 def check_stats(fn: str, running_mean: Any, running_var: Any, call: Call, stream: Any,
                 reads: Sequence[tuple[str, Tensor | None]]) -> tuple[Tensor | None,
                                                                      Tensor | None]:
-    if (running_mean is None) != (running_var is None):
-        missing = "running_var" if running_var is None else "running_mean"
-        raise ValueError(f"{fn}: expected running_mean and running_var both given or both None, "
-                         f"but {missing} is None")
-    if running_mean is None:
+    if _neither(fn, running_mean, "running_mean", running_var, "running_var", ""):
         return None, None
     rm = check_param(running_mean, "running_mean", call.x, call.mode, fn, stream, writable=True)
     rv = check_param(running_var, "running_var", call.x, call.mode, fn, stream, writable=True)
@@ -166,11 +172,8 @@ def reserve_key(call: Call, ops: int) -> tuple:
 
 def check_saved(fn: str, save_mean: Any, save_invstd: Any, call: Call,
                 stream: Any) -> tuple[Tensor | None, Tensor | None]:
-    if (save_mean is None) != (save_invstd is None):
-        missing = "save_invstd" if save_invstd is None else "save_mean"
-        raise ValueError(f"{fn}: expected save_mean and save_invstd both given or both None "
-                         f"(cuDNN then recomputes them from the input), but {missing} is None")
-    if save_mean is None:
+    if _neither(fn, save_mean, "save_mean", save_invstd, "save_invstd",
+                " (cuDNN then recomputes them from the input)"):
         return None, None
     return (check_param(save_mean, "save_mean", call.x, call.mode, fn, stream),
             check_param(save_invstd, "save_invstd", call.x, call.mode, fn, stream))
