@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "ConvolutionDescriptor": "cudnn.descriptors", "ActivationDescriptor": "cudnn.descriptors",
     # the types the public signatures name
     "TensorLike": "runtime.tensor", "StreamLike": "runtime.memory", "ConvolutionFlags": "configuration",
+    "DTypeLike": "_types", "DeviceLike": "runtime.memory",
     # tensors
     "Tensor": "runtime.tensor", "as_tensor": "runtime.tensor", "tensor_from_pointer": "runtime.tensor", "empty": "runtime.tensor",
     "zeros": "runtime.tensor", "from_numpy": "runtime.tensor",
@@ -140,7 +141,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .runtime.tensor import (Tensor as Tensor, TensorLike as TensorLike, as_tensor as as_tensor,
                                  empty as empty, from_numpy as from_numpy,
                                  tensor_from_pointer as tensor_from_pointer, zeros as zeros)
-    from .runtime.memory import StreamLike as StreamLike
+    from .runtime.memory import DeviceLike as DeviceLike, StreamLike as StreamLike
+    from ._types import DTypeLike as DTypeLike
     from .configuration import (ConvolutionFlags as ConvolutionFlags, config as config,
                                 flags as flags)
     from .runtime.handle import (device_count as device_count, get_handle as get_handle)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 from enum import IntEnum
+from typing import Any, Protocol, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +18,7 @@ __all__ = [
     "BwdFilterAlgo",
     "ConvolutionFwdAlgoPerf", "ConvolutionBwdDataAlgoPerf", "ConvolutionBwdFilterAlgoPerf",
     "LibraryProperty", "dtype_to_cudnn", "normalize_dtype", "SUPPORTED_DTYPES",
+    "DTypeLike", "SupportsDType",
 ]
 
 
@@ -225,6 +227,21 @@ SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 _TO_CUDNN = {"float32": DataType.FLOAT, "float16": DataType.HALF, "bfloat16": DataType.BFLOAT16,
              "float64": DataType.DOUBLE}
+
+
+class SupportsDType(Protocol):
+    """An object with a numpy ``.dtype`` (a numpy array, a `pycudnn.Tensor`): ``numpy.dtype()``
+    reads that attribute."""
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+
+DTypeLike = Union[str, np.dtype[Any], type[np.generic], type[float], SupportsDType]
+"""What `normalize_dtype()`, and so every pycudnn ``dtype=`` parameter, accepts: a name
+(``"float32"``, ``"float"``, ``"half"``, ``"bfloat16"``, ...), a numpy dtype, a numpy scalar type
+(``numpy.float16``, ``ml_dtypes.bfloat16``), Python's ``float`` (float64), or an object with a
+``.dtype``. Each must name one of `SUPPORTED_DTYPES` (TypeError otherwise, at run time)."""
 
 
 def normalize_dtype(dtype: npt.DTypeLike, parameter: str = "dtype") -> np.dtype:

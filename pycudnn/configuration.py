@@ -11,8 +11,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import sys
 import threading
-from typing import Any, Iterator, Literal, Mapping, TypedDict
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, TypedDict
+
+if sys.version_info >= (3, 11):  # at run time too: typing.get_type_hints() resolves the flags
+    from typing import Unpack
+elif TYPE_CHECKING:  # Python 3.10: for type checkers only (annotations are strings at run time)
+    from typing_extensions import Unpack
 
 __all__ = ["config", "flags", "Config", "FLAG_NAMES", "ConvolutionFlags"]
 
@@ -142,7 +148,7 @@ config = Config()
 
 
 @contextlib.contextmanager
-def flags(**overrides: Any) -> Iterator[Config]:
+def flags(**overrides: Unpack[ConvolutionFlags]) -> Iterator[Config]:
     """Override flags for a block on this thread: ``with pycudnn.flags(benchmark=True): ...``.
 
     The flags and their types are those of `ConvolutionFlags`.

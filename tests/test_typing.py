@@ -83,3 +83,111 @@ def test_mypy_passes():
     proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- no bare Any where the API knows the type ---------------------------------------------------
+#: parameter names whose type pycudnn knows: a bare ``Any`` on one of them promises nothing
+_TYPED_NAMES = ("dtype", "device", "stream", "input", "weight", "module", "model", "bias")
+
+
+def _bare_any(hint):
+    """Whether ``hint`` is ``Any`` or a union with ``Any`` in it (``Any | None``)."""
+    if hint is typing.Any:
+        return True
+    return typing.get_origin(hint) is typing.Union and typing.Any in typing.get_args(hint)
+
+
+def _untyped(name, fn, check_return):
+    hints = typing.get_type_hints(fn)
+    bad = [f"{name}({p})" for p, hint in hints.items()
+           if p != "return" and any(key in p for key in _TYPED_NAMES) and _bare_any(hint)]
+    if check_return and _bare_any(hints.get("return")):
+        bad.append(f"{name} -> Any")
+    return bad
+
+
+def _torch_public_callables(module):
+    seen = []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if inspect.isclass(obj) and not issubclass(obj, BaseException):
+            seen += [(f"{name}.{attr}", member) for attr, member in vars(obj).items()
+                     if inspect.isfunction(member) and (not attr.startswith("_") or attr in _DUNDERS)]
+        elif inspect.isfunction(obj):
+            seen.append((name, obj))
+    return seen
+
+
+def test_the_checker_flags_bare_any():
+    def loose(dtype: typing.Any, stream: typing.Optional[typing.Any] = None,
+              other: typing.Any = None) -> typing.Any: ...
+
+    def tight(dtype: pycudnn.DTypeLike, stream: pycudnn.StreamLike | None = None) -> int: ...
+
+    assert _untyped("loose", loose, True) == ["loose(dtype)", "loose(stream)", "loose -> Any"]
+    assert _untyped("tight", tight, True) == []
+
+
+def test_pycudnn_signatures_name_their_types():
+    found = _public_callables()
+    assert {"empty", "zeros", "from_numpy", "get_handle", "preload", "Tensor.__init__"} <= {
+        n for n, _ in found}
+    bad = [b for name, fn in found for b in _untyped(name, fn, check_return=False)]
+    assert not bad, "public parameters typed Any: " + ", ".join(bad)
+    hints = typing.get_type_hints(pycudnn.empty)
+    assert hints["dtype"] is pycudnn.DTypeLike
+    assert hints["device"] == typing.Optional[pycudnn.DeviceLike]
+    assert hints["stream"] == typing.Optional[pycudnn.StreamLike]
+
+
+def test_pycudnn_torch_signatures_name_torch_types():
+    torch = pytest.importorskip("torch")
+    import pycudnn.torch as pt
+
+    found = _torch_public_callables(pt)
+    assert {"conv2d", "conv1d", "conv_transpose3d", "convert", "revert", "fold_batchnorm",
+            "fuse_for_inference", "fuse_for_training", "conversion_report", "FusedConv2d.forward",
+            "ConvTranspose2d.forward", "ConvBnAddReLU2d.forward"} <= {n for n, _ in found}
+    bad = [b for name, fn in found for b in _untyped(name, fn, check_return=True)]
+    assert not bad, "pycudnn.torch signatures typed Any: " + ", ".join(bad)
+    hints = typing.get_type_hints(pt.conv2d)
+    assert hints["input"] is torch.Tensor and hints["return"] is torch.Tensor
+    assert hints["bias"] == typing.Optional[torch.Tensor]
+    assert typing.get_type_hints(pt.convert)["module"].__bound__ is torch.nn.Module
+
+
+def test_the_aliases_accept_what_the_conversions_accept():
+    """Each kind of value the aliases name is one the run-time conversion takes."""
+    import numpy as np
+
+    from pycudnn._types import normalize_dtype
+    from pycudnn.runtime.memory.devices import HasDeviceId
+    from pycudnn.runtime.memory.streams import resolve_stream
+
+    class Array:
+        dtype = np.dtype("float16")
+
+    for value in ("float32", np.dtype("float64"), np.float16, float, Array()):
+        assert normalize_dtype(value).name in ("float32", "float64", "float16")
+
+    class Device:
+        device_id = 0
+
+    assert typing.get_args(pycudnn.DeviceLike) == (typing.SupportsIndex, HasDeviceId)
+    assert Device().device_id == 0
+
+    class Stream:
+        def __cuda_stream__(self):
+            return (0, 7)
+
+    assert resolve_stream(Stream()) == 7 and resolve_stream(5) == 5
+
+
+def test_importing_pycudnn_types_does_not_import_torch():
+    code = ("import sys, typing, pycudnn; pycudnn.DTypeLike, pycudnn.DeviceLike, pycudnn.StreamLike; "
+            "typing.get_type_hints(pycudnn.empty); typing.get_type_hints(pycudnn.get_handle); "
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

@@ -21,12 +21,15 @@ import sys
 import threading
 from typing import Any, Callable
 
+import numpy as np
+
 from ..cudnn.tensor_ops import contiguous_bias
 from ..errors import PycudnnError
 from ..runtime.handle import get_handle
 from ..runtime.memory import devices as _devices
-from ..runtime.memory import allocate_fast, callers_device, restore_device, stream_pair
-from ..runtime.tensor import (Tensor, as_tensor, check_writable, span_elements, spans_overlap,
+from ..runtime.memory import (StreamLike, allocate_fast, callers_device, restore_device,
+                              stream_pair)
+from ..runtime.tensor import (Tensor, TensorLike, as_tensor, check_writable, span_elements, spans_overlap,
                               views_overlap)
 from ..engines.contract import Engine
 from ..engines.problem import DIRECTION, ConvolutionParams
@@ -57,7 +60,7 @@ class PreparedConvolution:
     _torch_out_layout: tuple[Any, Any, Any, int] | None = None
     _torch_out_class: type | None = None
 
-    def __init__(self, params: ConvolutionParams, record: Any, engine: Engine, dtype: Any,
+    def __init__(self, params: ConvolutionParams, record: Any, engine: Engine, dtype: np.dtype,
                  shapes: dict[str, tuple], strides: dict[str, tuple],
                  slow: Callable[..., Tensor] | None,
                  has_bias: bool = False, has_z: bool = False, out_size_bytes: int = 0) -> None:
@@ -105,8 +108,9 @@ class PreparedConvolution:
     def __repr__(self) -> str:
         return f"<PreparedConvolution {self.params.short()} -> {self.record.describe()}>"
 
-    def __call__(self, a: Any, b: Any, out: Any = None, *, z: Any = None, bias: Any = None,
-                 stream: Any = None) -> Tensor:
+    def __call__(self, a: TensorLike, b: TensorLike, out: TensorLike | None = None, *,
+                 z: TensorLike | None = None, bias: TensorLike | None = None,
+                 stream: StreamLike | None = None) -> Tensor:
         # the caller's current device, given back at the end (one device: nothing to give back)
         prev = None if _devices.visible_devices == 1 else callers_device()
         try:
@@ -199,8 +203,9 @@ class PreparedConvolution:
         o1 = o0 + self._out_span
         return (a.ptr < o1 and o0 < a.ptr + self._a_span) or (b.ptr < o1 and o0 < b.ptr + self._b_span)
 
-    def matching_out(self, out: Any, a: Tensor, b: Tensor, bias: Tensor | None = None,
-                     z: Tensor | None = None, stream: Any = None) -> Tensor | None | bool:
+    def matching_out(self, out: TensorLike | None, a: Tensor, b: Tensor, bias: Tensor | None = None,
+                     z: Tensor | None = None, stream: StreamLike | None = None
+                     ) -> Tensor | None | bool:
         """``out`` as a Tensor when a launch on ``a`` and ``b`` (already known to match) can write
         it as is; None when ``out`` is None (the launch allocates); False when ``out`` is read-only,
         has another layout, dtype or device, or may share memory with an input (``a``, ``b``,

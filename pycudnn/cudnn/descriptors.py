@@ -26,7 +26,7 @@ from typing import Any, Callable, NoReturn, Sequence, TypeVar
 import numpy as np
 
 from .._live import LiveCounter
-from .._types import (ActivationMode, ConvolutionMode, DataType, MathType, NanPropagation,
+from .._types import (ActivationMode, DTypeLike, ConvolutionMode, DataType, MathType, NanPropagation,
                       OpTensorOp, PoolingMode, TensorFormat, dtype_to_cudnn, normalize_dtype)
 from ..ffi.library import lib, raise_status
 from ..runtime.tensor.geometry import conv_output_size
@@ -69,7 +69,7 @@ def _destroy(destroy_fn: Callable[[int], int], handle: int, counter: LiveCounter
 _DTYPE_CACHE: dict[Any, tuple[np.dtype, int]] = {}
 
 
-def _dtype_info(dtype: Any, parameter: str = "dtype") -> tuple[np.dtype, int]:
+def _dtype_info(dtype: DTypeLike, parameter: str = "dtype") -> tuple[np.dtype, int]:
     """(numpy dtype, cudnnDataType_t) of a dtype given as numpy dtype, type or name; cached."""
     try:
         return _DTYPE_CACHE[dtype]
@@ -327,7 +327,7 @@ class TensorDescriptor(_Shaped):
     _create_name = "cudnnCreateTensorDescriptor"
     _destroy_name = "cudnnDestroyTensorDescriptor"
 
-    def __init__(self, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None = None,
+    def __init__(self, shape: Sequence[int], dtype: DTypeLike, strides: Sequence[int] | None = None,
                  *, validate: bool = True) -> None:
         shape_t = int_tuple(shape, "shape")
         _check_ndim(shape_t, "shape")
@@ -431,7 +431,7 @@ class FilterDescriptor(_Shaped):
     _create_name = "cudnnCreateFilterDescriptor"
     _destroy_name = "cudnnDestroyFilterDescriptor"
 
-    def __init__(self, shape: Sequence[int], dtype: Any,
+    def __init__(self, shape: Sequence[int], dtype: DTypeLike,
                  format: str | TensorFormat = "NCHW", *, validate: bool = True) -> None:
         shape_t = int_tuple(shape, "shape")
         _check_ndim(shape_t, "shape")
@@ -511,7 +511,7 @@ class ConvolutionDescriptor(Descriptor):
     _destroy_name = "cudnnDestroyConvolutionDescriptor"
 
     def __init__(self, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
-                 groups: int = 1, dtype: Any = "float32", allow_tf32: bool = True,
+                 groups: int = 1, dtype: DTypeLike = "float32", allow_tf32: bool = True,
                  mode: ConvolutionMode | int = ConvolutionMode.CROSS_CORRELATION, *,
                  validate: bool = True) -> None:
         pad_t = int_tuple(padding, "padding")
@@ -791,7 +791,7 @@ class OpTensorDescriptor(Descriptor):
     _destroy_name = "cudnnDestroyOpTensorDescriptor"
 
     def __init__(self, op: OpTensorOp | int | str = OpTensorOp.ADD,
-                 compute_dtype: Any = "float32",
+                 compute_dtype: DTypeLike = "float32",
                  nan_propagation: NanPropagation | int | str = NanPropagation.NOT_PROPAGATE_NAN
                  ) -> None:
         op_e = enum_member(OpTensorOp, op, "op")

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 import numpy as np
 
 from ..cudnn.tensor_ops import scalar_pointers, transform
 from ..runtime.tensor.checks import check_no_broadcast, check_out_reads
 from ..ffi import library as _lib
-from ..runtime.memory import allocate_fast, callers_device, restore_device, stream_pair
+from ..runtime.memory import (DeviceBuffer, allocate_fast, callers_device, restore_device,
+                              stream_pair)
+from ..runtime.memory.stream_allocation import StreamAllocation
 from ..runtime.tensor import (
     Tensor,
     as_tensor,
@@ -41,6 +43,9 @@ __all__ = ["tensor_arg", "stream_pair", "scalars", "check_match", "check_shape",
 #: cuDNN's legacy descriptors take sizes and strides as C ``int``
 INT32_MAX = 2**31 - 1
 
+DeviceMemory = Union[DeviceBuffer, StreamAllocation]
+"""The device memory a reserve keeps: what `allocate()` or `allocate_fast()` returned."""
+
 
 class Reserve:
     """Device memory a training forward pass fills for its backward pass (cuDNN's reserve
@@ -53,7 +58,7 @@ class Reserve:
 
     __slots__ = ("_buffer", "nbytes", "device")
 
-    def __init__(self, buffer: Any, nbytes: int, device: int) -> None:
+    def __init__(self, buffer: DeviceMemory | None, nbytes: int, device: int) -> None:
         self._buffer = buffer  # None for an empty reserve (nothing to keep)
         self.nbytes = nbytes
         self.device = device

@@ -24,14 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from .._types import normalize_dtype
+from .._types import DTypeLike, normalize_dtype
 from ..cudnn.descriptors import TensorDescriptor, Descriptor
 from ..cudnn.tensor_ops import transform
 from ..runtime.tensor.checks import check_no_broadcast, check_out_reads
 from ..ffi import library as _lib
-from ..ops._common import PlanCache, Reserve, c_function
+from ..ops._common import DeviceMemory, PlanCache, Reserve, c_function
 from ..runtime.handle import get_handle
 from ..runtime.memory import (
+    DeviceLike,
     StreamLike,
     allocate,
     allocate_fast,
@@ -140,7 +141,7 @@ class DropoutState:
         states_nbytes: the size of the RNG state buffer.
     """
 
-    def __init__(self, p: float = 0.5, seed: int = 0, *, device: Any = None,
+    def __init__(self, p: float = 0.5, seed: int = 0, *, device: DeviceLike | None = None,
                  stream: StreamLike | None = None) -> None:
         what = "DropoutState"
         self._p = _probability(p, what)
@@ -181,7 +182,7 @@ class DropoutState:
         self._desc.restore(handle, p, self._states.ptr, self.states_nbytes, self.seed)
         self._p = p
 
-    def reset(self, seed: int | None = None, *, stream: Any = None) -> None:
+    def reset(self, seed: int | None = None, *, stream: StreamLike | None = None) -> None:
         """Initialise the RNG state again from ``seed`` (default: the seed it has), on
         ``stream``, and wait for it: the masks start over as from a new state."""
         new_seed = self.seed if seed is None else _seed(seed, "DropoutState.reset")
@@ -226,7 +227,7 @@ class DropoutReserve(Reserve):
 
     __slots__ = ("shape", "strides", "dtype", "p")
 
-    def __init__(self, buffer: Any, nbytes: int, shape: tuple[int, ...],
+    def __init__(self, buffer: DeviceMemory | None, nbytes: int, shape: tuple[int, ...],
                  strides: tuple[int, ...], dtype: np.dtype, device: int, p: float) -> None:
         super().__init__(buffer, nbytes, device)
         self.shape = shape
@@ -264,7 +265,7 @@ def _flat(n: int, dtype: np.dtype) -> tuple[TensorDescriptor, int]:
     return entry
 
 
-def dropout_reserve_size(shape: tuple[int, ...], dtype: Any = "float32") -> int:
+def dropout_reserve_size(shape: tuple[int, ...], dtype: DTypeLike = "float32") -> int:
     """Bytes of reserve space a dropout forward pass of this shape and dtype keeps (asks cuDNN;
     no GPU needed)."""
     n = math.prod(int(s) for s in shape)

@@ -25,8 +25,8 @@ from typing import Any
 from ..errors import CudnnError, NoDeviceError
 from ..ffi import library as _lib
 from .memory import devices as _devices
-from .memory.devices import device_count
-from .memory.streams import resolve_stream
+from .memory.devices import DeviceLike, device_count
+from .memory.streams import StreamLike, resolve_stream
 
 __all__ = ["get_handle", "device_count", "live_handle_count", "pooled_handle_count"]
 
@@ -112,7 +112,7 @@ def _set_stream(handle: int, stream: int) -> None:
         _lib.raise_status(status, "cudnnSetStream", f"  stream: {stream:#x}")
 
 
-def _acquire(device: Any, state: _ThreadHandles) -> tuple[int, int]:
+def _acquire(device: DeviceLike | None, state: _ThreadHandles) -> tuple[int, int]:
     """Cache miss: validate the device, make it current, take a pooled handle or create one."""
     dev = _devices.normalize_device(device, what="get_handle")  # NoDeviceError before cudnnCreate
     handle = state.handles.get(dev)
@@ -131,7 +131,7 @@ def _acquire(device: Any, state: _ThreadHandles) -> tuple[int, int]:
     return dev, handle
 
 
-def get_handle(device: Any = None, stream: Any = None) -> int:
+def get_handle(device: DeviceLike | None = None, stream: StreamLike | None = None) -> int:
     """This thread's cuDNN handle for ``device``, with ``stream`` set on it.
 
     Args:
@@ -158,11 +158,13 @@ def get_handle(device: Any = None, stream: Any = None) -> int:
             if _devices.no_device_reason():
                 raise _devices.no_device_error("get_handle") from None
             raise NoDeviceError(f"get_handle: {exc}") from None
-    handle = state.handles.get(device) if type(device) is int else None
+    handle = None
+    if type(device) is int:
+        handle = state.handles.get(device)
+        if handle is not None:
+            _devices.ensure_device(device)
     if handle is None:
         device, handle = _acquire(device, state)
-    else:
-        _devices.ensure_device(device)
     # the hot callers pass the int handle already set: converted only when it is another stream
     if state.streams.get(device, -1) != stream:
         s = resolve_stream(stream)

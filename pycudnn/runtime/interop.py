@@ -19,7 +19,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .memory import resolve_stream
+from .memory import StreamLike, resolve_stream
+from .tensor import TensorLike
 
 __all__ = ["current_stream", "framework_of", "FRAMEWORKS"]
 
@@ -91,7 +92,7 @@ def _numba_stream() -> int:
     return _numba_handle(cuda.default_stream())
 
 
-def current_stream(obj: Any) -> int:
+def current_stream(obj: str | TensorLike | StreamLike | None) -> int:
     """The ``cudaStream_t`` handle (an int) that work on ``obj`` should be ordered on.
 
     Args:
@@ -140,6 +141,11 @@ def current_stream(obj: Any) -> int:
         raise TypeError("current_stream: expected a framework name, an array or a stream, got bool")
     if isinstance(obj, int):
         return resolve_stream(obj)
+    return _stream_of_object(obj)
+
+
+def _stream_of_object(obj: Any) -> int:
+    """`current_stream` of an array or stream object (duck-typed: tried, not trusted)."""
     fw = framework_of(obj)
     if fw == "torch":
         torch = sys.modules.get("torch")

@@ -22,7 +22,7 @@ from .._types import normalize_dtype
 from ..errors import OutOfMemoryError
 from ..ffi import library as _lib
 from ..runtime.handle import get_handle
-from ..runtime.memory import (allocate, callers_device, ensure_device, mem_get_info,
+from ..runtime.memory import (DeviceLike, allocate, callers_device, ensure_device, mem_get_info,
                               normalize_device, restore_device, stream_synchronize)
 from ..runtime.tensor import span_elements
 from ..tuning import db as tuning_db
@@ -119,7 +119,7 @@ class _Scratch:
         self.buffers = [None] * 5
 
 
-def preload(device: Any = None, *, launch: bool = True, max_bytes: int | None = None) -> PreloadReport:
+def preload(device: DeviceLike | None = None, *, launch: bool = True, max_bytes: int | None = None) -> PreloadReport:
     """Rebuild the tuning database's records for ``device`` and put them in the benchmark cache.
 
     After it, the first ``benchmark=True`` call with stored parameters runs the stored choice from

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._types import IntOrInts, Padding
+
 from .calls import (autocast_dtype, autocast_enabled, c_apply, convolution_backward, dense_grad,
                     forward_key, geometry, grad_enabled, pytorch_only, route_layer_to_torch,
                     run_backward, run_forward, threshold_backward, torch_layers)
@@ -115,8 +117,9 @@ def _needs_grad(*tensors: Any) -> bool:
 
 # ---- public functions -----------------------------------------------------------------------------
 
-def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
-           dilation: Any = 1, groups: int = 1) -> Any:
+def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           stride: IntOrInts = 1, padding: Padding = 0, dilation: IntOrInts = 1,
+           groups: int = 1) -> torch.Tensor:
     """``torch.nn.functional.conv2d`` with the convolutions in pycudnn (differentiable).
 
     Same signature and semantics as PyTorch's: input ``(N, C, H, W)`` or unbatched ``(C, H, W)``,
@@ -158,8 +161,9 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     return run_forward("conv", input, weight, bias, None, 1.0, geom)[0]
 
 
-def conv2d_bias_relu(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
-                     dilation: Any = 1, groups: int = 1) -> Any:
+def conv2d_bias_relu(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     stride: IntOrInts = 1, padding: Padding = 0, dilation: IntOrInts = 1,
+                     groups: int = 1) -> torch.Tensor:
     """``relu(conv2d(input, weight, bias, ...))`` as one fused cuDNN graph (differentiable).
 
     Arguments as `conv2d` (4-D input; ``bias=None`` adds nothing).
@@ -179,8 +183,10 @@ def conv2d_bias_relu(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
     return run_forward("bias_relu", input, weight, bias, None, 1.0, geom)[0]
 
 
-def conv2d_add_relu(input: Any, weight: Any, z: Any, bias: Any = None, alpha: float = 1.0,
-                    stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:
+def conv2d_add_relu(input: torch.Tensor, weight: torch.Tensor, z: torch.Tensor,
+                    bias: torch.Tensor | None = None, alpha: float = 1.0, stride: IntOrInts = 1,
+                    padding: Padding = 0, dilation: IntOrInts = 1,
+                    groups: int = 1) -> torch.Tensor:
     """``relu(conv2d(input, weight, bias, ...) + alpha * z)`` as one fused cuDNN graph: the
     residual block's add and ReLU (differentiable, ``z`` included).
 

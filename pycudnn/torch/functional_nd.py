@@ -21,6 +21,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from ._types import IntOrInts, Padding
+
 from .calls import (CACHE_MAX, ConvolutionTypeError, ConvolutionValueError, autocast_enabled,
                     c_apply, check_convolution, check_transposed, convolution_backward, dense_grad,
                     forward_key, geometry, grad_enabled, pytorch_only, route_layer_to_torch,
@@ -158,8 +160,9 @@ def _transposed_geometry(fn: str, nd: int, stride: Any, padding: Any, output_pad
 
 # ---- public functions -----------------------------------------------------------------------------
 
-def conv1d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
-           dilation: Any = 1, groups: int = 1) -> Any:
+def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           stride: IntOrInts = 1, padding: Padding = 0, dilation: IntOrInts = 1,
+           groups: int = 1) -> torch.Tensor:
     """``torch.nn.functional.conv1d`` with the convolutions in pycudnn (differentiable).
 
     Input ``(N, C, L)`` or unbatched ``(C, L)``, weight ``(K, C/groups, k)``, optional bias
@@ -188,8 +191,9 @@ def conv1d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     return y.squeeze(2)
 
 
-def conv3d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
-           dilation: Any = 1, groups: int = 1) -> Any:
+def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           stride: IntOrInts = 1, padding: Padding = 0, dilation: IntOrInts = 1,
+           groups: int = 1) -> torch.Tensor:
     """``torch.nn.functional.conv3d`` with the convolutions in pycudnn (differentiable).
 
     Input ``(N, C, D, H, W)`` or unbatched ``(C, D, H, W)``, weight ``(K, C/groups, kd, kh,
@@ -224,9 +228,10 @@ def _geometry_of(fn: str, nd: int, stride: Any, padding: Any, dilation: Any, gro
         raise
 
 
-def conv_transpose1d(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
-                     padding: Any = 0, output_padding: Any = 0, groups: int = 1,
-                     dilation: Any = 1) -> Any:
+def conv_transpose1d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, stride: IntOrInts = 1,
+                     padding: IntOrInts = 0, output_padding: IntOrInts = 0, groups: int = 1,
+                     dilation: IntOrInts = 1) -> torch.Tensor:
     """``torch.nn.functional.conv_transpose1d`` with the convolutions in pycudnn
     (differentiable); runs as `conv_transpose2d` on views of unit height.
 
@@ -254,9 +259,10 @@ def conv_transpose1d(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
     return y.squeeze(2)
 
 
-def conv_transpose2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
-                     padding: Any = 0, output_padding: Any = 0, groups: int = 1,
-                     dilation: Any = 1) -> Any:
+def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, stride: IntOrInts = 1,
+                     padding: IntOrInts = 0, output_padding: IntOrInts = 0, groups: int = 1,
+                     dilation: IntOrInts = 1) -> torch.Tensor:
     """``torch.nn.functional.conv_transpose2d`` with the convolutions in pycudnn
     (differentiable): the gradient of a convolution with respect to its input.
 
@@ -274,9 +280,10 @@ def conv_transpose2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
                        padding, output_padding, groups, dilation)
 
 
-def conv_transpose3d(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
-                     padding: Any = 0, output_padding: Any = 0, groups: int = 1,
-                     dilation: Any = 1) -> Any:
+def conv_transpose3d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, stride: IntOrInts = 1,
+                     padding: IntOrInts = 0, output_padding: IntOrInts = 0, groups: int = 1,
+                     dilation: IntOrInts = 1) -> torch.Tensor:
     """``torch.nn.functional.conv_transpose3d`` with the convolutions in pycudnn
     (differentiable); as `conv_transpose2d`, with 5-D input (4-D unbatched) and weight
     ``(C_in, C_out/groups, kd, kh, kw)``."""

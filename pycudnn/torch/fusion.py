@@ -15,7 +15,7 @@ from .training_rewrite import add_fusable, inplace_tracer, is_add, is_relu, muta
 
 # ---- inference fusion -----------------------------------------------------------------------------
 
-def fold_batchnorm(conv: Any, bn: Any) -> tuple[Any, Any]:
+def fold_batchnorm(conv: torch.nn.Conv2d, bn: torch.nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weight, bias)`` of one convolution equal to ``bn(conv(x))`` with ``bn`` in eval mode
     (its running statistics), computed in float64 and returned in the convolution's dtype and
     memory format."""
@@ -36,7 +36,7 @@ def fold_batchnorm(conv: Any, bn: Any) -> tuple[Any, Any]:
     return folded, shift.to(w.dtype)
 
 
-def fuse_for_inference(model: Any) -> Any:
+def fuse_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` (in eval mode) for inference, with BatchNorm folded into the
     convolutions before it and fused pycudnn calls for the epilogues.
 

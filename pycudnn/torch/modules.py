@@ -10,6 +10,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
+from ._types import IntOrInts, ModuleT, Padding
 from .calls import geometry
 from .functional import conv2d, conv2d_add_relu, conv2d_bias_relu
 from .functional_nd import conv1d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d
@@ -40,7 +41,8 @@ def _padded_forward(module: Any, fn: Any, input: Any, weight: Any, bias: Any) ->
 class Conv1d(torch.nn.Conv1d):
     """``torch.nn.Conv1d`` whose convolutions run in pycudnn (`conv1d`): as `Conv2d`."""
 
-    def _conv_forward(self, input: Any, weight: Any, bias: Any) -> Any:
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None) -> torch.Tensor:
         if not _pycudnn_runs(input):
             return super()._conv_forward(input, weight, bias)
         return _padded_forward(self, conv1d, input, weight, bias)
@@ -55,7 +57,8 @@ class Conv2d(torch.nn.Conv2d):
     convolution, so a converted model still runs on the CPU.
     """
 
-    def _conv_forward(self, input: Any, weight: Any, bias: Any) -> Any:
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None) -> torch.Tensor:
         if not _pycudnn_runs(input):
             return super()._conv_forward(input, weight, bias)
         return _padded_forward(self, conv2d, input, weight, bias)
@@ -64,7 +67,8 @@ class Conv2d(torch.nn.Conv2d):
 class Conv3d(torch.nn.Conv3d):
     """``torch.nn.Conv3d`` whose convolutions run in pycudnn (`conv3d`): as `Conv2d`."""
 
-    def _conv_forward(self, input: Any, weight: Any, bias: Any) -> Any:
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None) -> torch.Tensor:
         if not _pycudnn_runs(input):
             return super()._conv_forward(input, weight, bias)
         return _padded_forward(self, conv3d, input, weight, bias)
@@ -94,7 +98,8 @@ class ConvTranspose1d(torch.nn.ConvTranspose1d):
     """``torch.nn.ConvTranspose1d`` whose convolutions run in pycudnn (`conv_transpose1d`): as
     `ConvTranspose2d`."""
 
-    def forward(self, input: Any, output_size: list[int] | None = None) -> Any:
+    def forward(self, input: torch.Tensor, output_size: list[int] | None = None
+                ) -> torch.Tensor:
         return _transposed_forward(self, super().forward, conv_transpose1d, 1, input,
                                    output_size)
 
@@ -107,7 +112,8 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
     float64, runs through PyTorch's own transposed convolution.
     """
 
-    def forward(self, input: Any, output_size: list[int] | None = None) -> Any:
+    def forward(self, input: torch.Tensor, output_size: list[int] | None = None
+                ) -> torch.Tensor:
         return _transposed_forward(self, super().forward, conv_transpose2d, 2, input,
                                    output_size)
 
@@ -116,7 +122,8 @@ class ConvTranspose3d(torch.nn.ConvTranspose3d):
     """``torch.nn.ConvTranspose3d`` whose convolutions run in pycudnn (`conv_transpose3d`): as
     `ConvTranspose2d`."""
 
-    def forward(self, input: Any, output_size: list[int] | None = None) -> Any:
+    def forward(self, input: torch.Tensor, output_size: list[int] | None = None
+                ) -> torch.Tensor:
         return _transposed_forward(self, super().forward, conv_transpose3d, 3, input,
                                    output_size)
 
@@ -130,7 +137,7 @@ CONVERSIONS: dict[type, type] = {
 _REVERSIONS: dict[type, type] = {ours: theirs for theirs, ours in CONVERSIONS.items()}
 
 
-def convert(module: Any) -> Any:
+def convert(module: ModuleT) -> ModuleT:
     """Make every ``torch.nn`` convolution in ``module`` (itself included) pycudnn's, in place,
     and return ``module``: ``Conv1d``, ``Conv2d``, ``Conv3d``, ``ConvTranspose1d``,
     ``ConvTranspose2d`` and ``ConvTranspose3d`` become the `pycudnn.torch` class of the same
@@ -205,7 +212,7 @@ def _converted_note(m: Any) -> str:
     return ""
 
 
-def conversion_report(module: Any) -> list[dict[str, Any]]:
+def conversion_report(module: torch.nn.Module) -> list[dict[str, Any]]:
     """Every convolution module of ``module`` (``torch.nn`` convolutions and their subclasses,
     in ``named_modules`` order): ``{"name", "type", "converted", "reason", "note"}``.
 
@@ -232,7 +239,7 @@ def conversion_report(module: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def revert(module: Any) -> Any:
+def revert(module: ModuleT) -> ModuleT:
     """Undo `convert` and `fuse_for_training`: every pycudnn convolution module in ``module``
     (itself included) becomes its ``torch.nn`` class again and every training block the plain
     calls of its convolution, batch norm, add and ReLU, in place; returns ``module``. For tools
@@ -259,8 +266,8 @@ class FusedConv2d(torch.nn.Module):
     operations elsewhere (or when ``z`` does not have the output's shape).
     """
 
-    def __init__(self, weight: Any, bias: Any, stride: Any = 1, padding: Any = 0,
-                 dilation: Any = 1, groups: int = 1, relu: bool = False,
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, stride: IntOrInts = 1,
+                 padding: Padding = 0, dilation: IntOrInts = 1, groups: int = 1, relu: bool = False,
                  residual: bool = False) -> None:
         super().__init__()
         if residual and not relu:
@@ -280,7 +287,7 @@ class FusedConv2d(torch.nn.Module):
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"bias={self.bias is not None}, relu={self.relu}, residual={self.residual}")
 
-    def forward(self, x: Any, z: Any = None) -> Any:
+    def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         w, b = self.weight, self.bias
         args = (self.stride, self.padding, self.dilation, self.groups)
         if x.is_cuda and x.dim() == 4:
@@ -291,12 +298,14 @@ class FusedConv2d(torch.nn.Module):
                 return conv2d_bias_relu(x, w, b, *args)
             else:
                 return conv2d(x, w, b, *args)
-        y = F.conv2d(x, w, b, *args)
+        y = F.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
         if self.residual:
+            if z is None:
+                raise TypeError("FusedConv2d: a residual block's forward needs z")
             y = y + z
         return torch.relu(y) if self.relu else y
 
-    def out_shape(self, x: Any) -> tuple[int, ...]:
+    def out_shape(self, x: torch.Tensor) -> tuple[int, ...]:
         geom, pre_pad = self._geometry
         st, pad, dil, _ = geom
         k, _, r, s = self.weight.shape

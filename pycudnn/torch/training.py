@@ -744,7 +744,7 @@ class ConvBn2d(_ConvBnBase):
 
     ops = _OPS_BN
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._fused(x, None)
         return self._plain(x, None) if y is None else y
 
@@ -754,7 +754,7 @@ class ConvBnReLU2d(_ConvBnBase):
 
     ops = _OPS_RELU
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._fused(x, None)
         return self._plain(x, None) if y is None else y
 
@@ -765,7 +765,7 @@ class ConvBnAddReLU2d(_ConvBnBase):
 
     ops = _OPS_ADD_RELU
 
-    def forward(self, x: Any, z: Any) -> Any:
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         y = self._fused(x, z) if isinstance(z, torch.Tensor) else None
         return self._plain(x, z) if y is None else y
 

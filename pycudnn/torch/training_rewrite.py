@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._types import ModuleT
 from .training import BLOCKS, ConvBn2d, ConvBnAddReLU2d, ConvBnReLU2d, has_hooks
 
 log = logging.getLogger("pycudnn")
@@ -311,7 +312,7 @@ def _fuse(module: Any) -> int:
     return n
 
 
-def fuse_for_training(model: Any) -> Any:
+def fuse_for_training(model: ModuleT) -> ModuleT:
     """Fuse ``model``'s Conv-BN chains into training blocks (`ConvBn2d`, `ConvBnReLU2d`,
     `ConvBnAddReLU2d`), in place; returns ``model``.
 

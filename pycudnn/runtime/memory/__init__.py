@@ -2,7 +2,7 @@
 `bindings` (``cuda.bindings.runtime`` on first use, for status names; the shutdown flag);
 `driver` (the CUDA driver by ctypes: the prototype table every call below goes through);
 `errors` (`check_driver()` / `check_cuda()`, `CudaError`); `devices` (count, the reason there is
-none, the current device and its guards, validation, a pointer's owner, synchronize, free/total
+none, the current device and its guards, validation (`DeviceLike`), a pointer's owner, synchronize, free/total
 memory, the memory this process holds from the pool); `streams` (`resolve_stream()`,
 `stream_pair()`, `StreamLike`, waits, events, thread tokens, stream ids); `capture` (capture
 status, the relaxed capture-mode block); `copies` (host/device copies and
@@ -17,7 +17,7 @@ names below are the public ones; the rest are imported from their modules.
 from .buffers import MAX_ALLOCATION, DeviceBuffer, allocate, empty_cache
 from .capture import relaxed_capture_mode, stream_is_capturing
 from .copies import copy_device_to_host, copy_host_to_device, memset
-from .devices import (callers_device, current_device, device_count, device_guard, device_identity,
+from .devices import (DeviceLike, HasDeviceId, callers_device, current_device, device_count, device_guard, device_identity,
                       ensure_device, mem_get_info, memory_in_use, no_device_reason,
                       normalize_device, pointer_device, restore_device, synchronize)
 from .errors import CudaError, check_cuda, check_driver
@@ -28,7 +28,7 @@ from .streams import (HasCudaStreamHandle, HasStreamPointer, StreamLike, Support
                       stream_wait, thread_token)
 
 __all__ = [
-    "CudaError", "check_cuda", "check_driver", "device_count", "device_identity",
+    "CudaError", "check_cuda", "check_driver", "DeviceLike", "HasDeviceId", "device_count", "device_identity",
     "no_device_reason", "normalize_device",
     "current_device", "ensure_device", "device_guard", "callers_device", "restore_device",
     "DeviceBuffer", "allocate", "allocate_fast", "thread_token",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import operator
 import threading
 from ctypes import addressof, byref, c_int, c_size_t, c_uint, c_uint64, c_void_p, create_string_buffer
-from typing import Any
+from typing import Any, Protocol, SupportsIndex, Union
 
 from ...errors import NoDeviceError
 from . import driver as _driver
@@ -28,6 +28,19 @@ from .errors import NO_DRIVER, NO_DRIVER_ADVICE, check_driver, driver_error_text
 #: positive: the set of visible devices never changes. The hot paths read it to skip device
 #: bookkeeping when there is only one.
 visible_devices: int | None = None
+
+
+class HasDeviceId(Protocol):
+    """An object with an integer ``.device_id`` (a cuda.core ``Device``)."""
+
+    @property
+    def device_id(self) -> int: ...
+
+
+DeviceLike = Union[SupportsIndex, HasDeviceId]
+"""What `normalize_device()`, and so every pycudnn ``device=`` parameter, accepts (``None``
+aside, the current device): a device ordinal as an ``int`` or anything with ``__index__``, or an
+object with an integer ``.device_id`` (a cuda.core ``Device``)."""
 
 
 def _probe_devices() -> tuple[int, str | None]:
@@ -152,7 +165,7 @@ def set_device(device: int) -> None:
         check_driver(err, f"cuCtxSetCurrent(device {device})")
 
 
-def normalize_device(device: Any, parameter: str = "device", what: str = "pycudnn") -> int:
+def normalize_device(device: DeviceLike | None, parameter: str = "device", what: str = "pycudnn") -> int:
     """Validate a device given by the caller and return its ordinal.
 
     Accepts ``None`` (the current device), an ``int`` (or anything with ``__index__``), or an
@@ -166,16 +179,19 @@ def normalize_device(device: Any, parameter: str = "device", what: str = "pycudn
     if device is None:
         require_device(what)
         return current_device()
-    if type(device) is not int:
-        if isinstance(device, bool):
+    given: Any = device  # checked here: callers without a type checker pass anything
+    if type(given) is int:
+        device = given
+    else:
+        if isinstance(given, bool):
             raise TypeError(f"{parameter}: expected a device ordinal (int), got bool")
         try:
-            device = operator.index(device)
+            device = operator.index(given)
         except TypeError:
-            dev_id = getattr(device, "device_id", None)
+            dev_id = getattr(given, "device_id", None)
             if type(dev_id) is not int:
                 raise TypeError(f"{parameter}: expected a device ordinal (int) or a cuda.core Device, "
-                                f"got {type(device).__name__}") from None
+                                f"got {type(given).__name__}") from None
             device = dev_id
     if device < 0:
         raise ValueError(f"{parameter}: expected a device ordinal >= 0, got {device}")
@@ -284,7 +300,7 @@ def pointer_device(ptr: int) -> int:
     return dev.value
 
 
-def synchronize(device: Any = None) -> None:
+def synchronize(device: DeviceLike | None = None) -> None:
     """Wait for all work on ``device`` (default: the current device)."""
     dev = normalize_device(device)
     with device_guard(dev):
@@ -292,7 +308,7 @@ def synchronize(device: Any = None) -> None:
 
 
 
-def mem_get_info(device: Any = None) -> tuple[int, int]:
+def mem_get_info(device: DeviceLike | None = None) -> tuple[int, int]:
     """``(free, total)`` bytes of ``device`` (default: the current device), ``cuMemGetInfo``."""
     dev = normalize_device(device)
     free, total = c_size_t(), c_size_t()
@@ -324,7 +340,7 @@ def device_identity(device: int) -> dict[str, Any]:
     return {"name": text, "compute_capability": [values[0], values[1]], "sm_count": values[2]}
 
 
-def memory_in_use(device: Any = None) -> int:
+def memory_in_use(device: DeviceLike | None = None) -> int:
     """Bytes of device memory this process holds from ``device``'s current stream-ordered
     memory pool (default: the current device), where pycudnn's allocations come from (`allocate`,
     the hot path's ``cuMemAllocAsync``, the blocks kept for reuse): pycudnn's own device memory,

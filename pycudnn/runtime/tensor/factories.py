@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
-from ..._types import SUPPORTED_DTYPES, normalize_dtype
+from ..._types import SUPPORTED_DTYPES, DTypeLike, normalize_dtype
 from .. import memory as _mem
+from ..memory import DeviceLike, StreamLike
 from .geometry import channels_last_strides, check_format, contiguous_strides, int_tuple, type_name
 from .view import EXPECTED_DTYPES, Tensor
 
@@ -27,8 +29,8 @@ def _alloc_view(shape: Any, dtype: Any, memory_format: Any, device: Any, stream:
     return Tensor._make(buf.ptr, shp, strides, dt, buf.device, buf)
 
 
-def empty(shape: Sequence[int], dtype: Any = "float32", memory_format: str = "contiguous",
-          device: Any = None, stream: Any = None) -> Tensor:
+def empty(shape: Sequence[int], dtype: DTypeLike = "float32", memory_format: str = "contiguous",
+          device: DeviceLike | None = None, stream: StreamLike | None = None) -> Tensor:
     """An uninitialised device tensor.
 
     Args:
@@ -43,8 +45,8 @@ def empty(shape: Sequence[int], dtype: Any = "float32", memory_format: str = "co
     return _alloc_view(shape, dtype, memory_format, device, stream, "empty")
 
 
-def zeros(shape: Sequence[int], dtype: Any = "float32", memory_format: str = "contiguous",
-          device: Any = None, stream: Any = None) -> Tensor:
+def zeros(shape: Sequence[int], dtype: DTypeLike = "float32", memory_format: str = "contiguous",
+          device: DeviceLike | None = None, stream: StreamLike | None = None) -> Tensor:
     """Like `empty()`, then filled with zeros on ``stream``
     (asynchronously)."""
     t = _alloc_view(shape, dtype, memory_format, device, stream, "zeros")
@@ -55,8 +57,9 @@ def zeros(shape: Sequence[int], dtype: Any = "float32", memory_format: str = "co
     return t
 
 
-def from_numpy(array: Any, dtype: Any = None, memory_format: str = "contiguous", device: Any = None,
-               stream: Any = None) -> Tensor:
+def from_numpy(array: npt.ArrayLike, dtype: DTypeLike | None = None,
+               memory_format: str = "contiguous", device: DeviceLike | None = None,
+               stream: StreamLike | None = None) -> Tensor:
     """Copy a host array to a new device tensor (waits for the copy).
 
     Args:

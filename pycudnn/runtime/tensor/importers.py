@@ -359,7 +359,7 @@ def _from_dlpack(obj: Any, consumer: int) -> Tensor:
                         readonly)
 
 
-def as_tensor(obj: Any, *, stream: StreamLike | None = None) -> Tensor:
+def as_tensor(obj: TensorLike, *, stream: StreamLike | None = None) -> Tensor:
     """A zero-copy `Tensor` view of a CUDA device array.
 
     Args:
@@ -391,8 +391,9 @@ def as_tensor(obj: Any, *, stream: StreamLike | None = None) -> Tensor:
     if isinstance(obj, Tensor):  # a subclass
         return obj
     cai_error = None
+    given: Any = obj  # the protocols are tried here, not trusted from the annotation
     try:
-        cai = obj.__cuda_array_interface__
+        cai = given.__cuda_array_interface__
     except AttributeError:
         cai = None
     except Exception as exc:  # e.g. a producer refusing this dtype; try DLPack before giving up

@@ -12,8 +12,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..._types import SUPPORTED_DTYPES, normalize_dtype
+from ..._types import SUPPORTED_DTYPES, DTypeLike, normalize_dtype
 from .. import memory as _mem
+from ..memory import StreamLike
 from .dlpack import (
     DL_CODES,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -107,8 +108,9 @@ class Tensor:
     readonly: bool
     _fmt: str | None
 
-    def __init__(self, ptr: int, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None = None,
-                 device: int = 0, owner: Any = None, *, readonly: bool = False) -> None:
+    def __init__(self, ptr: int, shape: Sequence[int], dtype: DTypeLike,
+                 strides: Sequence[int] | None = None, device: int = 0, owner: object = None, *,
+                 readonly: bool = False) -> None:
         ptr, shape, dtype, strides, device = _validate_view(ptr, shape, dtype, strides, device, "Tensor")
         self.ptr = ptr
         self.shape = shape
@@ -237,7 +239,7 @@ class Tensor:
                             self.device, self, self.readonly)
 
     # -- host copies --
-    def numpy(self, stream: Any = None) -> np.ndarray:
+    def numpy(self, stream: StreamLike | None = None) -> np.ndarray:
         """Copy to a new C-contiguous host array of the logical shape (honours the strides).
 
         The copy is ordered on ``stream`` (default: the legacy default stream) and waited for.
@@ -364,8 +366,9 @@ def _validate_view(ptr: Any, shape: Any, dtype: Any, strides: Any, device: Any,
     return p, shp, dt, st, dev
 
 
-def tensor_from_pointer(ptr: int, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None = None,
-                        device: int = 0, owner: Any = None, *, readonly: bool = False) -> Tensor:
+def tensor_from_pointer(ptr: int, shape: Sequence[int], dtype: DTypeLike,
+                        strides: Sequence[int] | None = None, device: int = 0,
+                        owner: object = None, *, readonly: bool = False) -> Tensor:
     """A `Tensor` viewing raw device memory (e.g. a cuda-python
     ``cuMemAlloc`` result).
 
