@@ -100,10 +100,10 @@ def test_dropout_reserve_size_from_cudnn():
 
 def test_descriptor_cache_is_bounded():
     bn.clear_cache()
-    for n in range(bn.descriptors._CACHE_MAX + 10):
+    for n in range(bn.descriptors.CACHE_MAX + 10):
         x = T((2, 3, 1, n + 1))
         bn.descriptors.layout_of(x, 1, (1, 3, 1, 1), np.dtype("float32"))
-    assert len(bn.descriptors._CACHE) == bn.descriptors._CACHE_MAX
+    assert len(bn.descriptors._CACHE) == bn.descriptors.CACHE_MAX
     bn.clear_cache()
     assert not bn.descriptors._CACHE
 

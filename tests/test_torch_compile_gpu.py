@@ -300,7 +300,7 @@ def test_measuring_at_trace_time_leaves_the_devices_random_generator_as_it_was()
                  "float32", False, ((1, 1), (1, 1), (1, 1), 1), True, True)
     before = torch.cuda.get_rng_state(0)
     cpu_before = torch.get_rng_state()
-    library._routed_to_torch(signature)
+    library.routed_to_torch(signature)
     assert torch.equal(torch.cuda.get_rng_state(0), before)
     assert torch.equal(torch.get_rng_state(), cpu_before)
     assert pt.routing_report(), "the signature was not measured"

@@ -13,7 +13,8 @@ as
 * ``m._y`` where ``m`` is a local name bound to a pycudnn module (``import pycudnn.x as m``,
   ``from pycudnn.x import m``), or the dotted ``pycudnn.x._y``,
 * ``monkeypatch.setattr("pycudnn.x._y", ...)``, or ``monkeypatch.setattr(m, "_y", ...)`` (also
-  ``delattr``) where ``m`` starts from a pycudnn module.
+  ``delattr``, and the name a loop variable over literal strings) where ``m`` starts from a
+  pycudnn module, and the pair ``(m, "_y")`` that a loop patches.
 
 Dunder names do not count, nor do the package's private modules themselves (``_types``,
 ``_logging``, ``ops/_common.py``...): they are documented layers and are used by their public
@@ -97,8 +98,31 @@ def _starts_at_module(node: ast.expr, bound: dict[str, str]) -> str | None:
     return ".".join([bound[parts[0]], *parts[1:]])
 
 
+def _loop_strings(tree: ast.AST) -> dict[str, list[str]]:
+    """Loop variables that run over literal strings: ``for name in ("_a", "_b"):``."""
+    out: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name) \
+                and isinstance(node.iter, (ast.Tuple, ast.List)):
+            values = [e.value for e in node.iter.elts
+                      if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            if len(values) == len(node.iter.elts):
+                out.setdefault(node.target.id, []).extend(values)
+    return out
+
+
+def _names(node: ast.expr, loops: dict[str, list[str]]) -> list[str]:
+    """The attribute names a setattr's second argument can be: a literal, or a loop's strings."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Name):
+        return loops.get(node.id, [])
+    return []
+
+
 def _scan(tree: ast.AST, depth: int = 0) -> list[tuple[int, str]]:
     bound = _modules_bound(tree)
+    loops = _loop_strings(tree)
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
@@ -113,11 +137,17 @@ def _scan(tree: ast.AST, depth: int = 0) -> list[tuple[int, str]]:
                 parts = first.value.split(".")
                 if parts[0] == "pycudnn" and any(_is_private(p) for p in parts):
                     found.append((node.lineno, f"monkeypatch {first.value}"))
-            elif len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
-                    and isinstance(node.args[1].value, str) and _is_private(node.args[1].value):
+            elif len(node.args) >= 2:
                 target = _starts_at_module(first, bound)
-                if target is not None:
-                    found.append((node.lineno, f"monkeypatch {target}.{node.args[1].value}"))
+                for name in _names(node.args[1], loops):
+                    if target is not None and _is_private(name):
+                        found.append((node.lineno, f"monkeypatch {target}.{name}"))
+        if isinstance(node, ast.Tuple) and len(node.elts) == 2 \
+                and isinstance(node.elts[1], ast.Constant) and isinstance(node.elts[1].value, str) \
+                and _is_private(node.elts[1].value):  # (module, "_y"), patched in a loop
+            target = _starts_at_module(node.elts[0], bound)
+            if target is not None:
+                found.append((node.lineno, f"monkeypatch {target}.{node.elts[1].value}"))
         if depth == 0 and isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and "pycudnn" in node.value and "import" in node.value:
             try:  # a %-template's holes filled with a value, so the code parses

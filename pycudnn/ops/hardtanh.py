@@ -8,7 +8,7 @@ gives 0. Here both passes are built from cuDNN operations whose results are exac
   and a minimum round nothing; NaN propagates, as PyTorch's clamp does);
 * backward: PyTorch's rule, ``dx = dy`` where ``min_val < x < max_val`` and 0 elsewhere (0 at the
   bounds, infinite ones included; ``dy`` at NaN), as two ReLU masks: ``x - min_val > 0`` and
-  ``max_val - x > 0``, exact in IEEE arithmetic (see `_mask_terms` for infinite bounds), computed
+  ``max_val - x > 0``, exact in IEEE arithmetic (see `mask_terms` for infinite bounds), computed
   in float32 (float64 for float64 data, PyTorch's opmath). ``dx`` is ``dy`` or 0: exact.
 
 Both take any strides (0 to 5 dims) and refuse what PyTorch refuses (``min_val > max_val``).
@@ -66,7 +66,7 @@ def _bounds(min_val: Any, max_val: Any, fn: str) -> tuple[float, float]:
     return lo, hi
 
 
-def _mask_terms(lo: float, hi: float, wide: Any) -> tuple[tuple[float, float], tuple[float, float]]:
+def mask_terms(lo: float, hi: float, wide: Any) -> tuple[tuple[float, float], tuple[float, float]]:
     """``(alpha, b)`` of the two masks of `hardtanh_backward`, each ``alpha * x + b`` in the
     compute dtype ``wide``: the first positive exactly where ``x > lo``, the second exactly where
     ``x < hi``, NaN where x is NaN (and only there, or where the other mask is 0).
@@ -77,7 +77,7 @@ def _mask_terms(lo: float, hi: float, wide: Any) -> tuple[tuple[float, float], t
     ``hi = inf`` uses ``M - x / 2`` (M the largest finite value of ``wide``): positive for every
     finite x (``|x| / 2 < M``; halving keeps the sign), ``-inf`` at the bound's infinity. A bound
     at the other infinity (``lo = hi = inf``) keeps the difference: its NaN at ``x = inf`` is
-    masked by the other bound's term."""
+    masked by the other bound's term. Public as a seam for tests and tooling."""
     big = float(np.finfo(np.dtype(wide)).max)
     above = (0.5, big) if lo == -math.inf else (1.0, -lo)
     below = (-0.5, big) if hi == math.inf else (-1.0, hi)
@@ -214,7 +214,7 @@ def hardtanh_backward(dy: TensorLike, x: TensorLike, min_val: float = -1.0, max_
             return d
 
         xw, dyw = dense(xt), dense(dyt)
-        (a_above, b_above), (a_below, b_below) = _mask_terms(lo, hi, wide)
+        (a_above, b_above), (a_below, b_below) = mask_terms(lo, hi, wide)
         bounds = from_numpy(np.array([b_above, b_below, math.inf]), dtype=wide, device=dev,
                             stream=s)
         b_above_t, b_below_t, inf = (Tensor._make(bounds.ptr + i * wide.itemsize, (1,), (1,),

@@ -206,7 +206,10 @@ def _zero_bias(k: int, dtype: Any, device: Any) -> Any:
 
 # ---- checks (first call of a signature only) ------------------------------------------------------
 
-def _check_tensor(fn: str, name: str, t: Any, dims: tuple[int, ...] | None = None) -> None:
+def check_tensor(fn: str, name: str, t: Any, dims: tuple[int, ...] | None = None) -> None:
+    """A ``ConvolutionTypeError`` or ``ValueError`` unless ``t`` is a CUDA tensor pycudnn takes
+    (``dims``: the ranks allowed). Public as a seam for tests and tooling: a CPU run replaces it
+    to let CPU tensors through."""
     if not isinstance(t, torch.Tensor):
         raise ConvolutionTypeError(
             f"{fn}: expected {name} to be a torch.Tensor, got {type(t).__name__}")
@@ -253,8 +256,8 @@ def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -
     strides); the output's shape."""
     stride, padding, dilation, groups = geom
     dims = (len(stride) + 2,)
-    _check_tensor(fn, "input", x, dims)
-    _check_tensor(fn, "weight", w, dims)
+    check_tensor(fn, "input", x, dims)
+    check_tensor(fn, "weight", w, dims)
     _check_same(fn, x, "weight", w)
     n, c = x.shape[:2]
     k, cg = w.shape[:2]
@@ -280,7 +283,7 @@ def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -
             f"({kernel}). Kernel size can't be greater than actual input size")
     shape = (n, k, *out)
     if b is not None:
-        _check_tensor(fn, "bias", b)
+        check_tensor(fn, "bias", b)
         _check_same(fn, x, "bias", b)
         if tuple(b.shape) != (k,):
             raise ConvolutionValueError(
@@ -288,7 +291,7 @@ def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -
                 f"1-dimensional with {k} elements, but got bias of size "
                 f"{list(b.shape)} instead")
     if z is not None:
-        _check_tensor(fn, "z", z)
+        check_tensor(fn, "z", z)
         _check_same(fn, x, "z", z)
         if tuple(z.shape) != shape:
             raise ConvolutionValueError(
@@ -309,8 +312,8 @@ def check_transposed(fn: str, x: Any, w: Any, b: Any, geom: tuple[Any, ...],
     1``."""
     stride, padding, dilation, groups = geom
     dims = (len(stride) + 2,)
-    _check_tensor(fn, "input", x, dims)
-    _check_tensor(fn, "weight", w, dims)
+    check_tensor(fn, "input", x, dims)
+    check_tensor(fn, "weight", w, dims)
     _check_same(fn, x, "weight", w)
     if w.shape[0] % groups:
         raise ConvolutionValueError(
@@ -333,7 +336,7 @@ def check_transposed(fn: str, x: Any, w: Any, b: Any, geom: tuple[Any, ...],
             f"Calculated output size per channel: ({' x '.join(map(str, out))}). Output size "
             f"is too small")
     if b is not None:
-        _check_tensor(fn, "bias", b)
+        check_tensor(fn, "bias", b)
         _check_same(fn, x, "bias", b)
         if tuple(b.shape) != (k,):
             raise ConvolutionValueError(
@@ -447,10 +450,11 @@ def memory_format(x: Any, w: Any) -> Any:
     return _CONTIG
 
 
-def _signature(x: Any, w: Any, geom: tuple[Any, ...], fmt: Any, bias: bool = False) -> str:
+def describe_signature(x: Any, w: Any, geom: tuple[Any, ...], fmt: Any, bias: bool = False) -> str:
     """A readable name of a convolution for reports and routing keys: shapes, dtype, the memory
     format ``fmt`` it is computed in (a transposed convolution's input is a stand-in whose
-    strides say nothing), geometry, and a bias where one is added."""
+    strides say nothing), geometry, and a bias where one is added.
+    Public as a seam for tests and tooling."""
     layout = "contiguous" if fmt is _CONTIG else "channels_last"
     st, pad, dil, g = geom
     return (f"x{list(x.shape)} w{list(w.shape)} {DTYPE_NAMES[x.dtype]} {layout} stride={st} "
@@ -585,7 +589,7 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
     verdict = None
     if measure:
         dev = tdev.index
-        signature = _signature(x, w, geom, fmt, b is not None)
+        signature = describe_signature(x, w, geom, fmt, b is not None)
         theirs = lambda: _TORCH_CONV[len(geom[0])](x, w, b, *geom)
         verdict = routing.prejudge(signature, "forward", theirs, dev, _stream(dev), fk[1:3])
         if verdict == "torch":  # decided before pycudnn's search: none runs
@@ -758,7 +762,7 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other:
     if measure:
         dev = a.get_device()
         x, w = (other, b) if direction == "data" else (a, other)
-        signature, what = _signature(x, w, geom, fmt), f"backward {direction}"
+        signature, what = describe_signature(x, w, geom, fmt), f"backward {direction}"
         theirs = lambda: _torch_backward(direction, a, b, other, geom)
         verdict = routing.prejudge(signature, what, theirs, dev, _stream(dev), fk[1:3])
         if verdict == "torch":  # decided before pycudnn's search: none runs
