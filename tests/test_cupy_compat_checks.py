@@ -25,8 +25,8 @@ class _Recorder:
         self.copies: list[tuple[int, int, str, str]] = []
         self.seen: dict = {}
         monkeypatch.setattr(cc.normalization, "new_tensor", self.new)
-        monkeypatch.setattr(cc.normalization, "_bn_copy", self.copy)
-        monkeypatch.setattr(cc.normalization, "_bn_module", lambda: self)
+        monkeypatch.setattr(cc.normalization, "bn_copy", self.copy)
+        monkeypatch.setattr(cc.normalization, "bn_module", lambda: self)
 
     def new(self, shape, dtype, like, stream):
         self.next += 1 << 20

@@ -364,10 +364,10 @@ def _full_path_forbidden(monkeypatch):
     """Make the full checks fail loudly: what a call raises after this came from its plan."""
     def forbidden(*args, **kwargs):
         raise AssertionError("the full path ran for a signature that has a plan")
-    for module, name in ((bn.training, "_training_full"), (bn.inference, "_inference_full"),
-                         (bn.backward, "_backward_full")):
+    for module, name in ((bn.training, "training_full"), (bn.inference, "inference_full"),
+                         (bn.backward, "backward_full")):
         monkeypatch.setattr(module, name, forbidden)
-    for name in ("_forward_full", "_backward_full"):
+    for name in ("forward_full", "backward_full"):
         monkeypatch.setattr(dr, name, forbidden)
 
 
@@ -475,7 +475,7 @@ def test_planned_dropout_calls_still_check_state_reserve_and_addresses(monkeypat
         with pytest.raises(E.NoDeviceError):
             call()
     assert len(dr._FORWARD) >= 1 and len(dr._BACKWARD) >= 1
-    monkeypatch.setattr(dr, "_forward_full", lambda *a: pytest.fail("full path ran"))
+    monkeypatch.setattr(dr, "forward_full", lambda *a: pytest.fail("full path ran"))
     with pytest.raises(E.NoDeviceError):
         dr.dropout_forward(x, _state(), out=T(x.shape))  # the plan
     with pytest.raises(ValueError, match="out overlaps input"):

@@ -262,9 +262,9 @@ def test_a_channels_last_transposed_convolution_is_keyed_by_the_layout_it_runs_i
     # that need a GPU and PyTorch's call are stood in for
     monkeypatch.setattr(routing, "should_measure", lambda *a: True)
     monkeypatch.setattr(routing, "prejudge", prejudge)
-    monkeypatch.setattr(calls, "_stream", lambda dev: 0)
+    monkeypatch.setattr(calls, "caller_stream", lambda dev: 0)
     monkeypatch.setattr(calls, "check_transposed", lambda *a: (8, 16, 31, 31))
-    monkeypatch.setattr(calls, "_torch_backward",
+    monkeypatch.setattr(calls, "torch_backward",
                         lambda direction, a, b, other, geom: torch.zeros(other.shape))
     monkeypatch.setattr(calls, "_BWD", {})
     monkeypatch.setattr(calls, "_TRANSPOSED", {})

@@ -514,9 +514,9 @@ def simulated(monkeypatch, any_device):
                 ran.append("launch filter")
         return _Prepared(launch)
 
-    monkeypatch.setattr(calls, "_forward_public", forward_public)
-    monkeypatch.setattr(calls, "_backward_public", backward_public)
-    monkeypatch.setattr(calls, "_stream", lambda device: 0)
+    monkeypatch.setattr(calls, "forward_public", forward_public)
+    monkeypatch.setattr(calls, "backward_public", backward_public)
+    monkeypatch.setattr(calls, "caller_stream", lambda device: 0)
     monkeypatch.setattr(calls, "get_handle", lambda device, stream: 0)
     return ran
 

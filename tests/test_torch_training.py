@@ -311,9 +311,9 @@ def fused_on_cpu(monkeypatch):
                 None)
 
     monkeypatch.setattr(training, "run_forward", run_forward)
-    monkeypatch.setattr(training, "_layout", layout)
+    monkeypatch.setattr(training, "bn_layout", layout)
     monkeypatch.setattr(training, "get_handle", get_handle)
-    monkeypatch.setattr(training, "_stream", lambda device: 0)
+    monkeypatch.setattr(training, "caller_stream", lambda device: 0)
     monkeypatch.setattr(training, "run_backward", run_backward)
     return rt, layouts
 

@@ -322,7 +322,7 @@ def _pooling_args(xt: Tensor, ksize: Any, stride: Any, pad: Any, mode: Any,
 
 
 def pooling_rule(xt: Tensor, yt: Tensor, k: tuple[int, ...], st: tuple[int, ...],
-                  p: tuple[int, ...], fn: str, name: str) -> str:
+                 p: tuple[int, ...], fn: str, name: str) -> str:
     """The padding and output-size rule ``yt``'s size asks for: ``"window"`` for
     ``(i + 2p - k) // s + 1`` (the pooling layers of CuPy 13 era code), ``"window_cover_all"``
     for Chainer's ``cover_all=True`` size ``(i + 2p - k + s - 1) // s + 1`` (``max_pooling_2d``'s

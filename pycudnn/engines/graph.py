@@ -629,8 +629,8 @@ class GraphEngine(Engine):
         return out
 
     def gated_round(self, args: ConvolutionArgs, gate: StreamGate | None,
-                     runs: list[tuple[GraphRecord, int]], ptrs: tuple[int, ...],
-                     wptr: int) -> list[float]:
+                    runs: list[tuple[GraphRecord, int]], ptrs: tuple[int, ...],
+                    wptr: int) -> list[float]:
         """One batch: (hold,) per candidate an event, its runs, an event; (open,) then each
         candidate's ms per run. Public as a seam for tests and tooling."""
         s = args.stream

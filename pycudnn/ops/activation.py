@@ -353,7 +353,7 @@ def run_forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPro
 
 
 def forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPropagation,
-                  fn: str) -> _Plan:
+                 fn: str) -> _Plan:
     """The full checks of a forward call, then its descriptors.
     Public as a seam for tests and tooling."""
     check_input(x, "x", fn, _RANKS, _WHAT)
@@ -485,7 +485,7 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
 
 
 def backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Tensor | None,
-                   nan: NanPropagation, fn: str, pytorch_edges: bool = True) -> _Plan:
+                  nan: NanPropagation, fn: str, pytorch_edges: bool = True) -> _Plan:
     """The full checks of a backward call, then its plan; nothing is launched. Public as a seam
     for tests and tooling."""
     check_input(x, "x", fn, _RANKS, _WHAT)

@@ -103,9 +103,10 @@ def _scalar(dtype: Any, value: float, keep: list[Any]) -> int:
     return ctypes.addressof(v)
 
 
-def _op(handle: int, op: OpTensorOp, a: Tensor, alpha1: float, b: Tensor, c: Tensor,
-        nan: NanPropagation = NanPropagation.PROPAGATE_NAN) -> None:
-    """``c = op(alpha1 * a, b)``, ``b`` a one-element tensor broadcast over ``a``."""
+def op_tensor(handle: int, op: OpTensorOp, a: Tensor, alpha1: float, b: Tensor, c: Tensor,
+              nan: NanPropagation = NanPropagation.PROPAGATE_NAN) -> None:
+    """``c = op(alpha1 * a, b)``, ``b`` a one-element tensor broadcast over ``a``.
+    Public as a seam for tests and tooling."""
     keep: list[Any] = []
     compute = "float64" if c.dtype.name == "float64" else "float32"
     desc = OpTensorDescriptor(op, compute, nan)
@@ -162,8 +163,8 @@ def hardtanh_forward(x: TensorLike, min_val: float = -1.0, max_val: float = 1.0,
         bounds = from_numpy(np.array([lo, hi]), dtype=xt.dtype, device=dev, stream=s)
         lo_t = Tensor._make(bounds.ptr, (1,), (1,), xt.dtype, dev, bounds)
         hi_t = Tensor._make(bounds.ptr + xt.dtype.itemsize, (1,), (1,), xt.dtype, dev, bounds)
-        _op(handle, OpTensorOp.MAX, xt, 1.0, lo_t, y)
-        _op(handle, OpTensorOp.MIN, y, 1.0, hi_t, y)
+        op_tensor(handle, OpTensorOp.MAX, xt, 1.0, lo_t, y)
+        op_tensor(handle, OpTensorOp.MIN, y, 1.0, hi_t, y)
         return y
     finally:
         restore_device(prev)
@@ -220,13 +221,13 @@ def hardtanh_backward(dy: TensorLike, x: TensorLike, min_val: float = -1.0, max_
         b_above_t, b_below_t, inf = (Tensor._make(bounds.ptr + i * wide.itemsize, (1,), (1,),
                                                   wide, dev, bounds) for i in range(3))
         above, below = dense(), dense()
-        _op(handle, OpTensorOp.ADD, xw, a_above, b_above_t, above)  # > 0 where x > min_val
-        _op(handle, OpTensorOp.ADD, xw, a_below, b_below_t, below)  # > 0 where x < max_val
+        op_tensor(handle, OpTensorOp.ADD, xw, a_above, b_above_t, above)  # > 0 where x > min_val
+        op_tensor(handle, OpTensorOp.ADD, xw, a_below, b_below_t, below)  # > 0 where x < max_val
         # PyTorch passes dy at NaN (x <= min_val and x >= max_val are both false there): a NaN
         # difference becomes +inf, a minimum that does not propagate NaN keeps every other value
         keep_nan = NanPropagation.NOT_PROPAGATE_NAN
-        _op(handle, OpTensorOp.MIN, above, 1.0, inf, above, keep_nan)
-        _op(handle, OpTensorOp.MIN, below, 1.0, inf, below, keep_nan)
+        op_tensor(handle, OpTensorOp.MIN, above, 1.0, inf, above, keep_nan)
+        op_tensor(handle, OpTensorOp.MIN, below, 1.0, inf, below, keep_nan)
         # ReLU's gradient passes dy where its input is > 0 and gives 0 at +-0 (both kernels)
         nan = NanPropagation.PROPAGATE_NAN
         # (the guards above left no NaN: ReLU's NaN correction would change nothing)

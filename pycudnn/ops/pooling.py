@@ -119,7 +119,7 @@ def ceil_output_size(input_size: Sequence[int], kernel_size: Sequence[int],
 
 
 def pooling_geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
-              padding_rule: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                     padding_rule: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
                                           tuple[int, ...]]:
     """(kernel, stride, padding, output shape) after PyTorch's checks (``padding_rule``:
     ``"half"``, PyTorch's; ``"window"``, CuPy 13's; ``_COVER_ALL``, CuPy 13's with Chainer's
@@ -378,8 +378,8 @@ def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, 
 
 
 def forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: Any,
-                  o: Tensor | None, nan: NanPropagation, rule: str, fn: str,
-                  out_name: str = "out", divisor: int | None = None) -> _Plan:
+                 o: Tensor | None, nan: NanPropagation, rule: str, fn: str,
+                 out_name: str = "out", divisor: int | None = None) -> _Plan:
     """The full checks of a forward call, then its plan (descriptors, output shape);
     nothing is launched. Public as a seam for tests and tooling: what a call would run, read
     without a device."""
@@ -509,8 +509,8 @@ def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding
 
 
 def backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: Any, padding: Any,
-                   mode: Any, o: Tensor | None, nan: NanPropagation, rule: str,
-                   fn: str, divisor: int | None = None) -> _Plan:
+                  mode: Any, o: Tensor | None, nan: NanPropagation, rule: str,
+                  fn: str, divisor: int | None = None) -> _Plan:
     """The full checks of a backward call, then its plan; nothing is launched. Public as a seam
     for tests and tooling."""
     check_input(x, "x", fn, _RANKS, _WHAT)

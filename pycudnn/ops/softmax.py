@@ -342,7 +342,7 @@ def softmax_backward(y: TensorLike, dy: TensorLike, *, algorithm: str = "accurat
 
 
 def backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor | None,
-                   fn: str) -> _Plan:
+                  fn: str) -> _Plan:
     """The full checks of a backward call, then its plan; nothing is launched. Public as a seam
     for tests and tooling."""
     check_input(y, "y", fn, _RANKS, _WHAT)

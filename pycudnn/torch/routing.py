@@ -151,7 +151,7 @@ def _time(fn: Callable[[], Any], device: int, stream: int) -> tuple[float, float
 
 
 def stored_key(signature: str, direction: str, device: int,
-                flags: tuple[bool, bool] | None) -> dict[str, Any] | None:
+               flags: tuple[bool, bool] | None) -> dict[str, Any] | None:
     """The route store's key of a decision (None without flags, or where the key cannot
     be made). Public as a seam for tests and tooling."""
     if flags is None:

@@ -49,7 +49,9 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 log = logging.getLogger("pycudnn")
 
 
-def _stream(device: int) -> int:
+def caller_stream(device: int) -> int:
+    """The caller's current stream on ``device``, as an int. Public as a seam for tests and
+    tooling: a CPU run stands in for it."""
     if _raw_stream is not None:
         return int(_raw_stream(device))
     return int(torch.cuda.current_stream(device).cuda_stream)
@@ -80,7 +82,7 @@ class _BnLayout:
         self.forward = L.cudnnBatchNormalizationForwardTrainingEx
         self.backward = L.cudnnBatchNormalizationBackwardEx
         dev = c.get_device()
-        handle = get_handle(dev, _stream(dev))
+        handle = get_handle(dev, caller_stream(dev))
         xd, pd = self.xd, self.pd
         fwd, res, bwd = c_size_t(), c_size_t(), c_size_t()
         for name, args in (
@@ -105,7 +107,10 @@ _LAYOUTS_MAX = 1024
 _lock = threading.Lock()
 
 
-def _layout(c: Any, ops: int) -> _BnLayout | None:
+def bn_layout(c: Any, ops: int) -> _BnLayout | None:
+    """cuDNN's fused batch norm for a convolution output like ``c`` (its reserve size and
+    plans, remembered per layout), or None where cuDNN refuses that layout. Public as a seam for
+    tests and tooling."""
     key = (c.shape, c.stride(), c.dtype, c.get_device(), ops)
     try:
         return _LAYOUTS[key]
@@ -145,7 +150,7 @@ def _scratch(n: int, device: Any) -> int | None:
     if not n:
         return None
     d = device.index
-    key = (d, _stream(d))
+    key = (d, caller_stream(d))
     buf = _scratches.get(key)
     if buf is None or buf.numel() < n:
         size = max(n, 1 << 20)
@@ -186,7 +191,7 @@ class _ConvBnFunction(torch.autograd.Function):
 def _forward(ctx: Any, c: Any, xd: Any, wd: Any, fmt: Any, x: Any, w: Any, cb: Any, gamma: Any,
              beta: Any, z: Any, block: _ConvBnBase) -> Any:
     ops = block.ops
-    e = _layout(c, ops)
+    e = bn_layout(c, ops)
     if e is None or not c.is_contiguous(memory_format=_CL) or (
             z is not None and (z.stride() != c.stride() or z.shape != c.shape)):
         raise _Unfusable
@@ -208,7 +213,7 @@ def _forward(ctx: Any, c: Any, xd: Any, wd: Any, fmt: Any, x: Any, w: Any, cb: A
         rm = rv = nbt = None
     d = dev.index
     st = e.forward(
-        get_handle(d, _stream(d)), _PERSISTENT, ops, e.one, e.zero, e.xd, c.data_ptr(), e.xd,
+        get_handle(d, caller_stream(d)), _PERSISTENT, ops, e.one, e.zero, e.xd, c.data_ptr(), e.xd,
         None if z is None else z.data_ptr(), e.xd, y.data_ptr(), e.pd, gamma.data_ptr(),
         beta.data_ptr(), factor, None if rm is None else rm.data_ptr(),
         None if rv is None else rv.data_ptr(), bn.eps, mean, mean + 4 * e.channels, e.act, ws,
@@ -258,7 +263,7 @@ def _backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
     d = dev.index
     mean = saved.data_ptr()
     st = e.backward(
-        get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
+        get_handle(d, caller_stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
         c.data_ptr(), e.xd, None if y is None else y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
         None if dz is None else dz.data_ptr(), e.xd, dc.data_ptr(), e.pd, gamma.data_ptr(),
         None if beta is None else beta.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(),
@@ -274,7 +279,7 @@ def _backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
 
 
 def recomputed_backward(block: _ConvBnBase, gy: Any, y: Any, inputs: tuple[Any, ...],
-                         needs: tuple[bool, ...], has_z: bool) -> tuple[Any, ...]:
+                        needs: tuple[bool, ...], has_z: bool) -> tuple[Any, ...]:
     """The gradients of a block's training forward, recomputed from its inputs with PyTorch's
     differentiable operators (batch statistics; the running statistics are left alone): the
     backward of a graph built with ``create_graph=True`` can then be differentiated again.
@@ -356,7 +361,7 @@ def _cudnn_layout(fn: str, c: Any, weight: Any, bias: Any, ops: int,
                          f"bfloat16 input with float32 weight and bias, got {c.dtype}, "
                          f"{dtypes[0]} and {dtypes[1]}; reserve_size=-1 computes with "
                          f"PyTorch's operators")
-    e = _layout(c, ops)
+    e = bn_layout(c, ops)
     if e is None:
         raise ValueError(f"{fn}: cuDNN's fused batch norm refuses this layout ({list(c.shape)}, "
                          f"{c.dtype}); reserve_size=-1 computes with PyTorch's operators")
@@ -404,7 +409,7 @@ def _bn_train_cuda(input: Any, weight: Any, bias: Any, z: Any, relu: bool, eps: 
         ws = torch.empty(e.fwd_ws, dtype=torch.uint8, device=dev) if e.fwd_ws else None
         # no running statistics: the traced code updates them from mean and invstd
         st = e.forward(
-            get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.xd, c.data_ptr(),
+            get_handle(d, caller_stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.xd, c.data_ptr(),
             e.xd, None if zc is None else zc.data_ptr(), e.xd, y.data_ptr(), e.pd,
             weight.data_ptr(), bias.data_ptr(), 0.0, None, None, eps, mean.data_ptr(),
             invstd.data_ptr(), e.act, None if ws is None else ws.data_ptr(), e.fwd_ws,
@@ -475,7 +480,7 @@ def _bn_backward_cuda(grad_output: Any, input: Any, output: Any, weight: Any, bi
         dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
         ws = torch.empty(e.bwd_ws, dtype=torch.uint8, device=dev) if e.bwd_ws else None
         st = e.backward(
-            get_handle(d, _stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
+            get_handle(d, caller_stream(d)), _PERSISTENT, e.ops, e.one, e.zero, e.one, e.zero, e.xd,
             c.data_ptr(), e.xd, None if y is None else y.data_ptr(), e.xd, gy.data_ptr(), e.xd,
             dz.data_ptr() if add else None, e.xd, dc.data_ptr(), e.pd,
             gamma.data_ptr(), None if beta is None else beta.data_ptr(),
@@ -544,7 +549,7 @@ if AVAILABLE:
 
 
 class _OutputSpec:
-    """What `_layout` reads of a tensor, for a dense channels-last output not made yet."""
+    """What `bn_layout` reads of a tensor, for a dense channels-last output not made yet."""
 
     __slots__ = ("device", "dtype", "shape")
 
@@ -568,7 +573,7 @@ def reserve_size_for(signature: tuple[Any, ...]) -> int:
 
     shape, dtype, device, ops = signature
     with unset_fake_temporarily():
-        e = _layout(_OutputSpec(shape, getattr(torch, dtype), device), ops)
+        e = bn_layout(_OutputSpec(shape, getattr(torch, dtype), device), ops)
     return -1 if e is None else int(e.reserve)
 
 
