@@ -52,6 +52,17 @@ def driver_library_found():
     errors.assume_driver_found(before)
 
 
+@pytest.fixture
+def fresh_torch_calls():
+    """pycudnn.torch's remembered call signatures forgotten before the test and after it: what a
+    CPU test standing in for the GPU paths remembers does not outlive it."""
+    from pycudnn.torch import calls
+
+    calls.clear_cache()
+    yield
+    calls.clear_cache()
+
+
 def has_gpu() -> bool:
     return gpu_reason() is None
 

@@ -19,6 +19,7 @@ from pycudnn.engines.v7 import AlgoRecord
 from pycudnn.search.cache import BenchmarkCache, caches
 from pycudnn.search.iterate import try_all
 from pycudnn.engines.problem import ConvolutionArgs, ConvolutionParams
+from pycudnn.ffi import library
 from scripted_engine import ScriptedEngine
 from pycudnn.errors import (CudnnBadParamError, CudnnNotSupportedError, NoAlgorithmError,
                             OutOfMemoryError, PycudnnError)
@@ -359,7 +360,7 @@ def _v7_with_fake_find(monkeypatch, device, rows_fail_first=0):
 
     fake = type("Lib", (), {})()
     fake.cudnnFindConvolutionForwardAlgorithmEx = find
-    monkeypatch.setattr(v7._lib, "lib", lambda: fake)
+    monkeypatch.setattr(library, "lib", lambda: fake)  # what v7 calls
     monkeypatch.setattr(engine, "_heuristics", lambda args: pytest.fail("heuristics used"))
     return engine, calls, sizes
 
@@ -414,7 +415,7 @@ def test_an_interrupt_during_a_find_leaves_the_sizing_lock_free(monkeypatch, whe
     device = _Device(1 << 30)
     engine, calls, sizes = _v7_with_fake_find(monkeypatch, device,
                                               rows_fail_first=1 if where == "retried find" else 0)
-    fake = v7._lib.lib()
+    fake = library.lib()
     find = fake.cudnnFindConvolutionForwardAlgorithmEx
 
     def interrupted_find(*a):

@@ -248,7 +248,8 @@ def test_a_key_with_a_bad_configuration_is_dropped(store, bad, caplog):
     assert any("config" in r.getMessage() for r in caplog.records)
 
 
-def test_a_channels_last_transposed_convolution_is_keyed_by_the_layout_it_runs_in(monkeypatch):
+def test_a_channels_last_transposed_convolution_is_keyed_by_the_layout_it_runs_in(monkeypatch,
+                                                                                 fresh_torch_calls):
     torch = pytest.importorskip("torch")
     from pycudnn.torch import calls, routing
 
@@ -266,8 +267,6 @@ def test_a_channels_last_transposed_convolution_is_keyed_by_the_layout_it_runs_i
     monkeypatch.setattr(calls, "check_transposed", lambda *a: (8, 16, 31, 31))
     monkeypatch.setattr(calls, "torch_backward",
                         lambda direction, a, b, other, geom: torch.zeros(other.shape))
-    monkeypatch.setattr(calls, "_BWD", {})
-    monkeypatch.setattr(calls, "_TRANSPOSED", {})
     x = torch.randn(8, 32, 16, 16).contiguous(memory_format=torch.channels_last)
     w = torch.randn(32, 16, 3, 3)
     geom = ((2, 2), (1, 1), (1, 1), 1)

@@ -183,8 +183,8 @@ def test_a_compiled_training_step_gives_pytorchs_output_and_gradients():
     out = compiled(x)
     F.cross_entropy(out, y).backward()
     # the compiled graph ran pycudnn's remembered launches, forward and both backward directions
-    assert {k[0] for k in calls._FWD} == {"conv"}
-    assert {k[0] for k in calls._BWD} == {"data", "filter"}
+    assert {k[0] for k in calls.remembered_signatures()["forward"]} == {"conv"}
+    assert {k[0] for k in calls.remembered_signatures()["backward"]} == {"data", "filter"}
     ref = plain(x)
     F.cross_entropy(ref, y).backward()
     assert rel_err(out, ref) < 1e-4

@@ -568,7 +568,8 @@ def test_remembered_launches_replay_every_rank_and_the_transposed_roles(
         else:
             assert simulated == [f"{kind} forward", f"{kind} data", f"{kind} filter"], attempt
     calls.clear_cache()
-    assert not calls._TRANSPOSED and not calls._FWD
+    remembered = calls.remembered_signatures()
+    assert not remembered["transposed"] and not remembered["forward"]
 
 
 @pytest.mark.parametrize("fn,theirs,x_shape,w_shape,kwargs", [

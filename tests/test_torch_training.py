@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pycudnn.torch as pt  # noqa: E402
-from pycudnn.torch import training  # noqa: E402
+from pycudnn.torch import calls, training  # noqa: E402
 from torch_models import Bottleneck, SmallResNet, randomize_batchnorm  # noqa: E402
 
 nn = torch.nn
@@ -291,7 +291,7 @@ def fused_on_cpu(monkeypatch):
     monkeypatch.setattr(devices, "current_device", rt.current_device)
     monkeypatch.setattr(devices, "set_device", rt.set_device)
     monkeypatch.setattr(devices, "visible_devices", 2)
-    monkeypatch.setattr(training._calls, "_multi_gpu", True)
+    monkeypatch.setattr(calls, "_multi_gpu", True)
     layouts = []
 
     def run_forward(op, x, w, b, z, alpha, geom):

@@ -10,8 +10,8 @@ what still goes around them: a name with one leading underscore that belongs to 
 as
 
 * ``from pycudnn.x import _y``,
-* ``m._y`` where ``m`` is a local name bound to a pycudnn module (``import pycudnn.x as m``,
-  ``from pycudnn.x import m``), or the dotted ``pycudnn.x._y``,
+* ``m._y`` or ``m.Class._y`` where ``m`` is a local name bound to a pycudnn module
+  (``import pycudnn.x as m``, ``from pycudnn.x import m``), or the dotted ``pycudnn.x._y``,
 * ``monkeypatch.setattr("pycudnn.x._y", ...)``, or ``monkeypatch.setattr(m, "_y", ...)`` (also
   ``delattr``, and the name a loop variable over literal strings) where ``m`` starts from a
   pycudnn module, and the pair ``(m, "_y")`` that a loop patches.
@@ -85,9 +85,10 @@ def _private_in_chain(parts: list[str], bound: dict[str, str]) -> str | None:
     rest = parts[1:]
     while rest and _is_module(f"{module}.{rest[0]}"):
         module = f"{module}.{rest.pop(0)}"
-    for i, attr in enumerate(rest):  # a module's private name, or its class's
-        if _is_private(attr):
-            return ".".join([module, *rest[:i + 1]])
+    if rest and _is_private(rest[0]):
+        return f"{module}.{rest[0]}"
+    if len(rest) >= 2 and rest[0][:1].isupper() and _is_private(rest[1]):  # a class's
+        return f"{module}.{rest[0]}.{rest[1]}"
     return None
 
 

@@ -63,6 +63,13 @@ _WHAT = "0 to 5 dims"
 
 _FORWARD = PlanCache()
 _BACKWARD = PlanCache()
+
+
+def clear_plans() -> None:
+    """Forget the remembered forward and backward plans (their descriptors are freed once no call
+    uses them). A seam for tests and tooling that count what a first call does."""
+    _FORWARD.clear()
+    _BACKWARD.clear()
 # the keys hold whether NaN propagates as a bool: hashing the IntEnum member is a Python call
 _PROPAGATE = int(NanPropagation.PROPAGATE_NAN)
 

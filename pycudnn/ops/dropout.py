@@ -362,6 +362,12 @@ _FORWARD = PlanCache(128)
 _BACKWARD = PlanCache(128)
 
 
+def plan_counts() -> tuple[int, int]:
+    """(forward, backward) plans remembered now, one per call signature. A seam for tests and
+    tooling: whether a call left its plan."""
+    return len(_FORWARD), len(_BACKWARD)
+
+
 def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
     return None if t is None else (t.shape, t.strides, t.dtype, t.device)
 

@@ -79,6 +79,13 @@ _FORWARD = PlanCache()
 _BACKWARD = PlanCache()
 
 
+def clear_plans() -> None:
+    """Forget the remembered forward and backward plans (their descriptors are freed once no call
+    uses them). A seam for tests and tooling that count what a first call does."""
+    _FORWARD.clear()
+    _BACKWARD.clear()
+
+
 def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
     return None if t is None else (t.shape, t.strides, t.dtype, t.device)
 

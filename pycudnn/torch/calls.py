@@ -197,6 +197,14 @@ def clear_cache() -> None:
         torch_layers.clear()
 
 
+def remembered_signatures() -> dict[str, dict[tuple[Any, ...], tuple[Any, ...]]]:
+    """Copies of the remembered call signatures, key -> entry (see the caches' comment above), by
+    table: ``"forward"``, ``"backward"`` and ``"transposed"``. A seam for tests and tooling: what
+    the calls so far left behind."""
+    with _lock:
+        return {"forward": dict(_FWD), "backward": dict(_BWD), "transposed": dict(_TRANSPOSED)}
+
+
 def _zero_bias(k: int, dtype: Any, device: Any) -> Any:
     """A bias of ``k`` zeros (kept: a remembered launch reads its address)."""
     key = (k, dtype, device)

@@ -132,6 +132,12 @@ def _refused(c: Any, ops: int) -> None:
         _LAYOUTS[(c.shape, c.stride(), c.dtype, c.get_device(), ops)] = None
 
 
+def remembered_layouts() -> list[_BnLayout]:
+    """The fused batch norms remembered per output layout, those cuDNN took (the objects
+    themselves). A seam for tests and tooling that count their launches."""
+    return [e for e in list(_LAYOUTS.values()) if e is not None]
+
+
 def clear_cache() -> None:
     """Forget the fused batch norm's descriptors (freed once no block uses them)."""
     with _lock:

@@ -44,6 +44,12 @@ def layout_of(x4: Tensor, mode: int, p4: tuple[int, ...], pdt: np.dtype) -> Layo
     return entry
 
 
+def layout_count() -> int:
+    """How many layouts' descriptors are cached now (at most `CACHE_MAX`). A seam for tests and
+    tooling."""
+    return len(_CACHE)
+
+
 def clear_layouts() -> None:
     """Forget the cached descriptors (they are freed once no call uses them)."""
     with _cache_lock:
