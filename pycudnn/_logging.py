@@ -18,7 +18,7 @@ import os
 import sys
 from typing import TextIO
 
-__all__ = ["LOGGER_NAME", "ENV_VAR", "LEVELS", "configure", "handler"]
+__all__ = ["LOGGER_NAME", "ENV_VAR", "LEVELS", "configure", "handler", "remove_handler"]
 
 LOGGER_NAME = "pycudnn"
 ENV_VAR = "PYCUDNN_LOG"
@@ -33,6 +33,15 @@ _handler: logging.Handler | None = None
 def handler() -> logging.Handler | None:
     """The stderr handler `configure()` attached, or None."""
     return _handler
+
+
+def remove_handler() -> None:
+    """Detach the handler `configure()` attached, if any (the logger's level stays). Users undo
+    `configure()` with it, and tests end with the logger as they found it."""
+    global _handler
+    if _handler is not None:
+        logging.getLogger(LOGGER_NAME).removeHandler(_handler)
+    _handler = None
 
 
 def configure(level: str | int | None = None, stream: TextIO | None = None) -> logging.Logger:

@@ -40,6 +40,29 @@ def gpu_reason() -> str | None:
     return None
 
 
+@pytest.fixture
+def driver_library_found():
+    """`driver_found()` answers True for the test (a faked driver on a machine without one), and
+    its own answer again after it."""
+    from pycudnn.runtime.memory import errors
+
+    before = errors.driver_found()
+    errors.assume_driver_found(True)
+    yield
+    errors.assume_driver_found(before)
+
+
+@pytest.fixture
+def fresh_torch_calls():
+    """pycudnn.torch's remembered call signatures forgotten before the test and after it: what a
+    CPU test standing in for the GPU paths remembers does not outlive it."""
+    from pycudnn.torch import calls
+
+    calls.clear_cache()
+    yield
+    calls.clear_cache()
+
+
 def has_gpu() -> bool:
     return gpu_reason() is None
 

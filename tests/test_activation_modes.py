@@ -133,7 +133,7 @@ def test_below_is_the_next_value_down(dtype):
 
 def _backward(mode, coef, nan, dtype="float32"):
     y, dy, x = (t(2, 3, 4, 4, dtype=dtype, region=r) for r in (1, 2, 3))
-    return activation._backward_plan(y, dy, x, mode, coef, None, nan, "activation_backward")
+    return activation.backward_plan(y, dy, x, mode, coef, None, nan, "activation_backward")
 
 
 def test_pytorchs_edge_corrections_are_planned_for_pycudnns_calls_and_not_cupys():
@@ -152,6 +152,6 @@ def test_clipped_relu_backward_ceiling_is_one_value_below_coef(dtype):
         np.finfo(dtype).max)
     assert _backward("clipped_relu", 6.0, cupy, dtype).keep[0].coef == 6.0  # CuPy 13's
     # the forward keeps the ceiling itself
-    fwd = activation._forward_plan(t(2, 3, 4, 4, dtype=dtype), "clipped_relu", 6.0, None, keep,
+    fwd = activation.forward_plan(t(2, 3, 4, 4, dtype=dtype), "clipped_relu", 6.0, None, keep,
                                    "activation_forward")
     assert fwd.keep[0].coef == 6.0

@@ -19,6 +19,7 @@ from pycudnn.engines.v7 import AlgoRecord
 from pycudnn.search.cache import BenchmarkCache, caches
 from pycudnn.search.iterate import try_all
 from pycudnn.engines.problem import ConvolutionArgs, ConvolutionParams
+from pycudnn.ffi import library
 from scripted_engine import ScriptedEngine
 from pycudnn.errors import (CudnnBadParamError, CudnnNotSupportedError, NoAlgorithmError,
                             OutOfMemoryError, PycudnnError)
@@ -344,7 +345,7 @@ def _v7_with_fake_find(monkeypatch, device, rows_fail_first=0):
     monkeypatch.setattr(v7, "error_if_capturing", lambda *a: None)
 
     def find(handle, a, a_ptr, b, b_ptr, conv, out, out_ptr, n, count, perf, ws_ptr, ws_size):
-        calls.append((ws_size, v7._sizing_lock(0).locked()))
+        calls.append((ws_size, v7.sizing_lock(0).locked()))
         time.sleep(0.03)  # a Find takes a while: the others' sizing happens meanwhile
         fail = len(calls) <= rows_fail_first
         for i in range(4):
@@ -359,7 +360,7 @@ def _v7_with_fake_find(monkeypatch, device, rows_fail_first=0):
 
     fake = type("Lib", (), {})()
     fake.cudnnFindConvolutionForwardAlgorithmEx = find
-    monkeypatch.setattr(v7._lib, "lib", lambda: fake)
+    monkeypatch.setattr(library, "lib", lambda: fake)  # what v7 calls
     monkeypatch.setattr(engine, "_heuristics", lambda args: pytest.fail("heuristics used"))
     return engine, calls, sizes
 
@@ -400,7 +401,7 @@ def test_a_find_whose_rows_all_failed_is_retried_alone_before_the_heuristics(mon
     got = engine.candidates(args_for(make_params(), benchmark=True))
     assert [r.source for r in got] == ["find"] * 3 and got[0].algo == 0
     assert [locked for _, locked in calls] == [False, True]  # the retry held the sizing lock
-    assert not v7._sizing_lock(0).locked() and device.in_use == 0
+    assert not v7.sizing_lock(0).locked() and device.in_use == 0
 
 
 def test_find_headroom():
@@ -414,7 +415,7 @@ def test_an_interrupt_during_a_find_leaves_the_sizing_lock_free(monkeypatch, whe
     device = _Device(1 << 30)
     engine, calls, sizes = _v7_with_fake_find(monkeypatch, device,
                                               rows_fail_first=1 if where == "retried find" else 0)
-    fake = v7._lib.lib()
+    fake = library.lib()
     find = fake.cudnnFindConvolutionForwardAlgorithmEx
 
     def interrupted_find(*a):
@@ -431,7 +432,7 @@ def test_an_interrupt_during_a_find_leaves_the_sizing_lock_free(monkeypatch, whe
         fake.cudnnFindConvolutionForwardAlgorithmEx = interrupted_find
     with pytest.raises(KeyboardInterrupt):
         engine.candidates(args_for(make_params(), benchmark=True))
-    assert not v7._sizing_lock(0).locked() and device.in_use == 0
+    assert not v7.sizing_lock(0).locked() and device.in_use == 0
     # the next search on the device is not blocked
     fake.cudnnFindConvolutionForwardAlgorithmEx = find
     monkeypatch.setattr(engine, "max_workspace_size", type(engine).max_workspace_size.__get__(engine))

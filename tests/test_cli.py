@@ -419,9 +419,9 @@ def test_bench_report_plumbing(db, monkeypatch, capsys, tmp_path):
     import pycudnn.runtime.memory
 
     monkeypatch.setattr(bench, "require_gpu", lambda command, device=0: None)
-    monkeypatch.setattr(bench, "_torch_available", lambda args: (True, None))
+    monkeypatch.setattr(bench, "torch_available", lambda args: (True, None))
     monkeypatch.setattr(bench, "dist_version", lambda name: "9.9")
-    monkeypatch.setattr(bench, "_meta", lambda args, opts, layers, directions: {
+    monkeypatch.setattr(bench, "bench_meta", lambda args, opts, layers, directions: {
         "pycudnn": "0", "cudnn": "9.28.0", "cuda_runtime": "12.9", "tuning_db": db.path(),
         "device": {"index": 0, "name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132},
         "settings": {"dtype": args.dtype, "layout": args.layout, "engine": opts["engine"],
@@ -533,14 +533,14 @@ def scripted(db, monkeypatch):
 
     strategy = _ScriptedV7()
     monkeypatch.setitem(registry.ENGINES, "scripted", strategy)
-    monkeypatch.setattr(timing, "_CudaTimer", _FakeTimer)
+    monkeypatch.setattr(timing, "CudaTimer", _FakeTimer)
     params = make_params()  # v7 parameters (the database takes the engines it knows only)
 
     def fake_fn(layer, direction, bufs, flags):
         return lambda: try_all(ConvolutionArgs(params, 0, 0, 0, 0, 0, benchmark=flags["benchmark"]),
                                strategy)
 
-    monkeypatch.setattr(timing, "_pycudnn_fn", fake_fn)
+    monkeypatch.setattr(timing, "pycudnn_fn", fake_fn)
     yield strategy, params
     clear_caches()
 
@@ -881,7 +881,7 @@ def not_found(name):  # what the pathfinder raises with no cuDNN: it looks for a
     raise pf.DynamicLibNotFoundError('Failure finding "libcublasLt.so": No such file\nmore')
 pf.load_nvidia_dynamic_lib = not_found
 from pycudnn.ffi import library
-library._cudnn_installed = lambda: False
+library.cudnn_installed = lambda: False
 """
 
 

@@ -155,12 +155,10 @@ class _TwoGpuDriver:
         return f"CUDA_ERROR {code}"
 
 
-def test_info_reads_the_gpus_and_the_driver_version_from_the_driver(monkeypatch):
+def test_info_reads_the_gpus_and_the_driver_version_from_the_driver(monkeypatch, driver_library_found):
     from pycudnn.runtime.memory import devices, driver
-    from pycudnn.runtime.memory import errors as memory_errors
 
     monkeypatch.setattr(driver, "loaded", _TwoGpuDriver())
-    monkeypatch.setattr(memory_errors, "_driver_found", True)
     monkeypatch.setattr(devices, "visible_devices", None)
     got, reason = environment.list_devices()
     assert reason is None

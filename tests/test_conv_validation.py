@@ -249,7 +249,7 @@ class _Recorder:
             monkeypatch.setattr(module, "get_handle", lambda *a, **k: 0)
             monkeypatch.setattr(module, "transform",
                                 lambda h, src, dst: rec.copies.append((src, dst)))
-        monkeypatch.setattr(conv, "_fill_zero", lambda t, s, h=None: rec.zeroed.append(t))
+        monkeypatch.setattr(conv, "fill_zero", lambda t, s, h=None: rec.zeroed.append(t))
 
 
 @pytest.mark.parametrize("k,d,pad,extra", [(3, 1, 1, 0), (5, 1, 2, 0), (4, 1, 1, 1), (2, 1, 0, 1),

@@ -252,10 +252,9 @@ def test_restore_device_switches_back_only_when_needed(fake_driver):
     assert D.current_device() == 1
 
 
-def test_an_invalid_device_raises_no_device_error_naming_the_call(fake_driver, monkeypatch):
+def test_an_invalid_device_raises_no_device_error_naming_the_call(fake_driver, monkeypatch, driver_library_found):
     from pycudnn.errors import NoDeviceError
 
-    monkeypatch.setattr(M.errors, "_driver_found", True)
     with pytest.raises(NoDeviceError) as info:
         D.set_device(5)
     assert "cuDeviceGet(5)" in str(info.value) and "2 CUDA device(s)" in str(info.value)
@@ -268,22 +267,20 @@ def test_pointer_device_reads_the_owner_and_refuses_host_memory(fake_driver):
         D.pointer_device(0x9000)  # unknown to CUDA: plain host memory
 
 
-def test_a_device_is_named_by_the_driver_when_none_is_usable(monkeypatch):
+def test_a_device_is_named_by_the_driver_when_none_is_usable(monkeypatch, driver_library_found):
     drv = _FakeDriver(0)
     drv.init_status = 100
     drv.error_text = lambda code: "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected"
     monkeypatch.setattr(DRV, "loaded", drv)
     monkeypatch.setattr(D, "visible_devices", None)
-    monkeypatch.setattr(M.errors, "_driver_found", True)
     assert D.device_count() == 0
     assert D.no_device_reason() == ("cuInit failed: CUDA_ERROR_NO_DEVICE: no CUDA-capable device "
                                     "is detected")
 
 
-def test_driver_statuses_become_the_runtime_layers_exceptions(monkeypatch):
+def test_driver_statuses_become_the_runtime_layers_exceptions(monkeypatch, driver_library_found):
     from pycudnn.errors import NoDeviceError, OutOfMemoryError
 
-    monkeypatch.setattr(M.errors, "_driver_found", True)
     monkeypatch.setattr(DRV, "loaded", _FakeDriver(1))
     M.check_driver(0, "nothing")
     with pytest.raises(OutOfMemoryError, match="cuMemAlloc: out of device memory"):

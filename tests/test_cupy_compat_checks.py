@@ -25,8 +25,8 @@ class _Recorder:
         self.copies: list[tuple[int, int, str, str]] = []
         self.seen: dict = {}
         monkeypatch.setattr(cc.normalization, "new_tensor", self.new)
-        monkeypatch.setattr(cc.normalization, "_bn_copy", self.copy)
-        monkeypatch.setattr(cc.normalization, "_bn_module", lambda: self)
+        monkeypatch.setattr(cc.normalization, "bn_copy", self.copy)
+        monkeypatch.setattr(cc.normalization, "bn_module", lambda: self)
 
     def new(self, shape, dtype, like, stream):
         self.next += 1 << 20
@@ -91,7 +91,7 @@ def _pool(x_shape, y_shape):
 def test_cover_all_window_past_the_input_is_refused_naming_y(fn):
     # x 4x4, ksize 2, stride 3, pad 1: Chainer's cover_all size 3x3 puts window 2 on rows 5..6
     x, y = _pool((1, 1, 4, 4), (1, 1, 3, 3))
-    assert cc.operations._pooling_rule(x, y, (2, 2), (3, 3), (1, 1), fn, "y") == "window"
+    assert cc.operations.pooling_rule(x, y, (2, 2), (3, 3), (1, 1), fn, "y") == "window"
     call = (lambda: cc.pooling_forward(x, y, (2, 2), (3, 3), (1, 1), cc.CUDNN_POOLING_MAX)) \
         if fn == "pooling_forward" else \
         (lambda: cc.pooling_backward(x, y, y, (2, 2), (3, 3), (1, 1), cc.CUDNN_POOLING_MAX))
@@ -103,9 +103,9 @@ def test_cover_all_window_past_the_input_is_refused_naming_y(fn):
 def test_cover_all_keeps_windows_that_hold_an_input_element():
     # x 5x5, ksize 2, stride 2: cover_all 3x3, the last window covers row 4 (an input row)
     x, y = _pool((1, 1, 5, 5), (1, 1, 3, 3))
-    rule = cc.operations._pooling_rule(x, y, (2, 2), (2, 2), (0, 0), "pooling_forward", "y")
+    rule = cc.operations.pooling_rule(x, y, (2, 2), (2, 2), (0, 0), "pooling_forward", "y")
     assert rule == "window_cover_all"
-    k, s, p, out = pooling._geometry(x, (2, 2), (2, 2), (0, 0), "pooling_forward", rule)
+    k, s, p, out = pooling.pooling_geometry(x, (2, 2), (2, 2), (0, 0), "pooling_forward", rule)
     assert out == (1, 1, 3, 3)
 
 
@@ -117,7 +117,7 @@ def test_accepted_cover_all_geometries_have_no_empty_window(i, k, s, p):
     if min(cover) < 1:
         return
     _, y = _pool((1, 1, i, i), (1, 1) + cover)
-    rule = cc.operations._pooling_rule(x, y, (k, k), (s, s), (p, p), "pooling_forward", "y")
+    rule = cc.operations.pooling_rule(x, y, (k, k), (s, s), (p, p), "pooling_forward", "y")
     if rule != "window_cover_all":
         return
     for o in range(cover[0]):  # brute force: each window has a row inside [0, i)

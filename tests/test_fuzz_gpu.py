@@ -475,7 +475,7 @@ def test_prepared_path_refuses_like_the_full_path(engine):
 def test_nothing_to_compute_zeroes_only_the_out_view(fn):
     """When there is nothing to sum (an empty batch for backward filter; an empty input with
     padding for a forward convolution) the output is zero-filled: only its elements, not the
-    memory between them (conv._fill_zero memsets the whole span of a strided out=)."""
+    memory between them (api.conv's fill_zero memsets the whole span of a strided out=)."""
     import pycudnn
 
     ones = pycudnn.from_numpy(np.ones(2 * 8 * 4 * 3 * 3, np.float32))

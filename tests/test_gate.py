@@ -97,7 +97,7 @@ def drv(monkeypatch):
 
 def _round(gate, runs=()):
     args = types.SimpleNamespace(stream=0x1234, handle=0)
-    return graph.GraphEngine._gated_round(graph.GraphEngine(), args, gate, list(runs), (), 0)
+    return graph.GraphEngine.gated_round(graph.GraphEngine(), args, gate, list(runs), (), 0)
 
 
 def test_a_watchdog_that_cannot_start_still_opens_the_hold_and_frees_the_events(drv):

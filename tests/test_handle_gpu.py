@@ -42,10 +42,8 @@ def in_thread(fn):
 def wait_pooled(handle: int) -> None:
     for _ in range(300):
         gc.collect()
-        with H._pool_lock:
-            H._take_returned()  # ended threads queue their handles; a taker moves them to the pool
-            if handle in H._pool.get(0, ()):
-                return
+        if handle in H.pooled_handles(0):  # ended threads' queued handles included
+            return
         time.sleep(0.01)
     raise AssertionError(f"handle {handle:#x} did not return to the pool")
 

@@ -87,8 +87,7 @@ def test_configure_in_process():
         with pytest.raises(ValueError, match="unknown level 'chatty'"):
             L.configure("chatty")
     finally:
-        if L.handler() is not None:
-            logger.removeHandler(L.handler())
-        L._handler = None
+        L.remove_handler()
+        assert L.handler() is None
         logger.setLevel(old_level)
         assert logger.handlers == old_handlers

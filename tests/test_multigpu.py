@@ -125,7 +125,7 @@ def test_tensors_on_device_1_run_on_device_1(engine, measure, allocations):
     assert allocations, "no allocation was seen"
     wrong = [(hex(p), claimed, owner) for p, claimed, owner in allocations if (claimed, owner) != (1, 1)]
     assert not wrong, f"workspaces/outputs allocated off device 1: {wrong}"
-    assert 1 in H._thread_handles().handles, "no handle for device 1 in this thread"
+    assert 1 in H.thread_handles(), "no handle for device 1 in this thread"
 
 
 def test_caches_are_per_device():

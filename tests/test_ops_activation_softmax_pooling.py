@@ -246,7 +246,7 @@ def test_a_planned_call_still_checks_its_out(monkeypatch):
         with pytest.raises(pycudnn.NoDeviceError):
             call(t(*shape.get(name, (2, 3, 8, 8)), role="out"))  # leaves its plan
     for module in (activation, softmax, pooling):
-        for plan in ("_forward_plan", "_backward_plan"):
+        for plan in ("forward_plan", "backward_plan"):
             monkeypatch.setattr(module, plan, lambda *a: pytest.fail("the full checks ran"))
     for name, call in calls.items():
         size = shape.get(name, (2, 3, 8, 8))
@@ -313,13 +313,13 @@ def test_softmax_gives_cudnn_4d_descriptors_and_stages_what_it_cannot_take(shape
     from pycudnn.ops import softmax as sm
 
     x = t(*shape, strides=strides)
-    plan = sm._forward_plan(x, "log", mode, None, "softmax_forward")
+    plan = sm.forward_plan(x, "log", mode, None, "softmax_forward")
     xd = plan.keep[0]
     assert (xd.shape, xd.strides) == desc
     padded = None if stage_x is None else stage_x + (1,) * (4 - len(stage_x))
     assert plan.stage_x == padded
     assert plan.stage_y is None  # the new output is dense in x's memory format
-    back = sm._backward_plan(x, t(*shape, strides=strides, role="dy"), "log", mode, None,
+    back = sm.backward_plan(x, t(*shape, strides=strides, role="dy"), "log", mode, None,
                              "softmax_backward")
     assert len(back.keep[0].shape) == 4
     # backward: y, dy and dx share one dense layout (x's memory format), others staged into it
@@ -331,10 +331,10 @@ def test_softmax_stages_an_out_that_cuDNN_cannot_write():
 
     x = t(2, 5, 2, 3, 4)
     out = t(2, 5, 2, 3, 4, role="out", strides=(3840, 384, 96, 16, 2))
-    plan = sm._forward_plan(x, "accurate", "channel", out, "softmax_forward")
+    plan = sm.forward_plan(x, "accurate", "channel", out, "softmax_forward")
     assert plan.stage_y == (120, 24, 12, 4, 1) and plan.stage_x is None
     nhwc_out = t(3, 7, 4, 5, role="out", strides=(140, 1, 35, 7))
-    plan = sm._forward_plan(t(3, 7, 4, 5), "accurate", "instance", nhwc_out, "softmax_forward")
+    plan = sm.forward_plan(t(3, 7, 4, 5), "accurate", "instance", nhwc_out, "softmax_forward")
     # instance mode: x is brought into the (packed) layout of out, not out into x's
     assert plan.stage_y is None and plan.stage_x == (140, 1, 35, 7)
 
@@ -349,16 +349,16 @@ def test_half_softmax_backward_and_elu_backward_compute_in_float32(dtype, wide):
     from pycudnn.ops import softmax as sm
 
     y, dy = t(1, 1, 5, dtype=dtype, role="y"), t(1, 1, 5, dtype=dtype, role="dy")
-    back = sm._backward_plan(y, dy, "accurate", "instance", None, "softmax_backward")
+    back = sm.backward_plan(y, dy, "accurate", "instance", None, "softmax_backward")
     assert (None if back.wide is None else back.wide.name) == wide
     assert back.keep[0].dtype.name == (wide or dtype)
     assert back.stage == (wide is not None)  # a dense layout, but another dtype: staged
     x = t(dtype=dtype)  # 0-d: PyTorch's OpInfo sample
-    elu = act._backward_plan(t(dtype=dtype, role="y"), t(dtype=dtype, role="dy"), x, "elu",
+    elu = act.backward_plan(t(dtype=dtype, role="y"), t(dtype=dtype, role="dy"), x, "elu",
                              1.0, None, act.NanPropagation.PROPAGATE_NAN, "activation_backward")
     assert (None if elu.wide is None else elu.wide.name) == wide
     assert elu.keep[1].dtype.name == (wide or dtype)
-    relu = act._backward_plan(t(dtype=dtype, role="y"), t(dtype=dtype, role="dy"), x, "relu",
+    relu = act.backward_plan(t(dtype=dtype, role="y"), t(dtype=dtype, role="dy"), x, "relu",
                               0.0, None, act.NanPropagation.PROPAGATE_NAN, "activation_backward")
     assert relu.wide is None  # only ELU's half kernel is off
 
@@ -375,7 +375,7 @@ def test_ceil_mode_output_size_is_pytorchs(i, k, s, p):
         return
     ref = torch.nn.functional.max_pool1d(torch.zeros(1, 1, i), k, s, p, ceil_mode=True).shape[-1]
     assert pl.ceil_output_size((i,), (k,), (s,), (p,)) == (ref,)
-    y = pl._geometry(t(1, 1, i, i), k, s, p, "pooling_forward", pl._CEIL)[3]
+    y = pl.pooling_geometry(t(1, 1, i, i), k, s, p, "pooling_forward", pl.HALF_CEIL)[3]
     assert y == (1, 1, ref, ref)
 
 
@@ -426,18 +426,18 @@ def test_divisor_override_scales_cudnns_window_average():
     for dtype, ctype in (("float32", ctypes.c_float), ("float64", ctypes.c_double),
                          ("float16", ctypes.c_float)):
         x = t(2, 3, 8, 8, dtype=dtype)
-        plan = pl._forward_plan(x, 3, 2, 1, "average_exclude_padding", None,
+        plan = pl.forward_plan(x, 3, 2, 1, "average_exclude_padding", None,
                                 pl.NanPropagation.PROPAGATE_NAN, "half", "pooling_forward",
                                 divisor=5)
         assert ctype.from_address(plan.one).value == pytest.approx(9 / 5)
         assert plan.keep[0].mode == pl.PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING
-        back = pl._backward_plan(t(2, 3, 4, 4, dtype=dtype, role="y"),
+        back = pl.backward_plan(t(2, 3, 4, 4, dtype=dtype, role="y"),
                                  t(2, 3, 4, 4, dtype=dtype, role="dy"), x, 3, 2, 1,
                                  "average_include_padding", None,
                                  pl.NanPropagation.PROPAGATE_NAN, "half", "pooling_backward",
                                  divisor=5)
         assert ctype.from_address(back.one).value == pytest.approx(9 / 5)
-    plain = pl._forward_plan(t(2, 3, 8, 8), 3, 2, 1, "average_exclude_padding", None,
+    plain = pl.forward_plan(t(2, 3, 8, 8), 3, 2, 1, "average_exclude_padding", None,
                              pl.NanPropagation.PROPAGATE_NAN, "half", "pooling_forward")
     assert ctypes.c_float.from_address(plain.one).value == 1.0
 

@@ -100,12 +100,12 @@ def test_dropout_reserve_size_from_cudnn():
 
 def test_descriptor_cache_is_bounded():
     bn.clear_cache()
-    for n in range(bn.descriptors._CACHE_MAX + 10):
+    for n in range(bn.descriptors.CACHE_MAX + 10):
         x = T((2, 3, 1, n + 1))
         bn.descriptors.layout_of(x, 1, (1, 3, 1, 1), np.dtype("float32"))
-    assert len(bn.descriptors._CACHE) == bn.descriptors._CACHE_MAX
+    assert bn.descriptors.layout_count() == bn.descriptors.CACHE_MAX
     bn.clear_cache()
-    assert not bn.descriptors._CACHE
+    assert bn.descriptors.layout_count() == 0
 
 
 # ---- argument checks ------------------------------------------------------------------------------
@@ -364,10 +364,10 @@ def _full_path_forbidden(monkeypatch):
     """Make the full checks fail loudly: what a call raises after this came from its plan."""
     def forbidden(*args, **kwargs):
         raise AssertionError("the full path ran for a signature that has a plan")
-    for module, name in ((bn.training, "_training_full"), (bn.inference, "_inference_full"),
-                         (bn.backward, "_backward_full")):
+    for module, name in ((bn.training, "training_full"), (bn.inference, "inference_full"),
+                         (bn.backward, "backward_full")):
         monkeypatch.setattr(module, name, forbidden)
-    for name in ("_forward_full", "_backward_full"):
+    for name in ("forward_full", "backward_full"):
         monkeypatch.setattr(dr, name, forbidden)
 
 
@@ -474,8 +474,8 @@ def test_planned_dropout_calls_still_check_state_reserve_and_addresses(monkeypat
                  lambda: dr.dropout_backward(dy, _state(), _reserve((4, 4)), out=T(dy.shape))):
         with pytest.raises(E.NoDeviceError):
             call()
-    assert len(dr._FORWARD) >= 1 and len(dr._BACKWARD) >= 1
-    monkeypatch.setattr(dr, "_forward_full", lambda *a: pytest.fail("full path ran"))
+    assert min(dr.plan_counts()) >= 1
+    monkeypatch.setattr(dr, "forward_full", lambda *a: pytest.fail("full path ran"))
     with pytest.raises(E.NoDeviceError):
         dr.dropout_forward(x, _state(), out=T(x.shape))  # the plan
     with pytest.raises(ValueError, match="out overlaps input"):

@@ -80,7 +80,7 @@ MASK_BOUNDS = [(-1.0, 1.0), (0.0, 6.0), (0.1, 0.1), (-0.0, 0.0), (0.0, INF), (-I
 def test_backward_masks_give_pytorchs_gradient_at_every_edge(wide, bounds):
     """``alpha * x + b`` of each mask, a NaN made +inf, then ``> 0`` (ReLU's gradient): dy passes
     exactly where PyTorch's ``x <= min_val || x >= max_val ? 0 : dy`` passes it (NaN included)."""
-    from pycudnn.ops.hardtanh import _mask_terms
+    from pycudnn.ops.hardtanh import mask_terms
 
     lo, hi = bounds
     dt = np.dtype(wide)
@@ -93,7 +93,7 @@ def test_backward_masks_give_pytorchs_gradient_at_every_edge(wide, bounds):
                       np.nextafter(dt.type(b), dt.type(-INF)))]
     x = np.concatenate([np.array(edges + near, dt), rng.uniform(-8, 8, 200).astype(dt)])
     dy = np.full_like(x, 2.0)
-    (a1, b1), (a2, b2) = _mask_terms(lo, hi, dt)
+    (a1, b1), (a2, b2) = mask_terms(lo, hi, dt)
     with np.errstate(over="ignore", invalid="ignore"):
         above = dt.type(a1) * x + dt.type(b1)
         below = dt.type(a2) * x + dt.type(b2)

@@ -116,7 +116,7 @@ def cached_entries() -> int:
     from pycudnn.api import prepared
 
     algos = _modules()[0]
-    return sum(len(c) for c in algos.caches.values()) + len(prepared._fast)
+    return sum(len(c) for c in algos.caches.values()) + len(prepared.remembered_calls())
 
 
 def live_counts() -> dict[str, int]:

@@ -248,7 +248,8 @@ def test_a_key_with_a_bad_configuration_is_dropped(store, bad, caplog):
     assert any("config" in r.getMessage() for r in caplog.records)
 
 
-def test_a_channels_last_transposed_convolution_is_keyed_by_the_layout_it_runs_in(monkeypatch):
+def test_a_channels_last_transposed_convolution_is_keyed_by_the_layout_it_runs_in(monkeypatch,
+                                                                                 fresh_torch_calls):
     torch = pytest.importorskip("torch")
     from pycudnn.torch import calls, routing
 
@@ -262,12 +263,10 @@ def test_a_channels_last_transposed_convolution_is_keyed_by_the_layout_it_runs_i
     # that need a GPU and PyTorch's call are stood in for
     monkeypatch.setattr(routing, "should_measure", lambda *a: True)
     monkeypatch.setattr(routing, "prejudge", prejudge)
-    monkeypatch.setattr(calls, "_stream", lambda dev: 0)
+    monkeypatch.setattr(calls, "caller_stream", lambda dev: 0)
     monkeypatch.setattr(calls, "check_transposed", lambda *a: (8, 16, 31, 31))
-    monkeypatch.setattr(calls, "_torch_backward",
+    monkeypatch.setattr(calls, "torch_backward",
                         lambda direction, a, b, other, geom: torch.zeros(other.shape))
-    monkeypatch.setattr(calls, "_BWD", {})
-    monkeypatch.setattr(calls, "_TRANSPOSED", {})
     x = torch.randn(8, 32, 16, 16).contiguous(memory_format=torch.channels_last)
     w = torch.randn(32, 16, 3, 3)
     geom = ((2, 2), (1, 1), (1, 1), 1)
@@ -286,7 +285,7 @@ def test_a_forward_signature_names_its_bias():
     x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     geom = ((1, 1), (1, 1), (1, 1), 1)
     fmt = calls.memory_format(x, w)
-    assert calls._signature(x, w, geom, fmt, True) != calls._signature(x, w, geom, fmt)
+    assert calls.describe_signature(x, w, geom, fmt, True) != calls.describe_signature(x, w, geom, fmt)
 
 
 # ---- failures that must not lose decisions or fail a convolution ---------------------------------
@@ -332,9 +331,9 @@ def test_flush_keeps_the_file_when_its_read_fails(store, monkeypatch):
 def test_lookup_does_not_set_aside_a_file_another_process_just_repaired(store, monkeypatch):
     from pycudnn.tuning import files as tuning_files
 
-    good = route_store.document_text([route_store._checked(
+    good = route_store.document_text([route_store.checked_entry(
         {"key": key(), "winner": "torch", "reason": "other process", **FIGURES})[1]],
-        document=route_store._DOCUMENT)
+        document=route_store.DOCUMENT)
     os.makedirs(os.path.dirname(store.path()), mode=0o700, exist_ok=True)
     Path(store.path()).write_text('{"format": "pycudnn-routes", "version": 1, "entries": [')
     os.chmod(store.path(), 0o600)
@@ -379,7 +378,7 @@ def slow_write(file, text):
 route_store.write_database = slow_write
 k = route_store.decision_key(%r, "forward", 0, True, False, "2.11.0+cu130", 91900)
 route_store.store(k, "torch", %r, "measured")
-time.sleep(route_store._WRITE_DELAY_S + 0.2)
+time.sleep(route_store.WRITE_DELAY_S + 0.2)
 '''
 
 
@@ -445,9 +444,9 @@ def test_routing_keys_a_decision_by_torch_backends_cudnn_enabled(store, monkeypa
     from pycudnn.torch import routing
 
     monkeypatch.setattr(torch.backends.cudnn, "enabled", False)
-    off = routing._stored_key(SIG, "forward", 0, (True, False))
+    off = routing.stored_key(SIG, "forward", 0, (True, False))
     monkeypatch.setattr(torch.backends.cudnn, "enabled", True)
-    on = routing._stored_key(SIG, "forward", 0, (True, False))
+    on = routing.stored_key(SIG, "forward", 0, (True, False))
     assert off["cudnn_enabled"] is False and on["cudnn_enabled"] is True
     store.store(off, "torch", FIGURES, "PyTorch's native kernel")
     assert store.lookup(on) is None and store.lookup(off)["winner"] == "torch"

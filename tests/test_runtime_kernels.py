@@ -252,7 +252,7 @@ def test_a_plan_evicted_from_its_cache_builds_nothing_and_leaves_ready(monkeypat
     holders[1].fast.requested = False
     holders[1].fast.retired = False
     release = __import__("threading").Event()
-    blocker = rk._worker().submit(release.wait)  # the single worker is busy
+    blocker = rk.kernel_worker().submit(release.wait)  # the single worker is busy
     holders[1].fast.tick()
     holders[1].fast.retire()
     release.set()
@@ -268,7 +268,7 @@ def test_the_background_queue_is_bounded(monkeypatch):
     _succeeding_builds(monkeypatch, built)
     rk.configure(after_calls=1, background=True)
     release = threading.Event()
-    blocker = rk._worker().submit(release.wait)
+    blocker = rk.kernel_worker().submit(release.wait)
     x = view((2, 8, 5, 10))
     proms = []
     try:

@@ -53,10 +53,9 @@ class _Recorder:
         for module in (hardtanh, activation):
             monkeypatch.setattr(module, "from_numpy", lambda a, dtype=None, device=None,
                                 stream=None: new(np.shape(a), dtype))
-        monkeypatch.setattr(hardtanh, "_op", lambda *a, **k: rec.launches.append("cudnnOpTensor"))
-        activation._BACKWARD.clear()
-        softmax._BACKWARD.clear()
-        softmax._FORWARD.clear()
+        monkeypatch.setattr(hardtanh, "op_tensor", lambda *a, **k: rec.launches.append("cudnnOpTensor"))
+        activation.clear_plans()
+        softmax.clear_plans()
 
 
 def t(shape, dtype, region):

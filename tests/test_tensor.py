@@ -515,11 +515,10 @@ def test_resolve_stream_cuda_core():
     assert M.resolve_stream(core.LEGACY_DEFAULT_STREAM) == 1
 
 
-def test_check_cuda_mapping(monkeypatch):
+def test_check_cuda_mapping(monkeypatch, driver_library_found):
     M.check_cuda(0, "nothing")
     M.check_cuda((0, 5), "nothing")
     # with a driver library present, error 35 means an old driver: the runtime's words and a hint
-    monkeypatch.setattr(M.errors, "_driver_found", True)
     with pytest.raises(NoDeviceError, match="cudaErrorInsufficientDriver.*older than this CUDA"):
         M.check_cuda(35, "cudaFoo")
     with pytest.raises(NoDeviceError, match="no CUDA-capable device"):
@@ -609,36 +608,17 @@ def fake_cudnn(monkeypatch):
 
     def create(device):
         state["next"] += 1
-        with H._pool_lock:
-            H._created[device] = H._created.get(device, 0) + 1
         return state["next"]
 
     def set_stream(handle, stream):
         state["set_calls"] += 1
         state["streams"][handle] = stream
 
-    monkeypatch.setattr(H, "_create", create)
-    monkeypatch.setattr(H, "_set_stream", set_stream)
     monkeypatch.setattr(M.devices, "normalize_device", lambda d, parameter="device", what="": 0 if d is None else d)
     monkeypatch.setattr(M.devices, "ensure_device", lambda d: d)
     monkeypatch.setattr(M.devices, "current_device", lambda: 0)
-    fake_tls = threading.local()
-    monkeypatch.setattr(H, "_tls", fake_tls)
-    with H._pool_lock:
-        H._take_returned()  # real handles queued by ended threads belong to the saved pool
-    saved_pool = {k: list(v) for k, v in H._pool.items()}
-    saved_created = dict(H._created)
-    H._pool.clear()
-    H._created.clear()
-    yield state
-    vars(fake_tls).clear()  # this thread's fake handles go to the pool now, not after restoring it
-    gc.collect()
-    with H._pool_lock:
-        H._take_returned()  # fake handles queued by the test's threads: dropped with the fake pool
-    H._pool.clear()
-    H._pool.update(saved_pool)
-    H._created.clear()
-    H._created.update(saved_created)
+    with H.isolated_handles(create, set_stream):
+        yield state
 
 
 def _in_thread(fn):

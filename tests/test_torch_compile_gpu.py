@@ -183,8 +183,8 @@ def test_a_compiled_training_step_gives_pytorchs_output_and_gradients():
     out = compiled(x)
     F.cross_entropy(out, y).backward()
     # the compiled graph ran pycudnn's remembered launches, forward and both backward directions
-    assert {k[0] for k in calls._FWD} == {"conv"}
-    assert {k[0] for k in calls._BWD} == {"data", "filter"}
+    assert {k[0] for k in calls.remembered_signatures()["forward"]} == {"conv"}
+    assert {k[0] for k in calls.remembered_signatures()["backward"]} == {"data", "filter"}
     ref = plain(x)
     F.cross_entropy(ref, y).backward()
     assert rel_err(out, ref) < 1e-4
@@ -300,7 +300,7 @@ def test_measuring_at_trace_time_leaves_the_devices_random_generator_as_it_was()
                  "float32", False, ((1, 1), (1, 1), (1, 1), 1), True, True)
     before = torch.cuda.get_rng_state(0)
     cpu_before = torch.get_rng_state()
-    library._routed_to_torch(signature)
+    library.routed_to_torch(signature)
     assert torch.equal(torch.cuda.get_rng_state(0), before)
     assert torch.equal(torch.get_rng_state(), cpu_before)
     assert pt.routing_report(), "the signature was not measured"

@@ -198,7 +198,7 @@ _WEIGHT_GRAD = {1: torch.nn.grad.conv1d_weight, 2: torch.nn.grad.conv2d_weight,
 def any_device(monkeypatch):
     """calls' checks with the device check lifted (and the rank check worded here): they pass
     CPU tensors on to what follows them."""
-    real = calls._check_tensor
+    real = calls.check_tensor
 
     def on_any_device(fn, name, t, dims=None):
         if isinstance(t, torch.Tensor) and t.device.type == "cpu":
@@ -207,7 +207,7 @@ def any_device(monkeypatch):
             return
         real(fn, name, t, dims)
 
-    monkeypatch.setattr(calls, "_check_tensor", on_any_device)
+    monkeypatch.setattr(calls, "check_tensor", on_any_device)
     calls.clear_cache()
     yield
     calls.clear_cache()
@@ -514,9 +514,9 @@ def simulated(monkeypatch, any_device):
                 ran.append("launch filter")
         return _Prepared(launch)
 
-    monkeypatch.setattr(calls, "_forward_public", forward_public)
-    monkeypatch.setattr(calls, "_backward_public", backward_public)
-    monkeypatch.setattr(calls, "_stream", lambda device: 0)
+    monkeypatch.setattr(calls, "forward_public", forward_public)
+    monkeypatch.setattr(calls, "backward_public", backward_public)
+    monkeypatch.setattr(calls, "caller_stream", lambda device: 0)
     monkeypatch.setattr(calls, "get_handle", lambda device, stream: 0)
     return ran
 
@@ -568,7 +568,8 @@ def test_remembered_launches_replay_every_rank_and_the_transposed_roles(
         else:
             assert simulated == [f"{kind} forward", f"{kind} data", f"{kind} filter"], attempt
     calls.clear_cache()
-    assert not calls._TRANSPOSED and not calls._FWD
+    remembered = calls.remembered_signatures()
+    assert not remembered["transposed"] and not remembered["forward"]
 
 
 @pytest.mark.parametrize("fn,theirs,x_shape,w_shape,kwargs", [

@@ -154,7 +154,7 @@ def test_augmented_assignments_are_traced_in_place():
             z -= 1.0
             return keep
 
-    gm = torch.fx.GraphModule(M(), training_rewrite._tracer().trace(M()))
+    gm = torch.fx.GraphModule(M(), training_rewrite.fx_tracer().trace(M()))
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert operator.imul in targets and operator.isub in targets
     x = torch.randn(3)

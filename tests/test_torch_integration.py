@@ -328,7 +328,8 @@ def test_alpha_must_be_a_number():
 def test_cache_is_bounded_and_clearable():
     assert pt.CACHE_MAX >= 1024
     pt.clear_cache()
-    assert not calls._FWD and not calls._BWD
+    remembered = calls.remembered_signatures()
+    assert not remembered["forward"] and not remembered["backward"]
 
 
 @needs_torch

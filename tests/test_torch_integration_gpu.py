@@ -99,12 +99,13 @@ def test_only_the_gradients_asked_for_are_computed():
     x = torch.randn(2, 4, 8, 8, device=DEV)
     w = torch.randn(6, 4, 3, 3, device=DEV, requires_grad=True)
     pt.conv2d(x, w).sum().backward()
-    assert [k[0] for k in calls._BWD] == ["filter"]  # no backward-data convolution ran
+    backward = calls.remembered_signatures()["backward"]
+    assert [k[0] for k in backward] == ["filter"]  # no backward-data convolution ran
     x.requires_grad_(True)
     w.requires_grad_(False)
     pt.clear_cache()
     pt.conv2d(x, w).sum().backward()
-    assert [k[0] for k in calls._BWD] == ["data"]
+    assert [k[0] for k in calls.remembered_signatures()["backward"]] == ["data"]
     with torch.no_grad():
         y = pt.conv2d(x, w)
     assert y.grad_fn is None
@@ -429,7 +430,7 @@ def test_fused_operations_forward_and_backward(case, fmt):
     if fmt is CL:  # the fused graph ran as one remembered launch (no separate epilogue)
         op = "bias_relu" if case.startswith("bias_relu") else "add_relu"
         assert any(k[0] == op and k[5] == torch.float16 and e[0] is not None
-                   for k, e in calls._FWD.items())
+                   for k, e in calls.remembered_signatures()["forward"].items())
 
 
 def test_fused_bfloat16_channels_last():
@@ -463,7 +464,7 @@ def test_fuse_for_inference_matches_the_unfused_model(dtype, fmt):
     assert rel_err(got, expected) < 5e-2
     assert torch.equal(got, again)
     if fmt is CL:  # each fused kind ran as one remembered launch
-        ops = sorted({k[0] for k, e in calls._FWD.items() if e[0] is not None})
+        ops = sorted({k[0] for k, e in calls.remembered_signatures()["forward"].items() if e[0] is not None})
         assert ops == ["add_relu", "bias_relu", "conv"]
 
 

@@ -201,13 +201,13 @@ def _cpu_kernels():
 def cpu_ops(_cpu_kernels, monkeypatch):
     """The operators on CPU tensors: the stand-in kernels, and the fake implementations' device
     check let through for CPU tensors (every other check stays)."""
-    check = calls._check_tensor
+    check = calls.check_tensor
 
     def check_but_cpu(fn, name, t, dims=None):
         if not (isinstance(t, torch.Tensor) and t.device.type == "cpu"):
             check(fn, name, t, dims)
 
-    monkeypatch.setattr(calls, "_check_tensor", check_but_cpu)
+    monkeypatch.setattr(calls, "check_tensor", check_but_cpu)
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

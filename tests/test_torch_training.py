@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pycudnn.torch as pt  # noqa: E402
-from pycudnn.torch import training  # noqa: E402
+from pycudnn.torch import calls, training  # noqa: E402
 from torch_models import Bottleneck, SmallResNet, randomize_batchnorm  # noqa: E402
 
 nn = torch.nn
@@ -235,7 +235,7 @@ def test_one_value_per_channel_is_refused_as_pytorch_does():
             want = str(exc)
         block = pt.ConvBnReLU2d(conv, nn.BatchNorm2d(4))
         try:
-            training._check_values_per_channel(x, conv.weight, block.geometry[0])
+            training.check_values_per_channel(x, conv.weight, block.geometry[0])
             got = None
         except ValueError as exc:
             got = str(exc)
@@ -291,7 +291,7 @@ def fused_on_cpu(monkeypatch):
     monkeypatch.setattr(devices, "current_device", rt.current_device)
     monkeypatch.setattr(devices, "set_device", rt.set_device)
     monkeypatch.setattr(devices, "visible_devices", 2)
-    monkeypatch.setattr(training._calls, "_multi_gpu", True)
+    monkeypatch.setattr(calls, "_multi_gpu", True)
     layouts = []
 
     def run_forward(op, x, w, b, z, alpha, geom):
@@ -311,9 +311,9 @@ def fused_on_cpu(monkeypatch):
                 None)
 
     monkeypatch.setattr(training, "run_forward", run_forward)
-    monkeypatch.setattr(training, "_layout", layout)
+    monkeypatch.setattr(training, "bn_layout", layout)
     monkeypatch.setattr(training, "get_handle", get_handle)
-    monkeypatch.setattr(training, "_stream", lambda device: 0)
+    monkeypatch.setattr(training, "caller_stream", lambda device: 0)
     monkeypatch.setattr(training, "run_backward", run_backward)
     return rt, layouts
 
@@ -331,7 +331,7 @@ def test_a_fused_block_gives_the_callers_device_back(fused_on_cpu):
     rt, layouts = fused_on_cpu
     block, x, _, z = _add_relu_inputs()
     conv, bn = block.conv, block.bn
-    y = training._apply(x, conv.weight, conv.bias, bn.weight, bn.bias, z, block)
+    y = training.apply_block(x, conv.weight, conv.bias, bn.weight, bn.bias, z, block)
     assert layouts[0].calls == ["forward"]  # the handle was taken, on device 1
     assert rt.current == 0
     y.sum().backward()
@@ -342,7 +342,7 @@ def test_a_fused_block_gives_the_callers_device_back(fused_on_cpu):
 def test_a_fused_block_saves_neither_the_shortcut_nor_the_conv_bias(fused_on_cpu):
     block, x, z0, z = _add_relu_inputs()
     conv, bn = block.conv, block.bn
-    y = training._apply(x, conv.weight, conv.bias, bn.weight, bn.bias, z, block)
+    y = training.apply_block(x, conv.weight, conv.bias, bn.weight, bn.bias, z, block)
     saved = {id(t) for t in y.grad_fn.saved_tensors if t is not None}
     assert id(z) not in saved and id(conv.bias) not in saved
     z.mul_(0.5)  # changed in place after the block, as the unfused model allows
@@ -356,7 +356,7 @@ def test_a_plain_conv_bn_block_does_not_save_the_shift(fused_on_cpu):
     torch.manual_seed(0)
     block = pt.ConvBn2d(nn.Conv2d(4, 4, 1, bias=False), nn.BatchNorm2d(4))
     x = torch.randn(2, 4, 3, 3).contiguous(memory_format=torch.channels_last)
-    y = training._apply(x, block.conv.weight, None, block.bn.weight, block.bn.bias, None, block)
+    y = training.apply_block(x, block.conv.weight, None, block.bn.weight, block.bn.bias, None, block)
     with torch.no_grad():
         block.bn.bias.add_(1.0)  # an optimizer step between forward and backward
     y.sum().backward()
@@ -378,7 +378,7 @@ def test_the_differentiable_backward_needs_no_shortcut():
     want = torch.autograd.grad(ref_y, (*params, z), gy, create_graph=True)
     y = ref_y.detach()
     z.data.mul_(0.5)  # the recomputation must not read z
-    got = training._recomputed_backward(block, gy, y, params, (True,) * 6 + (False,), True)
+    got = training.recomputed_backward(block, gy, y, params, (True,) * 6 + (False,), True)
     for name, a, b in zip(("x", "w", "cb", "gamma", "beta", "z"), got, want):
         assert torch.allclose(a, b, atol=1e-10), name
     # second order: d/dw of |grad_x|^2, and d/dgy of grad_z

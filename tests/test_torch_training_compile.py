@@ -376,7 +376,7 @@ def test_traced_block_on_cuda_takes_the_operator_only_where_cudnn_fuses(monkeypa
         asked.append(signature)
         return 96 if signature[1] == "bfloat16" else -1
 
-    monkeypatch.setattr(training, "_reserve_size", reserve_size)
+    monkeypatch.setattr(training, "reserve_size_for", reserve_size)
     mode = FakeTensorMode()
 
     def block(dtype):
@@ -401,8 +401,8 @@ def test_traced_block_on_cuda_takes_the_operator_only_where_cudnn_fuses(monkeypa
         y = training.traced_block(fused, x, z)
         assert training.traced_block(fused32, x32, z32) is None  # float32: not fused
         assert training.traced_block(fused, x, z1) is None  # broadcast z: not fused
-    assert asked == [((2, 12, 5, 5), "bfloat16", 0, training._OPS_ADD_RELU)]
+    assert asked == [((2, 12, 5, 5), "bfloat16", 0, training.OPS_ADD_RELU)]
     assert y is not None and y.dtype == torch.bfloat16 and tuple(y.shape) == (2, 12, 5, 5)
-    monkeypatch.setattr(training, "_reserve_size", lambda signature: -1)
+    monkeypatch.setattr(training, "reserve_size_for", lambda signature: -1)
     with mode:
         assert training.traced_block(fused, x, z) is None  # cuDNN refuses the layout

@@ -30,7 +30,7 @@ DEV = torch.device("cuda", 0)
 CL = torch.channels_last
 BF16 = torch.bfloat16
 ops = torch.ops.pycudnn
-KINDS = {"bn": training._OPS_BN, "relu": training._OPS_RELU, "add_relu": training._OPS_ADD_RELU}
+KINDS = {"bn": training.OPS_BN, "relu": training.OPS_RELU, "add_relu": training.OPS_ADD_RELU}
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +53,7 @@ def rel(got, ref):
 
 
 def _reserve(shape, kind):
-    n = training._reserve_size((tuple(shape), "bfloat16", 0, KINDS[kind]))
+    n = training.reserve_size_for((tuple(shape), "bfloat16", 0, KINDS[kind]))
     assert n >= 0, "cuDNN refused the fused batch norm's layout"
     return n
 
@@ -233,7 +233,7 @@ def test_the_compiled_graph_runs_cudnns_fused_batch_norm(monkeypatch):
             return fn(*args)
         return launch
 
-    for e in [e for e in training._LAYOUTS.values() if e is not None]:
+    for e in training.remembered_layouts():
         monkeypatch.setattr(e, "forward", counted("forward", e.forward))
         monkeypatch.setattr(e, "backward", counted("backward", e.backward))
     F.cross_entropy(compiled(x).float(), t).backward()

@@ -723,7 +723,7 @@ def test_a_deeply_nested_file_is_set_aside_by_every_function(db, tmp_path, call)
         "lookup": lambda: db.lookup(p), "entries": db.entries, "clear": db.clear,
         "store": lambda: db.store(p, V7_RECORD), "drop": lambda: db.drop(p),
         "merge": lambda: db.merge(good),
-        "end of a measured search": lambda: iterate._to_tuning_db(
+        "end of a measured search": lambda: iterate.to_tuning_db(
             ConvolutionArgs(params=p, handle=0, stream=0, x=0, w=0, y=0, benchmark=True),
             Serializing(), object()),
     }[call]

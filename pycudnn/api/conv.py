@@ -20,7 +20,7 @@ import numpy as np
 
 from ..configuration import ConvolutionFlags, config, override_token
 from ..cudnn.tensor_ops import add_bias, add_tensor, relu_, transform
-from ..cudnn.tensor_ops import fill_zero as _fill_zero
+from ..cudnn.tensor_ops import fill_zero
 from ..engines.problem import EpilogueKind
 from ..runtime.handle import get_handle
 from ..runtime.memory import devices as _devices
@@ -243,7 +243,7 @@ def _forward_with_epilogue(call: ConvolutionCall, y: Tensor, b: Tensor | None, r
     Returns y and whether everything ran in the convolution itself (no separate step)."""
     assert call.x is not None  # forward: the input is given
     if call.x.size == 0 or y.size == 0:
-        _fill_zero(y, call.stream)
+        fill_zero(y, call.stream)
         if b is not None and y.size:
             add_bias(call.handle, y, b)
         if relu and y.size:
@@ -377,7 +377,7 @@ def _cropped_transpose(fn: str, x: Tensor, w: Tensor, shape: tuple[int, ...],
     # the output is the bias alone
     kept = tuple(max(0, min(o, f - p)) for o, f, p in zip(shape[2:], full, padding))
     if kept != shape[2:]:
-        _fill_zero(y, s, handle)
+        fill_zero(y, s, handle)
     if 0 not in kept:
         transform(handle, _window(tmp, padding, kept), _window(y, (0,) * nd, kept))
     return y
@@ -540,7 +540,7 @@ def _backward_data(fn: str, dy: Tensor, w: Tensor, input_shape: Sequence[int],
     if dx.size == 0:
         return dx, None
     if dy.size == 0:
-        _fill_zero(dx, call.stream)
+        fill_zero(dx, call.stream)
         return dx, None
     call.run()
     return dx, call
@@ -577,7 +577,7 @@ def _backward_filter_full(x: Tensor, grad_y: Tensor, _z: None, _bias: None,
                  reads=(("input", x), ("grad_y", grad_y)), fn=fn)
     call.w = dw
     if x.size == 0 or grad_y.size == 0:
-        _fill_zero(dw, call.stream)  # an empty batch contributes nothing to the gradient
+        fill_zero(dw, call.stream)  # an empty batch contributes nothing to the gradient
         return dw, None
     call.run()
     prepared = prepare_call(call)
@@ -626,7 +626,7 @@ def _add_relu(x: Tensor, w: Tensor, z: Tensor, bias: Tensor | None, geometry: tu
     if y.size == 0:
         return y, None
     if x.size == 0:
-        _fill_zero(y, call.stream)
+        fill_zero(y, call.stream)
         _epilogue_steps(call.handle, y, z, float(alpha), b)
         return y, None
     b_full = zero_bias(call, w.shape[0], x) if b is None else contiguous_bias_for(b, call.stream, call)

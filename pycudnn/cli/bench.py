@@ -22,7 +22,9 @@ from .report import check_output_path, first_line, format_bytes, format_number, 
 from .timing import ROW_FIELDS, run_all
 
 
-def _torch_available(args: argparse.Namespace) -> tuple[bool, str | None]:
+def torch_available(args: argparse.Namespace) -> tuple[bool, str | None]:
+    """(whether the run compares against PyTorch, why not). Public as a seam for tests and
+    tooling."""
     if args.no_torch:
         return False, "--no-torch"
     if importlib.util.find_spec("torch") is None:
@@ -52,8 +54,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
     require_gpu("bench", args.device)
     opts = options_from_args(args)
-    torch_on, torch_why = _torch_available(args)
-    meta = _meta(args, opts, layers, directions)
+    torch_on, torch_why = torch_available(args)
+    meta = bench_meta(args, opts, layers, directions)
     meta["torch"] = dist_version("torch") if torch_on else None
     meta["torch_skipped"] = torch_why
     if not args.quiet:
@@ -78,8 +80,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _meta(args: argparse.Namespace, opts: dict[str, Any], layers: list[Layer],
-          directions: list[str]) -> dict[str, Any]:
+def bench_meta(args: argparse.Namespace, opts: dict[str, Any], layers: list[Layer],
+               directions: list[str]) -> dict[str, Any]:
+    """What the report says about the run: devices, versions, options, layers. Public as a seam
+    for tests and tooling."""
     import pycudnn
 
 

@@ -71,7 +71,9 @@ def _random_pool() -> Any:
     return _pool[0]
 
 
-def _pycudnn_fn(layer: Layer, direction: str, bufs: _Buffers, flags: dict[str, Any]) -> Callable[[], Any]:
+def pycudnn_fn(layer: Layer, direction: str, bufs: _Buffers, flags: dict[str, Any]) -> Callable[[], Any]:
+    """The pycudnn call that times ``layer`` in ``direction`` on ``bufs``. Public as a seam for
+    tests and tooling."""
     import pycudnn
 
     kw = dict(stride=layer.stride, padding=layer.pad, dilation=layer.dilation, groups=layer.groups,
@@ -102,8 +104,9 @@ def _torch_fn(layer: Layer, direction: str, bufs: _Buffers) -> Callable[[], Any]
     return lambda: op(dy, x, w, None, s, p, d, False, [0] * nd, layer.groups, mask)
 
 
-class _CudaTimer:
-    """CUDA events on the legacy default stream (where pycudnn runs without ``stream=``)."""
+class CudaTimer:
+    """CUDA events on the legacy default stream (where pycudnn runs without ``stream=``).
+    Public as a seam for tests and tooling."""
 
     def __init__(self) -> None:
         self.ev0 = event_create()
@@ -154,7 +157,7 @@ class _TorchTimer:
         pass
 
 
-def _first_call(fn: Callable[[], Any], timer: _CudaTimer | _TorchTimer) -> float:
+def _first_call(fn: Callable[[], Any], timer: CudaTimer | _TorchTimer) -> float:
     """Wall milliseconds until the first call's convolution has finished (search included)."""
     timer.sync()
     t0 = time.perf_counter()
@@ -163,7 +166,7 @@ def _first_call(fn: Callable[[], Any], timer: _CudaTimer | _TorchTimer) -> float
     return (time.perf_counter() - t0) * 1e3
 
 
-def _steady(fn: Callable[[], Any], timer: _CudaTimer | _TorchTimer, trials: int = 7,
+def _steady(fn: Callable[[], Any], timer: CudaTimer | _TorchTimer, trials: int = 7,
             trial_ms: float = 5.0) -> float:
     """Median over ``trials`` of the mean time per call of back-to-back calls (ms), host cost
     included; each trial runs about ``trial_ms``."""
@@ -271,8 +274,8 @@ def run_layer(layer: Layer, direction: str, bufs: _Buffers, opts: dict[str, Any]
     engine = engine_for(opts["engine"])
     row = new_row(layer, direction)
     pycudnn.clear_caches()
-    fn = _pycudnn_fn(layer, direction, bufs, opts["flags"])
-    timer = _CudaTimer()
+    fn = pycudnn_fn(layer, direction, bufs, opts["flags"])
+    timer = CudaTimer()
     try:
         fresh = opts["fresh"] or opts["all_candidates"]
         with _CandidateSpy(engine) as spy:

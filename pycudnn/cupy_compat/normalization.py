@@ -44,13 +44,15 @@ __all__ = ["batch_normalization_forward_training", "batch_normalization_forward_
            "CUDNN_BATCHNORM_OPS_BN_ACTIVATION", "CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION"]
 
 
-def _bn_module() -> Any:
-    """`pycudnn.ops.batchnorm` (a function, so that tests can stand in for it)."""
+def bn_module() -> Any:
+    """`pycudnn.ops.batchnorm` (a function, so that tests can stand in for it).
+    Public as a seam for tests and tooling."""
     return batchnorm
 
 
-def _bn_copy(src: Tensor, dst: Tensor, stream: int) -> None:
-    """``dst = src`` (any strides; dtypes converted) through cudnnTransformTensor."""
+def bn_copy(src: Tensor, dst: Tensor, stream: int) -> None:
+    """``dst = src`` (any strides; dtypes converted) through cudnnTransformTensor.
+    Public as a seam for tests and tooling."""
 
     def as3(t: Tensor) -> Tensor:
         pad = max(0, 3 - t.ndim)
@@ -79,7 +81,7 @@ def _bn_data(x: Any, is_for_conv2d: Any, d_layout: Any, stream: int,
         return t, t.shape
     if not t.is_contiguous():
         tmp = new_tensor(t.shape, t.dtype, t, stream)
-        _bn_copy(t, tmp, stream)
+        bn_copy(t, tmp, stream)
         t = tmp
     return tensor_from_pointer(t.ptr, (rows, c), t.dtype, strides=(c, 1), device=t.device,
                                owner=t, readonly=t.readonly), t.shape
@@ -96,14 +98,14 @@ def _bn_param(arr: Any, dtype: Any, stream: int) -> tuple[Tensor, Tensor | None]
                                        readonly=t.readonly)
         else:
             flat = new_tensor((t.size,), t.dtype, t, stream)
-            _bn_copy(t, tensor_from_pointer(flat.ptr, t.shape, t.dtype, device=t.device,
+            bn_copy(t, tensor_from_pointer(flat.ptr, t.shape, t.dtype, device=t.device,
                                             owner=flat), stream)
             if t.dtype == dtype:
                 return flat, t  # written back like a converted copy
     if flat.dtype == dtype:
         return flat, None
     conv = new_tensor((t.size,), dtype, t, stream)
-    _bn_copy(flat, conv, stream)
+    bn_copy(flat, conv, stream)
     return conv, t
 
 
@@ -113,7 +115,7 @@ def _bn_param_dtype(x: Tensor) -> Any:
 
 
 def _bn_write_back(tmp: Tensor, original: Tensor, stream: int) -> None:
-    _bn_copy(tensor_from_pointer(tmp.ptr, original.shape, tmp.dtype, device=tmp.device,
+    bn_copy(tensor_from_pointer(tmp.ptr, original.shape, tmp.dtype, device=tmp.device,
                                  owner=tmp), original, stream)
 
 
@@ -148,7 +150,7 @@ def _bn_forward_training(x: Any, gamma: Any, beta: Any, running_mean: Any, runni
     if (mean is None) != (inv_std is None):
         raise ValueError("Both mean and inv_std must be None if one is.")
     _bn_flags(eps, decay, is_for_conv2d, cudnn_mode)
-    bn = _bn_module()
+    bn = bn_module()
     s = stream_of(x)
     xv, shape = _bn_data(input_view(x, s), is_for_conv2d, d_layout, s)
     pdt = _bn_param_dtype(xv)
@@ -270,7 +272,7 @@ def batch_normalization_forward_inference(
         d_layout: ``CUDNN_TENSOR_NCHW`` or ``CUDNN_TENSOR_NHWC``.
     """
     _bn_flags(eps, None, is_for_conv2d, cudnn_mode)
-    bn = _bn_module()
+    bn = bn_module()
     s = stream_of(x)
     xv, shape = _bn_data(input_view(x, s), is_for_conv2d, d_layout, s)
     pdt = _bn_param_dtype(xv)
@@ -305,7 +307,7 @@ def batch_normalization_backward(
         reserve_space: what `batch_normalization_forward_training_ex` returned first.
     """
     _bn_flags(eps, None, is_for_conv2d, cudnn_mode)
-    bn = _bn_module()
+    bn = bn_module()
     s = stream_of(x)
     xv, shape = _bn_data(input_view(x, s), is_for_conv2d, d_layout, s)
     gyv, _ = _bn_data(input_view(gy, s), is_for_conv2d, d_layout, s, "gy")

@@ -321,12 +321,12 @@ def _pooling_args(xt: Tensor, ksize: Any, stride: Any, pad: Any, mode: Any,
     return k, st, p, name
 
 
-def _pooling_rule(xt: Tensor, yt: Tensor, k: tuple[int, ...], st: tuple[int, ...],
-                  p: tuple[int, ...], fn: str, name: str) -> str:
+def pooling_rule(xt: Tensor, yt: Tensor, k: tuple[int, ...], st: tuple[int, ...],
+                 p: tuple[int, ...], fn: str, name: str) -> str:
     """The padding and output-size rule ``yt``'s size asks for: ``"window"`` for
     ``(i + 2p - k) // s + 1`` (the pooling layers of CuPy 13 era code), ``"window_cover_all"``
     for Chainer's ``cover_all=True`` size ``(i + 2p - k + s - 1) // s + 1`` (``max_pooling_2d``'s
-    default), which CuPy 13 passed to cuDNN as given."""
+    default), which CuPy 13 passed to cuDNN as given. Public as a seam for tests and tooling."""
     if not (xt.ndim in (4, 5) and len(k) == xt.ndim - 2
             and all(isinstance(v, int) and v > 0 for v in k + st)):
         return "window"  # the pooling's own checks name what is wrong
@@ -392,7 +392,7 @@ def pooling_forward(x: Any, y: Any, ksize: Sequence[int], stride: Sequence[int],
     if not yt.is_contiguous():
         raise ValueError(f"{fn}: pooling_forward supports c-contiguous y only, but got y with "
                          f"strides {list(yt.strides)} (in elements) for size {list(yt.shape)}")
-    rule = _pooling_rule(xt, yt, k, st, p, fn, "y")
+    rule = pooling_rule(xt, yt, k, st, p, fn, "y")
     _refuse_empty_windows(xt, yt, k, st, p, rule, fn)
     _pooling.run_forward(xt, k, st, p, name, yt, s, NanPropagation.NOT_PROPAGATE_NAN, rule, fn,
                          out_name="y")
@@ -423,7 +423,7 @@ def pooling_backward(x: Any, y: Any, gy: Any, ksize: Sequence[int], stride: Sequ
     if yt.shape != gyt.shape:
         raise ValueError(f"{fn}: expected gy of size {list(yt.shape)} (the shape of y), but got "
                          f"gy of size {list(gyt.shape)}")
-    rule = _pooling_rule(xt, yt, k, st, p, fn, "y")
+    rule = pooling_rule(xt, yt, k, st, p, fn, "y")
     _refuse_empty_windows(xt, yt, k, st, p, rule, fn)
     result, gxt = _new_result(x, xt, xt.shape, s)
     _pooling.run_backward(yt, gyt, xt, k, st, p, name, gxt, s, NanPropagation.NOT_PROPAGATE_NAN,

@@ -586,7 +586,7 @@ class GraphEngine(Engine):
             if gate is None:
                 for _ in range(_TRIALS):
                     for i in ok:
-                        times[i].append(self._gated_round(args, None, [(ready[i], _REPS)], ptrs, wptr)[0])
+                        times[i].append(self.gated_round(args, None, [(ready[i], _REPS)], ptrs, wptr)[0])
             else:
                 first = self._batched(args, gate, [(ready[i], 1) for i in ok], ptrs, wptr)
                 reps = {i: max(3, min(25, int(_GATED_SPAN_MS / max(t, 1e-4)))) for i, t in zip(ok, first)}
@@ -620,19 +620,19 @@ class GraphEngine(Engine):
         queued = 0
         for rec, n in runs:
             if batch and queued + n > MAX_QUEUED:
-                out += self._gated_round(args, gate, batch, ptrs, wptr)
+                out += self.gated_round(args, gate, batch, ptrs, wptr)
                 batch, queued = [], 0
             batch.append((rec, n))
             queued += n
         if batch:
-            out += self._gated_round(args, gate, batch, ptrs, wptr)
+            out += self.gated_round(args, gate, batch, ptrs, wptr)
         return out
 
-    def _gated_round(self, args: ConvolutionArgs, gate: StreamGate | None,
-                     runs: list[tuple[GraphRecord, int]], ptrs: tuple[int, ...],
-                     wptr: int) -> list[float]:
+    def gated_round(self, args: ConvolutionArgs, gate: StreamGate | None,
+                    runs: list[tuple[GraphRecord, int]], ptrs: tuple[int, ...],
+                    wptr: int) -> list[float]:
         """One batch: (hold,) per candidate an event, its runs, an event; (open,) then each
-        candidate's ms per run."""
+        candidate's ms per run. Public as a seam for tests and tooling."""
         s = args.stream
         events: list[int] = []
         # everything after the first event is made runs inside the try blocks: a failure (an

@@ -351,7 +351,7 @@ class V7Engine(Engine):
         def find(alone: bool) -> tuple[ctypes.Array[Any], int]:
             perf = (table.perf_struct * n)()
             count = ctypes.c_int(0)
-            sizing = _sizing_lock(p.device)
+            sizing = sizing_lock(p.device)
             # the free memory is read and the workspace taken under one lock per device: two
             # threads never both size a workspace to the same free bytes (docs/reliability.md);
             # a retry (alone) keeps it through the Find: no other search takes memory meanwhile.
@@ -498,9 +498,9 @@ def find_headroom(free: int) -> int:
     return min(FIND_HEADROOM, max(free, 0) // 4)
 
 
-def _sizing_lock(device: int) -> threading.Lock:
+def sizing_lock(device: int) -> threading.Lock:
     """The lock under which a search reads the free memory of ``device`` and takes its
-    workspace."""
+    workspace. Public as a seam for tests and tooling."""
     lock = _sizing_locks.get(device)
     if lock is None:
         with _sizing_locks_guard:

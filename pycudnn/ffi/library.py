@@ -528,7 +528,7 @@ def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]
             # the pathfinder loads cuDNN's dependencies (libcublasLt) before cuDNN itself: with
             # no cuDNN at all its error names the dependency, not what is missing
             first = str(exc).split("\n", 1)[0]
-            if "cudnn" not in first.lower() and not _cudnn_installed():
+            if "cudnn" not in first.lower() and not cudnn_installed():
                 raise DynamicLibNotFoundError(
                     "cuDNN not found (no NVIDIA cuDNN wheel, no libcudnn in $CONDA_PREFIX or on "
                     f"the system); the search stopped first at a dependency of cuDNN: {first}"
@@ -546,9 +546,9 @@ def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]
     return out
 
 
-def _cudnn_installed() -> bool:
+def cudnn_installed() -> bool:
     """Whether a cuDNN library is anywhere pycudnn looks (an NVIDIA wheel, conda, the system's
-    loader cache), without loading it."""
+    loader cache), without loading it. Public as a seam for tests and tooling."""
     import ctypes.util
     import glob
     import importlib.util

@@ -63,6 +63,13 @@ _WHAT = "0 to 5 dims"
 
 _FORWARD = PlanCache()
 _BACKWARD = PlanCache()
+
+
+def clear_plans() -> None:
+    """Forget the remembered forward and backward plans (their descriptors are freed once no call
+    uses them). A seam for tests and tooling that count what a first call does."""
+    _FORWARD.clear()
+    _BACKWARD.clear()
 # the keys hold whether NaN propagates as a bool: hashing the IntEnum member is a Python call
 _PROPAGATE = int(NanPropagation.PROPAGATE_NAN)
 
@@ -322,7 +329,7 @@ def run_forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPro
     try:
         plan = _FORWARD[key]
     except (KeyError, TypeError):  # a new signature, or an unhashable argument the checks refuse
-        plan = _forward_plan(x, mode, coef, o, nan, fn)
+        plan = forward_plan(x, mode, coef, o, nan, fn)
         _FORWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (), fn, in_place=x)
@@ -352,9 +359,10 @@ def run_forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPro
         restore_device(prev)
 
 
-def _forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPropagation,
-                  fn: str) -> _Plan:
-    """The full checks of a forward call, then its descriptors."""
+def forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPropagation,
+                 fn: str) -> _Plan:
+    """The full checks of a forward call, then its descriptors.
+    Public as a seam for tests and tooling."""
     check_input(x, "x", fn, _RANKS, _WHAT)
     mode = check_mode(mode, fn)
     c = check_coef(coef, fn)
@@ -424,7 +432,7 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
     try:
         plan = _BACKWARD[key]
     except (KeyError, TypeError):
-        plan = _backward_plan(y, dy, x, mode, coef, o, nan, fn, edges)
+        plan = backward_plan(y, dy, x, mode, coef, o, nan, fn, edges)
         _BACKWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
@@ -483,8 +491,10 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
         restore_device(prev)
 
 
-def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Tensor | None,
-                   nan: NanPropagation, fn: str, pytorch_edges: bool = True) -> _Plan:
+def backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Tensor | None,
+                  nan: NanPropagation, fn: str, pytorch_edges: bool = True) -> _Plan:
+    """The full checks of a backward call, then its plan; nothing is launched. Public as a seam
+    for tests and tooling."""
     check_input(x, "x", fn, _RANKS, _WHAT)
     for t, name in ((y, "y"), (dy, "dy")):
         check_input(t, name, fn, _RANKS, _WHAT)

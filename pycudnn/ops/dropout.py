@@ -363,6 +363,12 @@ _FORWARD = PlanCache(128)
 _BACKWARD = PlanCache(128)
 
 
+def plan_counts() -> tuple[int, int]:
+    """(forward, backward) plans remembered now, one per call signature. A seam for tests and
+    tooling: whether a call left its plan."""
+    return len(_FORWARD), len(_BACKWARD)
+
+
 def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
     return None if t is None else (t.shape, t.strides, t.dtype, t.device)
 
@@ -391,7 +397,7 @@ def dropout_forward(x: TensorLike, state: DropoutState, *, out: TensorLike | Non
             raise LookupError
         plan = _FORWARD[(xt.shape, xt.strides, xt.dtype, xt.device, state.device, _sig(o))]
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
-        return _forward_full(x, state, out, stream)
+        return forward_full(x, state, out, stream)
     if o is not None:  # what the key cannot know
         check_out_reads(o, (("input", xt),))
     s, sref = stream_pair(stream)
@@ -416,10 +422,11 @@ def dropout_forward(x: TensorLike, state: DropoutState, *, out: TensorLike | Non
         restore_device(prev)
 
 
-def _forward_full(x: Any, state: Any, out: Any, stream: Any) -> tuple[Tensor, DropoutReserve]:
+def forward_full(x: Any, state: Any, out: Any, stream: Any) -> tuple[Tensor, DropoutReserve]:
     """`dropout_forward` the long way: the full checks, in the order they name the
     parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
-    call that needs no copy, which the next call of its signature takes."""
+    call that needs no copy, which the next call of its signature takes.
+    Public as a seam for tests and tooling."""
     fn = "dropout_forward"
     st_ = _check_state(state, fn)
     prev = callers_device()
@@ -488,7 +495,7 @@ def dropout_backward(dy: TensorLike, state: DropoutState, reserve: DropoutReserv
             raise LookupError  # the full checks explain, or copy dy into the mask's order
         plan = _BACKWARD[(dyt.shape, dyt.strides, dyt.dtype, dyt.device, state.device, _sig(o))]
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
-        return _backward_full(dy, state, reserve, out, stream)
+        return backward_full(dy, state, reserve, out, stream)
     if o is not None:  # what the key cannot know
         check_out_reads(o, (("grad_output", dyt),))
     s, sref = stream_pair(stream)
@@ -517,10 +524,11 @@ def dropout_backward(dy: TensorLike, state: DropoutState, reserve: DropoutReserv
         restore_device(prev)
 
 
-def _backward_full(dy: Any, state: Any, reserve: Any, out: Any, stream: Any) -> Tensor:
+def backward_full(dy: Any, state: Any, reserve: Any, out: Any, stream: Any) -> Tensor:
     """`dropout_backward` the long way: the full checks, in the order they name the
     parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
-    call that needs no copy, which the next call of its signature takes."""
+    call that needs no copy, which the next call of its signature takes.
+    Public as a seam for tests and tooling."""
     fn = "dropout_backward"
     st_ = _check_state(state, fn)
     if not isinstance(reserve, DropoutReserve):

@@ -8,7 +8,7 @@ gives 0. Here both passes are built from cuDNN operations whose results are exac
   and a minimum round nothing; NaN propagates, as PyTorch's clamp does);
 * backward: PyTorch's rule, ``dx = dy`` where ``min_val < x < max_val`` and 0 elsewhere (0 at the
   bounds, infinite ones included; ``dy`` at NaN), as two ReLU masks: ``x - min_val > 0`` and
-  ``max_val - x > 0``, exact in IEEE arithmetic (see `_mask_terms` for infinite bounds), computed
+  ``max_val - x > 0``, exact in IEEE arithmetic (see `mask_terms` for infinite bounds), computed
   in float32 (float64 for float64 data, PyTorch's opmath). ``dx`` is ``dy`` or 0: exact.
 
 Both take any strides (0 to 5 dims) and refuse what PyTorch refuses (``min_val > max_val``).
@@ -66,7 +66,7 @@ def _bounds(min_val: Any, max_val: Any, fn: str) -> tuple[float, float]:
     return lo, hi
 
 
-def _mask_terms(lo: float, hi: float, wide: Any) -> tuple[tuple[float, float], tuple[float, float]]:
+def mask_terms(lo: float, hi: float, wide: Any) -> tuple[tuple[float, float], tuple[float, float]]:
     """``(alpha, b)`` of the two masks of `hardtanh_backward`, each ``alpha * x + b`` in the
     compute dtype ``wide``: the first positive exactly where ``x > lo``, the second exactly where
     ``x < hi``, NaN where x is NaN (and only there, or where the other mask is 0).
@@ -77,7 +77,7 @@ def _mask_terms(lo: float, hi: float, wide: Any) -> tuple[tuple[float, float], t
     ``hi = inf`` uses ``M - x / 2`` (M the largest finite value of ``wide``): positive for every
     finite x (``|x| / 2 < M``; halving keeps the sign), ``-inf`` at the bound's infinity. A bound
     at the other infinity (``lo = hi = inf``) keeps the difference: its NaN at ``x = inf`` is
-    masked by the other bound's term."""
+    masked by the other bound's term. Public as a seam for tests and tooling."""
     big = float(np.finfo(np.dtype(wide)).max)
     above = (0.5, big) if lo == -math.inf else (1.0, -lo)
     below = (-0.5, big) if hi == math.inf else (-1.0, hi)
@@ -103,9 +103,10 @@ def _scalar(dtype: Any, value: float, keep: list[Any]) -> int:
     return ctypes.addressof(v)
 
 
-def _op(handle: int, op: OpTensorOp, a: Tensor, alpha1: float, b: Tensor, c: Tensor,
-        nan: NanPropagation = NanPropagation.PROPAGATE_NAN) -> None:
-    """``c = op(alpha1 * a, b)``, ``b`` a one-element tensor broadcast over ``a``."""
+def op_tensor(handle: int, op: OpTensorOp, a: Tensor, alpha1: float, b: Tensor, c: Tensor,
+              nan: NanPropagation = NanPropagation.PROPAGATE_NAN) -> None:
+    """``c = op(alpha1 * a, b)``, ``b`` a one-element tensor broadcast over ``a``.
+    Public as a seam for tests and tooling."""
     keep: list[Any] = []
     compute = "float64" if c.dtype.name == "float64" else "float32"
     desc = OpTensorDescriptor(op, compute, nan)
@@ -162,8 +163,8 @@ def hardtanh_forward(x: TensorLike, min_val: float = -1.0, max_val: float = 1.0,
         bounds = from_numpy(np.array([lo, hi]), dtype=xt.dtype, device=dev, stream=s)
         lo_t = Tensor._make(bounds.ptr, (1,), (1,), xt.dtype, dev, bounds)
         hi_t = Tensor._make(bounds.ptr + xt.dtype.itemsize, (1,), (1,), xt.dtype, dev, bounds)
-        _op(handle, OpTensorOp.MAX, xt, 1.0, lo_t, y)
-        _op(handle, OpTensorOp.MIN, y, 1.0, hi_t, y)
+        op_tensor(handle, OpTensorOp.MAX, xt, 1.0, lo_t, y)
+        op_tensor(handle, OpTensorOp.MIN, y, 1.0, hi_t, y)
         return y
     finally:
         restore_device(prev)
@@ -214,19 +215,19 @@ def hardtanh_backward(dy: TensorLike, x: TensorLike, min_val: float = -1.0, max_
             return d
 
         xw, dyw = dense(xt), dense(dyt)
-        (a_above, b_above), (a_below, b_below) = _mask_terms(lo, hi, wide)
+        (a_above, b_above), (a_below, b_below) = mask_terms(lo, hi, wide)
         bounds = from_numpy(np.array([b_above, b_below, math.inf]), dtype=wide, device=dev,
                             stream=s)
         b_above_t, b_below_t, inf = (Tensor._make(bounds.ptr + i * wide.itemsize, (1,), (1,),
                                                   wide, dev, bounds) for i in range(3))
         above, below = dense(), dense()
-        _op(handle, OpTensorOp.ADD, xw, a_above, b_above_t, above)  # > 0 where x > min_val
-        _op(handle, OpTensorOp.ADD, xw, a_below, b_below_t, below)  # > 0 where x < max_val
+        op_tensor(handle, OpTensorOp.ADD, xw, a_above, b_above_t, above)  # > 0 where x > min_val
+        op_tensor(handle, OpTensorOp.ADD, xw, a_below, b_below_t, below)  # > 0 where x < max_val
         # PyTorch passes dy at NaN (x <= min_val and x >= max_val are both false there): a NaN
         # difference becomes +inf, a minimum that does not propagate NaN keeps every other value
         keep_nan = NanPropagation.NOT_PROPAGATE_NAN
-        _op(handle, OpTensorOp.MIN, above, 1.0, inf, above, keep_nan)
-        _op(handle, OpTensorOp.MIN, below, 1.0, inf, below, keep_nan)
+        op_tensor(handle, OpTensorOp.MIN, above, 1.0, inf, above, keep_nan)
+        op_tensor(handle, OpTensorOp.MIN, below, 1.0, inf, below, keep_nan)
         # ReLU's gradient passes dy where its input is > 0 and gives 0 at +-0 (both kernels)
         nan = NanPropagation.PROPAGATE_NAN
         # (the guards above left no NaN: ReLU's NaN correction would change nothing)

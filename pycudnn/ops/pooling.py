@@ -102,7 +102,7 @@ def _spatial(name: str, value: Any, nd: int, fn: str) -> tuple[int, ...]:
 _COVER_ALL = "window_cover_all"
 #: PyTorch's ``ceil_mode=True``: padding at most half the kernel, the output size rounded up,
 #: less a last window that would start in the right padding (`ceil_output_size`)
-_CEIL = "half_ceil"
+HALF_CEIL = "half_ceil"
 
 
 def ceil_output_size(input_size: Sequence[int], kernel_size: Sequence[int],
@@ -118,12 +118,12 @@ def ceil_output_size(input_size: Sequence[int], kernel_size: Sequence[int],
     return tuple(out)
 
 
-def _geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
-              padding_rule: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+def pooling_geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
+                     padding_rule: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
                                           tuple[int, ...]]:
     """(kernel, stride, padding, output shape) after PyTorch's checks (``padding_rule``:
     ``"half"``, PyTorch's; ``"window"``, CuPy 13's; ``_COVER_ALL``, CuPy 13's with Chainer's
-    larger output)."""
+    larger output). Public as a seam for tests and tooling."""
     nd = x.ndim - 2
     if min(x.shape[2:]) < 1:
         raise ValueError(f"{fn}: expected x to have non-zero spatial sizes (only the batch and "
@@ -144,14 +144,14 @@ def _geometry(x: Tensor, kernel_size: Any, stride: Any, padding: Any, fn: str,
         raise ValueError(f"{fn}: expected kernel_size, stride and padding to be at most "
                          f"{INT32_MAX} (cuDNN takes C ints), but got kernel_size={k}, "
                          f"stride={s}, padding={p}")
-    half = padding_rule in ("half", _CEIL)
+    half = padding_rule in ("half", HALF_CEIL)
     if half and any(2 * pi > ki for pi, ki in zip(p, k)):
         raise ValueError(f"{fn}: pad should be at most half of kernel size, but got "
                          f"padding={p} and kernel_size={k}")
     if not half and any(pi >= ki for pi, ki in zip(p, k)):
         raise ValueError(f"{fn}: pad should be smaller than kernel size (every window must hold "
                          f"an input element), but got padding={p} and kernel_size={k}")
-    if padding_rule == _CEIL:
+    if padding_rule == HALF_CEIL:
         out = ceil_output_size(x.shape[2:], k, s, p)
     else:
         out = output_size(x.shape[2:], k, s, p, padding_rule == _COVER_ALL)
@@ -189,7 +189,7 @@ def _options(ceil_mode: Any, dilation: Any, divisor_override: Any, mode: Any, nd
             raise ValueError(f"{fn}: divisor_override applies to average pooling, but got "
                              f"mode={mode!r}")
         divisor = divisor_override
-    return (_CEIL if ceil_mode else "half"), divisor, d
+    return (HALF_CEIL if ceil_mode else "half"), divisor, d
 
 
 def _plain(ceil_mode: Any, dilation: Any, divisor_override: Any) -> bool:
@@ -354,7 +354,7 @@ def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, 
     try:
         plan = _FORWARD[key]
     except (KeyError, TypeError):  # a new signature, or an unhashable argument the checks refuse
-        plan = _forward_plan(x, kernel_size, stride, padding, mode, o, nan, rule, fn, out_name,
+        plan = forward_plan(x, kernel_size, stride, padding, mode, o, nan, rule, fn, out_name,
                              divisor)
         if key is not None:
             _FORWARD.put(key, plan)
@@ -377,13 +377,16 @@ def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, 
         restore_device(prev)
 
 
-def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: Any,
-                  o: Tensor | None, nan: NanPropagation, rule: str, fn: str,
-                  out_name: str = "out", divisor: int | None = None) -> _Plan:
+def forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: Any,
+                 o: Tensor | None, nan: NanPropagation, rule: str, fn: str,
+                 out_name: str = "out", divisor: int | None = None) -> _Plan:
+    """The full checks of a forward call, then its plan (descriptors, output shape);
+    nothing is launched. Public as a seam for tests and tooling: what a call would run, read
+    without a device."""
     check_input(x, "x", fn, _RANKS, _WHAT)
-    k, st, p, shape = _geometry(x, kernel_size, stride, padding, fn, rule)
+    k, st, p, shape = pooling_geometry(x, kernel_size, stride, padding, fn, rule)
     m = _mode(mode, divisor, fn)
-    if rule == _CEIL:
+    if rule == HALF_CEIL:
         _ceil_exact(x, k, st, p, shape, m, divisor, fn)
     if o is not None:
         o = checked_out(o, shape, x, fn, None, out_name)
@@ -403,7 +406,7 @@ def _forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: 
     yd = TensorDescriptor(shape, x.dtype, plan.strides)
     # (the windows past cuDNN's own output size, of ceil_mode and cover_all, are computed in y's
     # larger size, which cuDNN takes)
-    if rule not in (_COVER_ALL, _CEIL) and pool.output_shape(xd) != shape:  # pragma: no cover
+    if rule not in (_COVER_ALL, HALF_CEIL) and pool.output_shape(xd) != shape:  # pragma: no cover
         raise ValueError(f"{fn}: cuDNN computes the output size {list(pool.output_shape(xd))} "
                          f"for x {list(x.shape)}, where the pooling gives {list(shape)}")
     plan.pool, plan.x, plan.y = pool.handle, xd.handle, yd.handle
@@ -474,7 +477,7 @@ def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding
     try:
         plan = _BACKWARD[key]
     except (KeyError, TypeError):
-        plan = _backward_plan(y, dy, x, kernel_size, stride, padding, mode, o, nan, rule, fn,
+        plan = backward_plan(y, dy, x, kernel_size, stride, padding, mode, o, nan, rule, fn,
                               divisor)
         if key is not None:
             _BACKWARD.put(key, plan)
@@ -505,17 +508,19 @@ def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding
         restore_device(prev)
 
 
-def _backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: Any, padding: Any,
-                   mode: Any, o: Tensor | None, nan: NanPropagation, rule: str,
-                   fn: str, divisor: int | None = None) -> _Plan:
+def backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: Any, padding: Any,
+                  mode: Any, o: Tensor | None, nan: NanPropagation, rule: str,
+                  fn: str, divisor: int | None = None) -> _Plan:
+    """The full checks of a backward call, then its plan; nothing is launched. Public as a seam
+    for tests and tooling."""
     check_input(x, "x", fn, _RANKS, _WHAT)
-    k, st, p, y_shape = _geometry(x, kernel_size, stride, padding, fn, rule)
+    k, st, p, y_shape = pooling_geometry(x, kernel_size, stride, padding, fn, rule)
     for t, name in ((y, "y"), (dy, "dy")):
         check_input(t, name, fn, _RANKS, _WHAT)
         check_match(x, "x", t, name, fn)
         check_shape(t, name, y_shape, fn, f"the pooled size of x {list(x.shape)}")
     m = _mode(mode, divisor, fn)
-    if rule == _CEIL:
+    if rule == HALF_CEIL:
         _ceil_exact(x, k, st, p, y_shape, m, divisor, fn)
     if o is not None:
         o = checked_out(o, x.shape, x, fn, None)
@@ -579,7 +584,7 @@ def _dilated_output(x: Tensor, k: tuple[int, ...], st: tuple[int, ...], p: tuple
                     d: tuple[int, ...], rule: str, fn: str) -> tuple[int, ...]:
     """PyTorch's output size with the dilated (effective) kernel ``d * (k - 1) + 1``."""
     ke = tuple(di * (ki - 1) + 1 for ki, di in zip(k, d))
-    out = (ceil_output_size(x.shape[2:], ke, st, p) if rule == _CEIL
+    out = (ceil_output_size(x.shape[2:], ke, st, p) if rule == HALF_CEIL
            else output_size(x.shape[2:], ke, st, p))
     if min(out) < 1:
         given = "x".join(map(str, x.shape[1:]))
@@ -623,7 +628,7 @@ def _dilated_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, d: tup
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     xt = tensor_arg(x, stream)
     check_input(xt, "x", fn, _RANKS, _WHAT)
-    k, st, p, _ = _geometry(xt, kernel_size, stride, padding, fn, rule)
+    k, st, p, _ = pooling_geometry(xt, kernel_size, stride, padding, fn, rule)
     m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
     shape = xt.shape[:2] + _dilated_output(xt, k, st, p, d, rule, fn)
     pieces = _pieces(xt, k, st, p, d, shape[2:], fn)
@@ -668,7 +673,7 @@ def _dilated_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, pa
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     yt, dyt, xt = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
     check_input(xt, "x", fn, _RANKS, _WHAT)
-    k, st, p, _ = _geometry(xt, kernel_size, stride, padding, fn, rule)
+    k, st, p, _ = pooling_geometry(xt, kernel_size, stride, padding, fn, rule)
     y_shape = xt.shape[:2] + _dilated_output(xt, k, st, p, d, rule, fn)
     for t, name in ((yt, "y"), (dyt, "dy")):
         check_input(t, name, fn, _RANKS, _WHAT)

@@ -133,7 +133,10 @@ def _count(state: str, delta: int) -> None:
         _counts[state] += delta
 
 
-def _worker() -> concurrent.futures.ThreadPoolExecutor:
+def kernel_worker() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that compiles runtime kernels in the background, started on first
+    use. Public as a seam for tests and tooling: a test keeps it busy to see what a call does
+    meanwhile."""
     global _executor
     with _executor_lock:
         if _executor is None:
@@ -198,7 +201,7 @@ class Promotion:
             self.requested = True
         _count("building", 1)
         if _settings.background:
-            future = _worker().submit(self._make)
+            future = kernel_worker().submit(self._make)
             with _counts_lock:
                 _pending.add(future)
             future.add_done_callback(_forget)

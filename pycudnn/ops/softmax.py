@@ -79,6 +79,13 @@ _FORWARD = PlanCache()
 _BACKWARD = PlanCache()
 
 
+def clear_plans() -> None:
+    """Forget the remembered forward and backward plans (their descriptors are freed once no call
+    uses them). A seam for tests and tooling that count what a first call does."""
+    _FORWARD.clear()
+    _BACKWARD.clear()
+
+
 def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
     return None if t is None else (t.shape, t.strides, t.dtype, t.device)
 
@@ -209,7 +216,7 @@ def softmax_forward(x: TensorLike, *, algorithm: str = "accurate", mode: str = "
     try:
         plan = _FORWARD[key]
     except (KeyError, TypeError):  # a new signature, or an unhashable argument the checks refuse
-        plan = _forward_plan(x, algorithm, mode, o, fn)
+        plan = forward_plan(x, algorithm, mode, o, fn)
         _FORWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (("x", x),), fn)
@@ -237,7 +244,10 @@ def softmax_forward(x: TensorLike, *, algorithm: str = "accurate", mode: str = "
         restore_device(prev)
 
 
-def _forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: str) -> _Plan:
+def forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: str) -> _Plan:
+    """The full checks of a forward call, then its plan (descriptors, output layout);
+    nothing is launched. Public as a seam for tests and tooling: what a call would run, read
+    without a device."""
     check_input(x, "x", fn, _RANKS, _WHAT)
     plan = _Plan()
     plan.algo, plan.mode = _options(algorithm, mode, fn)
@@ -308,7 +318,7 @@ def softmax_backward(y: TensorLike, dy: TensorLike, *, algorithm: str = "accurat
     try:
         plan = _BACKWARD[key]
     except (KeyError, TypeError):
-        plan = _backward_plan(y, dy, algorithm, mode, o, fn)
+        plan = backward_plan(y, dy, algorithm, mode, o, fn)
         _BACKWARD.put(key, plan)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy)), fn)
@@ -338,8 +348,10 @@ def softmax_backward(y: TensorLike, dy: TensorLike, *, algorithm: str = "accurat
         restore_device(prev)
 
 
-def _backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor | None,
-                   fn: str) -> _Plan:
+def backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor | None,
+                  fn: str) -> _Plan:
+    """The full checks of a backward call, then its plan; nothing is launched. Public as a seam
+    for tests and tooling."""
     check_input(y, "y", fn, _RANKS, _WHAT)
     check_input(dy, "dy", fn, _RANKS, _WHAT)
     check_match(y, "y", dy, "dy", fn)

@@ -17,10 +17,12 @@ the one last set on that handle by this thread.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
+import gc
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from ..errors import CudnnError, NoDeviceError
 from ..ffi import library as _lib
@@ -195,3 +197,59 @@ def thread_handle_count() -> int:
     """Handles the calling thread holds (one per device it used)."""
     state = getattr(_tls, "state", None)
     return len(state.handles) if state is not None else 0
+
+
+def thread_handles() -> dict[int, int]:
+    """The calling thread's handles, device -> handle (a copy). A seam for tests and tooling:
+    which devices this thread used."""
+    state = getattr(_tls, "state", None)
+    return dict(state.handles) if state is not None else {}
+
+
+def pooled_handles(device: int) -> list[int]:
+    """The handles in the pool for ``device``, those of finished threads included (a copy). A seam
+    for tests and tooling: whether a thread's handle came back."""
+    with _pool_lock:
+        _take_returned()
+        return list(_pool.get(device, ()))
+
+
+@contextlib.contextmanager
+def isolated_handles(create: Callable[[int], int],
+                     set_stream: Callable[[int, int], None]) -> Iterator[None]:
+    """A seam for tests and tooling that run the pooling logic without cuDNN. Inside the block
+    handles come from ``create(device)`` (counted as created) and ``set_stream(handle, stream)``
+    stands for ``cudnnSetStream``; the pool, the creation counts and every thread's handles start
+    empty. After it the real ones come back and the block's handles are dropped."""
+    global _create, _set_stream, _tls
+
+    def counted(device: int) -> int:
+        handle = create(device)
+        with _pool_lock:
+            _created[device] = _created.get(device, 0) + 1
+        return handle
+
+    def stream_set(handle: int, stream: int) -> None:
+        set_stream(handle, stream)
+
+    saved = (_create, _set_stream, _tls)
+    with _pool_lock:
+        _take_returned()  # real handles queued by ended threads belong to the saved pool
+        pool = {k: list(v) for k, v in _pool.items()}
+        created = dict(_created)
+        _pool.clear()
+        _created.clear()
+    block_tls = threading.local()
+    _create, _set_stream, _tls = counted, stream_set, block_tls
+    try:
+        yield
+    finally:
+        vars(block_tls).clear()  # this thread's handles are queued now, not after the restore
+        gc.collect()
+        _create, _set_stream, _tls = saved
+        with _pool_lock:
+            _take_returned()  # the block's threads' handles: dropped with the block's pool
+            _pool.clear()
+            _pool.update(pool)
+            _created.clear()
+            _created.update(created)

@@ -84,7 +84,7 @@ def try_all(args: ConvolutionArgs, engine: Engine, cache: BenchmarkCache | None 
             if not only_default:
                 cache.insert(params, record)
                 if args.benchmark:
-                    _to_tuning_db(args, engine, record)
+                    to_tuning_db(args, engine, record)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("chose %s for %s%s", record.describe(), params.short(),
                           f" after {len(failures)} failed candidate(s)" if failures else "")
@@ -136,7 +136,9 @@ def _from_tuning_db(args: ConvolutionArgs, engine: Engine) -> Any:
     return record
 
 
-def _to_tuning_db(args: ConvolutionArgs, engine: Engine, record: Any) -> None:
+def to_tuning_db(args: ConvolutionArgs, engine: Engine, record: Any) -> None:
+    """Store the record a measured search chose in the tuning database, where one is on.
+    Public as a seam for tests and tooling."""
     tuning_db = _database(args)
     if tuning_db is None:
         return

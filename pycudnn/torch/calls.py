@@ -134,7 +134,9 @@ def _stream_fn() -> Callable[[int], int]:
     return lambda device: int(torch.cuda.current_stream(device).cuda_stream)
 
 
-_stream = _stream_fn()
+#: the caller's current stream on a device, as an int. Public as a seam for tests and tooling: a
+#: CPU run stands in for it.
+caller_stream = _stream_fn()
 
 
 def _flags_key() -> tuple[Any, ...]:
@@ -195,6 +197,14 @@ def clear_cache() -> None:
         torch_layers.clear()
 
 
+def remembered_signatures() -> dict[str, dict[tuple[Any, ...], tuple[Any, ...]]]:
+    """Copies of the remembered call signatures, key -> entry (see the caches' comment above), by
+    table: ``"forward"``, ``"backward"`` and ``"transposed"``. A seam for tests and tooling: what
+    the calls so far left behind."""
+    with _lock:
+        return {"forward": dict(_FWD), "backward": dict(_BWD), "transposed": dict(_TRANSPOSED)}
+
+
 def _zero_bias(k: int, dtype: Any, device: Any) -> Any:
     """A bias of ``k`` zeros (kept: a remembered launch reads its address)."""
     key = (k, dtype, device)
@@ -206,7 +216,10 @@ def _zero_bias(k: int, dtype: Any, device: Any) -> Any:
 
 # ---- checks (first call of a signature only) ------------------------------------------------------
 
-def _check_tensor(fn: str, name: str, t: Any, dims: tuple[int, ...] | None = None) -> None:
+def check_tensor(fn: str, name: str, t: Any, dims: tuple[int, ...] | None = None) -> None:
+    """A ``ConvolutionTypeError`` or ``ValueError`` unless ``t`` is a CUDA tensor pycudnn takes
+    (``dims``: the ranks allowed). Public as a seam for tests and tooling: a CPU run replaces it
+    to let CPU tensors through."""
     if not isinstance(t, torch.Tensor):
         raise ConvolutionTypeError(
             f"{fn}: expected {name} to be a torch.Tensor, got {type(t).__name__}")
@@ -253,8 +266,8 @@ def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -
     strides); the output's shape."""
     stride, padding, dilation, groups = geom
     dims = (len(stride) + 2,)
-    _check_tensor(fn, "input", x, dims)
-    _check_tensor(fn, "weight", w, dims)
+    check_tensor(fn, "input", x, dims)
+    check_tensor(fn, "weight", w, dims)
     _check_same(fn, x, "weight", w)
     n, c = x.shape[:2]
     k, cg = w.shape[:2]
@@ -280,7 +293,7 @@ def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -
             f"({kernel}). Kernel size can't be greater than actual input size")
     shape = (n, k, *out)
     if b is not None:
-        _check_tensor(fn, "bias", b)
+        check_tensor(fn, "bias", b)
         _check_same(fn, x, "bias", b)
         if tuple(b.shape) != (k,):
             raise ConvolutionValueError(
@@ -288,7 +301,7 @@ def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -
                 f"1-dimensional with {k} elements, but got bias of size "
                 f"{list(b.shape)} instead")
     if z is not None:
-        _check_tensor(fn, "z", z)
+        check_tensor(fn, "z", z)
         _check_same(fn, x, "z", z)
         if tuple(z.shape) != shape:
             raise ConvolutionValueError(
@@ -309,8 +322,8 @@ def check_transposed(fn: str, x: Any, w: Any, b: Any, geom: tuple[Any, ...],
     1``."""
     stride, padding, dilation, groups = geom
     dims = (len(stride) + 2,)
-    _check_tensor(fn, "input", x, dims)
-    _check_tensor(fn, "weight", w, dims)
+    check_tensor(fn, "input", x, dims)
+    check_tensor(fn, "weight", w, dims)
     _check_same(fn, x, "weight", w)
     if w.shape[0] % groups:
         raise ConvolutionValueError(
@@ -333,7 +346,7 @@ def check_transposed(fn: str, x: Any, w: Any, b: Any, geom: tuple[Any, ...],
             f"Calculated output size per channel: ({' x '.join(map(str, out))}). Output size "
             f"is too small")
     if b is not None:
-        _check_tensor(fn, "bias", b)
+        check_tensor(fn, "bias", b)
         _check_same(fn, x, "bias", b)
         if tuple(b.shape) != (k,):
             raise ConvolutionValueError(
@@ -447,10 +460,11 @@ def memory_format(x: Any, w: Any) -> Any:
     return _CONTIG
 
 
-def _signature(x: Any, w: Any, geom: tuple[Any, ...], fmt: Any, bias: bool = False) -> str:
+def describe_signature(x: Any, w: Any, geom: tuple[Any, ...], fmt: Any, bias: bool = False) -> str:
     """A readable name of a convolution for reports and routing keys: shapes, dtype, the memory
     format ``fmt`` it is computed in (a transposed convolution's input is a stand-in whose
-    strides say nothing), geometry, and a bias where one is added."""
+    strides say nothing), geometry, and a bias where one is added.
+    Public as a seam for tests and tooling."""
     layout = "contiguous" if fmt is _CONTIG else "channels_last"
     st, pad, dil, g = geom
     return (f"x{list(x.shape)} w{list(w.shape)} {DTYPE_NAMES[x.dtype]} {layout} stride={st} "
@@ -529,15 +543,15 @@ def run_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
         ptrs = (xp, wp, yp, zp, bp)
         m = xp | wp | bp | zp
     if m & 15:  # a view not 16-byte aligned: the prepared plan promised 16
-        return _forward_public(op, x, w, b, z, alpha, geom, y, key[-1]), x, w, e[2], None
+        return forward_public(op, x, w, b, z, alpha, geom, y, key[-1]), x, w, e[2], None
     prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
     try:
-        s = _stream(dev)
+        s = caller_stream(dev)
         launch(get_handle(dev, s), ptrs, s)
     except Exception:
         # out of memory, a cuDNN error...: forget it, the public function has every fallback
         _forget(_FWD, key)
-        _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
+        forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
     finally:
         if prev is not None:
             restore_device(prev)
@@ -554,7 +568,7 @@ def _forward_other(kind: str, key: tuple[Any, ...], op: str, x: Any, w: Any, b: 
     shape = check_conv(_op_name(op, geom), x, w, b, z, geom)
     fmt = memory_format(x, w)
     y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
-    _forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
+    forward_public(op, x, w, b, z, alpha, geom, y, key[-1])
     return y, x, w, fmt, None
 
 
@@ -585,9 +599,9 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
     verdict = None
     if measure:
         dev = tdev.index
-        signature = _signature(x, w, geom, fmt, b is not None)
+        signature = describe_signature(x, w, geom, fmt, b is not None)
         theirs = lambda: _TORCH_CONV[len(geom[0])](x, w, b, *geom)
-        verdict = routing.prejudge(signature, "forward", theirs, dev, _stream(dev), fk[1:3])
+        verdict = routing.prejudge(signature, "forward", theirs, dev, caller_stream(dev), fk[1:3])
         if verdict == "torch":  # decided before pycudnn's search: none runs
             _remember(_FWD, key, (None, _TORCH, fmt))
             return theirs(), x, w, fmt, key
@@ -598,26 +612,27 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
         zero = zb.data_ptr()
     prepared = None
     if replayable:
-        prepared = _forward_public(op, x, w, b, z, alpha, geom, y, fk, want_prepared=True)
+        prepared = forward_public(op, x, w, b, z, alpha, geom, y, fk, want_prepared=True)
     else:
-        _forward_public(op, x, w, b, z, alpha, geom, y, fk)
+        forward_public(op, x, w, b, z, alpha, geom, y, fk)
     if prepared is not None:
         _remember(_FWD, key, (prepared.launcher, shape, fmt, tdev, zero))
         if measure and verdict is None and not routing.pycudnn_wins(
                 signature, "forward", lambda: run_forward(op, x, w, b, z, alpha, geom),
-                theirs, dev, _stream(dev), fk[1:3]):
+                theirs, dev, caller_stream(dev), fk[1:3]):
             _remember(_FWD, key, (None, _TORCH, fmt))
     else:
         _remember(_FWD, key, (None, _PUBLIC))
     return y, x, w, fmt, None
 
 
-def _forward_public(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float, geom: tuple[Any, ...],
-                    y: Any, fkey: tuple[Any, ...], want_prepared: bool = False) -> Any:
+def forward_public(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float, geom: tuple[Any, ...],
+                   y: Any, fkey: tuple[Any, ...], want_prepared: bool = False) -> Any:
     """The op through pycudnn's public path into ``y`` (validation, search, every fallback);
-    returns what it prepared when ``want_prepared``, else ``y``."""
+    returns what it prepared when ``want_prepared``, else ``y``.
+    Public as a seam for tests and tooling."""
     stride, padding, dilation, groups = geom
-    s = _stream(x.get_device())
+    s = caller_stream(x.get_device())
     flags = _flags(fkey)
     X, W, Y = _view(x), _view(w), _view(y)
     B = _view(b) if b is not None else None
@@ -653,17 +668,17 @@ def _backward(key: tuple[Any, ...], direction: str, a: Any, b: Any, other: Any, 
     out = torch.empty(e[1], dtype=a.dtype, device=e[3], memory_format=fmt)
     ap, bp = a.data_ptr(), b.data_ptr()
     if (ap | bp) & 15:
-        return _backward_public(direction, a, b, out, geom, key[-1]), False
+        return backward_public(direction, a, b, out, geom, key[-1]), False
     dev = key[7]
     prev = callers_device() if _multi_gpu else None  # a device guard where one is needed
     try:
-        s = _stream(dev)
+        s = caller_stream(dev)
         launch = e[0]
         launch(get_handle(dev, s),
                (out.data_ptr(), bp, ap) if direction == "data" else (ap, out.data_ptr(), bp), s)
     except Exception:
         _forget(_BWD, key)
-        _backward_public(direction, a, b, out, geom, key[-1])
+        backward_public(direction, a, b, out, geom, key[-1])
     finally:
         if prev is not None:
             restore_device(prev)
@@ -724,9 +739,9 @@ def torch_runs_signature(x: Any, w: Any, b: Any, geom: tuple[Any, ...], need_x: 
     return run_backward(gy, xd, wd, fmt, geom, need_x, need_w)[2]
 
 
-def _torch_backward(direction: str, a: Any, b: Any, other: Any, geom: tuple[Any, ...]) -> Any:
+def torch_backward(direction: str, a: Any, b: Any, other: Any, geom: tuple[Any, ...]) -> Any:
     """One direction through PyTorch's ``convolution_backward`` (``a, b, other`` as in
-    `_backward_first`)."""
+    `_backward_first`). Public as a seam for tests and tooling."""
     stride, padding, dilation, groups = geom
     zeros = [0] * len(stride)  # output_padding (a convolution's, not a transposed one's)
     if direction == "data":  # a, b = gy, w; other = x
@@ -744,13 +759,13 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other:
     that is not replayable as one launch."""
     e = _BWD.get(key)
     if e is not None and e[1] is _TORCH:
-        return _torch_backward(direction, a, b, other, geom), True
+        return torch_backward(direction, a, b, other, geom), True
     _note_devices()
     shape = other.shape
     fk = key[-1]
     if e is not None:  # (None, _PUBLIC)
         out = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
-        _backward_public(direction, a, b, out, geom, fk)
+        backward_public(direction, a, b, out, geom, fk)
         return out, False
     replayable = _aligned(a, b) and math.prod(shape) > 0 and a.numel() > 0 and b.numel() > 0
     measure = replayable and routing.should_measure(fk[3], fk[1], fk[2])
@@ -758,18 +773,18 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other:
     if measure:
         dev = a.get_device()
         x, w = (other, b) if direction == "data" else (a, other)
-        signature, what = _signature(x, w, geom, fmt), f"backward {direction}"
-        theirs = lambda: _torch_backward(direction, a, b, other, geom)
-        verdict = routing.prejudge(signature, what, theirs, dev, _stream(dev), fk[1:3])
+        signature, what = describe_signature(x, w, geom, fmt), f"backward {direction}"
+        theirs = lambda: torch_backward(direction, a, b, other, geom)
+        verdict = routing.prejudge(signature, what, theirs, dev, caller_stream(dev), fk[1:3])
         if verdict == "torch":  # decided before pycudnn's search: none runs
             _remember(_BWD, key, (None, _TORCH))
             return theirs(), True
     out = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
     prepared = None
     if replayable:
-        prepared = _backward_public(direction, a, b, out, geom, fk, want_prepared=True)
+        prepared = backward_public(direction, a, b, out, geom, fk, want_prepared=True)
     else:
-        _backward_public(direction, a, b, out, geom, fk)
+        backward_public(direction, a, b, out, geom, fk)
     if prepared is None:
         _remember(_BWD, key, (None, _PUBLIC))
         return out, False
@@ -779,15 +794,19 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other:
             ours: Callable[[], Any] = lambda: run_backward_data(a, w, x, fmt, geom)
         else:
             ours = lambda: run_backward_filter(x, b, w, fmt, geom)
-        if not routing.pycudnn_wins(signature, what, ours, theirs, dev, _stream(dev), fk[1:3]):
+        if not routing.pycudnn_wins(signature, what, ours, theirs, dev, caller_stream(dev),
+                                    fk[1:3]):
             _remember(_BWD, key, (None, _TORCH))
     return out, False
 
 
-def _backward_public(direction: str, a: Any, b: Any, out: Any, geom: tuple[Any, ...],
-                     fkey: tuple[Any, ...], want_prepared: bool = False) -> Any:
+def backward_public(direction: str, a: Any, b: Any, out: Any, geom: tuple[Any, ...],
+                    fkey: tuple[Any, ...], want_prepared: bool = False) -> Any:
+    """One backward direction (``"data"`` or ``"filter"``) through the public functions,
+    the prepared convolution returned when ``want_prepared``. Public as a seam for tests and
+    tooling: a CPU run stands in for it."""
     stride, padding, dilation, groups = geom
-    s = _stream(a.get_device())
+    s = caller_stream(a.get_device())
     A, B, O = _view(a), _view(b), _view(out)
     core = (_conv.backward_data_and_prepared if direction == "data"
             else _conv.backward_filter_and_prepared)

@@ -264,12 +264,13 @@ def _stand_in(shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, devic
                                device=f"cuda:{device}").normal_()
 
 
-def _routed_to_torch(signature: tuple[Any, ...]) -> bool:
+def routed_to_torch(signature: tuple[Any, ...]) -> bool:
     """Whether routing sends this convolution signature to PyTorch in every direction the graph
     needs, measured now on stand-in tensors where it is new (`calls.torch_runs_signature`).
     dynamo calls this while it traces (``assume_constant_result``: run once, its answer baked
     into the graph), outside the fake-tensor mode. The stand-ins' random draws leave the
-    device's generator as they found it: dynamo restores only the current device's."""
+    device's generator as they found it: dynamo restores only the current device's.
+    Public as a seam for tests and tooling."""
     xs, xst, dtype, dev, ws, wst, wdtype, bias, geom, need_x, need_w = signature
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -280,7 +281,7 @@ def _routed_to_torch(signature: tuple[Any, ...]) -> bool:
 
 
 if AVAILABLE:
-    _routed_to_torch = torch._dynamo.assume_constant_result(_routed_to_torch)
+    routed_to_torch = torch._dynamo.assume_constant_result(routed_to_torch)
 
 
 def _static(shape: Any) -> bool:
@@ -308,7 +309,7 @@ def traced_conv2d(input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
             and weight.dtype in DTYPE_NAMES and _static(input.shape) and _static(weight.shape)
             and _static(input.stride()) and _static(weight.stride())):
         grad = torch.is_grad_enabled()
-        if _routed_to_torch((tuple(input.shape), tuple(input.stride()), DTYPE_NAMES[input.dtype],
+        if routed_to_torch((tuple(input.shape), tuple(input.stride()), DTYPE_NAMES[input.dtype],
                              input.device.index, tuple(weight.shape), tuple(weight.stride()),
                              DTYPE_NAMES[weight.dtype], bias is not None, geom,
                              grad and input.requires_grad, grad and weight.requires_grad)):

@@ -150,8 +150,10 @@ def _time(fn: Callable[[], Any], device: int, stream: int) -> tuple[float, float
     return start.elapsed_time(end) / n * 1e3, call_us
 
 
-def _stored_key(signature: str, direction: str, device: int,
-                flags: tuple[bool, bool] | None) -> dict[str, Any] | None:
+def stored_key(signature: str, direction: str, device: int,
+               flags: tuple[bool, bool] | None) -> dict[str, Any] | None:
+    """The route store's key of a decision (None without flags, or where the key cannot
+    be made). Public as a seam for tests and tooling."""
     if flags is None:
         return None
     try:
@@ -169,7 +171,7 @@ def prejudge(signature: str, direction: str, theirs: Callable[[], Any], device: 
     says so, ``"torch"`` where PyTorch's call ``theirs`` runs back to back in less time than a
     pycudnn call costs the host (`host_floor`), else None (the duel decides, `pycudnn_wins`).
     ``theirs`` runs (PyTorch's own search, benchmark mode) only in the second case."""
-    key = _stored_key(signature, direction, device, flags)
+    key = stored_key(signature, direction, device, flags)
     stored = route_store.lookup(key) if key is not None else None
     if stored is not None:
         _record(RouteDecision(signature, direction, stored["winner"], stored["pycudnn_gpu_us"],
@@ -223,7 +225,7 @@ def pycudnn_wins(signature: str, direction: str, ours: Callable[[], Any],
     if og < _HOST_BOUND_SHARE * oc:
         with _lock:
             _host_floor[direction] = min(oc, _host_floor.get(direction, oc))
-    key = _stored_key(signature, direction, device, flags)
+    key = stored_key(signature, direction, device, flags)
     if key is not None:
         route_store.store(key, decision.winner, asdict(decision), reason)
     return win

@@ -137,7 +137,8 @@ def inplace_tracer() -> Any:
     return _inplace_tracer
 
 
-def _tracer() -> Any:
+def fx_tracer() -> Any:
+    """fx's tracer with pycudnn's modules as leaves. Public as a seam for tests and tooling."""
     class Tracer(inplace_tracer()):  # type: ignore[misc]
         """fx's tracer with pycudnn's modules as leaves (like torch.nn's own)."""
 
@@ -303,7 +304,7 @@ def _fuse(module: Any) -> int:
     if isinstance(module, torch.fx.GraphModule):
         return _rewrite(module, module)
     try:
-        gm = torch.fx.GraphModule(module, _tracer().trace(module), type(module).__name__)
+        gm = torch.fx.GraphModule(module, fx_tracer().trace(module), type(module).__name__)
     except Exception:  # dynamic control flow, ...: look inside its children instead
         return sum(_fuse(child) for child in list(module.children()))
     n = _rewrite(gm, module)

@@ -53,7 +53,7 @@ __all__ = ["FILE_NAME", "clear", "decision_key", "entries", "flush", "lookup", "
 log = logging.getLogger("pycudnn")
 
 FILE_NAME = "routes-v1.json"
-_DOCUMENT = ("pycudnn-routes", 1)  # the file's format name and version
+DOCUMENT = ("pycudnn-routes", 1)  # the file's format name and version
 _WHAT = "pycudnn routing decisions file"  # how warnings name the file
 WINNERS = ("pycudnn", "torch")
 _FIGURES = ("pycudnn_gpu_us", "torch_gpu_us", "pycudnn_call_us", "torch_call_us")
@@ -66,7 +66,7 @@ _KEY_FIELDS_ADDED = {"pycudnn": str, "config": dict, "cudnn_enabled": bool}
 #: compares): the engine that runs it, and the search's bounds
 _CONFIG_FLAGS = ("engine", "workspace_limit", "benchmark_limit")
 #: seconds between a process's first unwritten decision and the write
-_WRITE_DELAY_S = 0.5
+WRITE_DELAY_S = 0.5
 #: seconds the exit waits for a write under way in another thread (it may wait for the lock)
 _EXIT_WAIT_S = LOCK_TIMEOUT_S + 10.0
 
@@ -118,8 +118,9 @@ def _check_config(value: dict[str, Any]) -> None:
                              f"{str(v)[:40]!r}")
 
 
-def _checked(entry: Any) -> tuple[str, dict[str, Any]]:
-    """(key text, a checked copy of ``entry``); TypeError or ValueError naming what is wrong."""
+def checked_entry(entry: Any) -> tuple[str, dict[str, Any]]:
+    """(key text, a checked copy of ``entry``); TypeError or ValueError naming what is wrong.
+    Public as a seam for tests and tooling."""
     if not isinstance(entry, dict):
         raise TypeError(f"expected an object, got {type(entry).__name__}")
     key = entry.get("key")
@@ -161,7 +162,7 @@ def _parse(file: str) -> dict[str, dict[str, Any]]:
     text, _ = read_database(file)
     if text is None:
         return {}
-    return parse_document(text, file, document=_DOCUMENT, validate=_checked,
+    return parse_document(text, file, document=DOCUMENT, validate=checked_entry,
                           what="routing decisions")[0]
 
 
@@ -265,7 +266,7 @@ def store(key: dict[str, Any], winner: str, figures: dict[str, float], reason: s
         entry = {"key": key, "winner": winner, "reason": reason[:200],
                  **{n: float(figures[n]) for n in _FIGURES},
                  "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        k, checked = _checked(entry)
+        k, checked = checked_entry(entry)
     except Exception as exc:  # noqa: BLE001
         log.warning("routing decisions: not storing one (%s: %s)", type(exc).__name__, exc)
         return
@@ -274,7 +275,7 @@ def store(key: dict[str, Any], winner: str, figures: dict[str, float], reason: s
         if _timer is not None:
             return
         try:
-            timer = threading.Timer(_WRITE_DELAY_S, _flush_from_timer)
+            timer = threading.Timer(WRITE_DELAY_S, _flush_from_timer)
             timer.daemon = True
             timer.start()
         except Exception as exc:  # noqa: BLE001 - RuntimeError: a process at its thread limit
@@ -319,7 +320,7 @@ def flush(timeout: float | None = None) -> bool:
             with process_lock(), locked(file):
                 current = _read_locked(file)  # OSError: nothing written, the file kept
                 current.update(pending)
-                write_database(file, document_text(current.values(), document=_DOCUMENT))
+                write_database(file, document_text(current.values(), document=DOCUMENT))
         except RefusedFile as exc:
             _refuse(file, exc)
             with _lock:
@@ -397,7 +398,7 @@ def clear() -> int:
             with process_lock(), locked(file):
                 n = len(_read_locked(file))
                 if file_signature(file) is not None:
-                    write_database(file, document_text((), document=_DOCUMENT))
+                    write_database(file, document_text((), document=DOCUMENT))
         except RefusedFile as exc:
             _refuse(file, exc)
             raise PermissionError(errno.EACCES, f"the routing decisions file {file} was refused: "

@@ -52,7 +52,7 @@ def batch_norm_backward(x: TensorLike, dy: TensorLike, weight: TensorLike,
                                     or reserve._key != plan.reserve_key):
             raise LookupError
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
-        return _backward_full(x, dy, weight, save_mean, save_invstd, eps, mode, out, reserve,
+        return backward_full(x, dy, weight, save_mean, save_invstd, eps, mode, out, reserve,
                               stream)
     if o is not None:
         check_written("batch_norm_backward", o, None, None,
@@ -82,12 +82,13 @@ def batch_norm_backward(x: TensorLike, dy: TensorLike, weight: TensorLike,
         restore_device(prev)
 
 
-def _backward_full(x: Any, dy: Any, weight: Any, save_mean: Any, save_invstd: Any, eps: Any,
-                   mode: Any, out: Any, reserve: Any,
-                   stream: Any) -> tuple[Tensor, Tensor, Tensor]:
+def backward_full(x: Any, dy: Any, weight: Any, save_mean: Any, save_invstd: Any, eps: Any,
+                  mode: Any, out: Any, reserve: Any,
+                  stream: Any) -> tuple[Tensor, Tensor, Tensor]:
     """`batch_norm_backward` the long way: the full checks, in the order they name the
     parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
-    call that needs no copy, which the next call of its signature takes."""
+    call that needs no copy, which the next call of its signature takes.
+    Public as a seam for tests and tooling."""
     fn = "batch_norm_backward"
     prev = callers_device()
     try:

@@ -28,7 +28,7 @@ class Layout:
 
 
 _CACHE: dict[tuple, Layout] = {}
-_CACHE_MAX = 128
+CACHE_MAX = 128
 _cache_lock = threading.Lock()
 
 
@@ -38,10 +38,16 @@ def layout_of(x4: Tensor, mode: int, p4: tuple[int, ...], pdt: np.dtype) -> Layo
     if entry is None:
         entry = Layout(x4, p4, pdt)
         with _cache_lock:
-            while len(_CACHE) >= _CACHE_MAX:
+            while len(_CACHE) >= CACHE_MAX:
                 del _CACHE[next(iter(_CACHE))]
             _CACHE[key] = entry
     return entry
+
+
+def layout_count() -> int:
+    """How many layouts' descriptors are cached now (at most `CACHE_MAX`). A seam for tests and
+    tooling."""
+    return len(_CACHE)
 
 
 def clear_layouts() -> None:

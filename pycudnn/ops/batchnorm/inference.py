@@ -49,7 +49,7 @@ def batch_norm_forward_inference(x: TensorLike, weight: TensorLike, bias: Tensor
         o = None if out is None else tensor_of(out, stream)
         plan = INFER[infer_key(mode, eps, xt, w, b, rm, rv, o)]
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
-        return _inference_full(x, weight, bias, running_mean, running_var, eps, mode, out, stream)
+        return inference_full(x, weight, bias, running_mean, running_var, eps, mode, out, stream)
     if o is not None:
         check_written("batch_norm_forward_inference", o, None, None,
                       [("input", xt), ("weight", w), ("bias", b), ("running_mean", rm),
@@ -77,11 +77,12 @@ def batch_norm_forward_inference(x: TensorLike, weight: TensorLike, bias: Tensor
         restore_device(prev)
 
 
-def _inference_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, eps: Any,
-                    mode: Any, out: Any, stream: Any) -> Tensor:
+def inference_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, eps: Any,
+                   mode: Any, out: Any, stream: Any) -> Tensor:
     """`batch_norm_forward_inference` the long way: the full checks, in the order they name the
     parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
-    call that needs no copy, which the next call of its signature takes."""
+    call that needs no copy, which the next call of its signature takes.
+    Public as a seam for tests and tooling."""
     fn = "batch_norm_forward_inference"
     prev = callers_device()
     try:

@@ -69,7 +69,7 @@ def batch_norm_forward_training(x: TensorLike, weight: TensorLike, bias: TensorL
         si = None if save_invstd is None else tensor_of(save_invstd, stream)
         plan = TRAIN[train_key(mode, momentum, eps, xt, w, b, rm, rv, o, sm, si)]
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
-        return _training_full(x, weight, bias, running_mean, running_var, momentum, eps, mode,
+        return training_full(x, weight, bias, running_mean, running_var, momentum, eps, mode,
                               out, save_mean, save_invstd, stream)
     # what the key cannot know: the addresses and the read-only flags of what the call writes
     if rm is not None and rv is not None:
@@ -126,12 +126,13 @@ def batch_norm_forward_training(x: TensorLike, weight: TensorLike, bias: TensorL
         restore_device(prev)
 
 
-def _training_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
-                   momentum: Any, eps: Any, mode: Any, out: Any, save_mean: Any,
-                   save_invstd: Any, stream: Any) -> BatchNormResult:
+def training_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                  momentum: Any, eps: Any, mode: Any, out: Any, save_mean: Any,
+                  save_invstd: Any, stream: Any) -> BatchNormResult:
     """`batch_norm_forward_training` the long way: the full checks, in the order they name the
     parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
-    call that needs no copy, which the next call of its signature takes."""
+    call that needs no copy, which the next call of its signature takes.
+    Public as a seam for tests and tooling."""
     fn = "batch_norm_forward_training"
     prev = callers_device()
     try:

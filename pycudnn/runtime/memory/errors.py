@@ -76,6 +76,13 @@ def driver_found() -> bool:
     return _driver_found
 
 
+def assume_driver_found(found: bool | None) -> None:
+    """Take ``found`` as what `driver_found()` answers from now on (None: ask again on the next
+    call). A seam for tests and tooling that fake a driver on a machine without one."""
+    global _driver_found
+    _driver_found = found
+
+
 def _no_device_set() -> frozenset[int]:
     global _no_device_codes
     if _no_device_codes is None:
