@@ -15,10 +15,20 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, TypedDict
 
-if sys.version_info >= (3, 11):  # at run time too: typing.get_type_hints() resolves the flags
+# ``Unpack`` at run time too, where typing.get_type_hints() resolves ``**flags`` annotations
+if sys.version_info >= (3, 11):
     from typing import Unpack
-elif TYPE_CHECKING:  # Python 3.10: for type checkers only (annotations are strings at run time)
+elif TYPE_CHECKING:
     from typing_extensions import Unpack
+else:
+    try:
+        from typing_extensions import Unpack
+    except ImportError:  # Python 3.10 without typing_extensions: the hints resolve to Any
+        class Unpack:
+            """``typing.Unpack``'s stand-in: ``Unpack[X]`` reads as ``Any``."""
+
+            def __class_getitem__(cls, item: Any) -> Any:
+                return Any
 
 __all__ = ["config", "flags", "Config", "FLAG_NAMES", "ConvolutionFlags"]
 

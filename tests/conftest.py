@@ -56,6 +56,7 @@ def driver_library_found():
 def fresh_torch_calls():
     """pycudnn.torch's remembered call signatures forgotten before the test and after it: what a
     CPU test standing in for the GPU paths remembers does not outlive it."""
+    pytest.importorskip("torch")
     from pycudnn.torch import calls
 
     calls.clear_cache()

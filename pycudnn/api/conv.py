@@ -13,12 +13,11 @@ buffers untouched.
 
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..configuration import ConvolutionFlags, config, override_token
+from ..configuration import ConvolutionFlags, Unpack, config, override_token
 from ..cudnn.tensor_ops import add_bias, add_tensor, relu_, transform
 from ..cudnn.tensor_ops import fill_zero
 from ..engines.problem import EpilogueKind
@@ -37,10 +36,6 @@ from .call import ConvolutionCall, contiguous_bias_for, prepare_call, zero_bias
 from .call import output as _output
 from .prepared import PreparedConvolution
 
-if sys.version_info >= (3, 11):  # at run time too: typing.get_type_hints() resolves the flags
-    from typing import Unpack
-elif TYPE_CHECKING:  # Python 3.10: for type checkers only (annotations are strings at run time)
-    from typing_extensions import Unpack
 
 __all__ = ["convolution", "conv_transpose", "convolution_backward_data",
            "convolution_backward_filter", "convolution_add_relu", "prepare_convolution",
