@@ -120,11 +120,6 @@ CASES = [
     (pooling_forward, (X, 2), {"divisor_override": 0}, ValueError, r"divisor must be not zero"),
     (pooling_forward, (X, 2), {"divisor_override": 2.0}, TypeError, r"divisor_override must be an int"),
     (pooling_forward, (X, 2), {"divisor_override": 3}, ValueError, r"divisor_override applies to average pooling, but got mode='max'"),
-    # x 8, kernel 3, stride 2, padding 1, ceil: 5 windows, the last covers 7..9 (9 past the padding)
-    (pooling_forward, (t(2, 3, 8, 8), 3), {"stride": 2, "padding": 0, "ceil_mode": True, "mode": "average_include_padding"}, ValueError,
-     r"ceil_mode=True with mode='average_include_padding': the last window of spatial dim 0 reaches past the padding"),
-    (pooling_backward, (t(2, 3, 4, 4, role="y"), t(2, 3, 4, 4, role="dy"), t(2, 3, 8, 8), 3), {"stride": 2, "ceil_mode": True, "divisor_override": 4, "mode": "average_include_padding"}, ValueError,
-     r"ceil_mode=True with divisor_override"),
     (pooling_backward, (PY, PDY, X, 3), {"stride": 3, "ceil_mode": True}, ValueError, r"expected y of size \[2, 3, 3, 3\]"),  # floor: 2x2
     # pooling_backward
     (pooling_backward, (t(2, 3, 3, 3, role="y"), PDY, X, 2), {}, ValueError, r"expected y of size \[2, 3, 4, 4\] \(the pooled size of x \[2, 3, 8, 8\]\)"),
@@ -377,6 +372,37 @@ def test_ceil_mode_output_size_is_pytorchs(i, k, s, p):
     assert pl.ceil_output_size((i,), (k,), (s,), (p,)) == (ref,)
     y = pl.pooling_geometry(t(1, 1, i, i), k, s, p, "pooling_forward", pl.HALF_CEIL)[3]
     assert y == (1, 1, ref, ref)
+
+
+@pytest.mark.parametrize("hw", [(8, 9), (7, 7), (10, 6), (5, 13)])
+@pytest.mark.parametrize("k,s,p", [(2, 2, 0), (3, 2, 0), (3, 2, 1), (3, 3, 1), (4, 3, 2),
+                                   (3, 1, 1), ((3, 2), (2, 3), (1, 0))])
+@pytest.mark.parametrize("divisor", [None, 5, -3])
+def test_ceil_mode_edge_factors_give_pytorchs_include_padding_average(hw, k, s, p, divisor):
+    """PyTorch's exclude-padding average (what cuDNN's exclude mode computes, checked on the GPU
+    in test_parity_gpu) times `ceil_divisors`' alpha and edge factors is PyTorch's
+    include-padding (or divisor_override) average with ceil_mode, in float64 on the CPU."""
+    torch = pytest.importorskip("torch")
+    from pycudnn.ops import pooling as pl
+
+    F = torch.nn.functional
+    x = torch.tensor(np.random.default_rng(sum(hw)).standard_normal((2, 3) + hw))
+    want = F.avg_pool2d(x, k, s, p, ceil_mode=True, count_include_pad=True,
+                        divisor_override=divisor)
+    got = F.avg_pool2d(x, k, s, p, ceil_mode=True, count_include_pad=False)
+    k2, s2, p2, shape = pl.pooling_geometry(t(2, 3, *hw), k, s, p, "pooling_forward", pl.HALF_CEIL)
+    assert shape == tuple(want.shape)
+    edges = pl.ceil_divisors(t(2, 3, *hw), k2, s2, p2, shape,
+                              pl.PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING, divisor)
+    if edges is None:  # no window past the padding: cuDNN's own include mode is PyTorch's
+        assert all((o - 1) * si - pi + ki <= i + pi
+                   for i, ki, si, pi, o in zip(hw, k2, s2, p2, shape[2:]))
+        return
+    alpha, slices = edges
+    got = got * alpha
+    for d, j, factor in slices:
+        got.narrow(2 + d, j, 1).mul_(factor)
+    assert torch.allclose(got, want, rtol=1e-13, atol=1e-13)
 
 
 def _plain_max(xv, k, pad, stride, n):

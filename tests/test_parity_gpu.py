@@ -61,10 +61,7 @@ def test_pooling_ceil_mode_is_pytorchs(dtype, mode, geo):
     xt, ref = _torch_pool(x, k, s, p, mode, True)
     floor_shape = F.max_pool2d(torch.zeros((1, 1) + hw), k, s, p).shape
     X = pycudnn.from_numpy(x.astype(dtype))
-    if mode == "average_include_padding" and ref.shape[2:] != floor_shape[2:]:
-        with pytest.raises(ValueError, match="ceil_mode=True with mode='average_include_padding'"):
-            pooling_forward(X, k, stride=s, padding=p, mode=mode, ceil_mode=True)
-        return
+    assert ref.shape[2:] != floor_shape[2:] or geo == ((7, 7), 3, 2, 1)  # ceil adds a window
     Y = pooling_forward(X, k, stride=s, padding=p, mode=mode, ceil_mode=True)
     assert rel(Y.numpy(), ref.detach().numpy()) <= TOL[dtype]
     dy = host64(ref.shape, 2)
@@ -72,6 +69,70 @@ def test_pooling_ceil_mode_is_pytorchs(dtype, mode, geo):
     DX = pooling_backward(Y, pycudnn.from_numpy(dy.astype(dtype)), X, k, stride=s, padding=p,
                           mode=mode, ceil_mode=True)
     assert rel(DX.numpy(), xt.grad.numpy()) <= TOL[dtype]
+
+
+CEIL_INCLUDE = [((8, 9), (3, 2), (2, 3), (1, 0)), ((5, 13), 4, 3, 2), ((10, 6), 3, 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("divisor", [None, 5])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("geo", CEIL_INCLUDE, ids=["k32s23p10", "k4s3p2", "k3s1p1"])
+def test_ceil_mode_include_padding_divisor_is_pytorchs(dtype, divisor, layout, geo):
+    """A partial last window's include-padding (or divisor_override) divisor is PyTorch's, forward
+    and backward, also into a strided out= and from a strided dy, and the caller's dy stays."""
+    import ml_dtypes
+
+    hw, k, s, p = geo
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    tol = {"float16": 2e-3, "bfloat16": 1.6e-2}.get(dtype) or TOL[dtype]
+    xq = host64((2, 3) + hw, 11).astype(np_dtype)  # PyTorch is given the values X holds
+    xt, ref = _torch_pool(xq.astype(np.float64), k, s, p, "average_include_padding", True,
+                          divisor)
+    want = ref.detach().numpy()
+    X = pycudnn.from_numpy(xq, memory_format=layout)
+    kw = dict(stride=s, padding=p, mode="average_include_padding", ceil_mode=True,
+              divisor_override=divisor)
+    for _ in range(2):  # the second call takes the remembered plan
+        Y = pooling_forward(X, k, **kw)
+        assert rel(Y.numpy(), want) <= tol
+    n, c, h, w = want.shape
+    big = pycudnn.from_numpy(np.full((n, c, h, 2 * w), np.nan, np_dtype))
+    isz = big.dtype.itemsize
+    out = pycudnn.tensor_from_pointer(big.ptr, want.shape, big.dtype, owner=big,
+                                      strides=(c * h * 2 * w * isz, h * 2 * w * isz, 2 * w * isz,
+                                               2 * isz))
+    assert pooling_forward(X, k, out=out, **kw) is out
+    b = big.numpy().astype(np.float64)
+    assert rel(b[..., ::2], want) <= tol and np.isnan(b[..., 1::2]).all()
+    dy = host64(want.shape, 12).astype(np_dtype)
+    ref.backward(torch.tensor(dy.astype(np.float64)))
+    dy_big = np.zeros((n, c, h, 2 * w), np_dtype)
+    dy_big[..., ::2] = dy
+    DYB = pycudnn.from_numpy(dy_big)
+    DY_strided = pycudnn.tensor_from_pointer(DYB.ptr, want.shape, DYB.dtype, owner=DYB,
+                                             strides=out.strides)
+    for DY in (pycudnn.from_numpy(dy, memory_format=layout), DY_strided, DY_strided):
+        DX = pooling_backward(Y, DY, X, k, **kw)
+        assert rel(DX.numpy(), xt.grad.numpy()) <= tol
+    assert np.array_equal(DYB.numpy().astype(np.float64), dy_big.astype(np.float64))  # dy stays
+
+
+@pytest.mark.parametrize("divisor", [None, 4])
+def test_ceil_mode_include_padding_3d_is_pytorchs(divisor):
+    x = host64((2, 2, 7, 6, 9), 13)
+    xt = torch.tensor(x, requires_grad=True)
+    ref = F.avg_pool3d(xt, 3, 2, 1, ceil_mode=True, count_include_pad=True,
+                       divisor_override=divisor)
+    X = pycudnn.from_numpy(x)
+    kw = dict(stride=2, padding=1, mode="average_include_padding", ceil_mode=True,
+              divisor_override=divisor)
+    Y = pooling_forward(X, 3, **kw)
+    assert rel(Y.numpy(), ref.detach().numpy()) <= TOL["float64"]
+    dy = host64(ref.shape, 14)
+    ref.backward(torch.tensor(dy))
+    DX = pooling_backward(Y, pycudnn.from_numpy(dy), X, 3, **kw)
+    assert rel(DX.numpy(), xt.grad.numpy()) <= TOL["float64"]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

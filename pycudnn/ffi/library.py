@@ -137,6 +137,9 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
     #     const cudnnTensorDescriptor_t aDesc, const void *A, const void *beta,
     #     const cudnnTensorDescriptor_t cDesc, void *C)
     "cudnnAddTensor": (c_int, (_p, _p, _p, _p, _p, _p, _p)),
+    # cudnnStatus_t cudnnScaleTensor(cudnnHandle_t handle, const cudnnTensorDescriptor_t yDesc,
+    #     void *y, const void *alpha)
+    "cudnnScaleTensor": (c_int, (_p, _p, _p, _p)),
     # cudnnStatus_t cudnnOpTensor(cudnnHandle_t handle, const cudnnOpTensorDescriptor_t opTensorDesc,
     #     const void *alpha1, const cudnnTensorDescriptor_t aDesc, const void *A,
     #     const void *alpha2, const cudnnTensorDescriptor_t bDesc, const void *B,

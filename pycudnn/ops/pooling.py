@@ -6,8 +6,9 @@ importable from here too.
 ``"max"``, ``"max_deterministic"`` (the same forward result; a backward pass with the same bits
 on every run), ``"average_include_padding"`` and ``"average_exclude_padding"``. The geometry is
 PyTorch's: ``floor((i + 2 * padding - kernel) / stride) + 1`` per spatial dim, ``ceil_mode=True``
-rounding up (cuDNN is given the larger output), ``divisor_override`` through cuDNN's scaling
-factor, dilated max pooling (cuDNN has none) as plain poolings on strided views (`dilated_classes`).
+rounding up (cuDNN is given the larger output; PyTorch's divisors of its partial windows by
+scaling the edges, `ceil_divisors`), ``divisor_override`` through cuDNN's scaling factor,
+dilated max pooling (cuDNN has none) as plain poolings on strided views (`dilated_classes`).
 
 cuDNN 9 accepts negative padding and padding as large as the window, and then counts windows
 that lie wholly in the padding. pycudnn refuses those: the public functions take PyTorch's rule
@@ -45,7 +46,7 @@ from ..ops._common import (
 )
 from ..runtime.handle import get_handle
 from ..runtime.memory import StreamLike
-from ..runtime.tensor import Tensor, TensorLike, as_tensor
+from ..runtime.tensor import Tensor, TensorLike, as_tensor, empty
 
 __all__ = ["pooling_forward", "pooling_backward", "PoolingDescriptor", "PoolingMode", "MODES",
            "output_size", "ceil_output_size", "windows_hold_input", "dilated_classes"]
@@ -198,25 +199,88 @@ def _plain(ceil_mode: Any, dilation: Any, divisor_override: Any) -> bool:
             and divisor_override is None)
 
 
-def _ceil_exact(x: Tensor, k: tuple[int, ...], st: tuple[int, ...], p: tuple[int, ...],
-                shape: tuple[int, ...], m: PoolingMode, divisor: int | None, fn: str) -> None:
-    """cuDNN computes ceil_mode's extra window as a window of an output given one window
-    larger (as for Chainer's cover_all): max and average_exclude_padding then agree with
-    PyTorch. An extra window always reaches past the right padding, where PyTorch's
-    include-padding divisor stops counting and cuDNN's counts the whole window: with
-    average_include_padding (and divisor_override, which rescales it) only a ceil_mode that
-    adds no window is taken; the rest is refused."""
+def ceil_divisors(x: Tensor, k: tuple[int, ...], st: tuple[int, ...], p: tuple[int, ...],
+                  shape: tuple[int, ...], m: PoolingMode, divisor: int | None
+                  ) -> tuple[float, tuple[tuple[int, int, float], ...]] | None:
+    """PyTorch's divisors where cuDNN's are not: ``(alpha, slices)`` that turn cuDNN's
+    exclude-padding average into PyTorch's include-padding (or ``divisor_override``) one, or
+    None where cuDNN's own mode already computes PyTorch's.
+
+    cuDNN computes ceil_mode's extra window as a window of an output one window larger, whose
+    include-padding divisor counts the whole window; PyTorch's stops at the right padding
+    (``min(start + k, i + p) - start``). Both divisors are products over the spatial dims, and
+    the exclude-padding one (the input elements a window holds) is PyTorch's, so the exact
+    average is cuDNN's exclude-padding average times ``alpha`` times, per dim, the factor
+    ``valid / wanted`` of each output index: 1 but at the edges, where ``slices`` lists
+    ``(dim, index, factor)``. The backward is the same sum, taken by dy scaled alike. Public as
+    a seam for tests."""
     if m != PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING:
-        return
+        return None
+    if all((o - 1) * si - pi + ki <= i + pi
+           for i, ki, si, pi, o in zip(x.shape[2:], k, st, p, shape[2:])):
+        return None  # no window past the padding: cuDNN's divisor is PyTorch's
+    alpha = 1.0 if divisor is None else math.prod(k) / divisor
+    slices = []
     for d, (i, ki, si, pi, o) in enumerate(zip(x.shape[2:], k, st, p, shape[2:])):
-        if (o - 1) * si - pi + ki > i + pi:
-            what = "divisor_override" if divisor is not None else "mode='average_include_padding'"
-            raise ValueError(
-                f"{fn}: ceil_mode=True with {what}: the last window of spatial dim {d} reaches "
-                f"past the padding (x {list(x.shape)}, kernel_size={k}, stride={st}, "
-                f"padding={p}), where cuDNN's divisor is not PyTorch's; pass "
-                f"mode='average_exclude_padding', ceil_mode=False, or a geometry whose windows "
-                f"end within the padding")
+        for j in range(o):
+            start = j * si - pi
+            valid = min(start + ki, i) - max(start, 0)
+            wanted = ki if divisor is not None else min(start + ki, i + pi) - start
+            if valid != wanted:
+                slices.append((d, j, valid / wanted))
+    return alpha, tuple(slices)
+
+
+def _slice_scales(t_shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any,
+                  slices: tuple[tuple[int, int, float], ...], keep: list[Any]
+                  ) -> tuple[tuple[int, int, int], ...]:
+    """``(descriptor, byte offset, factor address)`` per slice of `ceil_divisors`: the
+    ``cudnnScaleTensor`` calls that multiply index ``j`` of spatial dim ``d`` by its factor in a
+    tensor of ``t_shape`` and ``strides`` (the descriptors and factors kept alive in ``keep``)."""
+    out = []
+    for d, j, factor in slices:
+        shape = list(t_shape)
+        shape[2 + d] = 1
+        desc = TensorDescriptor(tuple(shape), dtype, strides)
+        keep.append(desc)
+        out.append((desc.handle, j * strides[2 + d] * dtype.itemsize, _alpha(dtype, factor, keep)))
+    return tuple(out)
+
+
+def _scaled_copy(handle: int, dy: Tensor, plan: _Plan, stream: int, fn: str) -> Tensor:
+    """A copy of ``dy`` in the plan's dense layout with its edge slices scaled."""
+    tmp = empty(dy.shape, dy.dtype, device=dy.device, stream=stream)
+    tmp = Tensor._make(tmp.ptr, dy.shape, plan.y_dense, dy.dtype, dy.device, tmp.owner)
+    transform(handle, dy, tmp)
+    _scale(handle, plan, tmp.ptr, fn)
+    return tmp
+
+
+def _scale(handle: int, plan: _Plan, ptr: int, fn: str) -> None:
+    """Multiply the edge slices of the tensor at ``ptr`` by their factors (`ceil_divisors`)."""
+    for desc, offset, factor in plan.slices:
+        status = plan.scale(handle, desc, ptr + offset, factor)
+        if status:
+            raise_launch(status, "cudnnScaleTensor", fn, pooling=plan.keep[0])
+
+
+def _edge_plan(plan: _Plan, x: Tensor, k: tuple[int, ...], m: PoolingMode,
+               divisor: int | None,
+               edges: tuple[float, tuple[tuple[int, int, float], ...]] | None,
+               pooled: tuple[int, ...], strides: tuple[int, ...], keep: list[Any]
+               ) -> PoolingMode:
+    """Set ``plan``'s alpha (and edge slices, in a tensor of the pooled shape and ``strides``)
+    for ``divisor`` and `ceil_divisors`' ``edges``; the pooling mode cuDNN then runs."""
+    if edges is not None:
+        alpha, slices = edges
+        if alpha != 1.0:
+            plan.one = _alpha(x.dtype, alpha, keep)
+        plan.slices = _slice_scales(pooled, strides, x.dtype, slices, keep)
+        plan.scale = c_function("cudnnScaleTensor")
+        return PoolingMode.AVERAGE_COUNT_EXCLUDE_PADDING
+    if divisor is not None:  # cuDNN divides by the window's size: y = alpha * that
+        plan.one = _alpha(x.dtype, math.prod(k) / divisor, keep)
+    return m
 
 
 def _alpha(dtype: Any, scale: float, keep: list[Any]) -> int:
@@ -259,7 +323,7 @@ _PROPAGATE = int(NanPropagation.PROPAGATE_NAN)
 
 class _Plan:
     __slots__ = ("pool", "x", "y", "shape", "strides", "nbytes", "y_dense", "x_dense", "stage",
-                 "one", "zero", "launch", "keep")
+                 "one", "zero", "launch", "keep", "slices", "scale")
 
     def __init__(self) -> None:
         self.pool = self.x = self.y = 0
@@ -272,6 +336,10 @@ class _Plan:
         self.x_dense: tuple[int, ...] = ()
         self.stage = False
         self.keep: tuple[Any, ...] = ()
+        # PyTorch's divisors at the edges (`ceil_divisors`): cudnnScaleTensor calls, each
+        # (descriptor, byte offset, factor address), on y forward and on a copy of dy backward
+        self.slices: tuple[tuple[int, int, int], ...] = ()
+        self.scale: Any = None
 
 
 def _key(kernel_size: Any, stride: Any, padding: Any, mode: Any, nan: NanPropagation,
@@ -305,10 +373,9 @@ def pooling_forward(x: TensorLike, kernel_size: int | Sequence[int], *,
         mode: ``"max"``, ``"max_deterministic"``, ``"average_include_padding"`` or
             ``"average_exclude_padding"``.
         ceil_mode: PyTorch's: the output size rounded up (a last window may be partial), less
-            a window that would start in the right padding. With
-            ``"average_include_padding"`` (or ``divisor_override``) only where it adds no
-            window: an extra window reaches past the right padding, where cuDNN's divisor is
-            not PyTorch's (refused, naming the dim).
+            a window that would start in the right padding. A partial window's
+            ``"average_include_padding"`` divisor is PyTorch's too (the padding it covers,
+            not the part past it).
         dilation: the spacing of a window's elements, max pooling only (PyTorch's): cuDNN's
             pooling has none, so a dilated one runs as ``d / gcd(stride, d)`` plain poolings
             per dim on strided views of ``x`` (exact: a maximum ignores the views' padding).
@@ -372,6 +439,8 @@ def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, 
         if status:
             raise_launch(status, "cudnnPoolingForward", fn, pooling=plan.keep[0],
                          x=plan.keep[1], y=plan.keep[2])
+        if plan.slices:
+            _scale(handle, plan, y.ptr, fn)
         return y
     finally:
         restore_device(prev)
@@ -386,8 +455,7 @@ def forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: A
     check_input(x, "x", fn, _RANKS, _WHAT)
     k, st, p, shape = pooling_geometry(x, kernel_size, stride, padding, fn, rule)
     m = _mode(mode, divisor, fn)
-    if rule == HALF_CEIL:
-        _ceil_exact(x, k, st, p, shape, m, divisor, fn)
+    edges = ceil_divisors(x, k, st, p, shape, m, divisor) if rule == HALF_CEIL else None
     if o is not None:
         o = checked_out(o, shape, x, fn, None, out_name)
     plan = _Plan()
@@ -398,8 +466,7 @@ def forward_plan(x: Tensor, kernel_size: Any, stride: Any, padding: Any, mode: A
         return plan
     plan.one, plan.zero = scalars_of(x.dtype)
     scale: list[Any] = []
-    if divisor is not None:  # cuDNN divides by the window's size: y = alpha * that
-        plan.one = _alpha(x.dtype, math.prod(k) / divisor, scale)
+    m = _edge_plan(plan, x, k, m, divisor, edges, shape, plan.strides, scale)
     plan.launch = c_function("cudnnPoolingForward")
     pool = PoolingDescriptor(k, p, st, m, nan)
     xd = TensorDescriptor(x.shape, x.dtype, x.strides)
@@ -492,6 +559,8 @@ def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding
         dx = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev,
                                             s, s_ref)
         target = dx
+        if plan.slices:  # dy times PyTorch's edge factors, in a copy: the caller's dy stays
+            dy = _scaled_copy(handle, dy, plan, s, fn)
         if plan.stage:  # cuDNN reads y and dy in one layout, x and dx in one layout
             yl, xl = plan.y_dense, plan.x_dense
             y, dy, x = staged(handle, y, yl, s), staged(handle, dy, yl, s), staged(handle, x, xl, s)
@@ -520,8 +589,7 @@ def backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: An
         check_match(x, "x", t, name, fn)
         check_shape(t, name, y_shape, fn, f"the pooled size of x {list(x.shape)}")
     m = _mode(mode, divisor, fn)
-    if rule == HALF_CEIL:
-        _ceil_exact(x, k, st, p, y_shape, m, divisor, fn)
+    edges = ceil_divisors(x, k, st, p, y_shape, m, divisor) if rule == HALF_CEIL else None
     if o is not None:
         o = checked_out(o, x.shape, x, fn, None)
     plan = _Plan()
@@ -534,8 +602,7 @@ def backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: An
         return plan
     plan.one, plan.zero = scalars_of(x.dtype)
     scale: list[Any] = []
-    if divisor is not None:  # the gradient of alpha * average
-        plan.one = _alpha(x.dtype, math.prod(k) / divisor, scale)
+    m = _edge_plan(plan, x, k, m, divisor, edges, y_shape, plan.y_dense, scale)  # dy alike
     plan.launch = c_function("cudnnPoolingBackward")
     plan.stage = not (same_layout(y_shape, y.strides, plan.y_dense)
                       and same_layout(y_shape, dy.strides, plan.y_dense)
