@@ -111,6 +111,24 @@ def test_the_install_command_fits_where_pycudnn_comes_from(monkeypatch):
         environment.pip_install_command("cu99")
 
 
+@pytest.mark.parametrize("extra", ["cu12", "cu13"])
+def test_the_known_extras_are_pyprojects(monkeypatch, extra):
+    """Without installed metadata, the requirements an install hint names are pyproject's own."""
+    import os
+    from importlib import metadata
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "requires", missing)
+    assert environment.extra_requirements(extra) == extras[extra]
+
+
 def test_python_m_pycudnn_version():
     import subprocess
 
