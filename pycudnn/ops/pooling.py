@@ -10,10 +10,9 @@ rounding up (cuDNN is given the larger output; PyTorch's divisors of its partial
 scaling the edges, `ceil_divisors`), ``divisor_override`` through cuDNN's scaling factor,
 dilated max pooling (cuDNN has none) as plain poolings on strided views (`dilated_classes`).
 
-cuDNN 9 accepts negative padding and padding as large as the window, and then counts windows
-that lie wholly in the padding. pycudnn refuses those: the public functions take PyTorch's rule
-(padding at most half the kernel), the CuPy 13 drop-in the looser one that still leaves an input
-element in every window (padding smaller than the kernel).
+cuDNN 9 counts windows wholly in the padding (negative padding, padding as large as the window);
+pycudnn refuses those: the public functions take PyTorch's rule (padding at most half the
+kernel), the CuPy 13 drop-in padding smaller than the kernel.
 """
 
 from __future__ import annotations
