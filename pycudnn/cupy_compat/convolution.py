@@ -79,6 +79,17 @@ def _geometry(pad: Any, stride: Any, dilation: Any) -> tuple[tuple[int, ...], tu
     return pad_t, stride_t, dil_t
 
 
+def _prologue(x: Any, pad: Any, stride: Any, dilation: Any, d_layout: Any, w_layout: Any,
+              auto_tune: Any, tensor_core: Any, deterministic: Any = False
+              ) -> tuple[dict[str, Any], int, int, tuple[tuple[int, ...], ...], int]:
+    """What every convolution here checks first, in CuPy's order: the flags, the layouts, the
+    geometry; then the stream of ``x``. Returns ``(flags, d, w, (pad, stride, dilation), s)``."""
+    flags = _flags(auto_tune, tensor_core, deterministic)
+    d, w = check_layout(d_layout, "d_layout"), check_layout(w_layout, "w_layout")
+    geometry = _geometry(pad, stride, dilation)
+    return flags, d, w, geometry, stream_of(x)
+
+
 def _bias_view(b: Any, stream: int) -> Tensor | None:
     """The bias as a 1-D view (CuPy 13 reshaped it to one value per channel)."""
     if b is None:
@@ -115,10 +126,8 @@ def convolution_forward(x: Any, W: Any, b: Any, y: Any, pad: Sequence[int], stri
     Raises:
         ValueError / TypeError: a bad argument (shapes, dtypes, devices, modes), before any work.
     """
-    flags = _flags(auto_tune, tensor_core)
-    d, w = check_layout(d_layout, "d_layout"), check_layout(w_layout, "w_layout")
-    pad_t, stride_t, dil_t = _geometry(pad, stride, dilation)
-    s = stream_of(x)
+    flags, d, w, (pad_t, stride_t, dil_t), s = _prologue(
+        x, pad, stride, dilation, d_layout, w_layout, auto_tune, tensor_core)
     xv, yv = data_view(input_view(x, s), d, s), data_view(y, d, s)
     wv = filter_view(input_view(W, s), w, s)
     bv = _bias_view(None if b is None else input_view(b, s), s)
@@ -151,10 +160,8 @@ def convolution_backward_data(W: Any, x: Any, b: Any, y: Any, pad: Sequence[int]
         d_layout: layout of ``x`` and ``y``.
         w_layout: layout of ``W``.
     """
-    flags = _flags(auto_tune, tensor_core, deterministic)
-    d, w = check_layout(d_layout, "d_layout"), check_layout(w_layout, "w_layout")
-    pad_t, stride_t, dil_t = _geometry(pad, stride, dilation)
-    s = stream_of(x)
+    flags, d, w, (pad_t, stride_t, dil_t), s = _prologue(
+        x, pad, stride, dilation, d_layout, w_layout, auto_tune, tensor_core, deterministic)
     gyv, gxv = data_view(input_view(x, s), d, s), data_view(y, d, s)
     wv = filter_view(input_view(W, s), w, s)
     bv = _bias_view(None if b is None else input_view(b, s), s)
@@ -206,10 +213,8 @@ def convolution_backward_filter(x: Any, gy: Any, gW: Any, pad: Sequence[int],
         d_layout: layout of ``x`` and ``gy``.
         w_layout: layout of ``gW``.
     """
-    flags = _flags(auto_tune, tensor_core, deterministic)
-    d, w = check_layout(d_layout, "d_layout"), check_layout(w_layout, "w_layout")
-    pad_t, stride_t, dil_t = _geometry(pad, stride, dilation)
-    s = stream_of(x)
+    flags, d, w, (pad_t, stride_t, dil_t), s = _prologue(
+        x, pad, stride, dilation, d_layout, w_layout, auto_tune, tensor_core, deterministic)
     xv, gyv = data_view(input_view(x, s), d, s), data_view(input_view(gy, s), d, s)
     gwv = filter_view(gW, w, s)
     _conv.convolution_backward_filter(xv, gyv, gwv.shape, stride=stride_t, padding=pad_t,
