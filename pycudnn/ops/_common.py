@@ -388,3 +388,9 @@ def result(o: Tensor | None, plan: Any, like: Tensor, stream: int, stream_ref: A
         return o
     return output(plan.nbytes, plan.shape, plan.strides, like.dtype, like.device, stream,
                   stream_ref)
+
+
+def signature(t: Tensor | None) -> tuple[Any, ...] | None:
+    """What a plan key holds of an optional operand (its layout, dtype and device; None for none
+    given)."""
+    return None if t is None else (t.shape, t.strides, t.dtype, t.device)

@@ -40,6 +40,7 @@ from ..ops._common import (
     result,
     same_layout,
     scalars_of,
+    signature,
     staging,
     stream_pair,
     tensor_arg,
@@ -84,10 +85,6 @@ def clear_plans() -> None:
     uses them). A seam for tests and tooling that count what a first call does."""
     _FORWARD.clear()
     _BACKWARD.clear()
-
-
-def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
-    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
 
 
 def _merge(shape: tuple[int, ...], strides: tuple[int, ...],
@@ -225,7 +222,7 @@ def softmax_forward(x: TensorLike, *, algorithm: str = "accurate", mode: str = "
     if type(x) is not Tensor:
         x = as_tensor(x, stream=stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = (algorithm, mode, x.shape, x.strides, x.dtype, x.device, _sig(o))
+    key = (algorithm, mode, x.shape, x.strides, x.dtype, x.device, signature(o))
     plan: _Plan = cached_plan(_FORWARD, key, forward_plan, x, algorithm, mode, o, fn)
     if o is not None:
         check_out_reads(o, (("x", x),), fn)
@@ -321,7 +318,7 @@ def softmax_backward(y: TensorLike, dy: TensorLike, *, algorithm: str = "accurat
     y, dy = tensor_arg(y, stream), tensor_arg(dy, stream)
     o = None if out is None else tensor_arg(out, stream)
     key = (algorithm, mode, y.shape, y.strides, y.dtype, y.device, dy.shape, dy.strides, dy.dtype,
-           dy.device, _sig(o))
+           dy.device, signature(o))
     plan: _Plan = cached_plan(_BACKWARD, key, backward_plan, y, dy, algorithm, mode, o, fn)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy)), fn)
