@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import pycudnn
+from pycudnn.cudnn import descriptors
+from pycudnn.cudnn.descriptors import TensorDescriptor
 from pycudnn.cudnn.tensor_ops import tensor_descriptor
 from pycudnn.ops import _common, activation, hardtanh, pooling, softmax
 
@@ -38,8 +40,28 @@ class _Recorder:
             assert src.shape == dst.shape
             rec.copies.append((src.shape, src.dtype.name, dst.shape, dst.dtype.name))
 
+        described: dict[object, TensorDescriptor] = {}
+
+        class Described(TensorDescriptor):
+            """A real descriptor, remembered by its handle for the recorded copies."""
+
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                described[self.handle] = self
+
+        def cached_transform(handle, one, src, src_ptr, zero, dst, dst_ptr):
+            # a copy through the descriptors a plan keeps (see _common.Staging)
+            sd, dd = described[src], described[dst]
+            assert sd.shape == dd.shape
+            rec.copies.append((sd.shape, sd.dtype.name, dd.shape, dd.dtype.name))
+            return 0
+
         def c_function(name):
+            if name == "cudnnTransformTensor":
+                return cached_transform
             return lambda *args: rec.launches.append(name) or 0
+
+        monkeypatch.setattr(descriptors, "TensorDescriptor", Described)
 
         self.zeroed: list[tuple] = []
 
@@ -164,3 +186,29 @@ def test_dilated_max_pooling_launches_plain_poolings_libcudnn_takes(monkeypatch,
                                   dilation=d)
     assert dx.shape == shape and rec.zeroed == [shape]  # no window reads some residues
     assert rec.launches == ["cudnnPoolingBackward"] * pieces
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(4, 100), (2, 3, 4, 5, 6)])
+def test_a_repeated_half_softmax_builds_no_descriptor(monkeypatch, dtype, shape):
+    """The staging copies' descriptors are kept in the plan: a repeated call makes the same
+    copies and builds none (each descriptor costs microseconds of host time)."""
+    from pycudnn.cudnn import tensor_ops
+
+    rec = _Recorder(monkeypatch)
+    x, dy = t(shape, dtype, 0), t(shape, dtype, 1)
+    softmax.softmax_forward(x)
+    softmax.softmax_backward(x, dy)
+    first = list(rec.copies)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a repeated call built a descriptor")
+
+    for module in (descriptors, softmax, tensor_ops):
+        monkeypatch.setattr(module, "TensorDescriptor", refused)
+    rec.copies.clear()
+    softmax.softmax_forward(x)
+    softmax.softmax_backward(x, dy)
+    assert rec.copies == first
+    assert [c[1:4:2] for c in first] == [(dtype, "float32"), ("float32", dtype)] + \
+        [(dtype, "float32")] * 2 + [("float32", dtype)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
@@ -298,3 +298,99 @@ def _retire(plan: Any) -> None:
     fast = getattr(plan, "fast", None)
     if fast is not None:
         fast.retire()
+
+
+# ---- staging copies a plan keeps ----------------------------------------------------------------
+
+class Staging:
+    """One staging copy a plan makes on every call, between an operand (the layout and dtype of
+    the plan's signature, 4 dims or more) and a dense temporary: what `staged` and `transform`
+    do, with cudnnTransformTensor's two descriptors and scaling constants made once, with the
+    plan, so that a repeated call builds no descriptor (each costs microseconds)."""
+
+    __slots__ = ("dtype", "inner", "launch", "outer", "shape", "strides", "to_inner", "to_outer")
+
+    def __init__(self, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any,
+                 to_strides: tuple[int, ...], to_dtype: Any) -> None:
+        from ..cudnn.descriptors import TensorDescriptor
+
+        assert len(shape) >= 4  # as cudnnTransformTensor takes them
+        self.shape, self.strides, self.dtype = shape, to_strides, np.dtype(to_dtype)
+        self.outer = TensorDescriptor(shape, dtype, strides)  # the operand's
+        self.inner = TensorDescriptor(shape, self.dtype, to_strides)  # the temporary's
+        # transform's scaling constants: those of the destination's dtype
+        self.to_inner = scalar_pointers(self.dtype.name)
+        self.to_outer = scalar_pointers(np.dtype(dtype).name)
+        self.launch = c_function("cudnnTransformTensor")
+
+    def scratch(self, t: Tensor, stream: int) -> Tensor:
+        """A new temporary for ``t`` (uninitialised), made on ``stream``."""
+        tmp = empty(self.shape, self.dtype, device=t.device, stream=stream)
+        return Tensor._make(tmp.ptr, self.shape, self.strides, self.dtype, t.device, tmp.owner)
+
+    def load(self, handle: int, t: Tensor, stream: int) -> Tensor:
+        """A new temporary holding ``t``'s values (converted to the temporary's dtype)."""
+        tmp = self.scratch(t, stream)
+        self._copy(handle, self.outer, t.ptr, self.inner, tmp.ptr, self.to_inner)
+        return tmp
+
+    def store(self, handle: int, tmp: Tensor, t: Tensor) -> None:
+        """``t = tmp`` (converted to ``t``'s dtype)."""
+        self._copy(handle, self.inner, tmp.ptr, self.outer, t.ptr, self.to_outer)
+
+    def _copy(self, handle: int, sd: Any, src: int, dd: Any, dst: int,
+              scaling: tuple[int, int]) -> None:
+        st = self.launch(handle, scaling[0], sd.handle, src, scaling[1], dd.handle, dst)
+        if st:
+            _lib.raise_status(st, "cudnnTransformTensor", f"  src: {sd!r}", f"  dst: {dd!r}")
+
+
+def staging(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any,
+            to_strides: tuple[int, ...], to_dtype: Any = None) -> Staging | None:
+    """The `Staging` of an operand of ``shape``, ``strides`` and ``dtype`` into a dense temporary
+    of ``to_strides`` (in ``to_dtype``, where one is given), or None where `staged` takes the
+    operand as it is (its dtype and layout already)."""
+    dt = np.dtype(dtype) if to_dtype is None else np.dtype(to_dtype)
+    if dt == np.dtype(dtype) and same_layout(shape, strides, to_strides):
+        return None
+    return Staging(shape, strides, dtype, to_strides, dt)
+
+
+def check_operands(ref: Tensor, ref_name: str, operands: Sequence[tuple[Tensor, str]],
+                   shape: Sequence[int], because: str, fn: str, ranks: Sequence[int],
+                   what: str) -> None:
+    """Each of ``operands`` (``(tensor, name)`` pairs, checked in turn) passes `check_input`,
+    has ``ref``'s dtype and device and the size ``shape`` (``because`` says why)."""
+    for t, name in operands:
+        check_input(t, name, fn, ranks, what)
+        check_match(ref, ref_name, t, name, fn)
+        check_shape(t, name, shape, fn, because)
+
+
+def cached_plan(cache: PlanCache, key: Any, build: Callable[..., Any], *args: Any) -> Any:
+    """The plan of ``key`` in ``cache``; at a miss (or an unhashable key, which the checks in
+    ``build`` refuse) ``build(*args)``, kept unless ``key`` is None (a call kept off the
+    cache)."""
+    try:
+        return cache[key]
+    except (KeyError, TypeError):
+        plan = build(*args)
+        if key is not None:
+            cache.put(key, plan)
+        return plan
+
+
+def result(o: Tensor | None, plan: Any, like: Tensor, stream: int, stream_ref: Any) -> Tensor:
+    """A call's output: ``o`` where the caller gave one, else a new tensor of the plan's layout
+    (``plan.shape``, ``plan.strides``, ``plan.nbytes`` bytes: none allocated for 0) in
+    ``like``'s dtype on its device (current)."""
+    if o is not None:
+        return o
+    return output(plan.nbytes, plan.shape, plan.strides, like.dtype, like.device, stream,
+                  stream_ref)
+
+
+def signature(t: Tensor | None) -> tuple[Any, ...] | None:
+    """What a plan key holds of an optional operand (its layout, dtype and device; None for none
+    given)."""
+    return None if t is None else (t.shape, t.strides, t.dtype, t.device)

@@ -29,20 +29,21 @@ from ..ops._common import (
     HALF_DTYPES,
     PlanCache,
     c_function,
+    cached_plan,
     callers_device,
     check_choice,
     check_coef,
     check_input,
-    check_match,
+    check_operands,
     check_out_reads,
-    check_shape,
     checked_out,
     layout_strides,
-    output,
     raise_launch,
     restore_device,
+    result,
     same_layout,
     scalars_of,
+    signature,
     staged,
     stream_pair,
     tensor_arg,
@@ -72,10 +73,6 @@ def clear_plans() -> None:
     _BACKWARD.clear()
 # the keys hold whether NaN propagates as a bool: hashing the IntEnum member is a Python call
 _PROPAGATE = int(NanPropagation.PROPAGATE_NAN)
-
-
-def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
-    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
 
 
 def _as4d(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple[int, ...],
@@ -325,22 +322,16 @@ def run_forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPro
     o = None if out is None else tensor_arg(out, stream)
     # the signature, flat: everything the checks and the descriptors depend on but the pointers
     key = (mode, coef, type(coef), nan == _PROPAGATE, x.shape, x.strides, x.dtype, x.device,
-           _sig(o))
-    try:
-        plan = _FORWARD[key]
-    except (KeyError, TypeError):  # a new signature, or an unhashable argument the checks refuse
-        plan = forward_plan(x, mode, coef, o, nan, fn)
-        _FORWARD.put(key, plan)
+           signature(o))
+    plan: _Plan = cached_plan(_FORWARD, key, forward_plan, x, mode, coef, o, nan, fn)
     if o is not None:
         check_out_reads(o, (), fn, in_place=x)
-    dev = x.device
     if not plan.nbytes:  # no element
-        return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
+        return result(o, plan, x, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(dev, s)
-        y = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev, s,
-                                           s_ref)
+        handle = get_handle(x.device, s)
+        y = result(o, plan, x, s, s_ref)
         if plan.graph is not None:
             plan.graph.run(handle, (x,), y, s)
             return y
@@ -428,22 +419,17 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
     edges = pytorch_edges and nan == _PROPAGATE  # CuPy 13's calls keep cuDNN's own values
     key = (mode, coef, type(coef), nan == _PROPAGATE, edges, y.shape, y.strides, y.dtype,
            y.device, dy.shape, dy.strides, dy.dtype, dy.device, x.shape, x.strides, x.dtype,
-           x.device, _sig(o))
-    try:
-        plan = _BACKWARD[key]
-    except (KeyError, TypeError):
-        plan = backward_plan(y, dy, x, mode, coef, o, nan, fn, edges)
-        _BACKWARD.put(key, plan)
+           x.device, signature(o))
+    plan: _Plan = cached_plan(_BACKWARD, key, backward_plan, y, dy, x, mode, coef, o, nan, fn,
+                              edges)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
-    dev = x.device
-    if not plan.nbytes:
-        return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
+    if not plan.nbytes:  # no element
+        return result(o, plan, x, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(dev, s)
-        dx = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev,
-                                            s, s_ref)
+        handle = get_handle(x.device, s)
+        dx = result(o, plan, x, s, s_ref)
         if plan.graph is not None:
             plan.graph.run(handle, (dy, x), dx, s)
             return dx
@@ -496,10 +482,7 @@ def backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Ten
     """The full checks of a backward call, then its plan; nothing is launched. Public as a seam
     for tests and tooling."""
     check_input(x, "x", fn, _RANKS, _WHAT)
-    for t, name in ((y, "y"), (dy, "dy")):
-        check_input(t, name, fn, _RANKS, _WHAT)
-        check_match(x, "x", t, name, fn)
-        check_shape(t, name, x.shape, fn, "the shape of x")
+    check_operands(x, "x", ((y, "y"), (dy, "dy")), x.shape, "the shape of x", fn, _RANKS, _WHAT)
     mode = check_mode(mode, fn)
     c = check_coef(coef, fn)
     if o is not None:

@@ -30,9 +30,8 @@ from ..ops._common import (
     FLOAT32,
     callers_device,
     check_input,
-    check_match,
+    check_operands,
     check_out_reads,
-    check_shape,
     checked_out,
     layout_strides,
     output,
@@ -191,9 +190,7 @@ def hardtanh_backward(dy: TensorLike, x: TensorLike, min_val: float = -1.0, max_
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     dyt, xt = tensor_arg(dy, stream), tensor_arg(x, stream)
     check_input(xt, "x", fn, _RANKS, _WHAT)
-    check_input(dyt, "dy", fn, _RANKS, _WHAT)
-    check_match(xt, "x", dyt, "dy", fn)
-    check_shape(dyt, "dy", xt.shape, fn, "the shape of x")
+    check_operands(xt, "x", ((dyt, "dy"),), xt.shape, "the shape of x", fn, _RANKS, _WHAT)
     lo, hi = _bounds(min_val, max_val, fn)
     o = None if out is None else checked_out(tensor_arg(out, stream), xt.shape, xt, fn, None)
     if o is not None:

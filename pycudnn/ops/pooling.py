@@ -26,19 +26,21 @@ from ..cudnn.tensor_ops import transform
 from ..ops._common import (
     PlanCache,
     c_function,
+    cached_plan,
     callers_device,
     check_choice,
     check_input,
-    check_match,
+    check_operands,
     check_out_reads,
-    check_shape,
     checked_out,
     layout_strides,
     output,
     raise_launch,
     restore_device,
+    result,
     same_layout,
     scalars_of,
+    signature,
     staged,
     stream_pair,
     tensor_arg,
@@ -312,10 +314,6 @@ _RANKS = (4, 5)
 _WHAT = "4 dims (N, C, H, W) for 2-D pooling or 5 dims (N, C, D, H, W) for 3-D pooling"
 
 
-def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
-    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
-
-
 # the keys hold whether NaN propagates as a bool: hashing the IntEnum member is a Python call
 _PROPAGATE = int(NanPropagation.PROPAGATE_NAN)
 
@@ -413,27 +411,20 @@ def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, 
     if (type(kernel_size) is int and (stride is None or type(stride) is int)
             and type(padding) is int):
         key = (kernel_size, stride, padding, mode, nan == _PROPAGATE, rule, x.shape, x.strides,
-               x.dtype, x.device, _sig(o), divisor)
+               x.dtype, x.device, signature(o), divisor)
     else:
         key = _key(kernel_size, stride, padding, mode, nan, rule, x.shape, x.strides, x.dtype,
-                   x.device, _sig(o), divisor)
-    try:
-        plan = _FORWARD[key]
-    except (KeyError, TypeError):  # a new signature, or an unhashable argument the checks refuse
-        plan = forward_plan(x, kernel_size, stride, padding, mode, o, nan, rule, fn, out_name,
-                             divisor)
-        if key is not None:
-            _FORWARD.put(key, plan)
+                   x.device, signature(o), divisor)
+    plan: _Plan = cached_plan(_FORWARD, key, forward_plan, x, kernel_size, stride, padding, mode,
+                              o, nan, rule, fn, out_name, divisor)
     if o is not None:
         check_out_reads(o, (("x", x),), fn, name=out_name)
-    dev = x.device
     if not plan.x:
-        return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
+        return result(o, plan, x, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(dev, s)
-        y = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev, s,
-                                           s_ref)
+        handle = get_handle(x.device, s)
+        y = result(o, plan, x, s, s_ref)
         status = plan.launch(handle, plan.pool, plan.one, plan.x, x.ptr, plan.zero, plan.y, y.ptr)
         if status:
             raise_launch(status, "cudnnPoolingForward", fn, pooling=plan.keep[0],
@@ -538,25 +529,18 @@ def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding
     s, s_ref = (0, None) if stream is None else stream_pair(stream)
     y, dy, x = tensor_arg(y, stream), tensor_arg(dy, stream), tensor_arg(x, stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = _key(kernel_size, stride, padding, mode, nan, rule, _sig(y), _sig(dy), _sig(x), _sig(o),
-               divisor)
-    try:
-        plan = _BACKWARD[key]
-    except (KeyError, TypeError):
-        plan = backward_plan(y, dy, x, kernel_size, stride, padding, mode, o, nan, rule, fn,
-                              divisor)
-        if key is not None:
-            _BACKWARD.put(key, plan)
+    key = _key(kernel_size, stride, padding, mode, nan, rule, signature(y), signature(dy),
+               signature(x), signature(o), divisor)
+    plan: _Plan = cached_plan(_BACKWARD, key, backward_plan, y, dy, x, kernel_size, stride,
+                              padding, mode, o, nan, rule, fn, divisor)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
-    dev = x.device
     if not plan.x:
-        return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
+        return result(o, plan, x, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(dev, s)
-        dx = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev,
-                                            s, s_ref)
+        handle = get_handle(x.device, s)
+        dx = result(o, plan, x, s, s_ref)
         target = dx
         if plan.slices:  # dy times PyTorch's edge factors, in a copy: the caller's dy stays
             dy = _scaled_copy(handle, dy, plan, s, fn)
@@ -583,10 +567,8 @@ def backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: An
     for tests and tooling."""
     check_input(x, "x", fn, _RANKS, _WHAT)
     k, st, p, y_shape = pooling_geometry(x, kernel_size, stride, padding, fn, rule)
-    for t, name in ((y, "y"), (dy, "dy")):
-        check_input(t, name, fn, _RANKS, _WHAT)
-        check_match(x, "x", t, name, fn)
-        check_shape(t, name, y_shape, fn, f"the pooled size of x {list(x.shape)}")
+    check_operands(x, "x", ((y, "y"), (dy, "dy")), y_shape,
+                   f"the pooled size of x {list(x.shape)}", fn, _RANKS, _WHAT)
     m = _mode(mode, divisor, fn)
     edges = ceil_divisors(x, k, st, p, y_shape, m, divisor) if rule == HALF_CEIL else None
     if o is not None:
@@ -741,10 +723,8 @@ def _dilated_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, pa
     check_input(xt, "x", fn, _RANKS, _WHAT)
     k, st, p, _ = pooling_geometry(xt, kernel_size, stride, padding, fn, rule)
     y_shape = xt.shape[:2] + _dilated_output(xt, k, st, p, d, rule, fn)
-    for t, name in ((yt, "y"), (dyt, "dy")):
-        check_input(t, name, fn, _RANKS, _WHAT)
-        check_match(xt, "x", t, name, fn)
-        check_shape(t, name, y_shape, fn, f"the pooled size of x {list(xt.shape)}")
+    check_operands(xt, "x", ((yt, "y"), (dyt, "dy")), y_shape,
+                   f"the pooled size of x {list(xt.shape)}", fn, _RANKS, _WHAT)
     m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
     pieces = _pieces(xt, k, st, p, d, y_shape[2:], fn)
     o = None if out is None else checked_out(tensor_arg(out, stream), xt.shape, xt, fn, None)

@@ -21,26 +21,27 @@ from enum import IntEnum
 from typing import Any
 
 from ..cudnn.descriptors import TensorDescriptor
-from ..cudnn.tensor_ops import transform
 from ..ops._common import (
     FLOAT32,
     HALF_DTYPES,
     PlanCache,
+    Staging,
     c_function,
+    cached_plan,
     callers_device,
     check_choice,
     check_input,
-    check_match,
+    check_operands,
     check_out_reads,
-    check_shape,
     checked_out,
     layout_strides,
-    output,
     raise_launch,
     restore_device,
+    result,
     same_layout,
     scalars_of,
-    staged,
+    signature,
+    staging,
     stream_pair,
     tensor_arg,
 )
@@ -84,10 +85,6 @@ def clear_plans() -> None:
     uses them). A seam for tests and tooling that count what a first call does."""
     _FORWARD.clear()
     _BACKWARD.clear()
-
-
-def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
-    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
 
 
 def _merge(shape: tuple[int, ...], strides: tuple[int, ...],
@@ -144,22 +141,32 @@ def _descriptor(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) ->
     return TensorDescriptor(folded[0], dtype, folded[1])
 
 
-def _at_least_4d(t: Tensor) -> Tensor:
-    """``t`` with trailing unit dims up to 4-D (a view), as the staging copies take it."""
-    pad = 4 - t.ndim
-    if pad <= 0:
-        return t
-    return Tensor._make(t.ptr, t.shape + (1,) * pad, t.strides + (1,) * pad, t.dtype, t.device,
-                        t.owner, t.readonly)
-
-
 def _pad(strides: tuple[int, ...]) -> tuple[int, ...]:
     return strides + (1,) * (4 - len(strides))
 
 
+def _staging(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any,
+             to_strides: tuple[int, ...] | None, to_dtype: Any) -> Staging | None:
+    """The staging copy of an operand (its shape padded to 4-D, as the copies take it) into
+    ``to_strides`` (padded), or None where it is not staged."""
+    if to_strides is None:
+        return None
+    return staging(shape + (1,) * (4 - len(shape)), _pad(strides), dtype, to_strides, to_dtype)
+
+
+def _compute(plan: _Plan, dtype: Any, function: str) -> Any:
+    """The dtype cuDNN computes ``dtype`` in (float32 for float16 and bfloat16, staged through
+    float32 copies), with the plan's scaling constants and bound C ``function``."""
+    compute = FLOAT32 if dtype.name in HALF_DTYPES else dtype
+    plan.wide = compute if compute != dtype else None
+    plan.one, plan.zero = scalars_of(compute)
+    plan.launch = c_function(function)
+    return compute
+
+
 class _Plan:
     __slots__ = ("algo", "mode", "x", "y", "shape", "strides", "nbytes", "dense", "stage",
-                 "stage_x", "stage_y", "one", "zero", "launch", "keep", "wide")
+                 "stage_x", "stage_y", "one", "zero", "launch", "keep", "wide", "copies")
 
     def __init__(self) -> None:
         self.algo = self.mode = 0
@@ -177,6 +184,9 @@ class _Plan:
         self.keep: tuple[Any, ...] = ()
         #: float16/bfloat16 operands computed in float32 copies (the dtype staged in)
         self.wide: Any = None
+        #: the staging copies of the operands, None where one is not staged (forward: x, y;
+        #: backward: y, dy, dx), their descriptors made with the plan
+        self.copies: tuple[Staging | None, ...] = ()
 
 
 def _options(algorithm: Any, mode: Any, fn: str) -> tuple[int, int]:
@@ -212,33 +222,28 @@ def softmax_forward(x: TensorLike, *, algorithm: str = "accurate", mode: str = "
     if type(x) is not Tensor:
         x = as_tensor(x, stream=stream)
     o = None if out is None else tensor_arg(out, stream)
-    key = (algorithm, mode, x.shape, x.strides, x.dtype, x.device, _sig(o))
-    try:
-        plan = _FORWARD[key]
-    except (KeyError, TypeError):  # a new signature, or an unhashable argument the checks refuse
-        plan = forward_plan(x, algorithm, mode, o, fn)
-        _FORWARD.put(key, plan)
+    key = (algorithm, mode, x.shape, x.strides, x.dtype, x.device, signature(o))
+    plan: _Plan = cached_plan(_FORWARD, key, forward_plan, x, algorithm, mode, o, fn)
     if o is not None:
         check_out_reads(o, (("x", x),), fn)
-    dev = x.device
     if not plan.x:
-        return o if o is not None else output(0, plan.shape, plan.strides, x.dtype, dev, s, s_ref)
+        return result(o, plan, x, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(dev, s)
-        y = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, x.dtype, dev, s,
-                                           s_ref)
+        handle = get_handle(x.device, s)
+        y = result(o, plan, x, s, s_ref)
         src, target = x, y
-        if plan.stage_x is not None:
-            src = staged(handle, _at_least_4d(x), plan.stage_x, s, dtype=plan.wide)
-        if plan.stage_y is not None:
-            target = staged(handle, _at_least_4d(y), plan.stage_y, s, copy=False, dtype=plan.wide)
+        copy_x, copy_y = plan.copies
+        if copy_x is not None:
+            src = copy_x.load(handle, x, s)
+        if copy_y is not None:
+            target = copy_y.scratch(y, s)
         status = plan.launch(handle, plan.algo, plan.mode, plan.one, plan.x, src.ptr, plan.zero,
                              plan.y, target.ptr)
         if status:
             raise_launch(status, "cudnnSoftmaxForward", fn, x=plan.keep[0], y=plan.keep[1])
-        if target is not y:
-            transform(handle, target, _at_least_4d(y))
+        if copy_y is not None:
+            copy_y.store(handle, target, y)
         return y
     finally:
         restore_device(prev)
@@ -260,10 +265,7 @@ def forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: str
         return plan
     # float16/bfloat16 in float32 copies, rounded once into y, as PyTorch computes them: the
     # backward amplifies a y that differs from PyTorch's by one rounding step by |dy - sum(y*dy)|
-    compute = FLOAT32 if x.dtype.name in HALF_DTYPES else x.dtype
-    plan.wide = compute if compute != x.dtype else None
-    plan.one, plan.zero = scalars_of(compute)
-    plan.launch = c_function("cudnnSoftmaxForward")
+    compute = _compute(plan, x.dtype, "cudnnSoftmaxForward")
     shape, instance = x.shape, plan.mode == SoftmaxMode.INSTANCE
     # the layouts cuDNN computes in: the operands' own where it takes them, else dense copies
     # (instance mode: x in y's layout, both sample-packed)
@@ -283,6 +285,8 @@ def forward_plan(x: Tensor, algorithm: Any, mode: Any, o: Tensor | None, fn: str
     yd = xd if same_layout(shape, xs, ys) else _descriptor(shape, ys, compute)
     plan.x, plan.y = xd.handle, yd.handle
     plan.keep = (xd, yd)
+    plan.copies = (_staging(shape, x.strides, x.dtype, plan.stage_x, plan.wide),
+                   _staging(shape, plan.strides, x.dtype, plan.stage_y, plan.wide))
     return plan
 
 
@@ -314,35 +318,31 @@ def softmax_backward(y: TensorLike, dy: TensorLike, *, algorithm: str = "accurat
     y, dy = tensor_arg(y, stream), tensor_arg(dy, stream)
     o = None if out is None else tensor_arg(out, stream)
     key = (algorithm, mode, y.shape, y.strides, y.dtype, y.device, dy.shape, dy.strides, dy.dtype,
-           dy.device, _sig(o))
-    try:
-        plan = _BACKWARD[key]
-    except (KeyError, TypeError):
-        plan = backward_plan(y, dy, algorithm, mode, o, fn)
-        _BACKWARD.put(key, plan)
+           dy.device, signature(o))
+    plan: _Plan = cached_plan(_BACKWARD, key, backward_plan, y, dy, algorithm, mode, o, fn)
     if o is not None:
         check_out_reads(o, (("y", y), ("dy", dy)), fn)
-    dev = y.device
     if not plan.x:
-        return o if o is not None else output(0, plan.shape, plan.strides, y.dtype, dev, s, s_ref)
+        return result(o, plan, y, s, s_ref)
     prev = callers_device()
     try:
-        handle = get_handle(dev, s)
-        dx = o if o is not None else output(plan.nbytes, plan.shape, plan.strides, y.dtype, dev,
-                                            s, s_ref)
+        handle = get_handle(y.device, s)
+        dx = result(o, plan, y, s, s_ref)
         target = dx
-        if plan.stage:
-            st, wd = plan.dense, plan.wide
-            y = staged(handle, _at_least_4d(y), st, s, dtype=wd)
-            dy = staged(handle, _at_least_4d(dy), st, s, dtype=wd)
-            target = staged(handle, _at_least_4d(dx), st, s, copy=False, dtype=wd)
+        copy_y, copy_dy, copy_dx = plan.copies
+        if copy_y is not None:
+            y = copy_y.load(handle, y, s)
+        if copy_dy is not None:
+            dy = copy_dy.load(handle, dy, s)
+        if copy_dx is not None:
+            target = copy_dx.scratch(dx, s)
         d = plan.x
         status = plan.launch(handle, plan.algo, plan.mode, plan.one, d, y.ptr, d, dy.ptr,
                              plan.zero, d, target.ptr)
         if status:
             raise_launch(status, "cudnnSoftmaxBackward", fn, tensors=plan.keep[0])
-        if target is not dx:
-            transform(handle, target, _at_least_4d(dx))
+        if copy_dx is not None:
+            copy_dx.store(handle, target, dx)
         return dx
     finally:
         restore_device(prev)
@@ -353,9 +353,7 @@ def backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor | 
     """The full checks of a backward call, then its plan; nothing is launched. Public as a seam
     for tests and tooling."""
     check_input(y, "y", fn, _RANKS, _WHAT)
-    check_input(dy, "dy", fn, _RANKS, _WHAT)
-    check_match(y, "y", dy, "dy", fn)
-    check_shape(dy, "dy", y.shape, fn, "the shape of y")
+    check_operands(y, "y", ((dy, "dy"),), y.shape, "the shape of y", fn, _RANKS, _WHAT)
     plan = _Plan()
     plan.algo, plan.mode = _options(algorithm, mode, fn)
     if o is not None:
@@ -370,10 +368,7 @@ def backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor | 
     # cuDNN's half backward loses accuracy in its sum of y * dy (measured: 3.3x float16's
     # rounding against float64 in instance mode over 5 elements); PyTorch sums in float32, and
     # so does this call, on float32 copies
-    compute = FLOAT32 if y.dtype.name in HALF_DTYPES else y.dtype
-    plan.wide = compute if compute != y.dtype else None
-    plan.one, plan.zero = scalars_of(compute)
-    plan.launch = c_function("cudnnSoftmaxBackward")
+    compute = _compute(plan, y.dtype, "cudnnSoftmaxBackward")
     # one dense layout for y, dy and dx, which always folds to 4-D and is sample-packed
     # (operands in another are staged through copies)
     plan.stage = plan.wide is not None or not all(
@@ -383,4 +378,10 @@ def backward_plan(y: Tensor, dy: Tensor, algorithm: Any, mode: Any, o: Tensor | 
     d = _descriptor(y.shape, dense, compute)
     plan.x = plan.y = d.handle
     plan.keep = (d,)
+    if plan.stage:
+        st, wd = plan.dense, plan.wide
+        plan.copies = tuple(_staging(y.shape, strides, y.dtype, st, wd)
+                            for strides in (y.strides, dy.strides, plan.strides))
+    else:
+        plan.copies = (None, None, None)
     return plan
