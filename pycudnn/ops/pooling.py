@@ -25,6 +25,7 @@ from ..cudnn.descriptors import INT32_MAX, PoolingDescriptor, TensorDescriptor
 from ..cudnn.tensor_ops import transform
 from ..ops._common import (
     PlanCache,
+    Staging,
     c_function,
     cached_plan,
     callers_device,
@@ -47,7 +48,7 @@ from ..ops._common import (
 )
 from ..runtime.handle import get_handle
 from ..runtime.memory import StreamLike
-from ..runtime.tensor import Tensor, TensorLike, as_tensor, empty
+from ..runtime.tensor import Tensor, TensorLike, as_tensor
 
 __all__ = ["pooling_forward", "pooling_backward", "PoolingDescriptor", "PoolingMode", "MODES",
            "output_size", "ceil_output_size", "windows_hold_input", "dilated_classes"]
@@ -250,9 +251,7 @@ def _slice_scales(t_shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
 
 def _scaled_copy(handle: int, dy: Tensor, plan: _Plan, stream: int, fn: str) -> Tensor:
     """A copy of ``dy`` in the plan's dense layout with its edge slices scaled."""
-    tmp = empty(dy.shape, dy.dtype, device=dy.device, stream=stream)
-    tmp = Tensor._make(tmp.ptr, dy.shape, plan.y_dense, dy.dtype, dy.device, tmp.owner)
-    transform(handle, dy, tmp)
+    tmp = plan.dy_copy.load(handle, dy, stream)
     _scale(handle, plan, tmp.ptr, fn)
     return tmp
 
@@ -320,7 +319,7 @@ _PROPAGATE = int(NanPropagation.PROPAGATE_NAN)
 
 class _Plan:
     __slots__ = ("pool", "x", "y", "shape", "strides", "nbytes", "y_dense", "x_dense", "stage",
-                 "one", "zero", "launch", "keep", "slices", "scale")
+                 "one", "zero", "launch", "keep", "slices", "scale", "dy_copy")
 
     def __init__(self) -> None:
         self.pool = self.x = self.y = 0
@@ -337,6 +336,7 @@ class _Plan:
         # (descriptor, byte offset, factor address), on y forward and on a copy of dy backward
         self.slices: tuple[tuple[int, int, int], ...] = ()
         self.scale: Any = None
+        self.dy_copy: Any = None  # backward: the `Staging` of dy's scaled copy
 
 
 def _key(kernel_size: Any, stride: Any, padding: Any, mode: Any, nan: NanPropagation,
@@ -584,6 +584,8 @@ def backward_plan(y: Tensor, dy: Tensor, x: Tensor, kernel_size: Any, stride: An
     plan.one, plan.zero = scalars_of(x.dtype)
     scale: list[Any] = []
     m = _edge_plan(plan, x, k, m, divisor, edges, y_shape, plan.y_dense, scale)  # dy alike
+    if plan.slices:  # always a copy (the caller's dy stays), its descriptors made once
+        plan.dy_copy = Staging(y_shape, dy.strides, x.dtype, plan.y_dense, x.dtype)
     plan.launch = c_function("cudnnPoolingBackward")
     plan.stage = not (same_layout(y_shape, y.strides, plan.y_dense)
                       and same_layout(y_shape, dy.strides, plan.y_dense)
