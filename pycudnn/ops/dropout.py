@@ -27,7 +27,8 @@ import numpy as np
 from .._types import DTypeLike, normalize_dtype
 from ..cudnn.descriptors import TensorDescriptor, Descriptor
 from ..cudnn.tensor_ops import transform
-from ..runtime.tensor.checks import check_no_broadcast, check_out_reads
+from ..runtime.tensor.checks import (check_device, check_dtype, check_no_broadcast,
+                                     check_out_reads, check_size)
 from ..ffi import library as _lib
 from ..ops._common import DeviceMemory, PlanCache, Reserve, c_function
 from ..runtime.handle import get_handle
@@ -306,8 +307,7 @@ def _copy(handle: int, src: Tensor, dst: Tensor) -> None:
 def _check_tensor(t: Tensor, name: str, fn: str, state: DropoutState) -> None:
     check_no_broadcast(t, name, fn)
     if t.device != state.device:
-        raise ValueError(f"{fn}: expected {name} on cuda:{state.device} (the state's device), but "
-                         f"got cuda:{t.device}")
+        check_device(t, name, state.device, fn, " (the state's device)")
     if t.size > INT32_MAX:
         raise ValueError(f"{fn}: {name} has {t.size} elements; cuDNN's dropout takes at most "
                          f"{INT32_MAX} per call: split it")
@@ -320,14 +320,10 @@ def _check_out(out: Any, name: str, like: Tensor, fn: str, stream: Any,
                reads: list[tuple[str, Tensor]]) -> Tensor:
     o = out if type(out) is Tensor else as_tensor(out, stream=stream)
     check_writable(o, name)
-    if tuple(o.shape) != tuple(like.shape):
-        raise ValueError(f"{fn}: expected {name} of size {list(like.shape)}, but got "
-                         f"{list(o.shape)}")
-    if o.dtype != like.dtype:
-        raise TypeError(f"{fn}: expected {name} to have dtype {like.dtype.name}, but got "
-                        f"{o.dtype.name}")
-    if o.device != like.device:
-        raise ValueError(f"{fn}: expected {name} on cuda:{like.device}, but got cuda:{o.device}")
+    if tuple(o.shape) != tuple(like.shape) or o.dtype != like.dtype or o.device != like.device:
+        check_size(o, name, like.shape, fn, got_name=False)
+        check_dtype(o, name, like.dtype, fn)
+        check_device(o, name, like.device, fn)
     if o.size and has_internal_overlap(o.shape, o.strides):
         raise ValueError(f"{fn}: {name} has overlapping elements (strides {list(o.strides)}); "
                          f"pass an output without overlapping elements")
@@ -538,12 +534,10 @@ def backward_full(dy: Any, state: Any, reserve: Any, out: Any, stream: Any) -> T
     try:
         dyt = dy if type(dy) is Tensor else as_tensor(dy, stream=stream)
         _check_tensor(dyt, "grad_output", fn, st_)
-        if tuple(dyt.shape) != reserve.shape:
-            raise ValueError(f"{fn}: expected grad_output of size {list(reserve.shape)} (the "
-                             f"forward input's), but got {list(dyt.shape)}")
-        if dyt.dtype != reserve.dtype:
-            raise TypeError(f"{fn}: expected grad_output to have dtype {reserve.dtype.name} (the "
-                            f"forward input's), but got {dyt.dtype.name}")
+        if tuple(dyt.shape) != reserve.shape or dyt.dtype != reserve.dtype:
+            check_size(dyt, "grad_output", reserve.shape, fn, " (the forward input's)",
+                       got_name=False)
+            check_dtype(dyt, "grad_output", reserve.dtype, fn, " (the forward input's)")
         if reserve.device != st_.device:
             raise ValueError(f"{fn}: reserve is on cuda:{reserve.device}, the state on "
                              f"cuda:{st_.device}")
