@@ -21,6 +21,7 @@ from ..cudnn.tensor_ops import scalar_pointers, transform
 from ..runtime.tensor.checks import (check_device, check_dtype, check_match, check_no_broadcast,
                                      check_out_reads, check_size)
 from ..ffi import library as _lib
+from ..runtime.handle import get_handle
 from ..runtime.memory import (DeviceBuffer, allocate_fast, callers_device, restore_device,
                               stream_pair)
 from ..runtime.memory.stream_allocation import StreamAllocation
@@ -271,6 +272,16 @@ class PlanCache(dict[Any, Any]):
             _retire(p)
 
 
+def plans_clearer(*caches: PlanCache) -> Callable[[], None]:
+    """A module's ``clear_plans``: a function that empties ``caches``."""
+    def clear_plans() -> None:
+        """Forget the remembered forward and backward plans (their descriptors are freed once no
+        call uses them). A seam for tests and tooling that count what a first call does."""
+        for cache in caches:
+            cache.clear()
+    return clear_plans
+
+
 def _retire(plan: Any) -> None:
     """A plan left its cache: its runtime-compiled kernel promotion (``plan.fast``, where it
     has one) builds nothing more and lets its compiled plan go, so that neither the build
@@ -369,6 +380,24 @@ def result(o: Tensor | None, plan: Any, like: Tensor, stream: int, stream_ref: A
         return o
     return output(plan.nbytes, plan.shape, plan.strides, like.dtype, like.device, stream,
                   stream_ref)
+
+
+def prologue(o: Tensor | None, nbytes: int, shape: tuple[int, ...], strides: tuple[int, ...],
+             like: Tensor, stream: int, stream_ref: Any) -> tuple[int | None, int, Tensor]:
+    """What a call does before its launches: ``(prev, handle, out)``, the caller's device (for
+    `restore_device` once the call is done), the cuDNN handle of ``like``'s device on ``stream``
+    (which makes that device current) and the call's output, ``o`` where the caller gave one,
+    else a new one of ``nbytes`` bytes (as `output` makes it) in ``like``'s dtype. Where either
+    step fails the caller's device is current again before the error propagates."""
+    prev = callers_device()
+    try:
+        handle = get_handle(like.device, stream)
+        if o is None:
+            o = output(nbytes, shape, strides, like.dtype, like.device, stream, stream_ref)
+        return prev, handle, o
+    except BaseException:
+        restore_device(prev)
+        raise
 
 
 def signature(t: Tensor | None) -> tuple[Any, ...] | None:
