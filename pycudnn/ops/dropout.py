@@ -30,7 +30,7 @@ from ..cudnn.tensor_ops import transform
 from ..runtime.tensor.checks import (check_device, check_dtype, check_no_broadcast,
                                      check_out_reads, check_size)
 from ..ffi import library as _lib
-from ..ops._common import DeviceMemory, PlanCache, Reserve, c_function
+from ..ops._common import DeviceMemory, PlanCache, Reserve, c_function, signature
 from ..runtime.handle import get_handle
 from ..runtime.memory import (
     DeviceLike,
@@ -365,10 +365,6 @@ def plan_counts() -> tuple[int, int]:
     return len(_FORWARD), len(_BACKWARD)
 
 
-def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
-    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
-
-
 # ---- forward and backward -------------------------------------------------------------------------
 
 def dropout_forward(x: TensorLike, state: DropoutState, *, out: TensorLike | None = None,
@@ -391,7 +387,7 @@ def dropout_forward(x: TensorLike, state: DropoutState, *, out: TensorLike | Non
         o = None if out is None else (out if type(out) is Tensor else as_tensor(out, stream=stream))
         if type(state) is not DropoutState:
             raise LookupError
-        plan = _FORWARD[(xt.shape, xt.strides, xt.dtype, xt.device, state.device, _sig(o))]
+        plan = _FORWARD[(xt.shape, xt.strides, xt.dtype, xt.device, state.device, signature(o))]
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
         return forward_full(x, state, out, stream)
     if o is not None:  # what the key cannot know
@@ -434,7 +430,7 @@ def forward_full(x: Any, state: Any, out: Any, stream: Any) -> tuple[Tensor, Dro
         if xt.size and _packed_order(xt) and (o is None or o.strides == xt.strides):
             # no copy: later calls of this signature take the plan
             d, res_size = _flat(xt.size, xt.dtype)
-            _FORWARD.put((xt.shape, xt.strides, xt.dtype, xt.device, st_.device, _sig(o)),
+            _FORWARD.put((xt.shape, xt.strides, xt.dtype, xt.device, st_.device, signature(o)),
                          _Plan(d, res_size, xt.size * xt.dtype.itemsize, "cudnnDropoutForward"))
         handle = get_handle(st_.device, s)
         n = xt.size
@@ -489,7 +485,7 @@ def dropout_backward(dy: TensorLike, state: DropoutState, reserve: DropoutReserv
                 or dyt.strides != reserve.strides or dyt.shape != reserve.shape
                 or dyt.dtype != reserve.dtype or reserve.device != state.device):
             raise LookupError  # the full checks explain, or copy dy into the mask's order
-        plan = _BACKWARD[(dyt.shape, dyt.strides, dyt.dtype, dyt.device, state.device, _sig(o))]
+        plan = _BACKWARD[(dyt.shape, dyt.strides, dyt.dtype, dyt.device, state.device, signature(o))]
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
         return backward_full(dy, state, reserve, out, stream)
     if o is not None:  # what the key cannot know
@@ -547,7 +543,7 @@ def backward_full(dy: Any, state: Any, reserve: Any, out: Any, stream: Any) -> T
         if dyt.size and dyt.strides == reserve.strides and (o is None or o.strides == dyt.strides):
             # no copy: later calls of this signature take the plan
             d, res_size = _flat(dyt.size, dyt.dtype)
-            _BACKWARD.put((dyt.shape, dyt.strides, dyt.dtype, dyt.device, st_.device, _sig(o)),
+            _BACKWARD.put((dyt.shape, dyt.strides, dyt.dtype, dyt.device, st_.device, signature(o)),
                           _Plan(d, res_size, dyt.size * dyt.dtype.itemsize,
                                 "cudnnDropoutBackward"))
         handle = get_handle(st_.device, s)

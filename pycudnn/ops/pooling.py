@@ -658,7 +658,7 @@ def _dilated_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, d: tup
     m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
     shape = xt.shape[:2] + _dilated_output(xt, k, st, p, d, rule, fn)
     pieces = _pieces(xt, k, st, p, d, shape[2:], fn)
-    o = None if out is None else checked_out(tensor_arg(out, stream), shape, xt, fn, None)
+    o = None if out is None else checked_out(out, shape, xt, fn, stream)
     if o is not None:
         check_out_reads(o, (("x", xt),), fn)
     strides = layout_strides(shape, xt) if o is None else o.strides
@@ -702,13 +702,13 @@ def _dilated_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, pa
                    f"the pooled size of x {list(xt.shape)}", fn, _RANKS, _WHAT)
     m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
     pieces = _pieces(xt, k, st, p, d, y_shape[2:], fn)
-    o = None if out is None else checked_out(tensor_arg(out, stream), xt.shape, xt, fn, None)
+    o = None if out is None else checked_out(out, xt.shape, xt, fn, stream)
     if o is not None:
         check_out_reads(o, (("y", yt), ("dy", dyt), ("x", xt)), fn)
     x_dense = layout_strides(xt.shape, xt)
     y_dense = layout_strides(y_shape, xt)
     nbytes = xt.size * xt.dtype.itemsize
-    if xt.size == 0:
+    if nbytes == 0:
         return o if o is not None else output(0, xt.shape, x_dense, xt.dtype, xt.device, s, s_ref)
     prev, handle, dx = prologue(o, nbytes, xt.shape, x_dense, xt, s, s_ref)
     try:
