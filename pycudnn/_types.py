@@ -14,8 +14,8 @@ import numpy.typing as npt
 
 __all__ = [
     "Status", "DataType", "TensorFormat", "ConvolutionMode", "MathType", "Determinism",
-    "NanPropagation", "ActivationMode", "PoolingMode", "OpTensorOp", "FwdAlgo", "BwdDataAlgo",
-    "BwdFilterAlgo",
+    "NanPropagation", "ActivationMode", "PoolingMode", "SoftmaxAlgorithm", "SoftmaxMode",
+    "OpTensorOp", "FwdAlgo", "BwdDataAlgo", "BwdFilterAlgo",
     "ConvolutionFwdAlgoPerf", "ConvolutionBwdDataAlgoPerf", "ConvolutionBwdFilterAlgoPerf",
     "LibraryProperty", "dtype_to_cudnn", "normalize_dtype", "SUPPORTED_DTYPES",
     "DTypeLike", "SupportsDType",
@@ -136,6 +136,19 @@ class PoolingMode(IntEnum):
     AVERAGE_COUNT_INCLUDE_PADDING = 1
     AVERAGE_COUNT_EXCLUDE_PADDING = 2
     MAX_DETERMINISTIC = 3
+
+
+class SoftmaxAlgorithm(IntEnum):
+    """``cudnnSoftmaxAlgorithm_t``"""
+    FAST = 0
+    ACCURATE = 1
+    LOG = 2
+
+
+class SoftmaxMode(IntEnum):
+    """``cudnnSoftmaxMode_t``"""
+    INSTANCE = 0
+    CHANNEL = 1
 
 
 class OpTensorOp(IntEnum):

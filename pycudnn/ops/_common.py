@@ -18,8 +18,10 @@ from typing import Any, Callable, Sequence, Union
 import numpy as np
 
 from ..cudnn.tensor_ops import scalar_pointers, transform
-from ..runtime.tensor.checks import check_no_broadcast, check_out_reads
+from ..runtime.tensor.checks import (check_device, check_dtype, check_match, check_no_broadcast,
+                                     check_out_reads, check_size)
 from ..ffi import library as _lib
+from ..runtime.handle import get_handle
 from ..runtime.memory import (DeviceBuffer, allocate_fast, callers_device, restore_device,
                               stream_pair)
 from ..runtime.memory.stream_allocation import StreamAllocation
@@ -34,7 +36,7 @@ from ..runtime.tensor import (
     views_overlap,
 )
 
-__all__ = ["tensor_arg", "stream_pair", "scalars", "check_match", "check_shape", "check_input",
+__all__ = ["tensor_arg", "stream_pair", "scalars", "check_match", "check_size", "check_input",
            "check_choice", "check_coef", "layout_strides", "checked_out", "check_out_reads",
            "new_output", "output", "meet", "span_bytes", "same_layout", "staged", "PlanCache",
            "callers_device", "restore_device", "raise_launch", "scalars_of", "c_function",
@@ -117,22 +119,6 @@ def check_input(t: Tensor, name: str, fn: str, ranks: Sequence[int], what: str) 
                          f"takes C ints), but got {name} of size {list(t.shape)}")
 
 
-def check_match(a: Tensor, a_name: str, b: Tensor, b_name: str, fn: str) -> None:
-    """``b`` has ``a``'s dtype and device (PyTorch's wording)."""
-    if a.dtype != b.dtype:
-        raise TypeError(f"{fn}: {a_name} type ({a.dtype.name}) and {b_name} type "
-                        f"({b.dtype.name}) should be the same")
-    if a.device != b.device:
-        raise ValueError(f"{fn}: expected {a_name} and {b_name} to be on the same device, but got "
-                         f"{a_name} on cuda:{a.device} and {b_name} on cuda:{b.device}")
-
-
-def check_shape(t: Tensor, name: str, shape: Sequence[int], fn: str, because: str) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{fn}: expected {name} of size {list(shape)} ({because}), but got "
-                         f"{name} of size {list(t.shape)}")
-
-
 def check_choice(value: Any, name: str, choices: Sequence[str], fn: str) -> str:
     """``value`` as one of ``choices`` (exact strings: no aliases, no case folding)."""
     if type(value) is not str or value not in choices:
@@ -169,15 +155,10 @@ def checked_out(out: Any, shape: tuple[int, ...], like: Tensor, fn: str, stream:
     writable, no overlapping elements); `check_out_reads` checks its address on every call."""
     t = tensor_arg(out, stream)
     check_writable(t, f"{fn}: {name}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{fn}: expected {name} of size {list(shape)}, but got {name} of size "
-                         f"{list(t.shape)}")
-    if t.dtype != like.dtype:
-        raise TypeError(f"{fn}: expected {name} to have dtype {like.dtype.name}, but got "
-                        f"{t.dtype.name}")
-    if t.device != like.device:
-        raise ValueError(f"{fn}: expected {name} on cuda:{like.device} (the inputs' device), but got "
-                         f"{name} on cuda:{t.device}")
+    if tuple(t.shape) != tuple(shape) or t.dtype != like.dtype or t.device != like.device:
+        check_size(t, name, shape, fn)
+        check_dtype(t, name, like.dtype, fn)
+        check_device(t, name, like.device, fn, " (the inputs' device)", got_name=True)
     if t.size and has_internal_overlap(t.shape, t.strides):
         raise ValueError(f"{fn}: {name} has elements that overlap each other (strides "
                          f"{list(t.strides)}): more than one element of the written-to tensor "
@@ -291,6 +272,16 @@ class PlanCache(dict[Any, Any]):
             _retire(p)
 
 
+def plans_clearer(*caches: PlanCache) -> Callable[[], None]:
+    """A module's ``clear_plans``: a function that empties ``caches``."""
+    def clear_plans() -> None:
+        """Forget the remembered forward and backward plans (their descriptors are freed once no
+        call uses them). A seam for tests and tooling that count what a first call does."""
+        for cache in caches:
+            cache.clear()
+    return clear_plans
+
+
 def _retire(plan: Any) -> None:
     """A plan left its cache: its runtime-compiled kernel promotion (``plan.fast``, where it
     has one) builds nothing more and lets its compiled plan go, so that neither the build
@@ -364,7 +355,8 @@ def check_operands(ref: Tensor, ref_name: str, operands: Sequence[tuple[Tensor, 
     for t, name in operands:
         check_input(t, name, fn, ranks, what)
         check_match(ref, ref_name, t, name, fn)
-        check_shape(t, name, shape, fn, because)
+        if tuple(t.shape) != tuple(shape):
+            check_size(t, name, shape, fn, f" ({because})")
 
 
 def cached_plan(cache: PlanCache, key: Any, build: Callable[..., Any], *args: Any) -> Any:
@@ -388,6 +380,24 @@ def result(o: Tensor | None, plan: Any, like: Tensor, stream: int, stream_ref: A
         return o
     return output(plan.nbytes, plan.shape, plan.strides, like.dtype, like.device, stream,
                   stream_ref)
+
+
+def prologue(o: Tensor | None, nbytes: int, shape: tuple[int, ...], strides: tuple[int, ...],
+             like: Tensor, stream: int, stream_ref: Any) -> tuple[int | None, int, Tensor]:
+    """What a call does before its launches: ``(prev, handle, out)``, the caller's device (for
+    `restore_device` once the call is done), the cuDNN handle of ``like``'s device on ``stream``
+    (which makes that device current) and the call's output, ``o`` where the caller gave one,
+    else a new one of ``nbytes`` bytes (as `output` makes it) in ``like``'s dtype. Where either
+    step fails the caller's device is current again before the error propagates."""
+    prev = callers_device()
+    try:
+        handle = get_handle(like.device, stream)
+        if o is None:
+            o = output(nbytes, shape, strides, like.dtype, like.device, stream, stream_ref)
+        return prev, handle, o
+    except BaseException:
+        restore_device(prev)
+        raise
 
 
 def signature(t: Tensor | None) -> tuple[Any, ...] | None:

@@ -24,32 +24,12 @@ from ..cudnn.tensor_ops import transform
 from ..ffi import library as _lib
 from ..ops import runtime_kernels
 from ..ops.activation_modes import ACTIVATIONS, NAMES, Activation, row
-from ..ops._common import (
-    FLOAT32,
-    HALF_DTYPES,
-    PlanCache,
-    c_function,
-    cached_plan,
-    callers_device,
-    check_choice,
-    check_coef,
-    check_input,
-    check_operands,
-    check_out_reads,
-    checked_out,
-    layout_strides,
-    raise_launch,
-    restore_device,
-    result,
-    same_layout,
-    scalars_of,
-    signature,
-    staged,
-    stream_pair,
-    tensor_arg,
-)
+from ..ops._common import (FLOAT32, HALF_DTYPES, PlanCache, c_function, cached_plan, check_choice,
+                           check_coef, check_input, check_operands, check_out_reads, checked_out,
+                           layout_strides, plans_clearer, prologue, raise_launch, restore_device,
+                           result, same_layout, scalars_of, signature, staged, stream_pair,
+                           tensor_arg)
 from ..ops.runtime_kernels import ALIGNMENT
-from ..runtime.handle import get_handle
 from ..runtime.memory import StreamLike, relaxed_capture_mode
 from ..runtime.tensor import Tensor, TensorLike, as_tensor, contiguous_strides, empty, from_numpy
 
@@ -64,13 +44,8 @@ _WHAT = "0 to 5 dims"
 
 _FORWARD = PlanCache()
 _BACKWARD = PlanCache()
+clear_plans = plans_clearer(_FORWARD, _BACKWARD)
 
-
-def clear_plans() -> None:
-    """Forget the remembered forward and backward plans (their descriptors are freed once no call
-    uses them). A seam for tests and tooling that count what a first call does."""
-    _FORWARD.clear()
-    _BACKWARD.clear()
 # the keys hold whether NaN propagates as a bool: hashing the IntEnum member is a Python call
 _PROPAGATE = int(NanPropagation.PROPAGATE_NAN)
 
@@ -328,10 +303,8 @@ def run_forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPro
         check_out_reads(o, (), fn, in_place=x)
     if not plan.nbytes:  # no element
         return result(o, plan, x, s, s_ref)
-    prev = callers_device()
+    prev, handle, y = prologue(o, plan.nbytes, plan.shape, plan.strides, x, s, s_ref)
     try:
-        handle = get_handle(x.device, s)
-        y = result(o, plan, x, s, s_ref)
         if plan.graph is not None:
             plan.graph.run(handle, (x,), y, s)
             return y
@@ -350,19 +323,27 @@ def run_forward(x: Any, mode: Any, coef: Any, out: Any, stream: Any, nan: NanPro
         restore_device(prev)
 
 
-def forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPropagation,
-                 fn: str) -> _Plan:
-    """The full checks of a forward call, then its descriptors.
-    Public as a seam for tests and tooling."""
-    check_input(x, "x", fn, _RANKS, _WHAT)
+def _new_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None,
+              fn: str) -> tuple[str, float, Tensor | None, _Plan]:
+    """The checks of both plans after the operands' (``mode``, ``coef``, ``out``, in that order),
+    and a new plan of an output of ``x``'s size: ``(mode, coef, out, plan)``."""
     mode = check_mode(mode, fn)
     c = check_coef(coef, fn)
     if o is not None:
         o = checked_out(o, x.shape, x, fn, None)
     plan = _Plan()
     plan.shape = x.shape
-    plan.strides = layout_strides(x.shape, x) if o is None else o.strides
     plan.nbytes = x.size * x.dtype.itemsize
+    return mode, c, o, plan
+
+
+def forward_plan(x: Tensor, mode: Any, coef: Any, o: Tensor | None, nan: NanPropagation,
+                 fn: str) -> _Plan:
+    """The full checks of a forward call, then its descriptors.
+    Public as a seam for tests and tooling."""
+    check_input(x, "x", fn, _RANKS, _WHAT)
+    mode, c, o, plan = _new_plan(x, mode, coef, o, fn)
+    plan.strides = layout_strides(x.shape, x) if o is None else o.strides
     if x.size == 0:
         return plan
     act_row = row(mode)
@@ -426,10 +407,8 @@ def run_backward(y: Any, dy: Any, x: Any, mode: Any, coef: Any, out: Any, stream
         check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
     if not plan.nbytes:  # no element
         return result(o, plan, x, s, s_ref)
-    prev = callers_device()
+    prev, handle, dx = prologue(o, plan.nbytes, plan.shape, plan.strides, x, s, s_ref)
     try:
-        handle = get_handle(x.device, s)
-        dx = result(o, plan, x, s, s_ref)
         if plan.graph is not None:
             plan.graph.run(handle, (dy, x), dx, s)
             return dx
@@ -483,15 +462,9 @@ def backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Ten
     for tests and tooling."""
     check_input(x, "x", fn, _RANKS, _WHAT)
     check_operands(x, "x", ((y, "y"), (dy, "dy")), x.shape, "the shape of x", fn, _RANKS, _WHAT)
-    mode = check_mode(mode, fn)
-    c = check_coef(coef, fn)
-    if o is not None:
-        o = checked_out(o, x.shape, x, fn, None)
-    plan = _Plan()
-    plan.shape = x.shape
+    mode, c, o, plan = _new_plan(x, mode, coef, o, fn)
     plan.dense = dense = layout_strides(x.shape, x)
     plan.strides = dense if o is None else o.strides
-    plan.nbytes = x.size * x.dtype.itemsize
     if x.size == 0:
         return plan
     act_row = row(mode)

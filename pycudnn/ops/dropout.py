@@ -27,9 +27,10 @@ import numpy as np
 from .._types import DTypeLike, normalize_dtype
 from ..cudnn.descriptors import TensorDescriptor, Descriptor
 from ..cudnn.tensor_ops import transform
-from ..runtime.tensor.checks import check_no_broadcast, check_out_reads
+from ..runtime.tensor.checks import (check_device, check_dtype, check_no_broadcast,
+                                     check_out_reads, check_size)
 from ..ffi import library as _lib
-from ..ops._common import DeviceMemory, PlanCache, Reserve, c_function
+from ..ops._common import DeviceMemory, PlanCache, Reserve, c_function, signature
 from ..runtime.handle import get_handle
 from ..runtime.memory import (
     DeviceLike,
@@ -306,8 +307,7 @@ def _copy(handle: int, src: Tensor, dst: Tensor) -> None:
 def _check_tensor(t: Tensor, name: str, fn: str, state: DropoutState) -> None:
     check_no_broadcast(t, name, fn)
     if t.device != state.device:
-        raise ValueError(f"{fn}: expected {name} on cuda:{state.device} (the state's device), but "
-                         f"got cuda:{t.device}")
+        check_device(t, name, state.device, fn, " (the state's device)")
     if t.size > INT32_MAX:
         raise ValueError(f"{fn}: {name} has {t.size} elements; cuDNN's dropout takes at most "
                          f"{INT32_MAX} per call: split it")
@@ -320,14 +320,10 @@ def _check_out(out: Any, name: str, like: Tensor, fn: str, stream: Any,
                reads: list[tuple[str, Tensor]]) -> Tensor:
     o = out if type(out) is Tensor else as_tensor(out, stream=stream)
     check_writable(o, name)
-    if tuple(o.shape) != tuple(like.shape):
-        raise ValueError(f"{fn}: expected {name} of size {list(like.shape)}, but got "
-                         f"{list(o.shape)}")
-    if o.dtype != like.dtype:
-        raise TypeError(f"{fn}: expected {name} to have dtype {like.dtype.name}, but got "
-                        f"{o.dtype.name}")
-    if o.device != like.device:
-        raise ValueError(f"{fn}: expected {name} on cuda:{like.device}, but got cuda:{o.device}")
+    if tuple(o.shape) != tuple(like.shape) or o.dtype != like.dtype or o.device != like.device:
+        check_size(o, name, like.shape, fn, got_name=False)
+        check_dtype(o, name, like.dtype, fn)
+        check_device(o, name, like.device, fn)
     if o.size and has_internal_overlap(o.shape, o.strides):
         raise ValueError(f"{fn}: {name} has overlapping elements (strides {list(o.strides)}); "
                          f"pass an output without overlapping elements")
@@ -369,10 +365,6 @@ def plan_counts() -> tuple[int, int]:
     return len(_FORWARD), len(_BACKWARD)
 
 
-def _sig(t: Tensor | None) -> tuple[Any, ...] | None:
-    return None if t is None else (t.shape, t.strides, t.dtype, t.device)
-
-
 # ---- forward and backward -------------------------------------------------------------------------
 
 def dropout_forward(x: TensorLike, state: DropoutState, *, out: TensorLike | None = None,
@@ -395,7 +387,7 @@ def dropout_forward(x: TensorLike, state: DropoutState, *, out: TensorLike | Non
         o = None if out is None else (out if type(out) is Tensor else as_tensor(out, stream=stream))
         if type(state) is not DropoutState:
             raise LookupError
-        plan = _FORWARD[(xt.shape, xt.strides, xt.dtype, xt.device, state.device, _sig(o))]
+        plan = _FORWARD[(xt.shape, xt.strides, xt.dtype, xt.device, state.device, signature(o))]
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
         return forward_full(x, state, out, stream)
     if o is not None:  # what the key cannot know
@@ -438,7 +430,7 @@ def forward_full(x: Any, state: Any, out: Any, stream: Any) -> tuple[Tensor, Dro
         if xt.size and _packed_order(xt) and (o is None or o.strides == xt.strides):
             # no copy: later calls of this signature take the plan
             d, res_size = _flat(xt.size, xt.dtype)
-            _FORWARD.put((xt.shape, xt.strides, xt.dtype, xt.device, st_.device, _sig(o)),
+            _FORWARD.put((xt.shape, xt.strides, xt.dtype, xt.device, st_.device, signature(o)),
                          _Plan(d, res_size, xt.size * xt.dtype.itemsize, "cudnnDropoutForward"))
         handle = get_handle(st_.device, s)
         n = xt.size
@@ -493,7 +485,7 @@ def dropout_backward(dy: TensorLike, state: DropoutState, reserve: DropoutReserv
                 or dyt.strides != reserve.strides or dyt.shape != reserve.shape
                 or dyt.dtype != reserve.dtype or reserve.device != state.device):
             raise LookupError  # the full checks explain, or copy dy into the mask's order
-        plan = _BACKWARD[(dyt.shape, dyt.strides, dyt.dtype, dyt.device, state.device, _sig(o))]
+        plan = _BACKWARD[(dyt.shape, dyt.strides, dyt.dtype, dyt.device, state.device, signature(o))]
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
         return backward_full(dy, state, reserve, out, stream)
     if o is not None:  # what the key cannot know
@@ -538,12 +530,10 @@ def backward_full(dy: Any, state: Any, reserve: Any, out: Any, stream: Any) -> T
     try:
         dyt = dy if type(dy) is Tensor else as_tensor(dy, stream=stream)
         _check_tensor(dyt, "grad_output", fn, st_)
-        if tuple(dyt.shape) != reserve.shape:
-            raise ValueError(f"{fn}: expected grad_output of size {list(reserve.shape)} (the "
-                             f"forward input's), but got {list(dyt.shape)}")
-        if dyt.dtype != reserve.dtype:
-            raise TypeError(f"{fn}: expected grad_output to have dtype {reserve.dtype.name} (the "
-                            f"forward input's), but got {dyt.dtype.name}")
+        if tuple(dyt.shape) != reserve.shape or dyt.dtype != reserve.dtype:
+            check_size(dyt, "grad_output", reserve.shape, fn, " (the forward input's)",
+                       got_name=False)
+            check_dtype(dyt, "grad_output", reserve.dtype, fn, " (the forward input's)")
         if reserve.device != st_.device:
             raise ValueError(f"{fn}: reserve is on cuda:{reserve.device}, the state on "
                              f"cuda:{st_.device}")
@@ -553,7 +543,7 @@ def backward_full(dy: Any, state: Any, reserve: Any, out: Any, stream: Any) -> T
         if dyt.size and dyt.strides == reserve.strides and (o is None or o.strides == dyt.strides):
             # no copy: later calls of this signature take the plan
             d, res_size = _flat(dyt.size, dyt.dtype)
-            _BACKWARD.put((dyt.shape, dyt.strides, dyt.dtype, dyt.device, st_.device, _sig(o)),
+            _BACKWARD.put((dyt.shape, dyt.strides, dyt.dtype, dyt.device, st_.device, signature(o)),
                           _Plan(d, res_size, dyt.size * dyt.dtype.itemsize,
                                 "cudnnDropoutBackward"))
         handle = get_handle(st_.device, s)

@@ -26,19 +26,9 @@ from .._types import NanPropagation, OpTensorOp
 from ..cudnn.descriptors import OpTensorDescriptor, TensorDescriptor
 from ..cudnn.tensor_ops import transform
 from ..ffi import library as _lib
-from ..ops._common import (
-    FLOAT32,
-    callers_device,
-    check_input,
-    check_operands,
-    check_out_reads,
-    checked_out,
-    layout_strides,
-    output,
-    restore_device,
-    stream_pair,
-    tensor_arg,
-)
+from ..ops._common import (FLOAT32, callers_device, check_input, check_operands, check_out_reads,
+                           checked_out, layout_strides, output, prologue, restore_device,
+                           stream_pair, tensor_arg)
 from ..runtime.handle import get_handle
 from ..runtime.memory import StreamLike
 from ..runtime.tensor import Tensor, TensorLike, empty, from_numpy
@@ -145,18 +135,15 @@ def hardtanh_forward(x: TensorLike, min_val: float = -1.0, max_val: float = 1.0,
     xt = tensor_arg(x, stream)
     check_input(xt, "x", fn, _RANKS, _WHAT)
     lo, hi = _bounds(min_val, max_val, fn)
-    o = None if out is None else checked_out(tensor_arg(out, stream), xt.shape, xt, fn, None)
+    o = None if out is None else checked_out(out, xt.shape, xt, fn, stream)
     if o is not None:
         check_out_reads(o, (), fn, in_place=xt)
     strides = layout_strides(xt.shape, xt) if o is None else o.strides
-    dev = xt.device
-    if xt.size == 0:
+    dev, n = xt.device, xt.size
+    if n == 0:
         return o if o is not None else output(0, xt.shape, strides, xt.dtype, dev, s, s_ref)
-    prev = callers_device()
+    prev, handle, y = prologue(o, n * xt.dtype.itemsize, xt.shape, strides, xt, s, s_ref)
     try:
-        handle = get_handle(dev, s)
-        y = o if o is not None else output(xt.size * xt.dtype.itemsize, xt.shape, strides,
-                                           xt.dtype, dev, s, s_ref)
         # the bounds in x's dtype (a bound between two of its values compares as PyTorch's
         # float bound does: the maximum and minimum of representable values round to them)
         bounds = from_numpy(np.array([lo, hi]), dtype=xt.dtype, device=dev, stream=s)
@@ -192,7 +179,7 @@ def hardtanh_backward(dy: TensorLike, x: TensorLike, min_val: float = -1.0, max_
     check_input(xt, "x", fn, _RANKS, _WHAT)
     check_operands(xt, "x", ((dyt, "dy"),), xt.shape, "the shape of x", fn, _RANKS, _WHAT)
     lo, hi = _bounds(min_val, max_val, fn)
-    o = None if out is None else checked_out(tensor_arg(out, stream), xt.shape, xt, fn, None)
+    o = None if out is None else checked_out(out, xt.shape, xt, fn, stream)
     if o is not None:
         check_out_reads(o, (("dy", dyt), ("x", xt)), fn)
     strides = layout_strides(xt.shape, xt)

@@ -23,30 +23,10 @@ from typing import Any, Sequence
 from .._types import NanPropagation, PoolingMode
 from ..cudnn.descriptors import INT32_MAX, PoolingDescriptor, TensorDescriptor
 from ..cudnn.tensor_ops import transform
-from ..ops._common import (
-    PlanCache,
-    Staging,
-    c_function,
-    cached_plan,
-    callers_device,
-    check_choice,
-    check_input,
-    check_operands,
-    check_out_reads,
-    checked_out,
-    layout_strides,
-    output,
-    raise_launch,
-    restore_device,
-    result,
-    same_layout,
-    scalars_of,
-    signature,
-    staged,
-    stream_pair,
-    tensor_arg,
-)
-from ..runtime.handle import get_handle
+from ..ops._common import (PlanCache, Staging, c_function, cached_plan, check_choice, check_input,
+                           check_operands, check_out_reads, checked_out, layout_strides, output,
+                           prologue, raise_launch, restore_device, result, same_layout, scalars_of,
+                           signature, staged, stream_pair, tensor_arg)
 from ..runtime.memory import StreamLike
 from ..runtime.tensor import Tensor, TensorLike, as_tensor
 
@@ -421,10 +401,8 @@ def run_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, mode: Any, 
         check_out_reads(o, (("x", x),), fn, name=out_name)
     if not plan.x:
         return result(o, plan, x, s, s_ref)
-    prev = callers_device()
+    prev, handle, y = prologue(o, plan.nbytes, plan.shape, plan.strides, x, s, s_ref)
     try:
-        handle = get_handle(x.device, s)
-        y = result(o, plan, x, s, s_ref)
         status = plan.launch(handle, plan.pool, plan.one, plan.x, x.ptr, plan.zero, plan.y, y.ptr)
         if status:
             raise_launch(status, "cudnnPoolingForward", fn, pooling=plan.keep[0],
@@ -537,10 +515,8 @@ def run_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, padding
         check_out_reads(o, (("y", y), ("dy", dy), ("x", x)), fn)
     if not plan.x:
         return result(o, plan, x, s, s_ref)
-    prev = callers_device()
+    prev, handle, dx = prologue(o, plan.nbytes, plan.shape, plan.strides, x, s, s_ref)
     try:
-        handle = get_handle(x.device, s)
-        dx = result(o, plan, x, s, s_ref)
         target = dx
         if plan.slices:  # dy times PyTorch's edge factors, in a copy: the caller's dy stays
             dy = _scaled_copy(handle, dy, plan, s, fn)
@@ -682,18 +658,15 @@ def _dilated_forward(x: Any, kernel_size: Any, stride: Any, padding: Any, d: tup
     m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
     shape = xt.shape[:2] + _dilated_output(xt, k, st, p, d, rule, fn)
     pieces = _pieces(xt, k, st, p, d, shape[2:], fn)
-    o = None if out is None else checked_out(tensor_arg(out, stream), shape, xt, fn, None)
+    o = None if out is None else checked_out(out, shape, xt, fn, stream)
     if o is not None:
         check_out_reads(o, (("x", xt),), fn)
     strides = layout_strides(shape, xt) if o is None else o.strides
-    dev = xt.device
     nbytes = math.prod(shape) * xt.dtype.itemsize
     if nbytes == 0:  # N or C is 0
-        return o if o is not None else output(0, shape, strides, xt.dtype, dev, s, s_ref)
-    prev = callers_device()
+        return o if o is not None else output(0, shape, strides, xt.dtype, xt.device, s, s_ref)
+    prev, handle, y = prologue(o, nbytes, shape, strides, xt, s, s_ref)
     try:
-        handle = get_handle(dev, s)
-        y = o if o is not None else output(nbytes, shape, strides, xt.dtype, dev, s, s_ref)
         one, zero = scalars_of(xt.dtype)
         launch = c_function("cudnnPoolingForward")
         periods = _periods(st, d)
@@ -729,21 +702,18 @@ def _dilated_backward(y: Any, dy: Any, x: Any, kernel_size: Any, stride: Any, pa
                    f"the pooled size of x {list(xt.shape)}", fn, _RANKS, _WHAT)
     m = MODES[check_choice(mode, "mode", tuple(MODES), fn)]
     pieces = _pieces(xt, k, st, p, d, y_shape[2:], fn)
-    o = None if out is None else checked_out(tensor_arg(out, stream), xt.shape, xt, fn, None)
+    o = None if out is None else checked_out(out, xt.shape, xt, fn, stream)
     if o is not None:
         check_out_reads(o, (("y", yt), ("dy", dyt), ("x", xt)), fn)
     x_dense = layout_strides(xt.shape, xt)
     y_dense = layout_strides(y_shape, xt)
-    dev = xt.device
     nbytes = xt.size * xt.dtype.itemsize
-    if xt.size == 0:
-        return o if o is not None else output(0, xt.shape, x_dense, xt.dtype, dev, s, s_ref)
-    prev = callers_device()
+    if nbytes == 0:
+        return o if o is not None else output(0, xt.shape, x_dense, xt.dtype, xt.device, s, s_ref)
+    prev, handle, dx = prologue(o, nbytes, xt.shape, x_dense, xt, s, s_ref)
     try:
         from ..cudnn.tensor_ops import fill_zero
 
-        handle = get_handle(dev, s)
-        dx = o if o is not None else output(nbytes, xt.shape, x_dense, xt.dtype, dev, s, s_ref)
         # cuDNN reads y with dy and x with dx in one layout: dense copies where they differ
         ys, dys = staged(handle, yt, y_dense, s), staged(handle, dyt, y_dense, s)
         xs = staged(handle, xt, x_dense, s)

@@ -17,53 +17,20 @@ and options reuses its descriptors.
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import Any
 
+from .._types import SoftmaxAlgorithm, SoftmaxMode
 from ..cudnn.descriptors import TensorDescriptor
-from ..ops._common import (
-    FLOAT32,
-    HALF_DTYPES,
-    PlanCache,
-    Staging,
-    c_function,
-    cached_plan,
-    callers_device,
-    check_choice,
-    check_input,
-    check_operands,
-    check_out_reads,
-    checked_out,
-    layout_strides,
-    raise_launch,
-    restore_device,
-    result,
-    same_layout,
-    scalars_of,
-    signature,
-    staging,
-    stream_pair,
-    tensor_arg,
-)
-from ..runtime.handle import get_handle
+from ..ops._common import (FLOAT32, HALF_DTYPES, PlanCache, Staging, c_function, cached_plan,
+                           check_choice, check_input, check_operands, check_out_reads, checked_out,
+                           layout_strides, plans_clearer, prologue, raise_launch, restore_device,
+                           result, same_layout, scalars_of, signature, staging, stream_pair,
+                           tensor_arg)
 from ..runtime.memory import StreamLike
 from ..runtime.tensor import Tensor, TensorLike, as_tensor
 
 __all__ = ["softmax_forward", "softmax_backward", "SoftmaxAlgorithm", "SoftmaxMode", "ALGORITHMS",
            "MODES"]
-
-
-class SoftmaxAlgorithm(IntEnum):
-    """``cudnnSoftmaxAlgorithm_t``"""
-    FAST = 0
-    ACCURATE = 1
-    LOG = 2
-
-
-class SoftmaxMode(IntEnum):
-    """``cudnnSoftmaxMode_t``"""
-    INSTANCE = 0
-    CHANNEL = 1
 
 
 #: the ``algorithm`` names the functions take
@@ -78,13 +45,7 @@ _WHAT = "2 to 5 dims (N, C and up to 3 spatial dims)"
 
 _FORWARD = PlanCache()
 _BACKWARD = PlanCache()
-
-
-def clear_plans() -> None:
-    """Forget the remembered forward and backward plans (their descriptors are freed once no call
-    uses them). A seam for tests and tooling that count what a first call does."""
-    _FORWARD.clear()
-    _BACKWARD.clear()
+clear_plans = plans_clearer(_FORWARD, _BACKWARD)
 
 
 def _merge(shape: tuple[int, ...], strides: tuple[int, ...],
@@ -228,10 +189,8 @@ def softmax_forward(x: TensorLike, *, algorithm: str = "accurate", mode: str = "
         check_out_reads(o, (("x", x),), fn)
     if not plan.x:
         return result(o, plan, x, s, s_ref)
-    prev = callers_device()
+    prev, handle, y = prologue(o, plan.nbytes, plan.shape, plan.strides, x, s, s_ref)
     try:
-        handle = get_handle(x.device, s)
-        y = result(o, plan, x, s, s_ref)
         src, target = x, y
         copy_x, copy_y = plan.copies
         if copy_x is not None:
@@ -324,10 +283,8 @@ def softmax_backward(y: TensorLike, dy: TensorLike, *, algorithm: str = "accurat
         check_out_reads(o, (("y", y), ("dy", dy)), fn)
     if not plan.x:
         return result(o, plan, y, s, s_ref)
-    prev = callers_device()
+    prev, handle, dx = prologue(o, plan.nbytes, plan.shape, plan.strides, y, s, s_ref)
     try:
-        handle = get_handle(y.device, s)
-        dx = result(o, plan, y, s, s_ref)
         target = dx
         copy_y, copy_dy, copy_dx = plan.copies
         if copy_y is not None:

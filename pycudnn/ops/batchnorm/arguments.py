@@ -10,7 +10,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...runtime.tensor.checks import check_no_broadcast, check_out_reads
+from ...runtime.tensor.checks import (check_device, check_dtype, check_no_broadcast,
+                                      check_out_reads, check_size)
 from ...runtime.tensor import Tensor, as_tensor, check_writable, has_internal_overlap
 
 
@@ -101,15 +102,10 @@ def check_x(x: Tensor, fn: str, name: str = "input") -> None:
 
 def check_like(t: Tensor, name: str, x: Tensor, fn: str, x_name: str = "input") -> None:
     """A tensor that must match the input: same shape, dtype and device."""
-    if tuple(t.shape) != tuple(x.shape):
-        raise ValueError(f"{fn}: expected {name} of size {list(x.shape)} ({x_name}'s), but got "
-                         f"{name} of size {list(t.shape)}")
-    if t.dtype != x.dtype:
-        raise TypeError(f"{fn}: expected {name} to have dtype {x.dtype.name} ({x_name}'s), but "
-                        f"got {t.dtype.name}")
-    if t.device != x.device:
-        raise ValueError(f"{fn}: expected {name} on cuda:{x.device} ({x_name}'s device), but got "
-                         f"cuda:{t.device}")
+    if tuple(t.shape) != tuple(x.shape) or t.dtype != x.dtype or t.device != x.device:
+        check_size(t, name, x.shape, fn, f" ({x_name}'s)")
+        check_dtype(t, name, x.dtype, fn, f" ({x_name}'s)")
+        check_device(t, name, x.device, fn, f" ({x_name}'s device)")
     check_no_broadcast(t, name, fn)
 
 
@@ -149,14 +145,11 @@ def check_param(obj: Any, name: str, x: Tensor, mode: int, fn: str, stream: Any,
         raise ValueError(f"{fn}: expected {name} with {what} for input of size {list(x.shape)} "
                          f"(mode {MODE_NAMES[mode]!r}), but got {name} of size {list(t.shape)}")
     pdt = param_dtype(x)
-    if t.dtype != pdt:
+    if t.dtype != pdt or t.device != x.device:
         why = ("cuDNN keeps scale, bias and statistics in float32 for float16 and bfloat16 input"
                if x.dtype.name in ("float16", "bfloat16") else "the input's precision")
-        raise TypeError(f"{fn}: expected {name} to have dtype {pdt.name} ({why}), but got "
-                        f"{t.dtype.name}")
-    if t.device != x.device:
-        raise ValueError(f"{fn}: expected {name} on cuda:{x.device} (the input's device), but got "
-                         f"cuda:{t.device}")
+        check_dtype(t, name, pdt, fn, f" ({why})")
+        check_device(t, name, x.device, fn, " (the input's device)")
     # refused here, naming the parameter, before a handle is taken or anything is staged
     check_no_broadcast(t, name, fn)
     if writable:

@@ -11,7 +11,8 @@ from typing import Any, Sequence
 from .importers import as_tensor
 from .view import Tensor, check_writable, views_overlap
 
-__all__ = ["check_no_broadcast", "check_pair", "check_bias", "check_z", "check_out_reads"]
+__all__ = ["check_no_broadcast", "check_match", "check_size", "check_dtype", "check_device",
+           "check_pair", "check_bias", "check_z", "check_out_reads"]
 
 
 def check_no_broadcast(t: Tensor, name: str, fn: str) -> None:
@@ -25,12 +26,50 @@ def check_no_broadcast(t: Tensor, name: str, fn: str) -> None:
                              f"a contiguous copy first")
 
 
-def check_pair(a: Tensor, a_name: str, b: Tensor, b_name: str) -> None:
+def check_match(a: Tensor, a_name: str, b: Tensor, b_name: str, fn: str = "") -> None:
+    """``b`` has ``a``'s dtype and device (PyTorch's wording); the errors name ``fn`` where
+    given."""
+    if a.dtype == b.dtype and a.device == b.device:
+        return
+    where = f"{fn}: " if fn else ""
     if a.dtype != b.dtype:
-        raise TypeError(f"{a_name} type ({a.dtype.name}) and {b_name} type ({b.dtype.name}) should be the same")
-    if a.device != b.device:
-        raise ValueError(f"expected {a_name} and {b_name} to be on the same device, but got "
-                         f"{a_name} on cuda:{a.device} and {b_name} on cuda:{b.device}")
+        raise TypeError(f"{where}{a_name} type ({a.dtype.name}) and {b_name} type "
+                        f"({b.dtype.name}) should be the same")
+    raise ValueError(f"{where}expected {a_name} and {b_name} to be on the same device, but got "
+                     f"{a_name} on cuda:{a.device} and {b_name} on cuda:{b.device}")
+
+
+# The three checks below word an argument against what it must match: ``note`` follows the
+# expected value (" (the input's)", say), and ``got_name`` repeats the argument's name after
+# "but got". Callers on a per-call path test the three conditions inline first, so that an
+# argument that passes costs no call.
+
+def check_size(t: Tensor, name: str, shape: Sequence[int], fn: str, note: str = "",
+               got_name: bool = True) -> None:
+    """``t`` has the size ``shape`` (ValueError)."""
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{fn}: expected {name} of size {list(shape)}{note}, but got "
+                         + (f"{name} of size " if got_name else "") + f"{list(t.shape)}")
+
+
+def check_dtype(t: Tensor, name: str, dtype: Any, fn: str, note: str = "") -> None:
+    """``t`` has the dtype ``dtype`` (TypeError)."""
+    if t.dtype != dtype:
+        raise TypeError(f"{fn}: expected {name} to have dtype {dtype.name}{note}, but got "
+                        f"{t.dtype.name}")
+
+
+def check_device(t: Tensor, name: str, device: int, fn: str, note: str = "",
+                 got_name: bool = False) -> None:
+    """``t`` is on the CUDA device ``device`` (ValueError)."""
+    if t.device != device:
+        raise ValueError(f"{fn}: expected {name} on cuda:{device}{note}, but got "
+                         + (f"{name} on " if got_name else "") + f"cuda:{t.device}")
+
+
+def check_pair(a: Tensor, a_name: str, b: Tensor, b_name: str) -> None:
+    if a.dtype != b.dtype or a.device != b.device:
+        check_match(a, a_name, b, b_name)
     if a.ndim != b.ndim:
         raise ValueError(f"expected {b_name} to have {a.ndim} dims like {a_name} "
                          f"(size {list(a.shape)}), but got {b_name} of size {list(b.shape)}")
