@@ -11,9 +11,19 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Hashable
+import weakref
+from typing import Any, Callable, Hashable
 
-__all__ = ["LiveCounter"]
+__all__ = ["LiveCounter", "finalizer"]
+
+
+def finalizer(owner: object, callback: Callable[..., object], *args: Any) -> weakref.finalize:
+    """``callback(*args)`` when ``owner`` is collected or the finalizer is called, never at
+    interpreter exit: the process frees host memory anyway, and calling into a CUDA library while
+    Python tears down buys nothing (PyTorch leaks its cuDNN objects at exit on purpose)."""
+    fin = weakref.finalize(owner, callback, *args)
+    fin.atexit = False
+    return fin
 
 
 class LiveCounter:

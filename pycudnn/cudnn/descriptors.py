@@ -19,13 +19,12 @@ from __future__ import annotations
 import functools
 import math
 import operator
-import weakref
 from ctypes import byref, c_double, c_int, c_void_p
 from typing import Any, Callable, NoReturn, Sequence, TypeVar
 
 import numpy as np
 
-from .._live import LiveCounter
+from .._live import LiveCounter, finalizer
 from .._types import (ActivationMode, DTypeLike, ConvolutionMode, DataType, MathType, NanPropagation,
                       OpTensorOp, PoolingMode, TensorFormat, dtype_to_cudnn, normalize_dtype)
 from ..ffi.library import lib, raise_status
@@ -217,11 +216,7 @@ class Descriptor:
 
     def _adopt(self, destroy_fn: Callable[[int], int], handle: int) -> None:
         """Take ownership of a created and set descriptor: register its finalizer."""
-        fin = weakref.finalize(self, _destroy, destroy_fn, handle, _LIVE)
-        # At interpreter exit the process frees host memory anyway; calling into libcudnn while
-        # Python tears down buys nothing (PyTorch leaks its cuDNN objects at exit on purpose).
-        fin.atexit = False
-        self._finalizer = fin
+        self._finalizer = finalizer(self, _destroy, destroy_fn, handle, _LIVE)
         self._handle = handle
 
     @property
@@ -525,13 +520,13 @@ class ConvolutionDescriptor(Descriptor):
             if len(vals) != n:
                 raise ValueError(f"{name}: expected {n} values (one per spatial dim, as in "
                                  f"padding={pad_t}), got {len(vals)}: {vals}")
-        if isinstance(groups, (bool, np.bool_)):
-            raise TypeError(f"groups: expected an int, got bool {groups!r}")
         try:
+            if isinstance(groups, (bool, np.bool_)):  # bools index as 0 and 1: never a count
+                raise TypeError
             groups = operator.index(groups)
         except TypeError:
-            raise TypeError(f"groups: expected an int, got {type(groups).__name__} "
-                            f"{groups!r}") from None
+            kind = "bool" if isinstance(groups, (bool, np.bool_)) else type(groups).__name__
+            raise TypeError(f"groups: expected an int, got {kind} {groups!r}") from None
         check_int32(pad_t, "padding")
         check_int32(stride_t, "stride")
         check_int32(dil_t, "dilation")

@@ -16,15 +16,15 @@ execution plan after the CUDA context is gone is not safe (PyTorch leaks its han
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import weakref
 from ctypes import c_bool, c_char, c_double, c_float, c_int32, c_int64, c_void_p
 from enum import IntEnum
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy.typing as npt
 
-from .._live import LiveCounter
+from .._live import LiveCounter, finalizer
 from .._types import DataType, dtype_to_cudnn
 from ..errors import PycudnnError
 from . import library as _lib
@@ -505,9 +505,8 @@ class BackendDescriptor:
         # Descriptors set on this one: kept alive as long as it is (children are not freed first).
         self._children: list[BackendDescriptor] = []
         _live.add(idtype)
-        fin = weakref.finalize(self, _destroy, L.cudnnBackendDestroyDescriptor, ptr, _live, idtype)
-        fin.atexit = False
-        self._finalizer = fin
+        self._finalizer = finalizer(self, _destroy, L.cudnnBackendDestroyDescriptor, ptr, _live,
+                                    idtype)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -537,6 +536,16 @@ class BackendDescriptor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def closed_if_failed(self) -> Iterator[BackendDescriptor]:
+        """``with d.closed_if_failed():`` around the set-up of a new descriptor: closed when the
+        block raises (no half-set descriptor is left behind), left open when it completes."""
+        try:
+            yield self
+        except BaseException:
+            self.close()
+            raise
 
     def _name(self) -> str:
         return f"BackendDescriptor({_dtype_label(self.dtype)})"

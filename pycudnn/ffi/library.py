@@ -40,6 +40,19 @@ _pi64 = POINTER(c_int64)
 _psz = POINTER(c_size_t)
 _pp = POINTER(c_void_p)
 
+# The three directions of a convolution (forward, backward data, backward filter) each have the
+# same four functions with the same argument types, only the descriptors' roles differ:
+#: handle, 4 descriptors, requested count, returned count, perf results
+_GET_ALGORITHMS = (_p, _p, _p, _p, _p, c_int, _pi, _p)
+#: handle, 3 descriptor and pointer pairs, output descriptor and pointer, requested count,
+#: returned count, perf results, workspace and its size
+_FIND_ALGORITHMS = (_p, _p, _p, _p, _p, _p, _p, _p, c_int, _pi, _p, _p, c_size_t)
+#: handle, 4 descriptors, algorithm, the size written
+_WORKSPACE_SIZE = (_p, _p, _p, _p, _p, c_int, _psz)
+#: handle, alpha, 2 descriptor and pointer pairs, convolution descriptor, algorithm, workspace
+#: and its size, beta, output descriptor and pointer
+_CONVOLVE = (_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p, _p)
+
 # name: (restype, argtypes)   C signature in the comment above each row.
 PROTOTYPES: dict[str, tuple[object, tuple]] = {
     # --- library ---------------------------------------------------------------------------------
@@ -164,27 +177,25 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
     #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t destDesc,
     #     const int requestedAlgoCount, int *returnedAlgoCount,
     #     cudnnConvolutionFwdAlgoPerf_t *perfResults)
-    "cudnnGetConvolutionForwardAlgorithm_v7": (c_int, (_p, _p, _p, _p, _p, c_int, _pi, _p)),
+    "cudnnGetConvolutionForwardAlgorithm_v7": (c_int, _GET_ALGORITHMS),
     # cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t handle,
     #     const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnFilterDescriptor_t wDesc,
     #     const void *w, const cudnnConvolutionDescriptor_t convDesc,
     #     const cudnnTensorDescriptor_t yDesc, void *y, const int requestedAlgoCount,
     #     int *returnedAlgoCount, cudnnConvolutionFwdAlgoPerf_t *perfResults,
     #     void *workSpace, size_t workSpaceSizeInBytes)
-    "cudnnFindConvolutionForwardAlgorithmEx": (
-        c_int, (_p, _p, _p, _p, _p, _p, _p, _p, c_int, _pi, _p, _p, c_size_t)),
+    "cudnnFindConvolutionForwardAlgorithmEx": (c_int, _FIND_ALGORITHMS),
     # cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle,
     #     const cudnnTensorDescriptor_t xDesc, const cudnnFilterDescriptor_t wDesc,
     #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t yDesc,
     #     cudnnConvolutionFwdAlgo_t algo, size_t *sizeInBytes)
-    "cudnnGetConvolutionForwardWorkspaceSize": (c_int, (_p, _p, _p, _p, _p, c_int, _psz)),
+    "cudnnGetConvolutionForwardWorkspaceSize": (c_int, _WORKSPACE_SIZE),
     # cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
     #     const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnFilterDescriptor_t wDesc,
     #     const void *w, const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionFwdAlgo_t algo,
     #     void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
     #     const cudnnTensorDescriptor_t yDesc, void *y)
-    "cudnnConvolutionForward": (
-        c_int, (_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p, _p)),
+    "cudnnConvolutionForward": (c_int, _CONVOLVE),
     # cudnnStatus_t cudnnConvolutionBiasActivationForward(cudnnHandle_t handle, const void *alpha1,
     #     const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnFilterDescriptor_t wDesc,
     #     const void *w, const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionFwdAlgo_t algo,
@@ -202,27 +213,25 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
     #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t gradDesc,
     #     const int requestedAlgoCount, int *returnedAlgoCount,
     #     cudnnConvolutionBwdDataAlgoPerf_t *perfResults)
-    "cudnnGetConvolutionBackwardDataAlgorithm_v7": (c_int, (_p, _p, _p, _p, _p, c_int, _pi, _p)),
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7": (c_int, _GET_ALGORITHMS),
     # cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t handle,
     #     const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnTensorDescriptor_t dyDesc,
     #     const void *dy, const cudnnConvolutionDescriptor_t convDesc,
     #     const cudnnTensorDescriptor_t dxDesc, void *dx, const int requestedAlgoCount,
     #     int *returnedAlgoCount, cudnnConvolutionBwdDataAlgoPerf_t *perfResults,
     #     void *workSpace, size_t workSpaceSizeInBytes)
-    "cudnnFindConvolutionBackwardDataAlgorithmEx": (
-        c_int, (_p, _p, _p, _p, _p, _p, _p, _p, c_int, _pi, _p, _p, c_size_t)),
+    "cudnnFindConvolutionBackwardDataAlgorithmEx": (c_int, _FIND_ALGORITHMS),
     # cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle,
     #     const cudnnFilterDescriptor_t wDesc, const cudnnTensorDescriptor_t dyDesc,
     #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc,
     #     cudnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes)
-    "cudnnGetConvolutionBackwardDataWorkspaceSize": (c_int, (_p, _p, _p, _p, _p, c_int, _psz)),
+    "cudnnGetConvolutionBackwardDataWorkspaceSize": (c_int, _WORKSPACE_SIZE),
     # cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha,
     #     const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnTensorDescriptor_t dyDesc,
     #     const void *dy, const cudnnConvolutionDescriptor_t convDesc,
     #     cudnnConvolutionBwdDataAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes,
     #     const void *beta, const cudnnTensorDescriptor_t dxDesc, void *dx)
-    "cudnnConvolutionBackwardData": (
-        c_int, (_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p, _p)),
+    "cudnnConvolutionBackwardData": (c_int, _CONVOLVE),
     # --- backward filter -------------------------------------------------------------------------
     # cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnnHandle_t handle, int *count)
     "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount": (c_int, (_p, _pi)),
@@ -231,27 +240,25 @@ PROTOTYPES: dict[str, tuple[object, tuple]] = {
     #     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
     #     const int requestedAlgoCount, int *returnedAlgoCount,
     #     cudnnConvolutionBwdFilterAlgoPerf_t *perfResults)
-    "cudnnGetConvolutionBackwardFilterAlgorithm_v7": (c_int, (_p, _p, _p, _p, _p, c_int, _pi, _p)),
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7": (c_int, _GET_ALGORITHMS),
     # cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t handle,
     #     const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t dyDesc,
     #     const void *y, const cudnnConvolutionDescriptor_t convDesc,
     #     const cudnnFilterDescriptor_t dwDesc, void *dw, const int requestedAlgoCount,
     #     int *returnedAlgoCount, cudnnConvolutionBwdFilterAlgoPerf_t *perfResults,
     #     void *workSpace, size_t workSpaceSizeInBytes)
-    "cudnnFindConvolutionBackwardFilterAlgorithmEx": (
-        c_int, (_p, _p, _p, _p, _p, _p, _p, _p, c_int, _pi, _p, _p, c_size_t)),
+    "cudnnFindConvolutionBackwardFilterAlgorithmEx": (c_int, _FIND_ALGORITHMS),
     # cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle,
     #     const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t dyDesc,
     #     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
     #     cudnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes)
-    "cudnnGetConvolutionBackwardFilterWorkspaceSize": (c_int, (_p, _p, _p, _p, _p, c_int, _psz)),
+    "cudnnGetConvolutionBackwardFilterWorkspaceSize": (c_int, _WORKSPACE_SIZE),
     # cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha,
     #     const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t dyDesc,
     #     const void *dy, const cudnnConvolutionDescriptor_t convDesc,
     #     cudnnConvolutionBwdFilterAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes,
     #     const void *beta, const cudnnFilterDescriptor_t dwDesc, void *dw)
-    "cudnnConvolutionBackwardFilter": (
-        c_int, (_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p, _p)),
+    "cudnnConvolutionBackwardFilter": (c_int, _CONVOLVE),
     # --- backend (graph) API ---------------------------------------------------------------------
     # cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t descriptorType,
     #     cudnnBackendDescriptor_t *descriptor)

@@ -92,7 +92,7 @@ class TensorSpec:
     def build(self) -> BackendDescriptor:
         """A finalized backend tensor descriptor."""
         d = BackendDescriptor(DescriptorType.TENSOR)
-        try:
+        with d.closed_if_failed():
             d.set_data_type(Attr.TENSOR_DATA_TYPE, self.dtype)
             d.set_int64s(Attr.TENSOR_DIMENSIONS, self.shape)
             d.set_int64s(Attr.TENSOR_STRIDES, self.strides)
@@ -103,9 +103,6 @@ class TensorSpec:
             if self.by_value:
                 d.set_bool(Attr.TENSOR_IS_BY_VALUE, True)
             d.finalize()
-        except BaseException:
-            d.close()
-            raise
         return d
 
     def like(self, uid: int, dtype: int | npt.DTypeLike | None = None,
@@ -258,13 +255,10 @@ def _check_conv_shapes(x: TensorSpec, w: TensorSpec, y: TensorSpec, pre: tuple[i
 def _finalized_graph(handle: int, ops: Sequence[BackendDescriptor]) -> BackendDescriptor:
     """The finalized operation-graph descriptor of ``ops`` (closed again if cuDNN refuses it)."""
     g = BackendDescriptor(DescriptorType.OPERATIONGRAPH)
-    try:
+    with g.closed_if_failed():
         g.set_handle(Attr.OPERATIONGRAPH_HANDLE, handle)
         g.set_descriptors(Attr.OPERATIONGRAPH_OPS, ops)
         g.finalize()
-    except BaseException:
-        g.close()
-        raise
     return g
 
 

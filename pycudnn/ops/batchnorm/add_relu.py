@@ -11,10 +11,9 @@ from ...errors import CudnnBadParamError, CudnnNotSupportedError
 from ...ffi import library as _lib
 from ...runtime.memory import StreamLike, callers_device, restore_device
 from ...runtime.tensor import Tensor, TensorLike
-from .arguments import (MODES, OPS_ADD_RELU, OPS_BN, as4d, check_eps, check_like, check_momentum,
-                        check_out, check_param, from4d, tensor_of)
-from .call import (Call, check_reserve, check_saved, check_stats, prologue, reserve_key,
-                   run_backward, run_training, save_outputs)
+from .arguments import MODES, OPS_ADD_RELU, OPS_BN, as4d, check_out, check_param, from4d
+from .call import (Call, begin_full, begin_training, check_reserve, check_saved, check_stats,
+                   reserve_key, run_backward, run_training, save_outputs)
 from .descriptors import sizes_of
 from .results import ReserveSpace
 from .staging import alloc_like, like
@@ -67,11 +66,8 @@ def batch_norm_add_relu_forward_training(
     fn = "batch_norm_add_relu_forward_training"
     prev = callers_device()
     try:
-        call = prologue(fn, x, mode, stream, training=True)
-        m = check_momentum(momentum, fn)
-        e = check_eps(eps, fn)
-        zt = tensor_of(z, stream)
-        check_like(zt, "z", call.x, fn)
+        call, m, e = begin_training(fn, x, mode, stream, momentum, eps)
+        zt = call.same_as_x(z, "z", stream)
         w = check_param(weight, "weight", call.x, call.mode, fn, stream)
         b = check_param(bias, "bias", call.x, call.mode, fn, stream)
         rm, rv = check_stats(fn, running_mean, running_var, call, stream,
@@ -152,12 +148,9 @@ def batch_norm_add_relu_backward(
     fn = "batch_norm_add_relu_backward"
     prev = callers_device()
     try:
-        call = prologue(fn, x, mode, stream, training=True)
-        e = check_eps(eps, fn)
-        yt = tensor_of(y, stream)
-        check_like(yt, "y", call.x, fn)
-        dyt = tensor_of(dy, stream)
-        check_like(dyt, "grad_output", call.x, fn)
+        call, e = begin_full(fn, x, mode, stream, eps)
+        yt = call.same_as_x(y, "y", stream)
+        dyt = call.same_as_x(dy, "grad_output", stream)
         w = check_param(weight, "weight", call.x, call.mode, fn, stream)
         b = check_param(bias, "bias", call.x, call.mode, fn, stream)
         sm, si = check_saved(fn, save_mean, save_invstd, call, stream)

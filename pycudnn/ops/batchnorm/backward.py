@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...runtime.handle import get_handle
-from ...runtime.memory import StreamLike, callers_device, restore_device, stream_pair
+from ...runtime.memory import StreamLike, callers_device, restore_device
 from ...runtime.tensor import Tensor, TensorLike
-from .arguments import (OPS_BN, as4d, check_eps, check_like, check_out, check_param, check_written,
-                        tensor_of)
-from .call import check_reserve, check_saved, prologue, run_backward
+from ...runtime.tensor.checks import check_out_reads
+from .arguments import OPS_BN, as4d, check_out, check_param, tensor_of
+from .call import begin_full, begin_launch, check_reserve, check_saved, run_backward
 from .plans import (BACKWARD, backward_key, launch_failed, new_pair, plan_of, planned_output,
                     planned_sizes)
 from .results import ReserveSpace
@@ -54,15 +53,11 @@ def batch_norm_backward(x: TensorLike, dy: TensorLike, weight: TensorLike,
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
         return backward_full(x, dy, weight, save_mean, save_invstd, eps, mode, out, reserve,
                               stream)
-    if o is not None:
-        check_written("batch_norm_backward", o, None, None,
-                      [("input", xt), ("grad_output", dyt), ("weight", w), ("save_mean", sm),
-                       ("save_invstd", si)])
-    s, sref = stream_pair(stream)
-    dev = xt.device
-    prev = callers_device()
+    if o is not None:  # its read-only flag, and memory shared with what the call reads
+        check_out_reads(o, [("input", xt), ("grad_output", dyt), ("weight", w),
+                            ("save_mean", sm), ("save_invstd", si)])
+    dev, s, sref, prev, handle = begin_launch(stream, xt)
     try:
-        handle = get_handle(dev, s)
         sizes = plan.sizes or planned_sizes(plan, handle, dev)
         ws_size = sizes[2]
         dw, db = new_pair(plan, dev, s, sref)
@@ -85,17 +80,13 @@ def batch_norm_backward(x: TensorLike, dy: TensorLike, weight: TensorLike,
 def backward_full(x: Any, dy: Any, weight: Any, save_mean: Any, save_invstd: Any, eps: Any,
                   mode: Any, out: Any, reserve: Any,
                   stream: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """`batch_norm_backward` the long way: the full checks, in the order they name the
-    parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
-    call that needs no copy, which the next call of its signature takes.
+    """`batch_norm_backward` the long way, as `training.training_full` takes it.
     Public as a seam for tests and tooling."""
     fn = "batch_norm_backward"
     prev = callers_device()
     try:
-        call = prologue(fn, x, mode, stream, training=True)
-        e = check_eps(eps, fn)
-        dyt = tensor_of(dy, stream)
-        check_like(dyt, "grad_output", call.x, fn)
+        call, e = begin_full(fn, x, mode, stream, eps)
+        dyt = call.same_as_x(dy, "grad_output", stream)
         w = check_param(weight, "weight", call.x, call.mode, fn, stream)
         sm, si = check_saved(fn, save_mean, save_invstd, call, stream)
         res = check_reserve(fn, reserve, call, OPS_BN)

@@ -10,11 +10,12 @@ from typing import Any, Sequence
 from ...cudnn.tensor_ops import relu_descriptor, scalar_pointers, transform
 from ...ffi import library as _lib
 from ...runtime.handle import get_handle
-from ...runtime.memory import allocate_fast, stream_pair
+from ...runtime.memory import allocate_fast, callers_device, restore_device, stream_pair
 from ...runtime.tensor import Tensor, views_overlap
 from ...runtime.tensor.checks import check_out_reads
-from .arguments import (MODES, MODE_NAMES, OPS_ADD_RELU, OPS_BN, as4d, check_mode, check_param,
-                        check_x, from4d, param_dtype, param_shape, tensor_of)
+from .arguments import (MODES, MODE_NAMES, OPS_ADD_RELU, OPS_BN, as4d, check_eps, check_like,
+                        check_mode, check_momentum, check_param, check_x, from4d, param_dtype,
+                        param_shape, tensor_of)
 from .descriptors import Layout, layout_of, sizes_of
 from .results import ReserveSpace
 from .staging import (Params, alloc_like, contiguous, dense_input, dense_strides,
@@ -44,6 +45,12 @@ class Call:
         self.handle = get_handle(self.device, self.s)
         self.x4 = dense_input(self.handle, self.x4, self.s, self.sref)
         self.entry = layout_of(self.x4, self.mode, self.p4, self.pdt)
+
+    def same_as_x(self, value: Any, name: str, stream: Any) -> Tensor:
+        """``value`` as a Tensor that must match the input: same shape, dtype and device."""
+        t = tensor_of(value, stream)
+        check_like(t, name, self.x, self.fn)
+        return t
 
     def new_params(self, count: int) -> list[Tensor]:
         """``count`` new parameter-shaped tensors in one allocation (in the caller's shape)."""
@@ -93,6 +100,34 @@ def prologue(fn: str, x: Any, mode: Any, stream: Any, training: bool) -> Call:
             raise ValueError(f"{fn}: expected more than 1 value per channel when training, got "
                              f"input size {list(xt.shape)}")
     return Call(fn, xt, m, stream)
+
+
+def begin_full(fn: str, x: Any, mode: Any, stream: Any, eps: Any,
+               training: bool = True) -> tuple[Call, float]:
+    """The full path's first checks: the validated call, then ``eps``."""
+    call = prologue(fn, x, mode, stream, training)
+    return call, check_eps(eps, fn)
+
+
+def begin_training(fn: str, x: Any, mode: Any, stream: Any, momentum: Any,
+                   eps: Any) -> tuple[Call, float, float]:
+    """A forward training full path's first checks: the validated call, ``momentum``, ``eps``."""
+    call = prologue(fn, x, mode, stream, True)
+    return call, check_momentum(momentum, fn), check_eps(eps, fn)
+
+
+def begin_launch(stream: Any, x: Tensor) -> tuple[int, int, Any, int | None, int]:
+    """A planned call's set-up: ``(x's device, stream, what keeps the stream alive, the caller's
+    device, handle)``, x's device made current by the handle. The caller restores the caller's
+    device when its launch is done; when no handle can be had, it is restored here."""
+    s, sref = stream_pair(stream)
+    device = x.device
+    prev = callers_device()
+    try:
+        return device, s, sref, prev, get_handle(device, s)
+    except BaseException:
+        restore_device(prev)
+        raise
 
 
 def _neither(fn: str, a: Any, a_name: str, b: Any, b_name: str, note: str) -> bool:

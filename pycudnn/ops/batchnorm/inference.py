@@ -8,13 +8,13 @@ from typing import Any
 from ...cudnn.tensor_ops import scalar_pointers
 from ...ffi import library as _lib
 from ...runtime.handle import get_handle
-from ...runtime.memory import StreamLike, callers_device, restore_device, stream_pair
+from ...runtime.memory import StreamLike, callers_device, restore_device
 from ...runtime.tensor import Tensor, TensorLike
+from ...runtime.tensor.checks import check_out_reads
 from .. import runtime_kernels
 from ..runtime_kernels import ALIGNMENT
-from .arguments import (MODES, MODE_NAMES, check_eps, check_out, check_param, check_written, from4d,
-                        tensor_of)
-from .call import prologue
+from .arguments import MODES, MODE_NAMES, check_out, check_param, from4d, tensor_of
+from .call import begin_full, begin_launch
 from .plans import INFER, infer_key, launch_failed, plan_of, planned_output
 from .staging import Params, alloc_like
 
@@ -50,15 +50,11 @@ def batch_norm_forward_inference(x: TensorLike, weight: TensorLike, bias: Tensor
         plan = INFER[infer_key(mode, eps, xt, w, b, rm, rv, o)]
     except Exception:  # a new signature, or arguments the full checks refuse (in their order)
         return inference_full(x, weight, bias, running_mean, running_var, eps, mode, out, stream)
-    if o is not None:
-        check_written("batch_norm_forward_inference", o, None, None,
-                      [("input", xt), ("weight", w), ("bias", b), ("running_mean", rm),
-                       ("running_var", rv)])
-    s, sref = stream_pair(stream)
-    dev = xt.device
-    prev = callers_device()
+    if o is not None:  # its read-only flag, and memory shared with what the call reads
+        check_out_reads(o, [("input", xt), ("weight", w), ("bias", b), ("running_mean", rm),
+                            ("running_var", rv)])
+    _, s, sref, prev, handle = begin_launch(stream, xt)
     try:
-        handle = get_handle(dev, s)
         o = o if o is not None else planned_output(plan, xt, s, sref)
         fast = plan.fast
         if fast is not None and fast.plan is not None \
@@ -79,17 +75,14 @@ def batch_norm_forward_inference(x: TensorLike, weight: TensorLike, bias: Tensor
 
 def inference_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, eps: Any,
                    mode: Any, out: Any, stream: Any) -> Tensor:
-    """`batch_norm_forward_inference` the long way: the full checks, in the order they name the
-    parameters, then a call that copies what cuDNN cannot take as it is. Stores the plan of a
-    call that needs no copy, which the next call of its signature takes.
+    """`batch_norm_forward_inference` the long way, as `training.training_full` takes it.
     Public as a seam for tests and tooling."""
     fn = "batch_norm_forward_inference"
     prev = callers_device()
     try:
-        call = prologue(fn, x, mode, stream, training=False)
+        call, e = begin_full(fn, x, mode, stream, eps, training=False)
         if call.mode == MODES["spatial_persistent"]:
             call.mode = MODES["spatial"]
-        e = check_eps(eps, fn)
         w = check_param(weight, "weight", call.x, call.mode, fn, stream)
         b = check_param(bias, "bias", call.x, call.mode, fn, stream)
         if running_mean is None or running_var is None:

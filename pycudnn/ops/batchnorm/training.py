@@ -9,14 +9,13 @@ from ctypes import byref
 from typing import Any
 
 from ...ffi import library as _lib
-from ...runtime.handle import get_handle
-from ...runtime.memory import StreamLike, allocate_fast, callers_device, restore_device, stream_pair
+from ...runtime.memory import StreamLike, allocate_fast, callers_device, restore_device
 from ...runtime.tensor import Tensor, TensorLike, check_writable
 from ...runtime.tensor.checks import check_out_reads
 from .._common import meet
-from .arguments import (OPS_BN, check_eps, check_momentum, check_out, check_param, check_written,
-                        tensor_of)
-from .call import check_stats, prologue, reserve_key, run_training, save_outputs
+from .arguments import OPS_BN, check_out, check_param, check_written, tensor_of
+from .call import (begin_launch, begin_training, check_stats, reserve_key, run_training,
+                   save_outputs)
 from .descriptors import sizes_of
 from .plans import TRAIN, launch_failed, new_pair, plan_of, planned_output, planned_sizes, train_key
 from .results import BatchNormResult, ReserveSpace
@@ -95,13 +94,9 @@ def batch_norm_forward_training(x: TensorLike, weight: TensorLike, bias: TensorL
         check_written("batch_norm_forward_training", o, sm, si,
                       [("input", xt), ("weight", w), ("bias", b), ("running_mean", rm),
                        ("running_var", rv)])
-    s, sref = stream_pair(stream)
-    dev = xt.device
-    prev = callers_device()
+    dev, s, sref, prev, handle = begin_launch(stream, xt)
     try:
-        handle = get_handle(dev, s)
-        sizes = plan.sizes or planned_sizes(plan, handle, dev)
-        ws_size, res_size, _ = sizes
+        ws_size, res_size, _ = plan.sizes or planned_sizes(plan, handle, dev)
         if sm is None or si is None:
             new = new_pair(plan, dev, s, sref)
             sm = sm if sm is not None else new[0]
@@ -136,9 +131,7 @@ def training_full(x: Any, weight: Any, bias: Any, running_mean: Any, running_var
     fn = "batch_norm_forward_training"
     prev = callers_device()
     try:
-        call = prologue(fn, x, mode, stream, training=True)
-        m = check_momentum(momentum, fn)
-        e = check_eps(eps, fn)
+        call, m, e = begin_training(fn, x, mode, stream, momentum, eps)
         w = check_param(weight, "weight", call.x, call.mode, fn, stream)
         b = check_param(bias, "bias", call.x, call.mode, fn, stream)
         rm, rv = check_stats(fn, running_mean, running_var, call, stream,

@@ -159,9 +159,9 @@ def int_tuple(value: Any, parameter: str, what: str) -> tuple[int, ...]:
                         f"{type(value).__name__}") from None
     out = []
     for v in items:
-        if isinstance(v, (bool, np.bool_)):  # NumPy < 2.3's bool_ has __index__: never a size
-            raise TypeError(f"{what}: {parameter} must be a sequence of ints, got {value!r}")
         try:
+            if isinstance(v, (bool, np.bool_)):  # NumPy < 2.3's bool_ has __index__: never a size
+                raise TypeError
             v = operator.index(v)
         except TypeError:
             raise TypeError(f"{what}: {parameter} must be a sequence of ints, got {value!r}") from None
