@@ -25,6 +25,7 @@ import http.server
 import json
 import os
 import pathlib
+import re
 import shutil
 import socketserver
 import subprocess
@@ -42,6 +43,10 @@ SEARCH_TERM = "workspace"
 
 
 # ---- the site, served locally --------------------------------------------------------------
+
+# what Chromium answers when a page is replaced while a script is evaluated
+_NAVIGATING = re.compile(r"navigated or closed|Cannot find context|Execution context was destroyed")
+
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
@@ -175,7 +180,13 @@ class Browser:
     def poll(self, expression: str, timeout: float = 15.0) -> Any:
         deadline = time.monotonic() + timeout
         while True:
-            value = self.js(expression)
+            try:
+                value = self.js(expression)
+            except RuntimeError as error:
+                # a navigation under way replaces the page's context: ask the next one
+                if not _NAVIGATING.search(str(error)) or time.monotonic() > deadline:
+                    raise
+                value = None
             if value or time.monotonic() > deadline:
                 return value
             time.sleep(0.1)
