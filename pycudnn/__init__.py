@@ -23,53 +23,44 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
-# public name -> module (inside pycudnn) that defines it
-_EXPORTS: dict[str, str] = {
-    # library
-    "library_path": "ffi.library", "cudart_version": "ffi.library",
-    # errors
-    "PycudnnError": "errors", "CudnnError": "errors", "CudnnBadParamError": "errors",
-    "CudnnNotSupportedError": "errors", "CudnnInternalError": "errors",
-    "CudnnExecutionError": "errors", "CudnnAllocationError": "errors",
-    "CudnnNotInitializedError": "errors", "OutOfMemoryError": "errors",
-    "CudnnNotFoundError": "errors", "NoDeviceError": "errors", "NoAlgorithmError": "errors",
-    "StreamCaptureError": "errors",
-    # descriptors
-    "TensorDescriptor": "cudnn.descriptors", "FilterDescriptor": "cudnn.descriptors",
-    "ConvolutionDescriptor": "cudnn.descriptors", "ActivationDescriptor": "cudnn.descriptors",
-    # the types the public signatures name
-    "TensorLike": "runtime.tensor", "StreamLike": "runtime.memory", "ConvolutionFlags": "configuration",
-    "DTypeLike": "_types", "DeviceLike": "runtime.memory",
-    # tensors
-    "Tensor": "runtime.tensor", "as_tensor": "runtime.tensor", "tensor_from_pointer": "runtime.tensor", "empty": "runtime.tensor",
-    "zeros": "runtime.tensor", "from_numpy": "runtime.tensor",
-    # handles and streams
-    "get_handle": "runtime.handle", "device_count": "runtime.handle", "current_stream": "runtime.interop",
-    # configuration
-    "config": "configuration", "flags": "configuration",
-    # algorithm search and caches
-    "benchmark_cache": "api.caches", "clear_caches": "api.caches", "set_cache_limit": "api.caches",
-    "ConvolutionParams": "engines.problem",
-    # the tuning database's records made ready ahead of the first call
-    "preload": "search.preload", "PreloadReport": "search.preload",
-    # prepared convolutions
-    "prepare_convolution": "api.conv", "PreparedConvolution": "api.prepared",
-    # convolutions
-    "convolution": "api.conv", "conv_transpose": "api.conv", "convolution_backward_data": "api.conv",
-    "convolution_backward_filter": "api.conv", "convolution_add_relu": "api.conv",
-    "conv_transpose_backward_data": "api.conv", "conv_transpose_backward_filter": "api.conv",
+# module (inside pycudnn) -> the public names it defines, by topic
+_MODULES: dict[str, str] = {
+    "ffi.library": "library_path cudart_version",
+    "errors": """PycudnnError CudnnError CudnnBadParamError CudnnNotSupportedError
+        CudnnInternalError CudnnExecutionError CudnnAllocationError CudnnNotInitializedError
+        OutOfMemoryError CudnnNotFoundError NoDeviceError NoAlgorithmError StreamCaptureError""",
+    "cudnn.descriptors": """TensorDescriptor FilterDescriptor ConvolutionDescriptor
+        ActivationDescriptor PoolingDescriptor""",
+    # the types the public signatures name, tensors, handles and streams, configuration
+    "runtime.tensor": "TensorLike Tensor as_tensor tensor_from_pointer empty zeros from_numpy",
+    "runtime.memory": "StreamLike DeviceLike",
+    "_types": "DTypeLike",
+    "runtime.handle": "get_handle device_count",
+    "runtime.interop": "current_stream",
+    "configuration": "ConvolutionFlags config flags",
+    # algorithm search and caches; the tuning database's records made ready ahead of the first
+    # call
+    "api.caches": "benchmark_cache clear_caches set_cache_limit",
+    "engines.problem": "ConvolutionParams",
+    "search.preload": "preload PreloadReport",
+    # convolutions, prepared ones
+    "api.conv": """prepare_convolution convolution conv_transpose convolution_backward_data
+        convolution_backward_filter convolution_add_relu conv_transpose_backward_data
+        conv_transpose_backward_filter""",
+    "api.prepared": "PreparedConvolution",
     # operations beside convolutions
-    "activation_forward": "ops.activation", "activation_backward": "ops.activation",
-    "softmax_forward": "ops.softmax", "softmax_backward": "ops.softmax",
-    "hardtanh_forward": "ops.hardtanh", "hardtanh_backward": "ops.hardtanh",
-    "pooling_forward": "ops.pooling", "pooling_backward": "ops.pooling",
-    "PoolingDescriptor": "cudnn.descriptors",
-    "batch_norm_forward_training": "ops.batchnorm", "batch_norm_forward_inference": "ops.batchnorm",
-    "batch_norm_backward": "ops.batchnorm", "batch_norm_add_relu_forward_training": "ops.batchnorm",
-    "batch_norm_add_relu_backward": "ops.batchnorm", "BatchNormResult": "ops.batchnorm",
-    "DropoutState": "ops.dropout", "dropout_forward": "ops.dropout", "dropout_backward": "ops.dropout",
-    "DropoutReserve": "ops.dropout",
+    "ops.activation": "activation_forward activation_backward",
+    "ops.softmax": "softmax_forward softmax_backward",
+    "ops.hardtanh": "hardtanh_forward hardtanh_backward",
+    "ops.pooling": "pooling_forward pooling_backward",
+    "ops.batchnorm": """batch_norm_forward_training batch_norm_forward_inference
+        batch_norm_backward batch_norm_add_relu_forward_training batch_norm_add_relu_backward
+        BatchNormResult""",
+    "ops.dropout": "DropoutState dropout_forward dropout_backward DropoutReserve",
 }
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {name: module for module, names in _MODULES.items()
+                            for name in names.split()}
 
 __all__ = sorted([*_EXPORTS, "cudnn_version", "cudnn_version_tuple"]) + ["__version__"]
 

@@ -506,20 +506,35 @@ def _backward_data_full(grad_y: Tensor, w: Tensor, _z: None, _bias: None,
                         geometry: tuple[Any, ...], out: Any, stream: Any,
                         flags: Mapping[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """The full path of `convolution_backward_data()`: (output, what it prepared)."""
-    input_shape, stride, padding, dilation, groups = geometry
     fn = "convolution_backward_data"
-    nd = check_rank(grad_y, "grad_y", fn)
-    _check_pair(grad_y, "grad_y", w, "weight")
-    stride_t, padding_t, dilation_t = geometry_args(stride, padding, dilation, nd)
-    groups_i = groups_arg(groups)
-    input_shape_t = shape_arg("input_shape", input_shape, grad_y.ndim)
-    check_channels(input_shape_t, w.shape, groups_i, fn)
-    check_grad_y(fn, grad_y, input_shape_t, w.shape, stride_t, padding_t, dilation_t,
-                 "input_shape", "weight")
+    input_shape_t, stride_t, padding_t, dilation_t, groups_i = _backward_args(
+        fn, grad_y, w, geometry, of_input=True)
     dx, call = _backward_data(fn, grad_y, w, input_shape_t, stride_t, padding_t, dilation_t,
                               groups_i, out, stream, flags)
     prepared = prepare_call(call) if call is not None else None
     return dx, prepared
+
+
+def _backward_args(fn: str, a: Tensor, b: Tensor, geometry: tuple[Any, ...], of_input: bool
+                   ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
+    """The checked arguments of a backward convolution: ``(shape, stride, padding, dilation,
+    groups)``, ``shape`` the gradient's. The input's gradient (``of_input``) takes
+    ``(grad_y, weight)`` as ``a, b`` and ``input_shape``, the weight's ``(input, grad_y)`` and
+    ``weight_shape``."""
+    shape, stride, padding, dilation, groups = geometry
+    names = ("grad_y", "weight", "input_shape") if of_input else ("input", "grad_y", "weight_shape")
+    nd = check_rank(a, names[0], fn)
+    _check_pair(a, names[0], b, names[1])
+    stride_t, padding_t, dilation_t = geometry_args(stride, padding, dilation, nd)
+    groups_i = groups_arg(groups)
+    shape_t = shape_arg(names[2], shape, a.ndim)
+    if of_input:
+        grad_y, x_shape, w_shape, names_xw = a, shape_t, b.shape, ("input_shape", "weight")
+    else:
+        grad_y, x_shape, w_shape, names_xw = b, a.shape, shape_t, ("input", "weight_shape")
+    check_channels(x_shape, w_shape, groups_i, fn)
+    check_grad_y(fn, grad_y, x_shape, w_shape, stride_t, padding_t, dilation_t, *names_xw)
+    return shape_t, stride_t, padding_t, dilation_t, groups_i
 
 
 def _backward_data(fn: str, dy: Tensor, w: Tensor, input_shape: Sequence[int],
@@ -555,16 +570,9 @@ def _backward_filter_full(x: Tensor, grad_y: Tensor, _z: None, _bias: None,
                           geometry: tuple[Any, ...], out: Any, stream: Any,
                           flags: Mapping[str, Any]) -> "tuple[Tensor, PreparedConvolution | None]":
     """The full path of `convolution_backward_filter()`: (output, what it prepared)."""
-    weight_shape, stride, padding, dilation, groups = geometry
     fn = "convolution_backward_filter"
-    nd = check_rank(x, "input", fn)
-    _check_pair(x, "input", grad_y, "grad_y")
-    stride_t, padding_t, dilation_t = geometry_args(stride, padding, dilation, nd)
-    groups_i = groups_arg(groups)
-    weight_shape_t = shape_arg("weight_shape", weight_shape, x.ndim)
-    check_channels(x.shape, weight_shape_t, groups_i, fn)
-    check_grad_y(fn, grad_y, x.shape, weight_shape_t, stride_t, padding_t, dilation_t,
-                 "input", "weight_shape")
+    weight_shape_t, stride_t, padding_t, dilation_t, groups_i = _backward_args(
+        fn, x, grad_y, geometry, of_input=False)
     f = _flags(flags)
     check_sample_size(fn, x.shape, grad_y.shape)
     call = ConvolutionCall(fn, "backward_filter", x, None, grad_y, stride_t, padding_t, dilation_t, groups_i, f, stream)

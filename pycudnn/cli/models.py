@@ -97,35 +97,29 @@ def _l3(name: str, c: int, dhw: int, k: int, r: int = 3) -> Layer:
     return Layer(name, 2, c, (dhw,) * 3, k, (r,) * 3, 1, r // 2)
 
 
+def _resnet50() -> list[Layer]:
+    """torchvision ResNet-50's 23 distinct layers (v1.5: the stride on the 3x3): the stem, then
+    per stage its first block's three convolutions and downsample, and its second block's two
+    (the later blocks repeat the second)."""
+    layers = [_l2("conv1", 3, 224, 64, 7, 2, 3)]
+    c, hw = 64, 56
+    for stage, width in enumerate((64, 128, 256, 512), 1):
+        s = 1 if stage == 1 else 2
+        out, p = hw // s, f"layer{stage}."
+        layers += [_l2(p + "0.conv1", c, hw, width, 1), _l2(p + "0.conv2", width, hw, width, 3, s),
+                   _l2(p + "0.conv3", width, out, 4 * width, 1)]
+        if s != 1:  # layer1.0.downsample (64->256 1x1 @56) equals layer1.0.conv3
+            layers.append(_l2(p + "0.downsample", c, hw, 4 * width, 1, s))
+        layers.append(_l2(p + "1.conv1", 4 * width, out, width, 1))
+        if s != 1:  # layer1.1.conv2 equals layer1.0.conv2
+            layers.append(_l2(p + "1.conv2", width, out, width, 3))
+        c, hw = 4 * width, out
+    return layers
+
+
 #: The distinct convolution layers of each built-in model (224x224 images; torchvision names).
 MODELS: dict[str, list[Layer]] = {
-    # torchvision ResNet-50 (v1.5: stride on the 3x3): 23 distinct layers; layer1.0.downsample
-    # (64->256 1x1 @56) equals layer1.0.conv3 and is listed once
-    "resnet50": [
-        _l2("conv1", 3, 224, 64, 7, 2, 3),
-        _l2("layer1.0.conv1", 64, 56, 64, 1),
-        _l2("layer1.0.conv2", 64, 56, 64, 3),
-        _l2("layer1.0.conv3", 64, 56, 256, 1),
-        _l2("layer1.1.conv1", 256, 56, 64, 1),
-        _l2("layer2.0.conv1", 256, 56, 128, 1),
-        _l2("layer2.0.conv2", 128, 56, 128, 3, 2),
-        _l2("layer2.0.conv3", 128, 28, 512, 1),
-        _l2("layer2.0.downsample", 256, 56, 512, 1, 2),
-        _l2("layer2.1.conv1", 512, 28, 128, 1),
-        _l2("layer2.1.conv2", 128, 28, 128, 3),
-        _l2("layer3.0.conv1", 512, 28, 256, 1),
-        _l2("layer3.0.conv2", 256, 28, 256, 3, 2),
-        _l2("layer3.0.conv3", 256, 14, 1024, 1),
-        _l2("layer3.0.downsample", 512, 28, 1024, 1, 2),
-        _l2("layer3.1.conv1", 1024, 14, 256, 1),
-        _l2("layer3.1.conv2", 256, 14, 256, 3),
-        _l2("layer4.0.conv1", 1024, 14, 512, 1),
-        _l2("layer4.0.conv2", 512, 14, 512, 3, 2),
-        _l2("layer4.0.conv3", 512, 7, 2048, 1),
-        _l2("layer4.0.downsample", 1024, 14, 2048, 1, 2),
-        _l2("layer4.1.conv1", 2048, 7, 512, 1),
-        _l2("layer4.1.conv2", 512, 7, 512, 3),
-    ],
+    "resnet50": _resnet50(),
     # VGG-16: 9 distinct 3x3 layers
     "vgg16": [
         _l2("conv1_1", 3, 224, 64, 3), _l2("conv1_2", 64, 224, 64, 3),

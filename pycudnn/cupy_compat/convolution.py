@@ -150,15 +150,10 @@ def convolution_backward_data(W: Any, x: Any, b: Any, y: Any, pad: Sequence[int]
         x: ``(N, K, *out)``: the gradient with respect to the forward output.
         b: ``None`` or one value per channel of ``y``, added to ``y``.
         y: the preallocated result ``(N, C, *in)``; overwritten.
-        pad: one padding per spatial dimension.
-        stride: one stride per spatial dimension.
-        dilation: one dilation per spatial dimension, or ``None``.
-        groups: number of channel groups.
+        pad, stride, dilation, groups, auto_tune, tensor_core, w_layout: as in
+            `convolution_forward`.
         deterministic: only deterministic algorithms.
-        auto_tune: measure the candidate algorithms once per shape and keep the fastest.
-        tensor_core: ``'auto'``, ``'always'`` or ``'never'``.
         d_layout: layout of ``x`` and ``y``.
-        w_layout: layout of ``W``.
     """
     flags, d, w, (pad_t, stride_t, dil_t), s = _prologue(
         x, pad, stride, dilation, d_layout, w_layout, auto_tune, tensor_core, deterministic)
@@ -203,13 +198,8 @@ def convolution_backward_filter(x: Any, gy: Any, gW: Any, pad: Sequence[int],
         x: the forward input, ``(N, C, *in)``.
         gy: the gradient with respect to the forward output, ``(N, K, *out)``.
         gW: the preallocated filter gradient, ``(K, C/groups, *kernel)``; overwritten.
-        pad: one padding per spatial dimension.
-        stride: one stride per spatial dimension.
-        dilation: one dilation per spatial dimension, or ``None``.
-        groups: number of channel groups.
+        pad, stride, dilation, groups, auto_tune, tensor_core: as in `convolution_forward`.
         deterministic: only deterministic algorithms.
-        auto_tune: measure the candidate algorithms once per shape and keep the fastest.
-        tensor_core: ``'auto'``, ``'always'`` or ``'never'``.
         d_layout: layout of ``x`` and ``gy``.
         w_layout: layout of ``gW``.
     """

@@ -229,25 +229,10 @@ def batch_normalization_forward_training_ex(
         inv_std: Any, eps: float, decay: float, is_for_conv2d: bool, cudnn_mode: int,
         debug: bool, d_layout: int = CUDNN_TENSOR_NCHW) -> Any:
     """CuPy 13's ``cupyx.cudnn.batch_normalization_forward_training_ex``: as
-    `batch_normalization_forward_training`, with the reserve space first in the result:
-    ``(reserve_space, y)`` or ``(reserve_space, y, mean, inv_std)``. ``reserve_space`` is None
-    unless cuDNN asked for one (its NHWC persistent kernels); pass it to
-    `batch_normalization_backward`.
-
-    Args:
-        x: as in batch_normalization_forward_training.
-        gamma: scale.
-        beta: shift.
-        running_mean: updated in place.
-        running_var: updated in place.
-        mean: None, or an array to receive the batch mean.
-        inv_std: None, or an array to receive ``1 / sqrt(var + eps)``.
-        eps: added to the variance.
-        decay: the weight of the running value in the update.
-        is_for_conv2d: whether x is (N, C, ...) data (else channels last).
-        cudnn_mode: a ``CUDNN_BATCHNORM_*`` mode.
-        debug: check for an overflow after SPATIAL_PERSISTENT.
-        d_layout: ``CUDNN_TENSOR_NCHW`` or ``CUDNN_TENSOR_NHWC``.
+    `batch_normalization_forward_training` (the same arguments), with the reserve space first in
+    the result: ``(reserve_space, y)`` or ``(reserve_space, y, mean, inv_std)``.
+    ``reserve_space`` is None unless cuDNN asked for one (its NHWC persistent kernels); pass it
+    to `batch_normalization_backward`.
     """
     out = _bn_forward_training(x, gamma, beta, running_mean, running_var, mean, inv_std, eps,
                                decay, is_for_conv2d, cudnn_mode, debug, d_layout)

@@ -261,20 +261,39 @@ def _check_same(fn: str, x: Any, name: str, t: Any) -> None:
             f"{x.device} and {name} on {t.device}")
 
 
-def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -> tuple[int, ...]:
-    """PyTorch's checks of a convolution (2-D or 3-D: as many spatial dims as ``geom`` has
-    strides); the output's shape."""
-    stride, padding, dilation, groups = geom
+def _check_operands(fn: str, x: Any, w: Any, geom: tuple[Any, ...]) -> None:
+    """The checks a convolution and a transposed one share first: the input's and the weight's
+    tensors (as many spatial dims as ``geom`` has strides), then the weight's groups."""
+    stride, _, _, groups = geom
     dims = (len(stride) + 2,)
     check_tensor(fn, "input", x, dims)
     check_tensor(fn, "weight", w, dims)
     _check_same(fn, x, "weight", w)
-    n, c = x.shape[:2]
-    k, cg = w.shape[:2]
     if w.shape[0] % groups:
         raise ConvolutionValueError(
             f"{fn}: given groups={groups}, expected weight to be divisible by {groups} "
             f"at dimension 0, but got weight of size {list(w.shape)} instead")
+
+
+def _check_bias(fn: str, x: Any, w: Any, b: Any, k: int, given: str = "") -> None:
+    """A bias of ``k`` elements, refused in PyTorch's words (``given`` what they name before
+    the weight: ``"transposed=1, "`` for a transposed convolution)."""
+    check_tensor(fn, "bias", b)
+    _check_same(fn, x, "bias", b)
+    if tuple(b.shape) != (k,):
+        raise ConvolutionValueError(
+            f"{fn}: given {given}weight of size {list(w.shape)}, expected bias to be "
+            f"1-dimensional with {k} elements, but got bias of size "
+            f"{list(b.shape)} instead")
+
+
+def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -> tuple[int, ...]:
+    """PyTorch's checks of a convolution (2-D or 3-D: as many spatial dims as ``geom`` has
+    strides); the output's shape."""
+    stride, padding, dilation, groups = geom
+    _check_operands(fn, x, w, geom)
+    n, c = x.shape[:2]
+    k, cg = w.shape[:2]
     if c != cg * groups:
         raise ConvolutionValueError(
             f"{fn}: given groups={groups}, weight of size {list(w.shape)}, expected "
@@ -293,13 +312,7 @@ def check_conv(fn: str, x: Any, w: Any, b: Any, z: Any, geom: tuple[Any, ...]) -
             f"({kernel}). Kernel size can't be greater than actual input size")
     shape = (n, k, *out)
     if b is not None:
-        check_tensor(fn, "bias", b)
-        _check_same(fn, x, "bias", b)
-        if tuple(b.shape) != (k,):
-            raise ConvolutionValueError(
-                f"{fn}: given weight of size {list(w.shape)}, expected bias to be "
-                f"1-dimensional with {k} elements, but got bias of size "
-                f"{list(b.shape)} instead")
+        _check_bias(fn, x, w, b, k)
     if z is not None:
         check_tensor(fn, "z", z)
         _check_same(fn, x, "z", z)
@@ -321,14 +334,7 @@ def check_transposed(fn: str, x: Any, w: Any, b: Any, geom: tuple[Any, ...],
     *o)``, ``o = (i - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding +
     1``."""
     stride, padding, dilation, groups = geom
-    dims = (len(stride) + 2,)
-    check_tensor(fn, "input", x, dims)
-    check_tensor(fn, "weight", w, dims)
-    _check_same(fn, x, "weight", w)
-    if w.shape[0] % groups:
-        raise ConvolutionValueError(
-            f"{fn}: given groups={groups}, expected weight to be divisible by {groups} "
-            f"at dimension 0, but got weight of size {list(w.shape)} instead")
+    _check_operands(fn, x, w, geom)
     if x.shape[1] != w.shape[0]:
         raise ConvolutionValueError(
             f"{fn}: given transposed=1, weight of size {list(w.shape)}, expected "
@@ -346,12 +352,7 @@ def check_transposed(fn: str, x: Any, w: Any, b: Any, geom: tuple[Any, ...],
             f"Calculated output size per channel: ({' x '.join(map(str, out))}). Output size "
             f"is too small")
     if b is not None:
-        check_tensor(fn, "bias", b)
-        _check_same(fn, x, "bias", b)
-        if tuple(b.shape) != (k,):
-            raise ConvolutionValueError(
-                f"{fn}: given transposed=1, weight of size {list(w.shape)}, expected bias to be "
-                f"1-dimensional with {k} elements, but got bias of size {list(b.shape)} instead")
+        _check_bias(fn, x, w, b, k, "transposed=1, ")
     return (x.shape[0], k, *out)
 
 

@@ -19,21 +19,22 @@ from .library import (compiler, dynamo_compiling, traced_conv2d, traced_conv2d_a
 
 # ---- autograd -------------------------------------------------------------------------------------
 
-def _differentiable_backward(gy: Any, x: Any, w: Any, geom: tuple[Any, ...], need_x: bool,
-                             need_w: bool) -> tuple[Any, Any]:
+def differentiable_backward(gy: Any, x: Any, w: Any, geom: tuple[Any, ...], need_x: bool,
+                            need_w: bool) -> tuple[Any, Any]:
     """``(grad_x, grad_w)`` through PyTorch's ``convolution_backward``, which autograd can
     differentiate again: the backward pass of a graph built with ``create_graph=True``
     (gradient penalties, Hessian-vector products). pycudnn's own launches would return
     gradients with no history, and the second derivative would silently be left out."""
     stride, padding, dilation, groups = geom
     gx, gw, _ = convolution_backward(gy, x, w, None, list(stride), list(padding),
-                                      list(dilation), False, [0, 0], groups,
+                                      list(dilation), False, [0] * len(stride), groups,
                                       [need_x, need_w, False])
     return gx, gw
 
 
-class _Conv2dFunction(torch.autograd.Function):
-    """conv2d with pycudnn's forward, backward-data and backward-filter convolutions."""
+class ConvFunction(torch.autograd.Function):
+    """The forward of a convolution's autograd function (any rank the remembered launches
+    take): pycudnn's forward convolution; the subclasses give the backward."""
 
     @staticmethod
     def forward(ctx: Any, x: Any, w: Any, b: Any, geom: tuple[Any, ...]) -> Any:
@@ -44,6 +45,10 @@ class _Conv2dFunction(torch.autograd.Function):
         ctx.geom, ctx.fmt, ctx.torch_key = geom, fmt, torch_key
         return y
 
+
+class _Conv2dFunction(ConvFunction):
+    """conv2d with pycudnn's forward, backward-data and backward-filter convolutions."""
+
     @staticmethod
     def backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
         xd, wd, x, w = ctx.saved_tensors
@@ -51,7 +56,7 @@ class _Conv2dFunction(torch.autograd.Function):
         need_x, need_w, need_b, _ = ctx.needs_input_grad
         gb = gy.sum((0, 2, 3)) if need_b else None
         if grad_enabled():  # create_graph=True
-            gx, gw = _differentiable_backward(gy, x, w, geom, need_x, need_w)
+            gx, gw = differentiable_backward(gy, x, w, geom, need_x, need_w)
             return gx, gw, gb, None
         gy = dense_grad(gy, fmt)
         gx, gw, through_torch = run_backward(gy, xd, wd, fmt, geom, need_x, need_w)
@@ -83,7 +88,7 @@ class _FusedFunction(torch.autograd.Function):
         gb = d.sum((0, 2, 3)) if need_b else None
         gz = (d if ctx.alpha == 1.0 else d * ctx.alpha) if need_z else None
         if grad_enabled():  # create_graph=True
-            gx, gw = _differentiable_backward(d, x, w, geom, need_x, need_w)
+            gx, gw = differentiable_backward(d, x, w, geom, need_x, need_w)
             return gx, gw, gb, gz, None, None
         d = dense_grad(d, fmt)
         gx, gw, _ = run_backward(d, xd, wd, fmt, geom, need_x, need_w)

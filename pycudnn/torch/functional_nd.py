@@ -28,7 +28,7 @@ from .calls import (CACHE_MAX, ConvolutionTypeError, ConvolutionValueError, auto
                     forward_key, geometry, grad_enabled, pytorch_only, route_layer_to_torch,
                     run_backward_data, run_backward_filter, run_forward, spatial_ints, torch_layers,
                     transposed_call)
-from .functional import autocast_tensors, conv2d, needs_grad
+from .functional import ConvFunction, autocast_tensors, conv2d, differentiable_backward, needs_grad
 
 _CHECKED = (ConvolutionValueError, ConvolutionTypeError, AttributeError)
 
@@ -39,28 +39,18 @@ def _bias_dims(nd: int) -> tuple[int, ...]:
 
 # ---- autograd -------------------------------------------------------------------------------------
 
-class _ConvNdFunction(torch.autograd.Function):
+class _ConvNdFunction(ConvFunction):
     """A convolution of any rank the remembered launches take (3-D here) with pycudnn's forward,
     backward-data and backward-filter convolutions."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, w: Any, b: Any, geom: tuple[Any, ...]) -> Any:
-        y, xd, wd, fmt, torch_key = run_forward("conv", x, w, b, None, 1.0, geom)
-        ctx.save_for_backward(xd, wd, x, w)  # the inputs too: a double backward must reach them
-        ctx.geom, ctx.fmt, ctx.torch_key = geom, fmt, torch_key
-        return y
 
     @staticmethod
     def backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
         xd, wd, x, w = ctx.saved_tensors
         geom, fmt = ctx.geom, ctx.fmt
         need_x, need_w, need_b, _ = ctx.needs_input_grad
-        stride, padding, dilation, groups = geom
-        gb = gy.sum(_bias_dims(len(stride))) if need_b else None
+        gb = gy.sum(_bias_dims(len(geom[0]))) if need_b else None
         if grad_enabled():  # create_graph=True: a backward autograd can differentiate again
-            gx, gw, _ = convolution_backward(gy, x, w, None, list(stride), list(padding),
-                                             list(dilation), False, [0] * len(stride), groups,
-                                             [need_x, need_w, False])
+            gx, gw = differentiable_backward(gy, x, w, geom, need_x, need_w)
             return gx, gw, gb, None
         gy = dense_grad(gy, fmt)
         gx, torch_x = run_backward_data(gy, wd, xd, fmt, geom) if need_x else (None, True)

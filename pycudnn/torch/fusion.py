@@ -10,7 +10,8 @@ import torch
 
 from .modules import CONVERSIONS, Conv2d, FusedConv2d, log
 from .training import has_hooks
-from .training_rewrite import add_fusable, inplace_tracer, is_add, is_relu, mutation_between
+from .training_rewrite import (add_fusable, inplace_tracer, is_add, is_relu, module_calls,
+                               mutation_between)
 
 
 # ---- inference fusion -----------------------------------------------------------------------------
@@ -114,9 +115,7 @@ def _rewrite(gm: Any) -> bool:
     modules = dict(gm.named_modules())
     graph = gm.graph
     changed = False
-    for node in list(graph.nodes):
-        if node.op != "call_module":
-            continue
+    for node in module_calls(graph):
         conv = modules.get(node.target)
         if conv is None or type(conv) not in (torch.nn.Conv2d, Conv2d) \
                 or conv.padding_mode != "zeros":

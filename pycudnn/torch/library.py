@@ -144,28 +144,24 @@ def _add_relu_fake(input: Any, weight: Any, z: Any, bias: Any, alpha: float, str
 # computed it; the gradient and the tensors read are made dense in it first, as eager backward
 # passes do.
 
-def _backward_input_cuda(grad_output: Any, input: Any, weight: Any, stride: Any, padding: Any,
-                         dilation: Any, groups: int) -> Any:
-    fmt = memory_format(input, weight)
-    return run_backward_data(dense_grad(grad_output, fmt), _dense(weight, fmt), input, fmt,
-                             _geom(stride, padding, dilation, groups))[0]
+def _backward_operator(of_input: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The CUDA and the fake implementation of the backward operator giving the input's gradient
+    (``of_input``) or the weight's."""
 
+    def cuda(grad_output: Any, input: Any, weight: Any, stride: Any, padding: Any,
+             dilation: Any, groups: int) -> Any:
+        fmt = memory_format(input, weight)
+        grad, geom = dense_grad(grad_output, fmt), _geom(stride, padding, dilation, groups)
+        if of_input:
+            return run_backward_data(grad, _dense(weight, fmt), input, fmt, geom)[0]
+        return run_backward_filter(_dense(input, fmt), grad, weight, fmt, geom)[0]
 
-def _backward_input_fake(grad_output: Any, input: Any, weight: Any, stride: Any, padding: Any,
-                         dilation: Any, groups: int) -> Any:
-    return _empty(input.shape, grad_output, memory_format(input, weight))
+    def fake(grad_output: Any, input: Any, weight: Any, stride: Any, padding: Any,
+             dilation: Any, groups: int) -> Any:
+        return _empty((input if of_input else weight).shape, grad_output,
+                      memory_format(input, weight))
 
-
-def _backward_weight_cuda(grad_output: Any, input: Any, weight: Any, stride: Any, padding: Any,
-                          dilation: Any, groups: int) -> Any:
-    fmt = memory_format(input, weight)
-    return run_backward_filter(_dense(input, fmt), dense_grad(grad_output, fmt), weight, fmt,
-                               _geom(stride, padding, dilation, groups))[0]
-
-
-def _backward_weight_fake(grad_output: Any, input: Any, weight: Any, stride: Any, padding: Any,
-                          dilation: Any, groups: int) -> Any:
-    return _empty(weight.shape, grad_output, memory_format(input, weight))
+    return cuda, fake
 
 
 # ---- autograd -------------------------------------------------------------------------------------
@@ -238,8 +234,8 @@ if AVAILABLE:
            _bias_relu_setup)
     define("conv2d_add_relu", _add_relu_cuda, _add_relu_fake, _add_relu_backward,
            _add_relu_setup)
-    define("conv2d_backward_input", _backward_input_cuda, _backward_input_fake)
-    define("conv2d_backward_weight", _backward_weight_cuda, _backward_weight_fake)
+    define("conv2d_backward_input", *_backward_operator(of_input=True))
+    define("conv2d_backward_weight", *_backward_operator(of_input=False))
 
 
 # ---- what the public functions call while dynamo or torch.export traces ---------------------------

@@ -105,6 +105,12 @@ def mutation_between(first: Any, last: Any, chain: tuple[Any, ...],
     return None
 
 
+def module_calls(graph: Any) -> list[Any]:
+    """The ``call_module`` nodes of an fx graph, in graph order: a list taken before a pass
+    changes the graph (the nodes it adds are not visited)."""
+    return [node for node in graph.nodes if node.op == "call_module"]
+
+
 _AUGMENTED = ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "iand",
               "ior", "ixor", "ilshift", "irshift")
 _inplace_tracer: Any = None
@@ -193,9 +199,10 @@ def _rewrite(gm: Any, root: Any) -> int:
     modules = {name: m for name, m in root.named_modules(remove_duplicate=False)}
     graph = gm.graph
     made: set[str] = set()
-    taken = {n.target for n in graph.nodes if n.op == "call_module"}
-    for node in list(graph.nodes):
-        if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+    calls = module_calls(graph)
+    taken = {n.target for n in calls}
+    for node in calls:
+        if len(node.args) != 1 or node.kwargs:
             continue
         conv = modules.get(node.target)
         if not isinstance(conv, torch.nn.Conv2d) or type(conv).__module__ not in (
@@ -363,9 +370,7 @@ def unfuse_training(module: Any) -> Any:
     for gm in [m for m in module.modules() if isinstance(m, torch.fx.GraphModule)]:
         graph = gm.graph
         changed = False
-        for node in list(graph.nodes):
-            if node.op != "call_module":
-                continue
+        for node in module_calls(graph):
             block = gm.get_submodule(node.target)
             if not isinstance(block, BLOCKS):
                 continue

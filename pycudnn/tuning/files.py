@@ -14,7 +14,7 @@ import stat
 import threading
 import time
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..errors import TuningDatabaseWarning
 from .records import CorruptFile
@@ -44,6 +44,15 @@ def _check_ownership(st: os.stat_result, what: str) -> None:
                        f"{stat.S_IMODE(st.st_mode):04o})")
 
 
+def _check_opened(fd: int, is_kind: Callable[[int], bool], wrong_kind: str, what: str) -> None:
+    """RefusedFile (``wrong_kind`` its message) unless the open ``fd`` is of the kind ``is_kind``
+    tests its mode for (``stat.S_ISDIR``, ...), and `_check_ownership` of it as ``what``."""
+    st = os.fstat(fd)
+    if not is_kind(st.st_mode):
+        raise RefusedFile(wrong_kind)
+    _check_ownership(st, what)
+
+
 @contextlib.contextmanager
 def _directory(file: str, create: bool) -> Iterator[int | None]:
     """A descriptor of ``file``'s directory once it is checked (created 0700 when ``create``);
@@ -64,10 +73,8 @@ def _directory(file: str, create: bool) -> Iterator[int | None]:
         yield None
         return
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISDIR(st.st_mode):
-            raise RefusedFile(f"{directory} is not a directory")
-        _check_ownership(st, f"the directory {directory}")
+        _check_opened(fd, stat.S_ISDIR, f"{directory} is not a directory",
+                      f"the directory {directory}")
         yield fd
     finally:
         os.close(fd)
@@ -276,10 +283,8 @@ def locked(file: str, timeout: float | None = None) -> Iterator[None]:
                     raise RefusedFile(f"the lock file {file}.lock is a symbolic link") from None
                 raise
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise RefusedFile(f"the lock file {file}.lock is not a regular file")
-            _check_ownership(st, f"the lock file {file}.lock")
+            _check_opened(fd, stat.S_ISREG, f"the lock file {file}.lock is not a regular file",
+                          f"the lock file {file}.lock")
             deadline = time.monotonic() + limit
             delay = 0.001
             while True:

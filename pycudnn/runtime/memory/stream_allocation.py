@@ -35,12 +35,8 @@ class StreamAllocation:
 
     def __init__(self, ptr: int, nbytes: int, device: int, stream: int, stream_ref: Any = None,
                  sync_free: bool = False) -> None:
-        self.ptr = ptr
-        self.nbytes = nbytes
-        self.device = device
-        self.stream = stream
-        self.stream_ref = stream_ref
-        self.sync_free = sync_free
+        self.ptr, self.nbytes, self.device, self.stream = ptr, nbytes, device, stream
+        self.stream_ref, self.sync_free = stream_ref, sync_free
         #: the allocating thread's token when allocated on the per-thread default stream
         self.thread = thread_token() if stream == 2 else None
 

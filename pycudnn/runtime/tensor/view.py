@@ -111,14 +111,9 @@ class Tensor:
     def __init__(self, ptr: int, shape: Sequence[int], dtype: DTypeLike,
                  strides: Sequence[int] | None = None, device: int = 0, owner: object = None, *,
                  readonly: bool = False) -> None:
-        ptr, shape, dtype, strides, device = _validate_view(ptr, shape, dtype, strides, device, "Tensor")
-        self.ptr = ptr
-        self.shape = shape
-        self.strides = strides
-        self.dtype = dtype
-        self.device = device
-        self.owner = owner
-        self.readonly = _check_readonly(readonly, "Tensor")
+        self.ptr, self.shape, self.dtype, self.strides, self.device = _validate_view(
+            ptr, shape, dtype, strides, device, "Tensor")
+        self.owner, self.readonly = owner, _check_readonly(readonly, "Tensor")
         self._fmt = None
 
     @classmethod
