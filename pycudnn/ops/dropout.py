@@ -304,7 +304,14 @@ def _copy(handle: int, src: Tensor, dst: Tensor) -> None:
     transform(handle, _view4(src), _view4(dst))
 
 
+# cudnnDropoutForward/Backward answer CUDNN_STATUS_NOT_SUPPORTED for bfloat16 (measured, cuDNN 9.19)
+_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _check_tensor(t: Tensor, name: str, fn: str, state: DropoutState) -> None:
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{fn}: expected {name} to have dtype float16, float32 or float64 "
+                        f"(cuDNN's dropout has no {t.dtype.name} kernel), but got {t.dtype.name}")
     check_no_broadcast(t, name, fn)
     if t.device != state.device:
         check_device(t, name, state.device, fn, " (the state's device)")
