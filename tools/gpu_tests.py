@@ -7,7 +7,8 @@ the GPU to themselves alone.
 
 Test files are split into shards of about equal duration: the seconds recorded per file in
 ``tools/gpu_test_durations.json`` (``--record`` writes them from a run), else an estimate from
-the file's size. Each shard runs ``-m "not gpu_exclusive"`` with its own cache directory; the
+the file's size. Each shard runs ``-m "not gpu_exclusive"`` with its own cache directory and
+its share of the CPU cores for OpenMP (``OMP_NUM_THREADS``, unless set); the
 ``gpu_exclusive`` tests (they fill the device's memory or time the host) run afterwards in one
 serial shard. Each shard's summary line and the total wall time are printed; the exit status is
 1 when any shard failed (its log is kept and named). Arguments after ``--`` go to every pytest.
@@ -121,9 +122,13 @@ def _command(files: Sequence[str], marker: str, junit: str, extra: Sequence[str]
             f"--junitxml={junit}", *timeout, *extra, *files]
 
 
-def _env(cache: str) -> dict[str, str]:
+def _env(cache: str, threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env["PYCUDNN_CACHE_DIR"] = cache  # shards never share a tuning database or routing decisions
+    # PyTorch's CPU ops (the float64 references, gradcheck) start one OpenMP thread per core in
+    # every shard: n shards would spin n times the cores, so each gets its share (unless set)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, str(threads))
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -135,17 +140,19 @@ def run(files: Sequence[str], n: int, recorded: dict[str, float], extra: Sequenc
     plans = [(f"shard {i + 1}/{len(shards)}", s.files, f"not {EXCLUSIVE}", s.seconds)
              for i, s in enumerate(shards)]
     serial = exclusive_files(files)
+    cores = os.cpu_count() or 1
     t0 = time.monotonic()
     failed = False
     measured: dict[str, float] = {}
 
-    def launch(name: str, shard_files: Sequence[str], marker: str) -> tuple[subprocess.Popen, Path, Path]:
+    def launch(name: str, shard_files: Sequence[str], marker: str, threads: int
+               ) -> tuple[subprocess.Popen, Path, Path]:
         slug = name.replace(" ", "-").replace("/", "of")
         log, junit = logs / f"{slug}.log", logs / f"{slug}.xml"
         cache = tempfile.mkdtemp(prefix=f"pycudnn-{slug}-cache-")
         out = open(log, "w", encoding="utf-8")  # noqa: SIM115 - closed once the process ends
         proc = subprocess.Popen(_command(shard_files, marker, str(junit), extra), cwd=ROOT,
-                                env=_env(cache), stdout=out, stderr=subprocess.STDOUT, text=True)
+                                env=_env(cache, threads), stdout=out, stderr=subprocess.STDOUT, text=True)
         out.close()
         return proc, log, junit
 
@@ -166,13 +173,14 @@ def run(files: Sequence[str], n: int, recorded: dict[str, float], extra: Sequenc
 
     for name, shard_files, _, seconds in plans:
         say(f"{name}: {len(shard_files)} files, about {seconds:.0f} s expected")
-    running = [(name, *launch(name, shard_files, marker), time.monotonic())
+    running = [(name, *launch(name, shard_files, marker, max(1, cores // len(plans))),
+                time.monotonic())
                for name, shard_files, marker, _ in plans]
     for name, proc, log, junit, started in running:
         finish(name, proc, log, junit, started)
     if serial:
         say(f"serial ({EXCLUSIVE}): {len(serial)} files")
-        proc, log, junit = launch("serial", serial, EXCLUSIVE)
+        proc, log, junit = launch("serial", serial, EXCLUSIVE, cores)
         finish("serial", proc, log, junit, time.monotonic())
     say(f"total wall time {time.monotonic() - t0:.0f} s"
         + (" (a shard failed)" if failed else ""))
