@@ -520,13 +520,13 @@ class ConvolutionDescriptor(Descriptor):
             if len(vals) != n:
                 raise ValueError(f"{name}: expected {n} values (one per spatial dim, as in "
                                  f"padding={pad_t}), got {len(vals)}: {vals}")
+        if isinstance(groups, (bool, np.bool_)):  # bools index as 0 and 1: never a count
+            raise TypeError(f"groups: expected an int, got bool {groups!r}")
         try:
-            if isinstance(groups, (bool, np.bool_)):  # bools index as 0 and 1: never a count
-                raise TypeError
             groups = operator.index(groups)
         except TypeError:
-            kind = "bool" if isinstance(groups, (bool, np.bool_)) else type(groups).__name__
-            raise TypeError(f"groups: expected an int, got {kind} {groups!r}") from None
+            raise TypeError(f"groups: expected an int, got {type(groups).__name__} "
+                            f"{groups!r}") from None
         check_int32(pad_t, "padding")
         check_int32(stride_t, "stride")
         check_int32(dil_t, "dilation")
