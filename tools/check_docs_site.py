@@ -44,10 +44,6 @@ SEARCH_TERM = "workspace"
 
 # ---- the site, served locally --------------------------------------------------------------
 
-# what Chromium answers when a page is replaced while a script is evaluated
-_NAVIGATING = re.compile(r"navigated or closed|Cannot find context|Execution context was destroyed")
-
-
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -79,6 +75,10 @@ def recorder() -> tuple[socketserver.ThreadingTCPServer, list[str]]:
 
 
 # ---- Chromium through the DevTools protocol on a pipe ------------------------------------------
+
+# what Chromium answers when a page is replaced while a script is evaluated
+_NAVIGATING = re.compile(r"navigated or closed|Cannot find context|Execution context was destroyed")
+
 
 class Browser:
     """Chromium with ``--remote-debugging-pipe``: JSON messages ending in NUL on fds 3 and 4."""
