@@ -77,16 +77,63 @@ def test_coef_sets_the_rows_graph_attributes():
     assert dict(steps[0].params) == {Attr.POINTWISE_ELU_ALPHA: 0.5}
 
 
-def test_compiled_swish_backward_is_cudnns_own():
-    steps, real, _ = runtime_kernels.activation_steps(row("swish"), 1.0, True)
-    assert [s.mode for s in steps] == [PointwiseMode.SWISH_BWD] and real == ("dy", "x", "dx")
+def test_the_sigmoid_backward_graph_reads_the_output():
+    steps, real, virtual = runtime_kernels.activation_steps(row("sigmoid"), 0.0, True)
+    assert steps == list(row("sigmoid").from_output)
+    assert real == ("dy", "y", "dx") and set(virtual) == {"yy", "d"}
 
 
-def test_sigmoid_and_tanh_backward_graphs_read_the_output():
-    for mode in ("sigmoid", "tanh"):
-        steps, real, virtual = runtime_kernels.activation_steps(row(mode), 0.0, True)
-        assert steps == list(row(mode).from_output)
-        assert real == ("dy", "y", "dx") and set(virtual) == {"yy", "d"}
+def _evaluate(steps, values):
+    """The pointwise steps run in float64 NumPy (IEEE: inf * 0 is NaN), on ``values`` by name."""
+    with np.errstate(all="ignore"):
+        def sigmoid(v):
+            return np.where(v >= 0, 1 / (1 + np.exp(-v)), np.exp(v) / (1 + np.exp(v)))
+        ops = {PointwiseMode.ADD: np.add, PointwiseMode.MUL: np.multiply,
+               PointwiseMode.SUB: np.subtract, PointwiseMode.NEG: lambda v, _: -v,
+               PointwiseMode.SIGMOID_FWD: lambda v, _: sigmoid(v)}
+        env = dict(values)
+        for st in steps:
+            env[st.y] = ops[st.mode](env[st.x], env.get(st.b))
+    return env["dx"]
+
+
+EDGES = np.array([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-8, 0.3, -1.0, 2.5, -6.0, 17.0,
+                  40.0, -40.0, 1e30, -1e30])
+
+
+def _pytorch_gradient(mode, coef, x, dy):
+    torch = pytest.importorskip("torch")
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    y = torch.tanh(xt) if mode == "tanh" else (
+        torch.nn.functional.silu(xt) if coef == 1.0 else xt * torch.sigmoid(coef * xt))
+    y.backward(torch.tensor(dy, dtype=torch.float64))
+    return xt.grad.numpy()
+
+
+@pytest.mark.parametrize("mode,coef", [("tanh", 0.0), ("swish", 1.0), ("swish", 0.5),
+                                       ("swish", 2.0)])
+def test_tanh_and_swish_gradient_graphs_are_pytorchs_values_on_x(mode, coef):
+    steps, real, virtual = runtime_kernels.activation_steps(row(mode), coef, True)
+    assert real == ("dy", "x", "dx") and not set(virtual) & {"one", "coef"}
+    dy = np.linspace(0.5, 3.0, EDGES.size)
+    got = _evaluate(steps, {"x": EDGES, "dy": dy, "one": 1.0, "coef": coef})
+    want = _pytorch_gradient(mode, coef, EDGES, dy)
+    if coef != 1.0 and mode == "swish":  # no PyTorch function: its formula on finite x only
+        got, want = got[np.isfinite(EDGES)], want[np.isfinite(EDGES)]
+    # NaN where PyTorch's is NaN; where tanh(x) rounds to 1, PyTorch's 1 - y * y is 0 (or a few
+    # units of 1e-16 off, from the cancellation) and ours sech(x)^2's true value
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
+
+
+def test_tanh_and_swish_gradient_graphs_read_their_scalars_by_value():
+    build = runtime_kernels.activation_graph(row("swish"), 0.5, ((1, 8, 2, 2), (32, 1, 16, 8)),
+                                             np.float32, True, "swish backward")
+    dicts = [c.cell_contents for c in build.__closure__ if isinstance(c.cell_contents, dict)]
+    tensors = next(d for d in dicts if "dy" in d)
+    assert {n for n, spec in tensors.items() if spec.by_value} == {"one", "coef"}
+    assert {"one": 1.0, "coef": 0.5} in dicts
+    uids = [spec.uid for spec in tensors.values()]
+    assert len(set(uids)) == len(uids)
 
 
 def test_a_gelu_signature_runs_its_graph_on_the_callers_memory_where_it_can():
@@ -134,6 +181,20 @@ def test_below_is_the_next_value_down(dtype):
 def _backward(mode, coef, nan, dtype="float32"):
     y, dy, x = (t(2, 3, 4, 4, dtype=dtype, region=r) for r in (1, 2, 3))
     return activation.backward_plan(y, dy, x, mode, coef, None, nan, "activation_backward")
+
+
+@pytest.mark.parametrize("mode", ["tanh", "swish"])
+def test_tanh_and_swish_gradients_run_their_graph_from_the_first_call_where_pytorchs_are_asked(
+        mode):
+    keep, cupy = activation.NanPropagation.PROPAGATE_NAN, activation.NanPropagation.NOT_PROPAGATE_NAN
+    for dtype in ("float32", "float16", "bfloat16"):
+        plan = _backward(mode, 1.0, keep, dtype)
+        assert plan.graph is not None and plan.launch is None, dtype
+        assert plan.graph.description == f"{mode} backward of 96 {dtype} elements"
+    # float64 (no graph kernel) and CuPy's calls (cuDNN's values) keep the legacy kernel
+    assert _backward(mode, 1.0, keep, "float64").graph is None
+    assert _backward(mode, 1.0, cupy).graph is None
+    assert _backward(mode, 1.0, cupy).launch is not None
 
 
 def test_pytorchs_edge_corrections_are_planned_for_pycudnns_calls_and_not_cupys():

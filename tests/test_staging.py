@@ -116,13 +116,12 @@ def test_relu_backward_adds_its_edge_correction(monkeypatch, dtype, shape):
     activation.activation_backward(y, dy, x, "relu")
     # y with NaN as +inf first (a minimum), then the gradient
     assert rec.launches == ["cudnnOpTensor", "cudnnActivationBackward"]
+    if dtype != "float64":
+        return  # tanh's and swish's gradients run a compiled graph (test_activation_modes)
     rec.launches.clear()
-    for mode in ("swish", "tanh"):
+    for mode in ("swish", "tanh"):  # float64: the legacy kernel alone, no correction
         activation.activation_backward(y, dy, x, mode, coef=1.0)
     assert rec.launches == ["cudnnActivationBackward"] * 2
-    rec.launches.clear()
-    activation.activation_backward(y, dy, x, "tanh")
-    assert rec.launches == ["cudnnActivationBackward"]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

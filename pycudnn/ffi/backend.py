@@ -225,6 +225,7 @@ class PointwiseMode(IntEnum):
     SQRT = 4
     DIV = 6
     SUB = 9
+    NEG = 16
     RSQRT = 17
     IDENTITY = 21
     RELU_FWD = 100

@@ -1,6 +1,7 @@
 """Activation functions: cuDNN's ``cudnnActivationForward`` / ``cudnnActivationBackward`` for the
 legacy modes, a pointwise graph from the first call for the graph-only ones (``"gelu"``,
-``"gelu_tanh"``). The modes and their parameters are the rows of `activation_modes`.
+``"gelu_tanh"``) and for PyTorch's tanh and swish gradients. The modes and their parameters are
+the rows of `activation_modes`.
 
 Tensors of 0 to 5 dims are taken with any strides (fewer than 4 dims are viewed as 4-D with
 trailing unit dims); NaN propagates (``CUDNN_PROPAGATE_NAN``) and the values at the edges are
@@ -468,7 +469,9 @@ def backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Ten
     if x.size == 0:
         return plan
     act_row = row(mode)
-    if act_row.legacy is None:
+    pytorch_edges = pytorch_edges and nan == _PROPAGATE
+    if act_row.legacy is None or (pytorch_edges and act_row.pytorch_backward
+                                  and x.dtype in runtime_kernels.GRAPH_DTYPES):
         plan.graph = graph_kernel(act_row, c, x, (dy.strides, plan.strides), True, fn)
         return plan
     # cuDNN's float16/bfloat16 ELU backward is wrong for a one-element tensor (0.198 off in
@@ -482,7 +485,6 @@ def backward_plan(y: Tensor, dy: Tensor, x: Tensor, mode: Any, coef: Any, o: Ten
     # in another staged through copies
     plan.stage = not all(same_layout(x.shape, t, dense)
                          for t in (y.strides, dy.strides, x.strides, plan.strides))
-    pytorch_edges = pytorch_edges and nan == _PROPAGATE
     if pytorch_edges and act_row.edges == "open_ceiling" and c > 0:
         # the legacy kernel passes dy at x == coef (PyTorch: 0 from x >= coef on): its
         # ceiling one value of the dtype lower makes its test PyTorch's x < coef

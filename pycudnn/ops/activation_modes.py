@@ -17,7 +17,11 @@ from ..cudnn.graph import PointwiseStep
 from ..ffi.backend import Attr, PointwiseMode
 
 __all__ = ["Activation", "ACTIVATIONS", "NAMES", "LEGACY", "GRAPH_ONLY", "CUPY_CONSTANTS",
-           "row"]
+           "SCALARS", "row"]
+
+#: the host scalars a row's graph steps may read by name: each one's value for a call's coef
+SCALARS: dict[str, Callable[[float], float]] = {"one": lambda coef: 1.0,
+                                                "coef": lambda coef: coef}
 
 
 def _always(coef: float) -> bool:
@@ -38,8 +42,11 @@ class Activation:
 
     ``forward``/``backward`` are the graph's pointwise modes (the backward one reads ``x`` and
     ``dy``); ``from_output`` replaces the backward mode by steps reading ``y`` (names ``y``,
-    ``dy``, ``dx`` and virtual intermediates). ``params`` are the graph attributes set to
-    ``coef``, ``fixed`` those set to a constant. ``compiles_backward(coef)`` says whether a
+    ``dy``, ``dx`` and virtual intermediates). ``pytorch_backward`` are steps reading ``x`` and
+    ``dy`` (and the scalars named in `SCALARS`) that give PyTorch's gradient where neither of
+    cuDNN's backward kernels does: with them a call that asks for PyTorch's values runs this
+    compiled graph from its first call. ``params`` are the graph attributes set to ``coef``,
+    ``fixed`` those set to a constant. ``compiles_backward(coef)`` says whether a
     compiled backward kernel gives the legacy kernel's values (else the signature keeps the
     legacy kernel). ``edges`` names the correction that gives PyTorch's edge values:
     ``"nan_passes"`` (dy passes where y is NaN) or ``"open_ceiling"`` (0 at x == coef); ``""``
@@ -53,6 +60,7 @@ class Activation:
     params: tuple[Attr, ...] = ()
     fixed: tuple[tuple[Attr, float], ...] = ()
     from_output: tuple[PointwiseStep, ...] = ()
+    pytorch_backward: tuple[PointwiseStep, ...] = ()
     compiles_backward: Callable[[float], bool] = field(default=_always, compare=False)
     #: the legacy descriptor's coef goes through this setter too (swish's beta)
     legacy_setter: str = ""
@@ -75,9 +83,15 @@ ACTIVATIONS: tuple[Activation, ...] = (
                             _S(_P.MUL, x="dy", b="d", y="dx")),
                cupy="CUDNN_ACTIVATION_SIGMOID"),
     Activation("tanh", ActivationMode.TANH, _P.TANH_FWD, _P.TANH_BWD, "tanh(x)",
-               # dy * (1 - y * y), as dy - dy * y * y
-               from_output=(_S(_P.MUL, x="y", b="y", y="yy"), _S(_P.MUL, x="dy", b="yy", y="d"),
-                            _S(_P.SUB, x="dy", b="d", y="dx")),
+               # dy * (1 - tanh(x)^2) as dy * 4 * sigmoid(2x) * sigmoid(-2x), with no
+               # cancellation: cuDNN's tanh is ~1e-5 relative off, and 1 - y * y (PyTorch's
+               # formula, both cuDNN kernels') amplifies that ~2.7x at |x| ~ 1
+               pytorch_backward=(_S(_P.ADD, x="x", b="x", y="2x"), _S(_P.NEG, x="2x", y="-2x"),
+                                 _S(_P.SIGMOID_FWD, x="2x", y="s"),
+                                 _S(_P.SIGMOID_FWD, x="-2x", y="r"),
+                                 _S(_P.MUL, x="s", b="r", y="sr"), _S(_P.ADD, x="sr", b="sr", y="2sr"),
+                                 _S(_P.ADD, x="2sr", b="2sr", y="g"),
+                                 _S(_P.MUL, x="dy", b="g", y="dx")),
                cupy="CUDNN_ACTIVATION_TANH"),
     Activation("clipped_relu", ActivationMode.CLIPPED_RELU, _P.RELU_FWD, _P.RELU_BWD,
                "min(max(x, 0), coef)", params=(Attr.POINTWISE_RELU_UPPER_CLIP,),
@@ -95,6 +109,14 @@ ACTIVATIONS: tuple[Activation, ...] = (
     Activation("swish", ActivationMode.SWISH, _P.SWISH_FWD, _P.SWISH_BWD,
                "x * sigmoid(coef * x)", params=(Attr.POINTWISE_SWISH_BETA,),
                legacy_setter="cudnnSetActivationDescriptorSwishBeta",
+               # PyTorch's silu_backward, dy * s * (1 + x * (1 - s)) with s = sigmoid(x), for
+               # any beta (x as beta * x, 1 - s as sigmoid(-beta * x)): dy at x = 1e30 and NaN
+               # at +-inf, where cuDNN's kernels give 0 and finite values
+               pytorch_backward=(_S(_P.MUL, x="x", b="coef", y="bx"), _S(_P.NEG, x="bx", y="-bx"),
+                                 _S(_P.SIGMOID_FWD, x="bx", y="s"),
+                                 _S(_P.SIGMOID_FWD, x="-bx", y="r"),
+                                 _S(_P.MUL, x="bx", b="r", y="f"), _S(_P.ADD, x="f", b="one", y="g"),
+                                 _S(_P.MUL, x="s", b="g", y="h"), _S(_P.MUL, x="dy", b="h", y="dx")),
                cupy="CUDNN_ACTIVATION_SWISH"),
     Activation("gelu", None, _P.GELU_FWD, _P.GELU_BWD, "x * Phi(x) = x * (1 + erf(x / sqrt(2))) / 2"),
     Activation("gelu_tanh", None, _P.GELU_APPROX_TANH_FWD, _P.GELU_APPROX_TANH_BWD,

@@ -31,7 +31,7 @@ from ..runtime.handle import get_handle
 from ..runtime.memory import relaxed_capture_mode
 from ..runtime.tensor import Tensor, has_internal_overlap
 from ._common import same_layout
-from .activation_modes import NAMES, Activation, row
+from .activation_modes import NAMES, SCALARS, Activation, row
 
 __all__ = ["configure", "wait", "stats", "Promotion", "activation_promotion", "activation_steps",
            "activation_graph", "compiled_plan", "GRAPH_DTYPES",
@@ -325,27 +325,30 @@ def _spec(uid: int, layout: tuple[tuple[int, ...], tuple[int, ...]], dtype: Any,
 def activation_steps(act: Activation, coef: float, backward: bool
                      ) -> tuple[list[PointwiseStep], tuple[str, ...], tuple[str, ...]]:
     """The pointwise steps of mode ``act``'s forward or backward graph: ``(steps, the real
-    tensors in the order `ExecutionPlan.execute()` takes their pointers, the virtual ones)``.
+    tensors in the order `ExecutionPlan.execute()` takes their pointers, the virtual ones)``;
+    the host scalars the steps read (`SCALARS`) are neither.
 
     Forward reads ``x`` and writes ``y``; backward reads ``(dy, x)`` (``(dy, y)`` for a mode
-    with ``from_output`` steps) and writes ``dx``. Swish's backward adds ``x - x`` to the
-    gradient: 0 where x is finite, NaN at +-inf, PyTorch's value there.
+    with ``from_output`` steps) and writes ``dx``, by PyTorch's formula where the row has
+    ``pytorch_backward`` steps.
     """
     params = tuple((attr, coef) for attr in act.params) + act.fixed
     if not backward:
         assert act.forward is not None
         return [PointwiseStep(act.forward, x="x", y="y", params=params)], ("x", "y"), ()
-    if act.from_output:
+    real: tuple[str, ...] = ("dy", "x", "dx")
+    if act.pytorch_backward:
+        steps = list(act.pytorch_backward)
+    elif act.from_output:
         steps = list(act.from_output)
-        real: tuple[str, ...] = ("dy", "y", "dx")
+        real = ("dy", "y", "dx")
     else:
         assert act.backward is not None
         steps = [PointwiseStep(act.backward, x="x", dy="dy", dx="dx", params=params)]
-        real = ("dy", "x", "dx")
     names: list[str] = []
     for st in steps:
         for n in (st.x, st.b, st.dy, st.y, st.dx):
-            if n and n not in real and n not in names:
+            if n and n not in real and n not in names and n not in SCALARS:
                 names.append(n)
     return steps, real, tuple(names)
 
@@ -354,14 +357,19 @@ def activation_graph(act: Activation, coef: float, layout: tuple[tuple[int, ...]
                      dtype: Any, backward: bool, description: str
                      ) -> Callable[[int], OperationGraph]:
     """A function of a handle that builds mode ``act``'s graph on tensors of ``layout`` (all
-    operands alike; intermediates float32)."""
+    operands alike; intermediates and host scalars float32)."""
     steps, real, virtual = activation_steps(act, coef, backward)
     tensors = {name: _spec(uid, layout, dtype) for uid, name in enumerate(real, 1)}
     tensors.update({name: _spec(uid, layout, dtype, True)
                     for uid, name in enumerate(virtual, 10)})
+    read = {n for st in steps for n in (st.x, st.b)}
+    values = {name: value(coef) for name, value in SCALARS.items() if name in read}
+    ones = (1,) * len(layout[0])
+    tensors.update({name: TensorSpec(uid, ones, ones, np.float32, by_value=True)
+                    for uid, name in enumerate(values, 10 + len(virtual))})
 
     def build(handle: int) -> OperationGraph:
-        return build_pointwise_graph(handle, tensors, steps, description)
+        return build_pointwise_graph(handle, tensors, steps, description, values=values)
 
     return build
 
@@ -379,6 +387,8 @@ def activation_promotion(mode: str, coef: float, x: Tensor, strides: Sequence[tu
     act = row(mode)
     if act.legacy is None or act.forward is None:
         return None  # graph-only modes run their graph from the first call (activation.py)
+    if backward and act.pytorch_backward:
+        return None  # runs its graph from the first call where PyTorch's values are asked for
     if backward and not act.compiles_backward(coef):
         # a signature keeps one convention at the kinks and edges: where the compiled kernel's
         # values there are not the legacy kernel's, it stays on the legacy kernel
