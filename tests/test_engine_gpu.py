@@ -132,7 +132,8 @@ def test_find_does_not_scribble_on_an_aliased_residual(engine):
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_thread_hammer(engine):
-    """12 threads on their own streams, identical and different shapes, deterministic results exact."""
+    """12 threads on their own streams, identical and different shapes: every result right, and
+    one algorithm per shape (the threads' results for a shape are bitwise equal)."""
     import pycudnn
     from cuda.core import Device
 
@@ -142,11 +143,12 @@ def test_thread_hammer(engine):
         rng = np.random.default_rng(10 + i)
         x = rng.standard_normal(shape).astype(np.float32)
         w = rng.standard_normal((8, shape[1], 3, 3)).astype(np.float32)
-        X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)
-        expect = pycudnn.convolution(X, W, padding=1, engine=engine, deterministic=True).numpy()
-        problems.append((X, W, expect))
+        ref = R.conv_forward(x, w, (1, 1), (1, 1), (1, 1), 1)
+        problems.append((pycudnn.from_numpy(x), pycudnn.from_numpy(w), ref))
     pycudnn.clear_caches()  # threads race to search the same keys
     errors: list[str] = []
+    # the graph engine keys a measured and a heuristic call apart: one algorithm per key
+    results: dict[tuple[int, bool], list[np.ndarray]] = {}
     barrier = threading.Barrier(12)
 
     def worker(i):
@@ -156,12 +158,16 @@ def test_thread_hammer(engine):
             stream = dev.create_stream()
             barrier.wait()
             for j in range(20):
-                X, W, expect = problems[(i + j) % len(problems)]
+                k = (i + j) % len(problems)
+                X, W, ref = problems[k]
                 y = pycudnn.convolution(X, W, padding=1, engine=engine, deterministic=True,
                                         benchmark=(i % 2 == 0), stream=stream)
                 stream.sync()
-                if not np.array_equal(y.numpy(), expect):
-                    errors.append(f"thread {i} iteration {j}: wrong result")
+                got = y.numpy()
+                err = float(np.abs(got - ref).max() / np.abs(ref).max())
+                if err > 2e-5:
+                    errors.append(f"thread {i} iteration {j}: relative error {err:.1e}")
+                results.setdefault((k, engine == "graph" and i % 2 == 0), []).append(got)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(f"thread {i}: {type(exc).__name__}: {exc}")
 
@@ -171,6 +177,10 @@ def test_thread_hammer(engine):
     for t in threads:
         t.join()
     assert errors == []
+    # which algorithm a search picks may vary with the load on the GPU, but once picked it is
+    # every thread's: a deterministic algorithm gives bitwise equal results
+    for (k, _), outs in results.items():
+        assert all(np.array_equal(o, outs[0]) for o in outs), f"shape {shapes[k]}: two algorithms"
     from pycudnn.search.cache import caches
 
     # one search per key, not per thread; on the graph engine a benchmark=True call carries its
