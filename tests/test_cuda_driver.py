@@ -54,8 +54,9 @@ def _signature_comments() -> dict[str, str]:
     return out
 
 
-_HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmemoryPool", "CUgraph"}
-_SCALARS = {"unsigned int": ctypes.c_uint, "int": ctypes.c_int, "size_t": ctypes.c_size_t,
+_HANDLES = {"CUcontext", "CUstream", "CUevent", "CUmemoryPool", "CUgraph", "CUgraphExec",
+            "CUgraphNode"}
+_SCALARS = {"unsigned int": ctypes.c_uint, "unsigned long long": ctypes.c_ulonglong, "int": ctypes.c_int, "size_t": ctypes.c_size_t,
             "unsigned char": ctypes.c_ubyte, "cuuint32_t": ctypes.c_uint32,
             "CUdeviceptr": ctypes.c_uint64, "CUdevice": ctypes.c_int, "CUresult": ctypes.c_int}
 

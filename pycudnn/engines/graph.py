@@ -33,6 +33,9 @@ from ..ffi.backend import to_data_type
 from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..runtime.memory import (allocate, event_create, event_destroy, event_elapsed_ms, event_record,
                               event_synchronize, mem_get_info, stream_synchronize)
+from ..runtime.handle import set_handle_stream
+from ..runtime.memory.replay import is_capturing
+from ..runtime.memory.workspaces import thread_workspace
 from .contract import Engine, check_precision, error_if_capturing, release, workspace
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind, written_bytes
 from .stored import (INT64_MAX, INT_MAX, brief, checked_int, checked_ints, checked_record,
@@ -395,17 +398,55 @@ class GraphEngine(Engine):
 
     def launcher(self, params: ConvolutionParams,
                  record: GraphRecord) -> Callable[[int, tuple[int, ...], int], None]:
+        """The remembered call's launch. A launch repeating with the same pointers, workspace
+        and handle is replayed from a CUDA graph of it (`Replays`): one ``cuGraphLaunch``
+        instead of ``cudnnBackendExecute``. Never while the caller's stream is being captured
+        (the caller's own graph then captures a plain launch, on a workspace of its own)."""
         plan = record.plan
         execute = plan.execute
         nbytes = plan.workspace_size or 0
+        device = params.device
+        replays = plan.replays
+        graphs, due, build = replays.graphs, replays.due, replays.build
+
+        def captured(handle: int, pointers: tuple[int, ...], ws: int, stream: int) -> Callable[[int], None]:
+            def run(capture_stream: int) -> None:
+                set_handle_stream(handle, capture_stream)
+                try:
+                    execute(handle, pointers, ws)
+                finally:
+                    set_handle_stream(handle, stream)
+            return run
+
         if not nbytes:
             def launch_without_workspace(handle: int, pointers: tuple[int, ...], stream: int) -> None:
-                execute(handle, pointers, 0)  # the hot path: one call into the plan
+                key = (pointers, handle)
+                graph = graphs.get(key)
+                if graph is not None:
+                    if not is_capturing(stream) and graph.launch(stream):
+                        return
+                elif due(key) and not is_capturing(stream):
+                    graph = build(key, captured(handle, pointers, 0, stream), device)
+                    if graph is not None and graph.launch(stream):
+                        return
+                execute(handle, pointers, 0)
             return launch_without_workspace
-        device = params.device
 
         def launch_with_workspace(handle: int, pointers: tuple[int, ...], stream: int) -> None:
-            self._execute(record, device, handle, pointers, stream, self.cached_workspace)
+            if is_capturing(stream):
+                self._execute(record, device, handle, pointers, stream, False)
+                return
+            ws = thread_workspace(nbytes, device, stream)
+            key = (pointers, ws, handle)
+            graph = graphs.get(key)
+            if graph is not None:
+                if graph.launch(stream):
+                    return
+            elif due(key):
+                graph = build(key, captured(handle, pointers, ws, stream), device)
+                if graph is not None and graph.launch(stream):
+                    return
+            execute(handle, pointers, ws)
         return launch_with_workspace
 
     def launch(self, params: ConvolutionParams, record: GraphRecord, handle: int,

@@ -114,6 +114,12 @@ def _set_stream(handle: int, stream: int) -> None:
         _lib.raise_status(status, "cudnnSetStream", f"  stream: {stream:#x}")
 
 
+def set_handle_stream(handle: int, stream: int) -> None:
+    """``cudnnSetStream(handle, stream)`` for a moment: a launch captured on a private stream
+    sets the stream `get_handle()` last set (which it does not record) back right after."""
+    _set_stream(handle, stream)
+
+
 def _acquire(device: DeviceLike | None, state: _ThreadHandles) -> tuple[int, int]:
     """Cache miss: validate the device, make it current, take a pooled handle or create one."""
     dev = _devices.normalize_device(device, what="get_handle")  # NoDeviceError before cudnnCreate

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from ...errors import CudnnError, NoAlgorithmError, PycudnnError
 from ...ffi import library as _lib
+from ...runtime.memory.replay import Replays
 from ...ffi.backend import (
     Attr,
     AttrType,
@@ -341,6 +342,8 @@ class ExecutionPlan:
         self._exec: Any = None  # cudnnBackendExecute (a ctypes function) once finalized
         self._packs: OrderedDict[tuple[Sequence[int], int], BackendDescriptor] = OrderedDict()
         self._lock = threading.Lock()
+        #: this plan's repeated launches as CUDA graphs (the engines' launchers use them)
+        self.replays = Replays()
 
     # -- facts ---------------------------------------------------------------------------------
     engine_id = property(lambda self: self.config.engine_id)
@@ -568,12 +571,14 @@ class ExecutionPlan:
         for something else is harmless: packs are keyed by the pointers themselves)."""
         with self._lock:
             self._packs = OrderedDict()
+        self.replays.clear()
 
     def close(self) -> None:
-        """Destroy the plan and its cached variant packs (idempotent)."""
+        """Destroy the plan, its cached variant packs and its launch graphs (idempotent)."""
         with self._lock:
             self._plan_ptr = None
             self._packs = OrderedDict()
+        self.replays.clear()  # before the plan: a graph's kernels may live in its modules
         if self.descriptor is not None:
             self.descriptor.close()
 

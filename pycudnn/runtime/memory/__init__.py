@@ -8,7 +8,8 @@ memory, the memory this process holds from the pool); `streams` (`resolve_stream
 status, the relaxed capture-mode block); `copies` (host/device copies and
 fills); `pool` (blocks kept for reuse on the legacy stream; every stream-ordered free);
 `buffers` (`allocate()`, `DeviceBuffer`, `empty_cache()`); `stream_allocation` (the hot path's
-`allocate_fast()`); `workspaces` (per-thread workspaces, zeros every stream may read).
+`allocate_fast()`); `workspaces` (per-thread workspaces, zeros every stream may read);
+`replay` (repeated launches captured into CUDA graphs and replayed).
 
 None imports ``cuda.bindings`` or cuda.core (each costs 100-130 ms of a first result). The
 names below are the public ones; the rest are imported from their modules.

@@ -21,7 +21,7 @@ __all__ = ["PROTOTYPES", "Driver", "driver", "LIBRARY"]
 #: the driver library's soname
 LIBRARY = "libcuda.so.1"
 
-_p = c_void_p        # CUcontext, CUstream, CUevent, CUmemoryPool and any out-pointer
+_p = c_void_p        # CUcontext, CUstream, CUevent, CUmemoryPool, CUgraph* and any out-pointer
 _dptr = c_uint64     # CUdeviceptr
 
 # name: (exported symbol, restype, argtypes). The C signature (cuda.h, CUDA 12.0+) is in the
@@ -111,6 +111,24 @@ PROTOTYPES: dict[str, tuple[str, object, tuple]] = {
     # CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value,
     #     unsigned int flags)
     "cuStreamWaitValue32": ("cuStreamWaitValue32_v2", c_int, (_p, _dptr, c_uint32, c_uint)),
+    # CUresult cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode)
+    "cuStreamBeginCapture": ("cuStreamBeginCapture_v2", c_int, (_p, c_int)),
+    # CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+    "cuStreamEndCapture": ("cuStreamEndCapture", c_int, (_p, _p)),
+    # --- CUDA graphs -----------------------------------------------------------------------------
+    # CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
+    "cuGraphGetNodes": ("cuGraphGetNodes", c_int, (_p, _p, _p)),
+    # CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+    "cuGraphNodeGetType": ("cuGraphNodeGetType", c_int, (_p, _p)),
+    # CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+    #     unsigned long long flags)
+    "cuGraphInstantiateWithFlags": ("cuGraphInstantiateWithFlags", c_int, (_p, _p, c_ulonglong)),
+    # CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+    "cuGraphLaunch": ("cuGraphLaunch", c_int, (_p, _p)),
+    # CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+    "cuGraphExecDestroy": ("cuGraphExecDestroy", c_int, (_p,)),
+    # CUresult cuGraphDestroy(CUgraph hGraph)
+    "cuGraphDestroy": ("cuGraphDestroy", c_int, (_p,)),
     # --- events ----------------------------------------------------------------------------------
     # CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     "cuEventCreate": ("cuEventCreate", c_int, (_p, c_uint)),
@@ -127,7 +145,11 @@ PROTOTYPES: dict[str, tuple[str, object, tuple]] = {
 }
 
 # enum values of cuda.h used by the runtime layer
+CAPTURE_MODE_THREAD_LOCAL = 1     # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 CAPTURE_MODE_RELAXED = 2          # CU_STREAM_CAPTURE_MODE_RELAXED
+GRAPH_NODE_KERNEL = 0             # CU_GRAPH_NODE_TYPE_KERNEL
+GRAPH_NODE_MEMSET = 2             # CU_GRAPH_NODE_TYPE_MEMSET
+GRAPH_NODE_EMPTY = 5              # CU_GRAPH_NODE_TYPE_EMPTY
 EVENT_DISABLE_TIMING = 2          # CU_EVENT_DISABLE_TIMING
 STREAM_NON_BLOCKING = 1           # CU_STREAM_NON_BLOCKING
 STREAM_WAIT_VALUE_GEQ = 0         # CU_STREAM_WAIT_VALUE_GEQ

@@ -1,0 +1,87 @@
+"""When a repeated launch is captured (pycudnn.runtime.memory.replay.Replays), without a GPU:
+the count per argument tuple, the settings and their checks, a refused plan, the build limit.
+The captures themselves are tested on a GPU (test_graph_replay_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pycudnn.runtime.memory import replay
+
+
+@pytest.fixture(autouse=True)
+def _settings():
+    before = replay.settings()
+    yield
+    replay.configure(**before)
+
+
+def test_a_key_is_due_after_its_plain_launches():
+    replay.configure(enabled=True, after=2)
+    r = replay.Replays()
+    assert [r.due(("a",)) for _ in range(4)] == [False, False, True, True]
+    assert r.due(("b",)) is False  # counted apart
+
+
+def test_after_zero_captures_the_first_launch():
+    replay.configure(enabled=True, after=0)
+    assert replay.Replays().due("k") is True
+
+
+def test_nothing_is_due_when_off_or_refused():
+    replay.configure(enabled=False, after=0)
+    assert replay.Replays().due("k") is False
+    replay.configure(enabled=True)
+    r = replay.Replays()
+    r.refused = "the capture failed"
+    assert r.due("k") is False
+
+
+def test_a_plan_stops_capturing_at_max_builds(monkeypatch):
+    replay.configure(enabled=True, after=0, max_builds=2, capacity=1)
+    made = []
+    monkeypatch.setattr(replay, "capture", lambda run, device: made.append(run) or object())
+    r = replay.Replays()
+    for key in ("a", "b"):
+        assert r.due(key)
+        assert r.build(key, lambda s: None, 0) is not None
+    assert list(r.graphs) == ["b"]  # capacity 1: the older graph dropped
+    assert r.due("c") is False and len(made) == 2
+
+
+def test_a_failed_capture_refuses_the_plan_and_says_why(monkeypatch):
+    replay.configure(enabled=True, after=0)
+
+    def fails(run, device):
+        raise RuntimeError("cuStreamBeginCapture: CUDA_ERROR_NOT_SUPPORTED")
+
+    monkeypatch.setattr(replay, "capture", fails)
+    r = replay.Replays()
+    refused = replay.stats()["refused"]
+    assert r.build("k", lambda s: None, 0) is None
+    assert "CUDA_ERROR_NOT_SUPPORTED" in r.refused
+    assert replay.stats()["refused"] == refused + 1
+    assert r.due("k") is False and not r.graphs
+
+
+def test_counts_of_pointers_that_never_repeat_stay_bounded():
+    replay.configure(enabled=True, after=2)
+    r = replay.Replays()
+    for i in range(1000):
+        r.due(i)
+    assert r.counted <= 64
+
+
+@pytest.mark.parametrize("name,value", [("after", -1), ("capacity", 0), ("max_builds", 0),
+                                        ("after", 1.5), ("capacity", True)])
+def test_configure_refuses_bad_values_naming_them(name, value):
+    with pytest.raises(ValueError, match=name):
+        replay.configure(**{name: value})
+
+
+def test_clear_forgets_graphs_in_place():
+    r = replay.Replays()
+    graphs = r.graphs
+    graphs["k"] = object()
+    r.clear()
+    assert r.graphs is graphs and not graphs
