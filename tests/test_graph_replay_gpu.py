@@ -12,9 +12,9 @@ import reference as R
 
 pytestmark = pytest.mark.gpu
 
-import pycudnn  # noqa: E402
-from pycudnn.runtime.memory import copy_device_to_host, copy_host_to_device  # noqa: E402
-from pycudnn.runtime.memory import replay  # noqa: E402
+import pycudnn
+from pycudnn.runtime.memory import copy_device_to_host, copy_host_to_device
+from pycudnn.runtime.memory import replay
 
 CALLS = 6  # the third call with the same pointers is the first replayed
 GEOMETRY = dict(stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
@@ -67,16 +67,16 @@ def test_a_repeated_call_is_replayed_and_right_on_every_call(dtype, fmt, directi
     kw = dict(padding=1, allow_tf32=False)
     if direction == "forward":
         out = pycudnn.empty(dy.shape, dtype, memory_format=fmt)
-        call = lambda: pycudnn.convolution(X, W, out=out, **kw)  # noqa: E731
-        ref = lambda: R.conv_forward(xr, wr, **GEOMETRY)  # noqa: E731
+        call = lambda: pycudnn.convolution(X, W, out=out, **kw)
+        ref = lambda: R.conv_forward(xr, wr, **GEOMETRY)
     elif direction == "backward_data":
         out = pycudnn.empty(x.shape, dtype, memory_format=fmt)
-        call = lambda: pycudnn.convolution_backward_data(DY, W, x.shape, out=out, **kw)  # noqa: E731
-        ref = lambda: R.conv_backward_data(dyr, wr, x.shape, **GEOMETRY)  # noqa: E731
+        call = lambda: pycudnn.convolution_backward_data(DY, W, x.shape, out=out, **kw)
+        ref = lambda: R.conv_backward_data(dyr, wr, x.shape, **GEOMETRY)
     else:
         out = pycudnn.empty(w.shape, dtype, memory_format=fmt)
-        call = lambda: pycudnn.convolution_backward_filter(X, DY, w.shape, out=out, **kw)  # noqa: E731
-        ref = lambda: R.conv_backward_filter(xr, dyr, w.shape, **GEOMETRY)  # noqa: E731
+        call = lambda: pycudnn.convolution_backward_filter(X, DY, w.shape, out=out, **kw)
+        ref = lambda: R.conv_backward_filter(xr, dyr, w.shape, **GEOMETRY)
     built = replay.stats()["built"]
     for i in range(CALLS):
         _refill(out, np.full(out.shape, np.nan, np.float32), dtype, fmt)  # a stale result shows

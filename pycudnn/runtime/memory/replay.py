@@ -96,7 +96,7 @@ class LaunchGraph:
         try:
             if self.exec and not _bindings.shutting_down and _driver.loaded:
                 _driver.loaded.cuGraphExecDestroy(self.exec)
-        except Exception:  # noqa: BLE001 - the interpreter is tearing the modules down
+        except Exception:
             pass
         self.exec = 0
 
@@ -117,7 +117,7 @@ class _CaptureStream:
         try:
             if self.handle and not _bindings.shutting_down and _driver.loaded:
                 _driver.loaded.cuStreamDestroy(self.handle)
-        except Exception:  # noqa: BLE001 - the interpreter is tearing the modules down
+        except Exception:
             pass
         self.handle = 0
 
@@ -238,7 +238,7 @@ class Replays:
         self._counts.pop(key, None)
         try:
             graph = capture(run, device)
-        except Exception as exc:  # noqa: BLE001 - any failure: launch as before, never again
+        except Exception as exc:
             self.refused = f"{type(exc).__name__}: {exc}"
             with _lock:
                 _stats["refused"] += 1
