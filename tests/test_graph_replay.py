@@ -85,3 +85,18 @@ def test_clear_forgets_graphs_in_place():
     graphs["k"] = object()
     r.clear()
     assert r.graphs is graphs and not graphs
+
+
+@pytest.mark.parametrize("value,enabled", [(None, False), ("1", True), ("0", False)])
+def test_replay_is_off_unless_the_environment_asks(value, enabled):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYCUDNN_GRAPH_REPLAY"}
+    if value is not None:
+        env["PYCUDNN_GRAPH_REPLAY"] = value
+    code = "from pycudnn.runtime.memory import replay; print(replay.settings()['enabled'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == str(enabled)

@@ -24,8 +24,10 @@ _REPLAYABLE_NODES = frozenset({_driver.GRAPH_NODE_KERNEL, _driver.GRAPH_NODE_MEM
                                _driver.GRAPH_NODE_EMPTY})
 
 _settings: dict[str, Any] = {
-    # PYCUDNN_GRAPH_REPLAY=0 turns replay off (a profiler then sees every launch as made)
-    "enabled": os.environ.get("PYCUDNN_GRAPH_REPLAY", "1") != "0",
+    # off unless asked (PYCUDNN_GRAPH_REPLAY=1): while a capture is open, a device-wide
+    # synchronize on another thread (torch.cuda.synchronize()) fails with "operation not
+    # permitted when stream is capturing" (measured: 82 of 49,445 such calls beside captures)
+    "enabled": os.environ.get("PYCUDNN_GRAPH_REPLAY", "0") == "1",
     "after": 2,        # plain launches of one argument tuple before it is captured
     "capacity": 16,    # graphs kept per plan (the oldest built dropped first)
     "max_builds": 32,  # captures per plan before it stops capturing (pointers that never settle)
@@ -39,7 +41,12 @@ def configure(enabled: bool | None = None, after: int | None = None,
     """Change when repeated launches are replayed from CUDA graphs (None keeps a setting).
 
     Args:
-        enabled: replay at all (default True; ``PYCUDNN_GRAPH_REPLAY=0`` makes it False).
+        enabled: replay at all (default False; ``PYCUDNN_GRAPH_REPLAY=1`` makes it True).
+            Turn it on only where no other thread synchronizes the whole device
+            (``torch.cuda.synchronize()``, ``cudaDeviceSynchronize``) while pycudnn calls run:
+            CUDA refuses such a synchronize while a capture is open on any stream of the
+            device, and a capture is open for some microseconds each time a repeated launch
+            is captured (the capture is then given up and that plan launches plainly).
         after: plain launches of one argument tuple before it is captured (default 2: the
             third call with the same pointers replays).
         capacity: graphs kept per plan (default 16).
