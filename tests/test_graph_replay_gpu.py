@@ -119,12 +119,14 @@ def test_a_replay_gives_the_plain_launchs_bits():
     W = pycudnn.from_numpy(rng.standard_normal((32, 16, 3, 3)).astype(np.float32))
     out = pycudnn.empty((4, 32, 12, 12), "float32")
     replay.configure(enabled=False)
+    pycudnn.clear_caches()  # launchers made from now on launch plainly
     plain = pycudnn.convolution(X, W, padding=1, out=out, deterministic=True).numpy()
     built = replay.stats()["built"]
     for _ in range(CALLS):
         pycudnn.convolution(X, W, padding=1, out=out, deterministic=True)
     assert replay.stats()["built"] == built  # off: nothing captured
     replay.configure(enabled=True)
+    pycudnn.clear_caches()
     for _ in range(CALLS):
         got = pycudnn.convolution(X, W, padding=1, out=out, deterministic=True).numpy()
         assert np.array_equal(got, plain)

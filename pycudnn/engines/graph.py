@@ -35,6 +35,7 @@ from ..runtime.memory import (allocate, event_create, event_destroy, event_elaps
                               event_synchronize, mem_get_info, stream_synchronize)
 from ..runtime.handle import set_handle_stream
 from ..runtime.memory.replay import is_capturing
+from ..runtime.memory.replay import settings as replay_settings
 from ..runtime.memory.workspaces import thread_workspace
 from .contract import Engine, check_precision, error_if_capturing, release, workspace
 from .problem import ConvolutionArgs, ConvolutionParams, EpilogueKind, written_bytes
@@ -398,10 +399,30 @@ class GraphEngine(Engine):
 
     def launcher(self, params: ConvolutionParams,
                  record: GraphRecord) -> Callable[[int, tuple[int, ...], int], None]:
-        """The remembered call's launch. A launch repeating with the same pointers, workspace
-        and handle is replayed from a CUDA graph of it (`Replays`): one ``cuGraphLaunch``
-        instead of ``cudnnBackendExecute``. Never while the caller's stream is being captured
-        (the caller's own graph then captures a plain launch, on a workspace of its own)."""
+        """The remembered call's launch: one ``cudnnBackendExecute``, on the thread's cached
+        workspace where the plan needs one. With graph replay on when the launcher is made
+        (`replay.configure`), `_replaying_launcher`'s instead."""
+        if replay_settings()["enabled"]:
+            return self._replaying_launcher(params, record)
+        plan = record.plan
+        execute = plan.execute
+        nbytes = plan.workspace_size or 0
+        if not nbytes:
+            def launch_without_workspace(handle: int, pointers: tuple[int, ...], stream: int) -> None:
+                execute(handle, pointers, 0)  # the hot path: one call into the plan
+            return launch_without_workspace
+        device = params.device
+
+        def launch_with_workspace(handle: int, pointers: tuple[int, ...], stream: int) -> None:
+            self._execute(record, device, handle, pointers, stream, self.cached_workspace)
+        return launch_with_workspace
+
+    def _replaying_launcher(self, params: ConvolutionParams,
+                            record: GraphRecord) -> Callable[[int, tuple[int, ...], int], None]:
+        """A launch repeating with the same pointers, workspace and handle is replayed from a
+        CUDA graph of it (`Replays`): one ``cuGraphLaunch`` instead of ``cudnnBackendExecute``.
+        Never while the caller's stream is being captured (the caller's own graph then captures
+        a plain launch, on a workspace of its own)."""
         plan = record.plan
         execute = plan.execute
         nbytes = plan.workspace_size or 0
