@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import check_driver
-from . import driver as _driver
 from .devices import require_driver
 from .streams import resolve_stream
 
