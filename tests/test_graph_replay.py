@@ -100,3 +100,100 @@ def test_replay_is_off_unless_the_environment_asks(value, enabled):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == str(enabled)
+
+
+class _CaptureDriver:
+    """Stands in for libcuda (absent here) in the capture's bookkeeping: which calls were made,
+    in order, and what the captured graph holds."""
+
+    def __init__(self, node_types):
+        self.calls = []
+        self.node_types = node_types
+
+    def _ok(self, name, *args):
+        self.calls.append(name)
+        return 0
+
+    def cuStreamCreate(self, out, flags):
+        out._obj.value = 0x5000
+        return self._ok("cuStreamCreate")
+
+    def cuStreamBeginCapture(self, stream, mode):
+        assert mode == replay._driver.CAPTURE_MODE_THREAD_LOCAL
+        return self._ok("cuStreamBeginCapture")
+
+    def cuStreamEndCapture(self, stream, out):
+        out._obj.value = 0x6000
+        return self._ok("cuStreamEndCapture")
+
+    def cuGraphGetNodes(self, graph, nodes, count):
+        if nodes is not None:
+            for i in range(len(self.node_types)):
+                nodes[i] = 0x7000 + i
+        count._obj.value = len(self.node_types)
+        return self._ok("cuGraphGetNodes")
+
+    def cuGraphNodeGetType(self, node, out):
+        out._obj.value = self.node_types[node - 0x7000]
+        return 0
+
+    def cuGraphInstantiateWithFlags(self, out, graph, flags):
+        out._obj.value = 0x8000
+        return self._ok("cuGraphInstantiate")
+
+    def cuThreadExchangeStreamCaptureMode(self, mode):
+        return 0
+
+    def cuGraphDestroy(self, graph):
+        return self._ok("cuGraphDestroy")
+
+    def cuGraphExecDestroy(self, exec_handle):
+        return self._ok("cuGraphExecDestroy")
+
+    def cuStreamDestroy(self, stream):
+        return 0
+
+    def error_text(self, code):
+        return f"CUresult {code}"
+
+
+@pytest.fixture
+def capture_driver(monkeypatch):
+    import threading
+
+    def make(node_types):
+        drv = _CaptureDriver(node_types)
+        monkeypatch.setattr(replay._driver, "loaded", drv)
+        monkeypatch.setattr(replay, "_tls", threading.local())
+        return drv
+    return make
+
+
+def test_a_launch_that_raises_during_capture_ends_the_capture_and_frees_the_graph(capture_driver):
+    drv = capture_driver([replay._driver.GRAPH_NODE_KERNEL])
+
+    def run(stream):
+        raise ValueError("the launch failed")
+
+    with pytest.raises(ValueError, match="the launch failed"):
+        replay.capture(run, 0)
+    assert drv.calls == ["cuStreamCreate", "cuStreamBeginCapture", "cuStreamEndCapture",
+                         "cuGraphDestroy"]
+
+
+def test_a_graph_with_a_copy_node_is_refused_and_freed(capture_driver):
+    drv = capture_driver([replay._driver.GRAPH_NODE_KERNEL, 1])  # 1: CU_GRAPH_NODE_TYPE_MEMCPY
+    with pytest.raises(RuntimeError, match="node of type 1"):
+        replay.capture(lambda stream: None, 0)
+    assert "cuGraphInstantiate" not in drv.calls and drv.calls[-1] == "cuGraphDestroy"
+
+
+def test_a_captured_kernel_is_instantiated_and_its_graph_freed(capture_driver):
+    drv = capture_driver([replay._driver.GRAPH_NODE_KERNEL, replay._driver.GRAPH_NODE_MEMSET])
+    seen = []
+    graph = replay.capture(seen.append, 0)
+    assert seen == [0x5000]  # run got the private stream
+    assert graph.exec == 0x8000
+    assert drv.calls[-2:] == ["cuGraphInstantiate", "cuGraphDestroy"]
+    del graph
+    assert drv.calls[-1] == "cuGraphExecDestroy"

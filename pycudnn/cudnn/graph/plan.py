@@ -18,7 +18,6 @@ import numpy.typing as npt
 
 from ...errors import CudnnError, NoAlgorithmError, PycudnnError
 from ...ffi import library as _lib
-from ...runtime.memory.replay import Replays
 from ...ffi.backend import (
     Attr,
     AttrType,
@@ -31,6 +30,7 @@ from ...ffi.backend import (
     NumericalNote,
     to_data_type,
 )
+from ...runtime.memory.replay import Replays
 from .build import DT_FLOAT, OperationGraph
 
 #: how many knob-choice receivers to pass (cuDNN 9.28 knows 46 knob types)

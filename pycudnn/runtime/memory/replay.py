@@ -164,9 +164,12 @@ def capture(run: Callable[[int], None], device: int) -> LaunchGraph:
     graph = c_void_p()
     try:
         run(stream)
-    finally:
+    except BaseException:
         # always ended: a stream left capturing would take this thread's next launches
-        err = drv.cuStreamEndCapture(stream, byref(graph))
+        if not drv.cuStreamEndCapture(stream, byref(graph)) and graph.value:
+            drv.cuGraphDestroy(graph.value)
+        raise
+    err = drv.cuStreamEndCapture(stream, byref(graph))
     if err or not graph.value:
         raise RuntimeError(f"cuStreamEndCapture: {drv.error_text(err) if err else 'no graph'}")
     try:
