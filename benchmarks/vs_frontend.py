@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python3 benchmarks/vs_frontend.py --json $OUT/vs_frontend.json      # ~3-4 min
     PYTHONPATH=. python3 benchmarks/vs_frontend.py --quick --json $OUT/vs_frontend_quick.json
+    PYCUDNN_GRAPH_REPLAY=1 PYTHONPATH=. python3 benchmarks/vs_frontend.py --parts calls --json ...
 
 Four parts (``--parts calls,first,breakdown,floor``, all by default):
 
@@ -36,8 +37,9 @@ Four parts (``--parts calls,first,breakdown,floor``, all by default):
   parts are not summed; cProfile adds its own overhead to the Python parts).
 * **floor**: ``cudnnBackendExecute``'s own host time: the plan pycudnn chose for the tiny
   convolution executed directly through ctypes with a finalized variant pack, in a loop; beside
-  it ``ExecutionPlan.execute`` (the variant pack looked up) and an empty ctypes call into
-  libcudnn (``cudnnGetVersion``).
+  it ``ExecutionPlan.execute`` (the variant pack looked up), the prepared launcher, the same
+  execute captured once into a CUDA graph and launched with ``cuGraphLaunch`` (what graph
+  replay does) and an empty ctypes call into libcudnn (``cudnnGetVersion``).
 
 The frontend is optional: without it its columns and processes say what is missing. It must
 use pycudnn's libcudnn (the same file): the script puts the directory of
@@ -546,11 +548,12 @@ def measure_floor(configs: Sequence[str], calls: int, rounds: int) -> dict[str, 
 
 
 def _floor(config: str, calls: int, rounds: int) -> dict[str, Any]:
-    """The plan pycudnn chose for the tiny convolution of ``config``, launched four ways."""
+    """The plan pycudnn chose for the tiny convolution of ``config``, launched five ways."""
     import torch
 
     import pycudnn
     from pycudnn.ffi import library
+    from pycudnn.runtime.memory import replay
 
     dtype_name, channels_last, tf32 = CONFIGS[config]
     dtype = getattr(torch, dtype_name)
@@ -564,7 +567,8 @@ def _floor(config: str, calls: int, rounds: int) -> dict[str, Any]:
     nbytes = plan.workspace_size or 0
     ws_buf = torch.empty(nbytes, device="cuda", dtype=torch.uint8) if nbytes else None
     ws = ws_buf.data_ptr() if ws_buf is not None else 0
-    handle = pycudnn.get_handle(0, torch.cuda.current_stream().cuda_stream)
+    stream = torch.cuda.current_stream().cuda_stream
+    handle = pycudnn.get_handle(0, stream)
     ptrs = (x.data_ptr(), w.data_ptr(), y.data_ptr())
     plan.execute(handle, ptrs, ws)  # makes the variant pack
     vp = plan._packs[(ptrs, ws)]
@@ -573,11 +577,35 @@ def _floor(config: str, calls: int, rounds: int) -> dict[str, Any]:
     fns = {
         "cudnnBackendExecute (ctypes, plan and variant pack made)": lambda: execute(handle, plan_ptr, vp_ptr),
         "ExecutionPlan.execute (variant pack looked up)": lambda: plan.execute(handle, ptrs, ws),
-        "prepared launcher (what a remembered call ends in)": lambda: prep.launcher(handle, ptrs, 0),
+        "prepared launcher (what a remembered call ends in)": lambda: prep.launcher(handle, ptrs, stream),
         "cudnnGetVersion (an empty ctypes call)": lambda: get_version(),
     }
+    replay_error = None
+    try:  # the same execute captured once into a CUDA graph, as graph replay launches it
+        graph = replay.capture(_on_capture_stream(handle, stream, plan, ptrs, ws),
+                               torch.cuda.current_device())
+        fns["cuGraphLaunch (that execute captured once: graph replay)"] = lambda: graph.launch(stream)
+    except Exception as exc:  # noqa: BLE001 - reported beside the other columns
+        replay_error = gpu_timing.error_text(exc)
     figs = gpu_timing.compare_host(fns, calls, synchronize=torch.cuda.synchronize, rounds=rounds)
-    return {"plan": plan.tag, "workspace": nbytes, "columns": dict(figs)}
+    out = {"plan": plan.tag, "workspace": nbytes, "columns": dict(figs)}
+    if replay_error is not None:
+        out["graph_replay_error"] = replay_error
+    return out
+
+
+def _on_capture_stream(handle: int, stream: int, plan: Any, ptrs: tuple[int, ...],
+                       ws: int) -> Callable[[int], None]:
+    """What graph replay captures: the plan's execute, the handle on the capture stream."""
+    from pycudnn.runtime.handle import set_handle_stream
+
+    def run(capture_stream: int) -> None:
+        set_handle_stream(handle, capture_stream)
+        try:
+            plan.execute(handle, ptrs, ws)
+        finally:
+            set_handle_stream(handle, stream)
+    return run
 
 
 # ---- parts (b) and (c): fresh processes ---------------------------------------------------------------
@@ -852,6 +880,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     import pycudnn
+    from pycudnn.runtime.memory.replay import settings as replay_settings
 
     report: dict[str, Any] = {
         "what": "pycudnn against nvidia-cudnn-frontend and PyTorch: call cost, time to "
@@ -860,7 +889,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "libcudnn": pycudnn.cudnn_version(), "libcudnn_path": pycudnn.library_path(),
         "torch": torch.__version__, "torch_cudnn": torch.backends.cudnn.version(),
         "device": torch.cuda.get_device_name(), "options": {k: v for k, v in vars(args).items()
-                                                            if not k.startswith("child")}}
+                                                            if not k.startswith("child")},
+        # PYCUDNN_GRAPH_REPLAY=1 runs every pycudnn column with graph replay (off by default)
+        "graph_replay": replay_settings()["enabled"]}
     cudnn, why = import_frontend()
     report["frontend"] = ({"version": cudnn.__version__, "backend_version": cudnn.backend_version(),
                            "file": cudnn.__file__} if cudnn is not None else {"error": why})
