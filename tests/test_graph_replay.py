@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from pycudnn.runtime.memory import driver as DRV
 from pycudnn.runtime.memory import replay
 
 
@@ -119,7 +120,7 @@ class _CaptureDriver:
         return self._ok("cuStreamCreate")
 
     def cuStreamBeginCapture(self, stream, mode):
-        assert mode == replay._driver.CAPTURE_MODE_THREAD_LOCAL
+        assert mode == DRV.CAPTURE_MODE_THREAD_LOCAL
         return self._ok("cuStreamBeginCapture")
 
     def cuStreamEndCapture(self, stream, out):
@@ -159,41 +160,136 @@ class _CaptureDriver:
 
 @pytest.fixture
 def capture_driver(monkeypatch):
-    import threading
-
     def make(node_types):
         drv = _CaptureDriver(node_types)
-        monkeypatch.setattr(replay._driver, "loaded", drv)
-        monkeypatch.setattr(replay, "_tls", threading.local())
+        monkeypatch.setattr(DRV, "loaded", drv)
         return drv
     return make
 
 
+def _in_new_thread(fn):
+    """``fn()`` on a thread of its own (its own private capture stream), its result or error."""
+    import threading
+
+    out = {}
+
+    def body():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            out["error"] = exc
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
 def test_a_launch_that_raises_during_capture_ends_the_capture_and_frees_the_graph(capture_driver):
-    drv = capture_driver([replay._driver.GRAPH_NODE_KERNEL])
+    drv = capture_driver([DRV.GRAPH_NODE_KERNEL])
 
     def run(stream):
         raise ValueError("the launch failed")
 
     with pytest.raises(ValueError, match="the launch failed"):
-        replay.capture(run, 0)
+        _in_new_thread(lambda: replay.capture(run, 0))
     assert drv.calls == ["cuStreamCreate", "cuStreamBeginCapture", "cuStreamEndCapture",
                          "cuGraphDestroy"]
 
 
 def test_a_graph_with_a_copy_node_is_refused_and_freed(capture_driver):
-    drv = capture_driver([replay._driver.GRAPH_NODE_KERNEL, 1])  # 1: CU_GRAPH_NODE_TYPE_MEMCPY
+    drv = capture_driver([DRV.GRAPH_NODE_KERNEL, 1])  # 1: CU_GRAPH_NODE_TYPE_MEMCPY
     with pytest.raises(RuntimeError, match="node of type 1"):
-        replay.capture(lambda stream: None, 0)
+        _in_new_thread(lambda: replay.capture(lambda stream: None, 0))
     assert "cuGraphInstantiate" not in drv.calls and drv.calls[-1] == "cuGraphDestroy"
 
 
 def test_a_captured_kernel_is_instantiated_and_its_graph_freed(capture_driver):
-    drv = capture_driver([replay._driver.GRAPH_NODE_KERNEL, replay._driver.GRAPH_NODE_MEMSET])
+    drv = capture_driver([DRV.GRAPH_NODE_KERNEL, DRV.GRAPH_NODE_MEMSET])
     seen = []
-    graph = replay.capture(seen.append, 0)
+    graph = _in_new_thread(lambda: replay.capture(seen.append, 0))
     assert seen == [0x5000]  # run got the private stream
     assert graph.exec == 0x8000
     assert drv.calls[-2:] == ["cuGraphInstantiate", "cuGraphDestroy"]
     del graph
     assert drv.calls[-1] == "cuGraphExecDestroy"
+
+
+# ---- the graph engine's launcher, dispatching between plain launches and replays ------------
+
+class _Graph:
+    def __init__(self, log):
+        self.log = log
+
+    def launch(self, stream):
+        self.log.append(("graph", stream))
+        return True
+
+
+@pytest.fixture
+def launcher_parts(monkeypatch):
+    """A graph engine launcher over a stand-in plan (the launch logic only; no cuDNN call)."""
+    from types import SimpleNamespace
+
+    from pycudnn.engines import graph as G
+
+    log = []
+    capturing = {"now": False}
+    monkeypatch.setattr(G, "is_capturing", lambda stream: capturing["now"])
+    monkeypatch.setattr(G, "thread_workspace", lambda nbytes, device, stream: 0xAA00)
+    monkeypatch.setattr(G, "set_handle_stream", lambda h, s: log.append(("stream", s)))
+    # a launch's own workspace (the one a capture needs): a stand-in pointer
+    monkeypatch.setattr(G, "workspace", lambda nbytes, device, stream, cached: (0xBB00, None))
+
+    def fake_capture(run, device):
+        run(0xCA)  # the private stream
+        return _Graph(log)
+
+    monkeypatch.setattr(replay, "capture", fake_capture)
+
+    def make(workspace):
+        plan = SimpleNamespace(workspace_size=workspace, replays=replay.Replays(),
+                               execute=lambda h, p, ws: log.append(("execute", ws)))
+        record = SimpleNamespace(plan=plan)
+        return G.GraphEngine().launcher(SimpleNamespace(device=0), record), plan
+    return make, log, capturing
+
+
+def test_with_replay_off_every_launch_is_plain_and_nothing_is_counted(launcher_parts):
+    make, log, _ = launcher_parts
+    replay.configure(enabled=False)
+    launch, plan = make(0)
+    for _ in range(5):
+        launch(7, (1, 2, 3), 9)
+    assert log == [("execute", 0)] * 5 and plan.replays.counted == 0 and not plan.replays.graphs
+
+
+@pytest.mark.parametrize("workspace", [0, 4096])
+def test_with_replay_on_the_third_launch_is_captured_and_later_ones_replayed(launcher_parts,
+                                                                             workspace):
+    make, log, _ = launcher_parts
+    replay.configure(enabled=True, after=2)
+    launch, plan = make(workspace)
+    ws = 0xAA00 if workspace else 0
+    for _ in range(4):
+        launch(7, (1, 2, 3), 9)
+    assert log == [("execute", ws), ("execute", ws),
+                   ("stream", 0xCA), ("execute", ws), ("stream", 9),  # the capture
+                   ("graph", 9),  # its graph does the third call's work
+                   ("graph", 9)]
+    assert len(plan.replays.graphs) == 1
+
+
+def test_with_replay_on_a_captured_stream_gets_plain_launches(launcher_parts):
+    make, log, capturing = launcher_parts
+    replay.configure(enabled=True, after=0)
+    launch, plan = make(4096)
+    launch(7, (1, 2, 3), 9)  # captured and replayed
+    log.clear()
+    capturing["now"] = True  # the caller's own capture
+    launch(7, (1, 2, 3), 9)
+    assert log == [("execute", 0xBB00)]  # on a workspace of its own, no replay
+    launch, plan = make(0)
+    launch(7, (1, 2, 3), 9)
+    assert log[-1] == ("execute", 0) and not plan.replays.graphs
