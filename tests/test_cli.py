@@ -876,6 +876,7 @@ def test_tune_help_gives_model_no_default_that_tune_refuses(capsys):
 
 NO_CUDNN_PRELUDE = r"""
 import sys
+sys.modules["nvidia.cudnn"] = None  # no cuDNN wheel to open by its path
 import cuda.pathfinder as pf
 def not_found(name):  # what the pathfinder raises with no cuDNN: it looks for a dependency first
     raise pf.DynamicLibNotFoundError('Failure finding "libcublasLt.so": No such file\nmore')
@@ -891,9 +892,10 @@ def test_info_without_cudnn_gives_cudnn_not_found_first(tmp_path):
         pytest.skip("a libcudnn is on the system's default search path")
     assert proc.returncode == 1, proc.stderr  # info answers, and says it cannot run convolutions
     tried = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("tried ")]
-    assert tried[0].startswith('tried cuda.pathfinder.load_nvidia_dynamic_lib("cudnn"): '
+    assert tried[0].startswith("tried the NVIDIA cuDNN wheel"), tried
+    assert tried[1].startswith('tried cuda.pathfinder.load_nvidia_dynamic_lib("cudnn"): '
                                "DynamicLibNotFoundError: cuDNN not found"), tried
-    assert "libcublasLt" in tried[0]  # where the search stopped is still said, after it
+    assert "libcublasLt" in tried[1]  # where the search stopped is still said, after it
 
 
 def test_a_missing_cudnn_dependency_stays_the_reason_when_cudnn_is_installed(tmp_path):
@@ -903,4 +905,4 @@ def test_a_missing_cudnn_dependency_stays_the_reason_when_cudnn_is_installed(tmp
     tried = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("tried ")]
     if not tried:
         pytest.skip("a libcudnn is on the system's default search path")
-    assert 'DynamicLibNotFoundError: Failure finding "libcublasLt.so"' in tried[0]
+    assert 'DynamicLibNotFoundError: Failure finding "libcublasLt.so"' in tried[1]

@@ -100,9 +100,36 @@ def test_pycudnn_library_points_at_the_real_file(monkeypatch):
     assert int(library.cudnnGetVersion()) == _lib.version()
 
 
+WHEEL_PROBE = r"""
+import json, sys
+from pycudnn.ffi import library as _lib
+from pycudnn.cudnn.descriptors import TensorDescriptor
+library = _lib.lib()
+d = TensorDescriptor((2, 3, 4, 5), "float32")  # its sub-libraries load: a descriptor is made
+print(json.dumps({"via": library.found_via, "path": library.path,
+                  "wheel": _lib.wheel_library_path(),
+                  "cuda_python": sorted(m for m in sys.modules if m.startswith("cuda."))}))
+"""
+
+
+def test_the_cudnn_wheel_is_opened_by_its_path_without_cuda_python():
+    try:
+        _lib.wheel_library_path()
+    except FileNotFoundError:
+        pytest.skip("no NVIDIA cuDNN wheel here")
+    proc = run_python(WHEEL_PROBE)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["via"] == "the NVIDIA cuDNN wheel (nvidia/cudnn/lib/libcudnn.so.9)"
+    assert out["path"] == out["wheel"] and out["path"].endswith("nvidia/cudnn/lib/libcudnn.so.9")
+    assert out["cuda_python"] == []  # cuda.pathfinder's imports (~40-50 ms) are not paid
+
+
 NOT_FOUND_PROBE = r"""
 import sys
-# as on a machine without the NVIDIA wheel: the pathfinder step cannot even be imported
+# as on a machine without the NVIDIA wheels: no nvidia.cudnn package, and the pathfinder step
+# cannot even be imported
+sys.modules["nvidia.cudnn"] = None
 sys.modules["cuda.pathfinder"] = None
 from pycudnn.ffi import library as _lib
 from pycudnn import errors
@@ -127,11 +154,13 @@ def test_missing_library_error_lists_every_place_tried():
     assert out.startswith("NOT-FOUND"), out
     lines = out.splitlines()
     tried = [line for line in lines if line.startswith("  - ")]
-    assert len(tried) == 3, out
-    assert tried[0].startswith('  - cuda.pathfinder.load_nvidia_dynamic_lib("cudnn"): ')
-    assert "ImportError" in tried[0] or "ModuleNotFoundError" in tried[0]
-    assert tried[1].startswith("  - libcudnn.so.9: OSError")
-    assert tried[2].startswith("  - libcudnn.so: OSError")
+    assert len(tried) == 4, out
+    assert tried[0].startswith("  - the NVIDIA cuDNN wheel (nvidia/cudnn/lib/libcudnn.so.9): "
+                               "FileNotFoundError: no NVIDIA cuDNN wheel"), tried[0]
+    assert tried[1].startswith('  - cuda.pathfinder.load_nvidia_dynamic_lib("cudnn"): ')
+    assert "ImportError" in tried[1] or "ModuleNotFoundError" in tried[1]
+    assert tried[2].startswith("  - libcudnn.so.9: OSError")
+    assert tried[3].startswith("  - libcudnn.so: OSError")
     assert "could not load libcudnn; tried, in order:" in out
     assert "pip install nvidia-cudnn-cu12" in out and "set PYCUDNN_LIBRARY" in out
 

@@ -1,8 +1,9 @@
 """Finding and loading libcudnn lazily, the prototype table, and the status checker.
 
 ``import pycudnn`` never opens libcudnn: `lib()` does, on first use, trying in order the path in
-``PYCUDNN_LIBRARY``, ``cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")`` (NVIDIA wheels, conda,
-system), then the sonames ``libcudnn.so.9`` and ``libcudnn.so``; if none loads,
+``PYCUDNN_LIBRARY``, the NVIDIA cuDNN wheel's ``libcudnn.so.9`` (by its path),
+``cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")`` (NVIDIA wheels, conda, system), then the
+sonames ``libcudnn.so.9`` and ``libcudnn.so``; if none loads,
 `CudnnNotFoundError` lists every place tried and why. A non-empty ``PYCUDNN_LIBRARY`` is the only
 place tried (a library it names that does not load, is not cuDNN or is older than 9.0 is an
 error, never a fall-through to a cuDNN the user did not ask for), and it must be absolute: the
@@ -527,7 +528,8 @@ def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]
     if env:
         path = env
         return [(f"PYCUDNN_LIBRARY={env}", lambda: _open_env_library(path))]
-    out: list[tuple[str, Callable[[], tuple[Any, Any]]]] = []
+    out: list[tuple[str, Callable[[], tuple[Any, Any]]]] = [
+        (f"the NVIDIA cuDNN wheel ({WHEEL_LIBRARY})", _open_wheel_library)]
 
     def from_pathfinder() -> tuple[ctypes.CDLL, str]:
         from cuda.pathfinder import DynamicLibNotFoundError, load_nvidia_dynamic_lib
@@ -554,6 +556,40 @@ def _candidates(env: str | None) -> list[tuple[str, Callable[[], tuple[Any, Any]
 
         out.append((soname, from_soname))
     return out
+
+
+#: where the nvidia-cudnn-cu12 and -cu13 wheels put libcudnn, inside the ``nvidia.cudnn`` package
+WHEEL_LIBRARY = "nvidia/cudnn/lib/libcudnn.so.9"
+
+
+def wheel_library_path() -> str:
+    """The path of the NVIDIA cuDNN wheel's ``libcudnn.so.9`` (the first ``nvidia.cudnn`` on
+    ``sys.path`` that has one), found without importing anything but the namespace package.
+
+    Raises:
+        FileNotFoundError: no cuDNN wheel is installed, or it has no ``libcudnn.so.9``.
+    """
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia.cudnn")
+    except (ImportError, ValueError):
+        spec = None
+    for directory in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = os.path.join(directory, "lib", "libcudnn.so.9")
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError("no NVIDIA cuDNN wheel (the package nvidia.cudnn with "
+                            "lib/libcudnn.so.9) is installed")
+
+
+def _open_wheel_library() -> tuple[ctypes.CDLL, str]:
+    # Opened by path: its sub-libraries find cuBLASLt and NVRTC through their own RUNPATH (the
+    # cu12 and cu13 wheels' layouts both), loading them only when an engine needs them. Through
+    # cuda.pathfinder the same file costs ~40-50 ms of imports and loads cuBLASLt eagerly
+    # (~80 ms where nothing loaded it before).
+    path = wheel_library_path()
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), path
 
 
 def cudnn_installed() -> bool:
