@@ -1,6 +1,8 @@
-"""When a repeated launch is captured (pycudnn.runtime.memory.replay.Replays), without a GPU:
-the count per argument tuple, the settings and their checks, a refused plan, the build limit.
-The captures themselves are tested on a GPU (test_graph_replay_gpu.py)."""
+"""Graph replay without a GPU (pycudnn.runtime.memory.replay): when a repeated launch is
+captured (the count per argument tuple, the settings and their checks, a refused plan, the build
+limit, the environment switch), the capture's bookkeeping with a libcuda stand-in, and the graph
+engine's launcher dispatch over a stand-in plan. Real captures are tested on a GPU
+(test_graph_replay_gpu.py)."""
 
 from __future__ import annotations
 
