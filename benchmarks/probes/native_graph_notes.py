@@ -14,7 +14,7 @@ not apply to them and graph replay has to capture. Run:
     PYTHONPATH=. python3 benchmarks/probes/native_graph_notes.py
 """
 import ctypes, time
-import numpy as np, torch
+import torch
 import pycudnn
 from pycudnn.ffi import library as L
 from pycudnn.ffi.backend import BehaviorNote

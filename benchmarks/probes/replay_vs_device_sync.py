@@ -14,7 +14,7 @@ mode, so replay is off unless ``PYCUDNN_GRAPH_REPLAY=1``. Run:
 
     PYCUDNN_GRAPH_REPLAY=1 PYTHONPATH=. python3 benchmarks/probes/replay_vs_device_sync.py
 """
-import threading, time, ctypes
+import threading
 import torch
 import pycudnn
 from pycudnn.runtime.memory import driver as D, replay
