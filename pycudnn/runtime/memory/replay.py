@@ -90,6 +90,16 @@ def is_capturing(stream: int) -> bool:
     return status.value != 0
 
 
+def _destroy(function: str, handle: int) -> None:
+    """A finalizer's ``function(handle)`` through the driver: nothing once the interpreter exits
+    (the driver reclaims it) or where the modules are already torn down."""
+    try:
+        if handle and not _bindings.shutting_down and _driver.loaded:
+            getattr(_driver.loaded, function)(handle)
+    except Exception:
+        pass
+
+
 class LaunchGraph:
     """An instantiated CUDA graph of one captured launch (``exec``, a ``CUgraphExec``),
     destroyed when the last reference goes (a graph still running is freed when it ends)."""
@@ -104,11 +114,7 @@ class LaunchGraph:
         return _driver.loaded.cuGraphLaunch(self.exec, stream) == 0
 
     def __del__(self) -> None:
-        try:
-            if self.exec and not _bindings.shutting_down and _driver.loaded:
-                _driver.loaded.cuGraphExecDestroy(self.exec)
-        except Exception:
-            pass
+        _destroy("cuGraphExecDestroy", self.exec)
         self.exec = 0
 
 
@@ -125,11 +131,7 @@ class _CaptureStream:
         self.handle = int(out.value or 0)
 
     def __del__(self) -> None:
-        try:
-            if self.handle and not _bindings.shutting_down and _driver.loaded:
-                _driver.loaded.cuStreamDestroy(self.handle)
-        except Exception:
-            pass
+        _destroy("cuStreamDestroy", self.handle)
         self.handle = 0
 
 
