@@ -34,7 +34,7 @@ from ..errors import CudnnError, NoAlgorithmError, OutOfMemoryError
 from ..runtime.memory import (allocate, event_create, event_destroy, event_elapsed_ms, event_record,
                               event_synchronize, mem_get_info, stream_synchronize)
 from ..runtime.handle import set_handle_stream
-from ..runtime.memory.replay import is_capturing
+from ..runtime.memory.capture import is_capturing
 from ..runtime.memory.replay import settings as replay_settings
 from ..runtime.memory.workspaces import thread_workspace
 from .contract import Engine, check_precision, error_if_capturing, release, workspace

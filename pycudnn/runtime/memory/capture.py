@@ -1,5 +1,6 @@
-"""CUDA graph capture: whether a stream is being captured (`stream_is_capturing()`), and a block
-in relaxed capture mode (`relaxed_capture_mode()`) for code that builds but queues no work."""
+"""CUDA graph capture: whether a stream is being captured (`stream_is_capturing()`; its hot-path
+form `is_capturing()`), and a block in relaxed capture mode (`relaxed_capture_mode()`) for code
+that builds but queues no work."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ def stream_is_capturing(stream: Any) -> bool:
     err = require_driver("cuStreamIsCapturing").cuStreamIsCapturing(handle, byref(status))
     if err:
         check_driver(err, "cuStreamIsCapturing")
+    return status.value != 0
+
+
+def is_capturing(stream: int) -> bool:
+    """`stream_is_capturing` for a hot path: ``stream`` already a handle, the driver loaded,
+    and True also when the driver cannot say (the caller then launches as it would inside a
+    capture) rather than an error."""
+    status = c_int()
+    if _driver.loaded.cuStreamIsCapturing(stream, byref(status)):
+        return True
     return status.value != 0
 
 

@@ -14,7 +14,7 @@ from . import bindings as _bindings
 from . import driver as _driver
 from .capture import relaxed_capture_mode
 
-__all__ = ["Replays", "LaunchGraph", "configure", "settings", "is_capturing", "stats"]
+__all__ = ["Replays", "LaunchGraph", "configure", "settings", "stats"]
 
 log = logging.getLogger("pycudnn")
 
@@ -79,15 +79,6 @@ def settings() -> dict[str, Any]:
 def stats() -> dict[str, int]:
     """Graphs built and captures refused since the process started (a copy)."""
     return dict(_stats)
-
-
-def is_capturing(stream: int) -> bool:
-    """Whether the stream handle ``stream`` is being captured (also when the driver cannot say:
-    the caller then makes its launch as it would inside a capture). The driver is loaded."""
-    status = c_int()
-    if _driver.loaded.cuStreamIsCapturing(stream, byref(status)):
-        return True
-    return status.value != 0
 
 
 def _destroy(function: str, handle: int) -> None:
