@@ -100,6 +100,40 @@ def test_workspace_limit_zero_still_gives_right_result(engine, measure):
     assert entry["workspace"] == 0
 
 
+def test_a_measured_search_describes_only_what_it_times(monkeypatch):
+    """benchmark_limit=2: the search describes the configs up to its second timed one (and those
+    the notes refuse on the way), not every config of the three modes; when both timed plans
+    fail to run, the untimed ones still follow, described then."""
+    import pycudnn
+    from pycudnn.cudnn.graph import plan as plan_module
+    from pycudnn.errors import CudnnExecutionError
+
+    x, w, ref = _problem(4, shape=(2, 16, 12, 12), k=16)
+    described = []
+    real = plan_module._describe
+    monkeypatch.setattr(plan_module, "_describe", lambda cfg: described.append(1) or real(cfg))
+    kw = dict(padding=1, engine="graph", allow_tf32=False, tuning_db=False)
+    _check(pycudnn.convolution(x, w, **kw), ref)  # heuristics: describes the first config only
+    pycudnn.clear_caches()
+    described.clear()
+    _check(pycudnn.convolution(x, w, benchmark=True, benchmark_limit=None, **kw), ref)
+    every = len(described)
+    pycudnn.clear_caches()
+    described.clear()
+    _check(pycudnn.convolution(x, w, benchmark=True, benchmark_limit=2, **kw), ref)
+    lazily = len(described)
+    assert 2 <= lazily < every, (lazily, every)
+    (entry,) = [e for e in pycudnn.benchmark_cache() if e["engine"] == "graph"]
+    assert "measured" in entry["choice"], entry
+    pycudnn.clear_caches()
+    described.clear()
+    calls = _inject(monkeypatch, "graph",
+                    [CudnnExecutionError(5000, "injected", "CUDNN_STATUS_EXECUTION_FAILED")] * 2)
+    _check(pycudnn.convolution(x, w, benchmark=True, benchmark_limit=2, **kw), ref)
+    assert len(calls) == 3 and calls[2].source != "measured", calls  # an untimed fallback ran
+    assert len(described) >= 3  # the fallback was described when the two timed ones failed
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_no_algorithm_error_lists_candidates(monkeypatch, engine):
     import pycudnn

@@ -17,6 +17,7 @@ the iterator with its fallbacks, the guards and the batch splitting are those of
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -350,11 +351,12 @@ class GraphEngine(Engine):
         if not args.benchmark:
             return self._lazy(args, prep)
         for gi in range(len(self._graphs(args, prep))):
-            cands = list(self._iter_candidates(args, prep, gi))
-            if not cands:
+            cands = self._iter_candidates(args, prep, gi)
+            first = next(cands, None)
+            if first is None:
                 continue
             try:
-                return self._measure(args, cands)
+                return self._measure(args, itertools.chain((first,), cands))
             except NoAlgorithmError:
                 if gi == len(prep.graphs or []) - 1:
                     raise
@@ -544,13 +546,16 @@ class GraphEngine(Engine):
         return rec
 
     # -- measurement --------------------------------------------------------------------------
-    def _measure(self, args: ConvolutionArgs, cands: list[GraphRecord]) -> list[GraphRecord]:
+    def _measure(self, args: ConvolutionArgs, cands: Iterable[GraphRecord]) -> Iterator[GraphRecord]:
         """The candidates ranked by measured time; those not timed (limit, time budget) follow
         as fallbacks in heuristics order.
 
         With a ``benchmark_limit`` (the default), runtime-compiled candidates are left out of the
         timing: each costs 0.3-1 s to build, and precompiled engines are the heuristics' first
         choices. ``benchmark_limit=None`` is the exhaustive search, which builds and times them.
+        ``cands`` is read only as far as the timing needs: the configs after the last timed one
+        are described only if the caller goes on to them (describing every config of the three
+        modes cost more than timing the first ten).
         """
         p = args.params
         error_if_capturing(args.stream, "graph engine benchmark")
@@ -562,6 +567,7 @@ class GraphEngine(Engine):
             # timing writes the output: never into data the caller still needs
             scratch = allocate(written_bytes(p), p.device, args.stream)
             out_ptr = scratch.ptr
+        rest = iter(cands)
         ready: list[GraphRecord] = []
         untimed: list[GraphRecord] = []
         failures: list[tuple[str, str]] = []
@@ -569,9 +575,9 @@ class GraphEngine(Engine):
         try:
             free, _ = mem_get_info(p.device)
             ceiling = free if p.workspace_limit is None else min(free, p.workspace_limit)
-            for i, rec in enumerate(cands):
-                if (limit is not None and len(ready) >= limit) or time.perf_counter() - start > budget:
-                    untimed.extend(cands[i:])
+            while (limit is None or len(ready) < limit) and time.perf_counter() - start <= budget:
+                rec = next(rest, None)
+                if rec is None:
                     break
                 if limit is not None and rec.plan.runtime_compiled:
                     untimed.append(rec)  # exhaustive search only (see above)
@@ -592,7 +598,10 @@ class GraphEngine(Engine):
         timed = [GraphRecord(r.plan, r.direction, t, "measured", r.mode, r.graph_index)
                  for r, t in zip(ready, times) if t is not None]
         if not timed and not untimed:
-            raise NoAlgorithmError(f"no graph-engine plan could be timed for {p.short()}", failures)
+            nxt = next(rest, None)  # a fallback left untimed by the limit or the budget?
+            if nxt is None:
+                raise NoAlgorithmError(f"no graph-engine plan could be timed for {p.short()}", failures)
+            untimed.append(nxt)
         timed.sort(key=lambda r: r.time_ms)
         if timed and timed[0].plan.runtime_compiled:
             # A runtime-compiled plan must be compiled again in every process that rebuilds it
@@ -605,7 +614,7 @@ class GraphEngine(Engine):
         if log.isEnabledFor(logging.DEBUG):
             log.debug("graph engine benchmark %s: %s", p.short(),
                       ", ".join(f"{r.plan.tag}={r.time_ms:.4f}ms" for r in timed[:5]))
-        return timed + untimed
+        return itertools.chain(timed, untimed, rest)
 
     def _time_all(self, args: ConvolutionArgs, ready: list[GraphRecord], out_ptr: int | None,
                   failures: list[tuple[str, str]]) -> list[float | None]:
