@@ -104,7 +104,8 @@ class LaunchGraph:
         """Launch on ``stream``; False when the driver refused (nothing was queued)."""
         return _driver.loaded.cuGraphLaunch(self.exec, stream) == 0
 
-    def __del__(self) -> None:
+    # _destroy bound as a default: at interpreter exit this module's globals may be gone first
+    def __del__(self, _destroy: Callable[[str, int], None] = _destroy) -> None:
         _destroy("cuGraphExecDestroy", self.exec)
         self.exec = 0
 
@@ -121,7 +122,7 @@ class _CaptureStream:
             raise RuntimeError(f"cuStreamCreate: {_driver.loaded.error_text(err)}")
         self.handle = int(out.value or 0)
 
-    def __del__(self) -> None:
+    def __del__(self, _destroy: Callable[[str, int], None] = _destroy) -> None:
         _destroy("cuStreamDestroy", self.handle)
         self.handle = 0
 
