@@ -29,8 +29,8 @@ from ..configuration import config
 from ..runtime.memory import device_identity as _device_identity
 from .files import (RefusedFile, atomic_write, file_signature, locked, move_aside, process_lock,
                            read_database, read_import, warn, write_database)
-from .records import (CorruptFile, canonical_json, document_text, new_entry, params_key,
-                             parse_document, validate_entry)
+from .records import (CorruptFile, canonical_json, document_from_lines, document_text, entry_line,
+                      new_entry, params_key, parse_document, validate_entry)
 
 __all__ = ["enabled", "lookup", "store", "drop", "path", "cache_dir", "entries", "clear", "export",
            "merge", "import_file", "read_file", "MergeReport", "refused", "forget", "device_identity",
@@ -108,14 +108,26 @@ def refused() -> str | None:
     return _refused.get(path())
 
 
+#: `_State.parsed` of a file that does not exist
+_ABSENT = (0, 0, -1)
+
+
 class _State:
     """This process's copy of one file: entries by key, the file signature they came from, and
-    the keys already looked up again after a miss."""
+    the keys already looked up again after a miss.
+
+    ``parsed`` is the signature of the file ``entries`` are exactly the content of (read and
+    checked, or written, by this process; `_ABSENT`: no file), None when they may not be (the
+    file was unreadable): a writer holding the lock re-reads the file only when its signature is
+    another, so a store costs one write, not a read and a check of every entry as well. ``lines``
+    keeps each entry's line as written (with the entry it was made from)."""
 
     def __init__(self, file: str) -> None:
         self.file = file
         self.entries: dict[str, dict[str, Any]] | None = None
         self.signature: tuple[int, int, int] | None = None
+        self.parsed: tuple[int, int, int] | None = None
+        self.lines: dict[str, tuple[dict[str, Any], str]] = {}
         self.refreshed: set[str] = set()
 
 
@@ -137,13 +149,16 @@ def _load_locked(st: _State) -> dict[str, dict[str, Any]]:
     Raises:
         RefusedFile, OSError: as `read_database()`.
     """
+    if st.entries is not None and st.parsed is not None \
+            and (file_signature(st.file) or _ABSENT) == st.parsed:
+        return st.entries  # the file is still the one read or written last: nothing to check
     try:
         text, sig = read_database(st.file)
         entries_ = {} if text is None else parse_document(text, st.file)[0]
     except CorruptFile as exc:
         move_aside(st.file, str(exc))
         entries_, sig = {}, None
-    st.entries, st.signature = entries_, sig
+    st.entries, st.signature, st.parsed = entries_, sig, sig or _ABSENT
     return entries_
 
 
@@ -164,19 +179,28 @@ def _load(st: _State) -> dict[str, dict[str, Any]]:
         except OSError as exc:
             log.warning("tuning database %s is unusable and could not be locked (%s); carrying on "
                         "without it", st.file, exc)
-            st.entries, st.signature = {}, file_signature(st.file)
+            st.entries, st.signature, st.parsed = {}, file_signature(st.file), None
             return st.entries
     except OSError as exc:  # unreadable (permissions, I/O): run without it, never fail a call
         log.warning("tuning database %s is unreadable (%s); carrying on without it", st.file, exc)
-        st.entries, st.signature = {}, None
+        st.entries, st.signature, st.parsed = {}, None, None
         return st.entries
-    st.entries, st.signature = entries_, sig
+    st.entries, st.signature, st.parsed = entries_, sig, sig or _ABSENT
     return entries_
 
 
 def _write_locked(st: _State, entries_: dict[str, dict[str, Any]]) -> None:
-    write_database(st.file, document_text(entries_.values()))
-    st.entries, st.signature = entries_, file_signature(st.file)
+    # entries are replaced, never changed in place: a line made from the same object still holds
+    made = st.lines
+    lines: dict[str, tuple[dict[str, Any], str]] = {}
+    for key, entry in entries_.items():
+        known = made.get(key)
+        lines[key] = known if known is not None and known[0] is entry else (entry, entry_line(entry))
+    st.parsed = None  # until the write is known to have happened
+    write_database(st.file, document_from_lines([line for _, line in lines.values()]))
+    sig = file_signature(st.file)
+    st.entries, st.signature, st.lines = entries_, sig, lines
+    st.parsed = sig
 
 
 def _edit(st: _State, change: Callable[[dict[str, dict[str, Any]]], bool]) -> None:
@@ -298,6 +322,7 @@ def drop(params: Any) -> None:
                     type(exc).__name__, exc)
         if st.entries is not None:
             st.entries = {k: v for k, v in st.entries.items() if k != key}
+            st.parsed = None  # no longer the file's content
 
 
 def entries(*, set_aside: bool = True) -> list[dict[str, Any]]:

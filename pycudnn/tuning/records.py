@@ -10,7 +10,7 @@ import datetime
 import json
 import logging
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from .._version import __version__
 from ..engines.problem import ConvolutionParams
@@ -326,10 +326,20 @@ def parse_document(text: str | bytes, where: str, *, document: tuple[str, int] =
     return out, dropped
 
 
+def entry_line(entry: dict[str, Any]) -> str:
+    """One entry's line of a document (canonical JSON: sorted keys, no spaces, no NaN)."""
+    return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def document_from_lines(lines: Sequence[str], *,
+                        document: tuple[str, int] = (_FORMAT, _FORMAT_VERSION)) -> str:
+    """The file text of entries already made lines by `entry_line`, in a ``document``."""
+    head = json.dumps({"format": document[0], "version": document[1]})[:-1]
+    return head + ', "entries": [\n' + ",\n".join(lines) + ("\n" if lines else "") + "]}\n"
+
+
 def document_text(entries_: Iterable[dict[str, Any]], *,
                   document: tuple[str, int] = (_FORMAT, _FORMAT_VERSION)) -> str:
     """The file text of ``entries_``: one entry a line, in a ``document`` (format name and
     version: the tuning database's unless told)."""
-    lines = [json.dumps(e, sort_keys=True, separators=(",", ":"), allow_nan=False) for e in entries_]
-    head = json.dumps({"format": document[0], "version": document[1]})[:-1]
-    return head + ', "entries": [\n' + ",\n".join(lines) + ("\n" if lines else "") + "]}\n"
+    return document_from_lines([entry_line(e) for e in entries_], document=document)
