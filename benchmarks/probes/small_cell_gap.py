@@ -1,0 +1,63 @@
+"""Probe (not a benchmark): is pycudnn's kernel time on a small convolution PyTorch's?
+
+``conv_vs_torch.py`` at 3860841 (and at 60f46db) times the small bf16 1x1 cells of ResNet-50
+about 1.2 us slower on pycudnn's side than PyTorch's (layer1.0.conv1 forward: 8.4 against
+7.2 us, the same kernel names), while the same call timed here, with the same gate and batches,
+gives PyTorch's time. This times that layer's forward (bf16 NHWC, 32x64x56x56, 64 1x1 filters)
+behind ``gpu_timing.Gate``, 100 calls a batch, six rounds: PyTorch; pycudnn allocating its
+output, with ``out=``, with each output kept alive (no block reused), called as
+``conv_vs_torch.py`` calls it (geometry keywords, ``engine="graph"``, a torch stream object), and
+the kept-block pool after. Run:
+
+    PYTHONPATH=. python3 benchmarks/probes/small_cell_gap.py
+
+Result (H200, 164391b; `benchmarks/results/2026-12-04/small_cell_gap_164391b.txt`): every
+pycudnn column within 0.05 us of PyTorch's (7.05-7.09 us), so the gap is in what
+``conv_vs_torch.py`` does around the calls, not in the call.
+"""
+import statistics
+import sys
+
+sys.path.insert(0, "benchmarks")
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import gpu_timing  # noqa: E402
+import pycudnn  # noqa: E402
+from pycudnn.runtime.memory import pool, resolve_stream  # noqa: E402
+
+torch.backends.cudnn.benchmark = True
+cl = torch.channels_last
+x = torch.randn(32, 64, 56, 56, device="cuda", dtype=torch.bfloat16).to(memory_format=cl)
+w = torch.randn(64, 64, 1, 1, device="cuda", dtype=torch.bfloat16).to(memory_format=cl)
+out = torch.empty(32, 64, 56, 56, device="cuda", dtype=torch.bfloat16).to(memory_format=cl)
+cs = torch.cuda.current_stream()
+kw = dict(benchmark=True, tuning_db=False, stream=0)
+keep: list = []
+fns = {"torch": lambda: F.conv2d(x, w),
+       "pycudnn alloc": lambda: pycudnn.convolution(x, w, **kw),
+       "pycudnn out=": lambda: pycudnn.convolution(x, w, out=out, **kw),
+       "pycudnn alloc, kept alive": lambda: keep.append(pycudnn.convolution(x, w, **kw)),
+       "torch, kept alive": lambda: keep.append(F.conv2d(x, w)),
+       "pycudnn as conv_vs_torch calls it": lambda: pycudnn.convolution(
+           x, w, stream=cs, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1,
+           benchmark=True, allow_tf32=True, engine="graph", tuning_db=False),
+       "pycudnn stream=torch stream": lambda: pycudnn.convolution(x, w, stream=cs, benchmark=True,
+                                                                  tuning_db=False)}
+for f in fns.values():
+    f()
+    torch.cuda.synchronize()
+keep.clear()
+gate = gpu_timing.Gate(torch=torch)
+res: dict[str, list[float]] = {k: [] for k in fns}
+for _ in range(6):
+    for k, f in fns.items():
+        res[k].append(gpu_timing.gated_batch_us(f, 0, 100, gate))
+        keep.clear()
+        torch.cuda.synchronize()
+for k, v in res.items():
+    print(f"{k}: {statistics.median(v):.2f} us")
+print("the torch stream resolved to", resolve_stream(cs))
+print("kept blocks", {k: len(v) for k, v in pool.blocks.items()})
+entry = pycudnn.benchmark_cache()[0]
+print(entry["choice"][:200], "workspace", entry["workspace"])
