@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import math
@@ -57,7 +58,15 @@ def jsonable(value: Any) -> Any:
 def params_to_dict(params: Any) -> dict[str, Any]:
     """Every field of a `ConvolutionParams` as JSON data (tuples
     as lists)."""
-    return {f.name: jsonable(getattr(params, f.name)) for f in dataclasses.fields(params)}
+    out = {}
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        # a tuple of plain ints (shapes, strides) is the common field: as a list without recursing
+        if type(value) is tuple and all(type(v) is int for v in value):
+            out[f.name] = list(value)
+        else:
+            out[f.name] = jsonable(value)
+    return out
 
 
 def canonical_json(obj: Any) -> str:
@@ -72,6 +81,11 @@ _WEIGHT_FORMATS = ("NCHW", "NHWC")
 _ALIGNMENTS = (1, 2, 4, 8, 16)
 
 
+@functools.lru_cache(maxsize=1)
+def _params_fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(ConvolutionParams)}
+
+
 def params_from_dict(data: Any, device: int) -> Any:
     """The `ConvolutionParams` of a database entry's ``params``
     (the inverse of `params_to_dict()`), on device ``device``, parsed as strictly as a call's
@@ -84,7 +98,7 @@ def params_from_dict(data: Any, device: int) -> Any:
         TypeError, ValueError: a field is missing, unknown, of the wrong kind or out of range.
     """
 
-    fields = {f.name: f for f in dataclasses.fields(ConvolutionParams)}
+    fields = _params_fields()
     if not isinstance(data, dict):
         raise TypeError(f"params: expected an object, got {type(data).__name__}")
     unknown = set(data) - set(fields)
