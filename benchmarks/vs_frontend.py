@@ -29,12 +29,13 @@ Four parts (``--parts calls,first,breakdown,floor``, all by default):
   frontend with heuristics mode A and with its first 10 buildable plans timed (1 warm-up and 3
   timed executions each, CUDA events, the fastest kept); PyTorch with
   ``torch.backends.cudnn.benchmark`` off and on.
-* **breakdown** (where pycudnn's first call goes): the same first call in a fresh process under
-  ``cProfile``, and a further new shape's (the first one run before, outside the profile); the inclusive time of the functions that load libcudnn and the CUDA driver,
-  probe the devices, prepare the memory pool, import cuda.bindings (none should), create the
-  handle, run the gate's self-test, read the tuning database, build the operation graph, query
-  heuristics and describe their configs, finalize plans, measure candidates and execute (nested
-  parts are not summed; cProfile adds its own overhead to the Python parts).
+* **breakdown** (where pycudnn's first calls go): the same first call in a fresh process under
+  ``cProfile``, and a further new shape's (the first one run before, outside the profile); the
+  inclusive time of the functions that load libcudnn and the CUDA driver, probe the devices,
+  prepare the memory pool, import cuda.bindings (none should), create the handle, run the gate's
+  self-test, read the tuning database, build the operation graph, query heuristics and describe
+  their configs, finalize plans, measure candidates (and time them) and execute (nested parts
+  are not summed; cProfile adds its own overhead to the Python parts).
 * **floor**: ``cudnnBackendExecute``'s own host time: the plan pycudnn chose for the tiny
   convolution executed directly through ctypes with a finalized variant pack, in a loop; beside
   it ``ExecutionPlan.execute`` (the variant pack looked up), the prepared launcher, the same
