@@ -7,7 +7,10 @@ gives PyTorch's time. This times that layer's forward (bf16 NHWC, 32x64x56x56, 6
 behind ``gpu_timing.Gate``, 100 calls a batch, six rounds: PyTorch; pycudnn allocating its
 output, with ``out=``, with each output kept alive (no block reused), called as
 ``conv_vs_torch.py`` calls it (geometry keywords, ``engine="graph"``, a torch stream object), and
-the kept-block pool after. Run:
+the kept-block pool after. Then the same two calls through ``gpu_timing.compare_gated`` (as
+``conv_vs_torch.py`` times a cell: warm-up, sides alternating) and through ``conv_vs_torch.py``'s
+own ``_calls`` and ``measure_cell`` on this layer, at its full and quick settings, so that one
+run tells which step brings the gap. Run:
 
     PYTHONPATH=. python3 benchmarks/probes/small_cell_gap.py
 
@@ -61,3 +64,27 @@ print("the torch stream resolved to", resolve_stream(cs))
 print("kept blocks", {k: len(v) for k, v in pool.blocks.items()})
 entry = pycudnn.benchmark_cache()[0]
 print(entry["choice"][:200], "workspace", entry["workspace"])
+
+import argparse  # noqa: E402
+
+import conv_vs_torch  # noqa: E402
+
+pair = {"torch": fns["torch"], "pycudnn": fns["pycudnn as conv_vs_torch calls it"]}
+for reps, batches in ((100, 6), (40, 4)):
+    got = gpu_timing.compare_gated(pair, 0, reps, batches, gate=gate, synchronize=torch.cuda.synchronize)
+    print(f"compare_gated, {reps} reps x {batches}: " + ", ".join(
+        f"{k} {statistics.median(v):.2f} us" for k, v in got.items()))
+layer = conv_vs_torch.select_layers(conv_vs_torch.resnet50_layers(32), "layer1.0.conv1")[0]
+xs = torch.randn(layer.x_shape, device="cuda", dtype=torch.bfloat16).to(memory_format=cl)
+ws = (torch.randn(layer.w_shape, device="cuda", dtype=torch.bfloat16) * 0.05).to(memory_format=cl)
+dys = torch.randn(layer.y_shape, device="cuda", dtype=torch.bfloat16).to(memory_format=cl)
+flags = {"benchmark": True, "allow_tf32": True, "engine": "graph", "tuning_db": False}
+for reps, batches in ((100, 6), (40, 4)):
+    for first in ("torch", "pycudnn"):
+        tfn, pfn = conv_vs_torch._calls(torch, F, pycudnn, layer, "fwd", xs, ws, dys, flags,
+                                        torch.cuda.current_stream())
+        row = {"gflop": layer.flops / 1e9}
+        ns = argparse.Namespace(reps=reps, batches=batches, no_kernel_names=True)
+        conv_vs_torch.measure_cell(torch, pycudnn, row, tfn, pfn, ns, gate, first)
+        print(f"measure_cell, {reps} reps x {batches}, {first} first: torch {row.get('torch_us', 0):.2f} us, "
+              f"pycudnn {row.get('pycudnn_us', 0):.2f} us {row.get('error', '')}")
