@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -87,13 +88,13 @@ class V7Choice:
 
         def algo(v: Any) -> int:
             a = checked_int("record.algo", v, 0, INT_MAX)
-            if a not in set(e.value for e in enum):
+            if a not in _enum_values(enum):
                 raise ValueError(f"record.algo: {a} is not a {enum.__name__} value")
             return a
 
         def math_type(v: Any) -> int:
             m = checked_int("record.math_type", v, 0, INT_MAX)
-            if m not in set(e.value for e in MathType):
+            if m not in _enum_values(MathType):
                 raise ValueError(f"record.math_type: {m} is not a cudnnMathType_t value")
             return m
 
@@ -110,7 +111,15 @@ class V7Choice:
 
     def to_stored(self) -> dict[str, Any]:
         """The record as the tuning database keeps it (JSON data; fields not known left out)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        # every field is a plain scalar: no deep copy (dataclasses.asdict) needed
+        values = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        return {k: v for k, v in values if v is not None}
+
+
+@functools.lru_cache(maxsize=None)
+def _enum_values(enum: type[IntEnum]) -> frozenset[int]:
+    """The values of an enum class (read per stored record: made once)."""
+    return frozenset(e.value for e in enum)
 
 
 # ---- the v7 (legacy API) engine -------------------------------------------------------------------
