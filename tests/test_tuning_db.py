@@ -298,18 +298,28 @@ def test_file_read_once_and_refreshed_once_per_missing_key(db, monkeypatch):
 def test_miss_sees_a_record_another_process_stored(db, tmp_path):
     p, q = make_params(), grouped(2)
     assert db.lookup(p) is None  # this process has read the (empty) file
+    _store_grouped_in_another_process()
+    assert db.lookup(q) == OTHER_PROCESS_RECORD
+
+
+#: what `_store_grouped_in_another_process` stores for ``grouped(2)``
+OTHER_PROCESS_RECORD = {"algo": 7, "math_type": 0, "workspace": 0}
+
+
+def _store_grouped_in_another_process() -> None:
+    """A second Python process stores `OTHER_PROCESS_RECORD` for ``grouped(2)`` in the same
+    database (``PYCUDNN_CACHE_DIR`` is inherited)."""
     code = (
         "import sys; sys.path.insert(0, 'tests')\n"
         "from pycudnn.tuning import db as tuning_db\n"
         f"tuning_db.device_identity = lambda d: {H200!r}\n"
         "from test_algos import make_params\n"
         "tuning_db.store(make_params(groups=2, weight_shape=(8, 2, 3, 3)),\n"
-        "                {'algo': 7, 'math_type': 0, 'workspace': 0})\n")
+        f"                {OTHER_PROCESS_RECORD!r})\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert db.lookup(q) == {"algo": 7, "math_type": 0, "workspace": 0}
 
 
 def test_stores_read_the_file_only_when_another_process_changed_it(db, monkeypatch):
@@ -322,23 +332,14 @@ def test_stores_read_the_file_only_when_another_process_changed_it(db, monkeypat
     for i in range(20):
         db.store(wide(i), V7_RECORD)
     assert len(parses) == 0  # no file at first, then only files this process wrote
-    code = (
-        "import sys; sys.path.insert(0, 'tests')\n"
-        "from pycudnn.tuning import db as tuning_db\n"
-        f"tuning_db.device_identity = lambda d: {H200!r}\n"
-        "from test_algos import make_params\n"
-        "tuning_db.store(make_params(groups=2, weight_shape=(8, 2, 3, 3)),\n"
-        "                {'algo': 7, 'math_type': 0, 'workspace': 0})\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    _store_grouped_in_another_process()
     db.store(wide(20), V7_RECORD)
     assert len(parses) == 1  # the other process's file, read once under the lock
     db.store(wide(21), V7_RECORD)
     assert len(parses) == 1
     new_process()
     assert all(db.lookup(wide(i)) == V7_RECORD for i in range(22))
-    assert db.lookup(grouped(2)) == {"algo": 7, "math_type": 0, "workspace": 0}
+    assert db.lookup(grouped(2)) == OTHER_PROCESS_RECORD
     doc = json.loads(Path(db.path()).read_text())
     assert len(doc["entries"]) == 23
 
