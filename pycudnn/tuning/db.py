@@ -29,8 +29,8 @@ from ..configuration import config
 from ..runtime.memory import device_identity as _device_identity
 from .files import (RefusedFile, atomic_write, file_signature, locked, move_aside, process_lock,
                            read_database, read_import, warn, write_database)
-from .records import (CorruptFile, canonical_json, document_from_lines, document_text, entry_line,
-                      new_entry, params_key, parse_document, validate_entry)
+from .records import (CorruptFile, canonical_json, document_from_lines, document_text, new_entry,
+                      params_key, parse_document, validate_entry)
 
 __all__ = ["enabled", "lookup", "store", "drop", "path", "cache_dir", "entries", "clear", "export",
            "merge", "import_file", "read_file", "MergeReport", "refused", "forget", "device_identity",
@@ -108,25 +108,22 @@ def refused() -> str | None:
     return _refused.get(path())
 
 
-#: `_State.parsed` of a file that does not exist
-_ABSENT = (0, 0, -1)
-
-
 class _State:
     """This process's copy of one file: entries by key, the file signature they came from, and
     the keys already looked up again after a miss.
 
-    ``parsed`` is the signature of the file ``entries`` are exactly the content of (read and
-    checked, or written, by this process; `_ABSENT`: no file), None when they may not be (the
-    file was unreadable): a writer holding the lock re-reads the file only when its signature is
-    another, so a store costs one write, not a read and a check of every entry as well. ``lines``
-    keeps each entry's line as written (with the entry it was made from)."""
+    ``exact`` says that ``entries`` are the content of the file whose signature is
+    ``signature`` (read and checked, or written, by this process; None: no file), not a stand-in
+    for a file that could not be read: a writer holding the lock then re-reads the file only
+    when its signature is another, so a store costs one write, not a read and a check of every
+    entry as well. ``lines`` keeps each entry's line as written (with the entry it was made
+    from)."""
 
     def __init__(self, file: str) -> None:
         self.file = file
         self.entries: dict[str, dict[str, Any]] | None = None
         self.signature: tuple[int, int, int] | None = None
-        self.parsed: tuple[int, int, int] | None = None
+        self.exact = False
         self.lines: dict[str, tuple[dict[str, Any], str]] = {}
         self.refreshed: set[str] = set()
 
@@ -149,8 +146,7 @@ def _load_locked(st: _State) -> dict[str, dict[str, Any]]:
     Raises:
         RefusedFile, OSError: as `read_database()`.
     """
-    if st.entries is not None and st.parsed is not None \
-            and (file_signature(st.file) or _ABSENT) == st.parsed:
+    if st.entries is not None and st.exact and file_signature(st.file) == st.signature:
         return st.entries  # the file is still the one read or written last: nothing to check
     try:
         text, sig = read_database(st.file)
@@ -158,7 +154,7 @@ def _load_locked(st: _State) -> dict[str, dict[str, Any]]:
     except CorruptFile as exc:
         move_aside(st.file, str(exc))
         entries_, sig = {}, None
-    st.entries, st.signature, st.parsed = entries_, sig, sig or _ABSENT
+    st.entries, st.signature, st.exact = entries_, sig, True
     return entries_
 
 
@@ -179,13 +175,13 @@ def _load(st: _State) -> dict[str, dict[str, Any]]:
         except OSError as exc:
             log.warning("tuning database %s is unusable and could not be locked (%s); carrying on "
                         "without it", st.file, exc)
-            st.entries, st.signature, st.parsed = {}, file_signature(st.file), None
+            st.entries, st.signature, st.exact = {}, file_signature(st.file), False
             return st.entries
     except OSError as exc:  # unreadable (permissions, I/O): run without it, never fail a call
         log.warning("tuning database %s is unreadable (%s); carrying on without it", st.file, exc)
-        st.entries, st.signature, st.parsed = {}, None, None
+        st.entries, st.signature, st.exact = {}, None, False
         return st.entries
-    st.entries, st.signature, st.parsed = entries_, sig, sig or _ABSENT
+    st.entries, st.signature, st.exact = entries_, sig, True
     return entries_
 
 
@@ -195,12 +191,11 @@ def _write_locked(st: _State, entries_: dict[str, dict[str, Any]]) -> None:
     lines: dict[str, tuple[dict[str, Any], str]] = {}
     for key, entry in entries_.items():
         known = made.get(key)
-        lines[key] = known if known is not None and known[0] is entry else (entry, entry_line(entry))
-    st.parsed = None  # until the write is known to have happened
+        lines[key] = known if known is not None and known[0] is entry else (entry, canonical_json(entry))
+    st.exact = False  # until the write is known to have happened
     write_database(st.file, document_from_lines([line for _, line in lines.values()]))
-    sig = file_signature(st.file)
-    st.entries, st.signature, st.lines = entries_, sig, lines
-    st.parsed = sig
+    st.entries, st.signature, st.lines = entries_, file_signature(st.file), lines
+    st.exact = True
 
 
 def _edit(st: _State, change: Callable[[dict[str, dict[str, Any]]], bool]) -> None:
@@ -322,7 +317,7 @@ def drop(params: Any) -> None:
                     type(exc).__name__, exc)
         if st.entries is not None:
             st.entries = {k: v for k, v in st.entries.items() if k != key}
-            st.parsed = None  # no longer the file's content
+            st.exact = False  # no longer the file's content
 
 
 def entries(*, set_aside: bool = True) -> list[dict[str, Any]]:

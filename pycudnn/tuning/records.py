@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import json
 import logging
 import math
@@ -81,9 +80,8 @@ _WEIGHT_FORMATS = ("NCHW", "NHWC")
 _ALIGNMENTS = (1, 2, 4, 8, 16)
 
 
-@functools.lru_cache(maxsize=1)
-def _params_fields() -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(ConvolutionParams)}
+#: the fields of ConvolutionParams by name (read per stored entry)
+_PARAMS_FIELDS = {f.name: f for f in dataclasses.fields(ConvolutionParams)}
 
 
 def params_from_dict(data: Any, device: int) -> Any:
@@ -98,7 +96,7 @@ def params_from_dict(data: Any, device: int) -> Any:
         TypeError, ValueError: a field is missing, unknown, of the wrong kind or out of range.
     """
 
-    fields = _params_fields()
+    fields = _PARAMS_FIELDS
     if not isinstance(data, dict):
         raise TypeError(f"params: expected an object, got {type(data).__name__}")
     unknown = set(data) - set(fields)
@@ -340,14 +338,9 @@ def parse_document(text: str | bytes, where: str, *, document: tuple[str, int] =
     return out, dropped
 
 
-def entry_line(entry: dict[str, Any]) -> str:
-    """One entry's line of a document (canonical JSON: sorted keys, no spaces, no NaN)."""
-    return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
 def document_from_lines(lines: Sequence[str], *,
                         document: tuple[str, int] = (_FORMAT, _FORMAT_VERSION)) -> str:
-    """The file text of entries already made lines by `entry_line`, in a ``document``."""
+    """The file text of entries already made lines by `canonical_json`, in a ``document``."""
     head = json.dumps({"format": document[0], "version": document[1]})[:-1]
     return head + ', "entries": [\n' + ",\n".join(lines) + ("\n" if lines else "") + "]}\n"
 
@@ -356,4 +349,4 @@ def document_text(entries_: Iterable[dict[str, Any]], *,
                   document: tuple[str, int] = (_FORMAT, _FORMAT_VERSION)) -> str:
     """The file text of ``entries_``: one entry a line, in a ``document`` (format name and
     version: the tuning database's unless told)."""
-    return document_from_lines([entry_line(e) for e in entries_], document=document)
+    return document_from_lines([canonical_json(e) for e in entries_], document=document)
