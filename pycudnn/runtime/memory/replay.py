@@ -49,8 +49,8 @@ def configure(enabled: bool | None = None, after: int | None = None,
             is captured (the capture is then given up and that plan launches plainly).
             A convolution's launcher is made when its call signature is first prepared: turn
             replay on before the calls it should serve, or call ``pycudnn.clear_caches()`` (and
-            ``pycudnn.torch.clear_cache()``) after. Turning it off stops new captures at once; graphs already made keep
-            replaying until the caches are cleared.
+            ``pycudnn.torch.clear_cache()``) after. Turning it off stops new captures at once;
+            graphs already made keep replaying until the caches are cleared.
         after: plain launches of one argument tuple before it is captured (default 2: the
             third call with the same pointers replays).
         capacity: graphs kept per plan (default 16).
