@@ -88,3 +88,54 @@ for reps, batches in ((100, 6), (40, 4)):
         conv_vs_torch.measure_cell(torch, pycudnn, row, tfn, pfn, ns, gate, first)
         print(f"measure_cell, {reps} reps x {batches}, {first} first: torch {row.get('torch_us', 0):.2f} us, "
               f"pycudnn {row.get('pycudnn_us', 0):.2f} us {row.get('error', '')}")
+
+
+# ---- which step of measure_cell brings the gap: one change at a time ------------------------------
+def grids(fn):
+    """(kernel name tail, grid, block) of one call's kernels, from a torch.profiler trace."""
+    fn()
+    torch.cuda.synchronize()
+    trace = gpu_timing._profile_trace(torch, fn)
+    return [(e["name"][-60:], e.get("args", {}).get("grid"), e.get("args", {}).get("block"))
+            for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+
+
+def pair_on(xt, wt, dyt):
+    tfn, pfn = conv_vs_torch._calls(torch, F, pycudnn, layer, "fwd", xt, wt, dyt, flags,
+                                    torch.cuda.current_stream())
+    return {"torch": tfn, "pycudnn": pfn}
+
+
+def line(label, got):
+    print(f"{label}: " + ", ".join(f"{k} {statistics.median(v):.2f} us" for k, v in got.items()),
+          flush=True)
+
+
+print("pointers mod 4096: x", x.data_ptr() % 4096, "w", w.data_ptr() % 4096, "xs",
+      xs.data_ptr() % 4096, "ws", ws.data_ptr() % 4096)
+print("cache entries", len(pycudnn.benchmark_cache()))
+line("V1 compare_gated, probe lambdas, x/w", gpu_timing.compare_gated(
+    pair, 0, 100, 6, gate=gate, synchronize=torch.cuda.synchronize))
+line("V2 compare_gated, _calls lambdas, x/w", gpu_timing.compare_gated(
+    pair_on(x, w, dys), 0, 100, 6, gate=gate, synchronize=torch.cuda.synchronize))
+line("V3 compare_gated, _calls lambdas, xs/ws", gpu_timing.compare_gated(
+    pair_on(xs, ws, dys), 0, 100, 6, gate=gate, synchronize=torch.cuda.synchronize))
+line("V4 compare_gated, _calls lambdas, xs/w", gpu_timing.compare_gated(
+    pair_on(xs, w, dys), 0, 100, 6, gate=gate, synchronize=torch.cuda.synchronize))
+line("V5 compare_gated, _calls lambdas, x/ws", gpu_timing.compare_gated(
+    pair_on(x, ws, dys), 0, 100, 6, gate=gate, synchronize=torch.cuda.synchronize))
+w_scaled = w * 0.05
+line("V6 compare_gated, _calls lambdas, x/(w*0.05)", gpu_timing.compare_gated(
+    pair_on(x, w_scaled, dys), 0, 100, 6, gate=gate, synchronize=torch.cuda.synchronize))
+ws_unscaled = torch.randn(layer.w_shape, device="cuda", dtype=torch.bfloat16).to(memory_format=cl)
+line("V7 compare_gated, _calls lambdas, xs/fresh unscaled w", gpu_timing.compare_gated(
+    pair_on(xs, ws_unscaled, dys), 0, 100, 6, gate=gate, synchronize=torch.cuda.synchronize))
+zero_w = torch.zeros_like(ws)
+line("V8 compare_gated, _calls lambdas, xs/zero w", gpu_timing.compare_gated(
+    pair_on(xs, zero_w, dys), 0, 100, 6, gate=gate, synchronize=torch.cuda.synchronize))
+print("cache entries", len(pycudnn.benchmark_cache()))
+for e in pycudnn.benchmark_cache():
+    print("  ", e["direction"], e["choice"][:120], "workspace", e["workspace"])
+for label, (xt, wt) in {"x/w": (x, w), "xs/ws": (xs, ws)}.items():
+    p_ = pair_on(xt, wt, dys)
+    print("grids", label, "torch", grids(p_["torch"]), "pycudnn", grids(p_["pycudnn"]), flush=True)
