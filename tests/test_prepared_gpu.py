@@ -57,18 +57,51 @@ def test_repeated_calls_take_the_remembered_path_and_stay_right(engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_geometry_given_as_lists_runs_and_is_not_remembered(engine):
+def test_geometry_given_as_lists_is_remembered_as_its_tuples(engine):
     import pycudnn
     from pycudnn.api import prepared
 
     x, w = _data(4)
     X, W = pycudnn.from_numpy(x), pycudnn.from_numpy(w)
-    ref = R.conv_forward(x, w, (1, 1), (1, 1), (1, 1), 1)
-    for _ in range(2):  # lists cannot key the remembered calls: the full path each time
-        y = pycudnn.convolution(X, W, stride=[1, 1], padding=[1, 1], dilation=[1, 1],
-                                activation="relu", engine=engine, allow_tf32=False)
-        assert _err(y.numpy(), np.maximum(ref, 0)) < 2e-5
-    assert len(prepared.remembered_calls()) == 0
+    ref = np.maximum(R.conv_forward(x, w, (1, 1), (1, 1), (1, 1), 1), 0)
+    as_lists = dict(stride=[1, 1], padding=[1, 1], dilation=[1, 1])
+    as_tuples = dict(stride=(1, 1), padding=(1, 1), dilation=(1, 1))
+    for geometry in (as_lists, as_lists, as_tuples):
+        y = pycudnn.convolution(X, W, **geometry, activation="relu", engine=engine,
+                                allow_tf32=False)
+        assert _err(y.numpy(), ref) < 2e-5
+        assert len(prepared.remembered_calls()) == 1  # one signature: lists key as tuples
+    # a list is read when the call is made: changing it afterwards changes nothing remembered
+    stride = [1, 1]
+    pycudnn.convolution(X, W, stride=stride, padding=[1, 1], dilation=[1, 1], activation="relu",
+                        engine=engine, allow_tf32=False)
+    stride[0] = 2
+    y = pycudnn.convolution(X, W, stride=stride, padding=[1, 1], dilation=[1, 1],
+                            activation="relu", engine=engine, allow_tf32=False)
+    assert y.shape == (2, 8, 5, 10)
+    assert _err(y.numpy(), np.maximum(R.conv_forward(x, w, (2, 1), (1, 1), (1, 1), 1), 0)) < 2e-5
+    assert len(prepared.remembered_calls()) == 2
+
+
+def test_a_dropped_full_path_output_is_kept_and_reused_on_the_legacy_stream():
+    """A full-path tensor (empty()) on the legacy stream comes from and goes back to the kept
+    blocks, as the hot path's outputs do: no stream-ordered allocation work between kernels."""
+    import pycudnn
+    from pycudnn.runtime.memory import current_device, empty_cache, pool
+
+    empty_cache()  # no kept blocks from earlier tests: the bound cannot refuse this one
+    pycudnn.empty((4096,), "float32")  # the device's pool is prepared by a first allocation
+    kept = (current_device(), 4 << 20)
+    a = pycudnn.empty((1 << 20,), "float32")
+    ptr = a.ptr
+    del a
+    assert ptr in pool.blocks.get(kept, [])
+    b = pycudnn.empty((1 << 20,), "float32")
+    assert b.ptr == ptr and ptr not in pool.blocks.get(kept, [])
+    c = pycudnn.empty((1 << 20,), "float32", stream=2)  # the per-thread stream: freed in order
+    c_ptr = c.ptr
+    del c
+    assert c_ptr not in pool.blocks.get(kept, [])
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -8,7 +8,7 @@ memory, the memory this process holds from the pool); `streams` (`resolve_stream
 status, the relaxed capture-mode block); `copies` (host/device copies and
 fills); `pool` (blocks kept for reuse on the legacy stream; every stream-ordered free);
 `buffers` (`allocate()`, `DeviceBuffer`, `empty_cache()`); `stream_allocation` (the hot path's
-`allocate_fast()`); `workspaces` (per-thread workspaces, zeros every stream may read);
+`allocate_fast()`, and `allocate_kept_first()` for the tensor factories); `workspaces` (per-thread workspaces, zeros every stream may read);
 `replay` (repeated launches captured into CUDA graphs and replayed).
 
 None imports ``cuda.bindings`` or cuda.core (each costs 100-130 ms of a first result). The
@@ -22,7 +22,7 @@ from .devices import (DeviceLike, HasDeviceId, callers_device, current_device, d
                       ensure_device, mem_get_info, memory_in_use, no_device_reason,
                       normalize_device, pointer_device, restore_device, synchronize)
 from .errors import CudaError, check_cuda, check_driver
-from .stream_allocation import allocate_fast
+from .stream_allocation import allocate_fast, allocate_kept_first
 from .streams import (HasCudaStreamHandle, HasStreamPointer, StreamLike, SupportsCudaStream,
                       event_create, event_destroy, event_elapsed_ms, event_query, event_record,
                       event_synchronize, resolve_stream, stream_pair, stream_synchronize,
@@ -32,7 +32,7 @@ __all__ = [
     "CudaError", "check_cuda", "check_driver", "DeviceLike", "HasDeviceId", "device_count", "device_identity",
     "no_device_reason", "normalize_device",
     "current_device", "ensure_device", "device_guard", "callers_device", "restore_device",
-    "DeviceBuffer", "allocate", "allocate_fast", "thread_token",
+    "DeviceBuffer", "allocate", "allocate_fast", "allocate_kept_first", "thread_token",
     "mem_get_info", "memory_in_use", "relaxed_capture_mode", "stream_is_capturing", "synchronize",
     "stream_synchronize", "stream_wait", "event_create", "event_record", "event_query",
     "event_synchronize", "event_elapsed_ms", "event_destroy",

@@ -63,6 +63,12 @@ def _prepare_pool(drv: Any, device: int) -> None:
         _pools[device] = int(pool.value or 0)
 
 
+def pool_ready(device: int) -> bool:
+    """Whether `allocate()` has prepared ``device``'s memory pool (so the driver is loaded and
+    plain ``cuMemAllocAsync`` may be used on it)."""
+    return device in _pools
+
+
 def empty_cache(device: Any = None) -> None:
     """Return the memory that the device's stream-ordered pool keeps for reuse to the driver
     (with the blocks pycudnn keeps for reuse on the legacy default stream).

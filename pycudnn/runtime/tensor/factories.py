@@ -25,7 +25,7 @@ def _alloc_view(shape: Any, dtype: Any, memory_format: Any, device: Any, stream:
     n = 1
     for s in shp:
         n *= s
-    buf = _mem.allocate(n * dt.itemsize, device, stream, what=what)
+    buf = _mem.allocate_kept_first(n * dt.itemsize, device, stream, what=what)
     return Tensor._make(buf.ptr, shp, strides, dt, buf.device, buf)
 
 
