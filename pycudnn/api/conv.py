@@ -64,6 +64,13 @@ _fast_get = _prepared.lookup_remembered
 # if flags else None``. Keyword order is kept as given: one call site always passes the same
 # order, and another order is only another (equally valid) entry.
 _override_get = override_token.get  # bound once: read on every call
+#: where ``geometry`` sits in a call signature (`_call` builds the tuple)
+_GEOMETRY_AT = 11
+
+
+def _listless(geometry: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``geometry`` with each list (``stride=[1, 1]``...) as a tuple: the same call, hashable."""
+    return tuple(tuple(g) if type(g) is list else g for g in geometry)
 
 
 def _call(op: str, a: Any, b: Any, z: Any, bias: Any, geometry: tuple[Any, ...], out: Any,
@@ -82,15 +89,20 @@ def _call(op: str, a: Any, b: Any, z: Any, bias: Any, geometry: tuple[Any, ...],
             z = as_tensor(z, stream=stream)
         if bias is not None and type(bias) is not Tensor:
             bias = as_tensor(bias, stream=stream)
-        key = (op, a.shape, a.strides, a.dtype, a.device, b.shape, b.strides, b.dtype, b.device,
-               None if z is None else (z.shape, z.strides, z.dtype, z.device),
-               None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
-               geometry, config.generation, _override_get(), tuple(flags.items()) if flags else None)
+        key: tuple[Any, ...] = (
+            op, a.shape, a.strides, a.dtype, a.device, b.shape, b.strides, b.dtype, b.device,
+            None if z is None else (z.shape, z.strides, z.dtype, z.device),
+            None if bias is None else (bias.shape, bias.strides, bias.dtype, bias.device),
+            geometry, config.generation, _override_get(), tuple(flags.items()) if flags else None)
         # the hot path: the lookup, the out test and the stream inlined
         try:
             prepared = _fast_get(key)
-        except TypeError:  # an unhashable argument (a list for stride, ...): the full path
-            prepared = None
+        except TypeError:  # an unhashable argument: a list for stride... keys as its tuple
+            key = key[:_GEOMETRY_AT] + (_listless(geometry),) + key[_GEOMETRY_AT + 1:]
+            try:
+                prepared = _fast_get(key)
+            except TypeError:  # something else unhashable: the full path, nothing remembered
+                prepared = None
         if prepared is not None:
             o = out
             if o is not None:
