@@ -18,6 +18,7 @@ import contextlib
 import gc
 import queue
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,6 +39,7 @@ class _Driver:
         self.sync = sync
         self.frees: list[tuple[int, int, int]] = []  # (ptr, stream, device current at the free)
         self.next_ptr = 0x7F0000000000
+        self.capturing: set[int] = set()  # the streams cuStreamIsCapturing says are captured
 
     def allocate(self, nbytes: int, stream: int) -> int:
         self.next_ptr += 1 << 24
@@ -53,6 +55,10 @@ class _Driver:
 
     def cuMemFree(self, ptr: int) -> int:
         self.sync.calls.append(("cuMemFree", ptr))
+        return 0
+
+    def cuStreamIsCapturing(self, stream: int, status: Any) -> int:
+        status._obj.value = int(stream in self.capturing)
         return 0
 
 
@@ -87,6 +93,7 @@ def fake_cuda(monkeypatch):
     # blocks kept for reuse: the made-up ones must never reach a real allocation (nor real ones
     # these tests' frees)
     _patch_everywhere(monkeypatch, "blocks", {})
+    _patch_everywhere(monkeypatch, "stream_blocks", {})
     _patch_everywhere(monkeypatch, "block_bytes", [0])
     return drv, rt, current
 
@@ -263,6 +270,103 @@ def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_strea
     # ordered on the handle, which now names the new stream
     assert rt.calls[:2] == [("cuCtxSynchronize",), ("cuMemFree", got[0])]
     assert all(f[0] != got[0] for f in drv.frees)
+
+
+def _with_stream_ids(drv, ids):
+    """Give the made-up driver cuStreamGetId, answering from ``ids`` (handle -> id)."""
+    import ctypes
+
+    def stream_id(stream, out_address):
+        ctypes.c_uint64.from_address(out_address).value = ids[stream]
+        return 0
+
+    drv.stream_id = stream_id
+
+
+def test_a_block_dropped_on_a_created_stream_goes_to_that_stream_only(fake_cuda):
+    """Dropped on a created stream, a block is kept under the stream's driver id and handed to
+    the next allocation of its size on that stream: no stream-ordered free, no synchronize (a
+    raw handle's memory used to be freed after a device synchronize each time). A new stream
+    that got a destroyed stream's handle has another id and never gets the old stream's block."""
+    from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import pool
+
+    drv, rt, _ = fake_cuda
+    ids = {0x5000: 7, 0x6000: 9}
+    _with_stream_ids(drv, ids)
+    ref = object()  # a stream object: kept alive while its memory is
+    a = memory.allocate_fast(4096, 0, 0x5000, ref)
+    raw = memory.allocate_fast(8192, 0, 0x5000)  # a raw handle
+    first, first_raw = a.ptr, raw.ptr
+    del a, raw
+    gc.collect()
+    assert pool.stream_blocks == {(0, 7, 4096): [first], (0, 7, 8192): [first_raw]}
+    assert drv.frees == [] and rt.calls == []
+    other = memory.allocate_fast(4096, 0, 0x6000, ref)  # another stream: not that block
+    assert other.ptr != first
+    again = memory.allocate_fast(4096, 0, 0x5000, ref)
+    assert again.ptr == first and pool.stream_blocks[(0, 7, 4096)] == []
+    del again
+    gc.collect()
+    ids[0x5000] = 8  # the stream was destroyed and a new one got its handle
+    new = memory.allocate_fast(4096, 0, 0x5000, ref)
+    assert new.ptr != first and pool.stream_blocks[(0, 7, 4096)] == [first]
+
+
+def test_no_block_is_kept_or_reused_while_its_stream_is_captured(fake_cuda):
+    """A graph captured on the stream would keep the block's address: a kept block is not
+    handed out during a capture, and memory allocated during one is freed, not kept."""
+    from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import pool
+
+    drv, _, _ = fake_cuda
+    _with_stream_ids(drv, {0x5000: 7})
+    ref = object()
+    a = memory.allocate_fast(4096, 0, 0x5000, ref)
+    kept = a.ptr
+    del a
+    gc.collect()
+    drv.capturing = {0x5000}
+    b = memory.allocate_fast(4096, 0, 0x5000, ref)
+    assert b.ptr != kept
+    b_ptr = b.ptr
+    del b
+    gc.collect()
+    assert pool.stream_blocks[(0, 7, 4096)] == [kept]
+    assert drv.frees[-1][:2] == (b_ptr, 0x5000)  # freed on its stream, in the capture
+
+
+def test_workspaces_and_sync_free_memory_are_never_kept(fake_cuda):
+    from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import pool
+
+    drv, rt, _ = fake_cuda
+    _with_stream_ids(drv, {0x5000: 7})
+    a = memory.allocate_fast(4096, 0, 0x5000, object(), sync_free=True)
+    ptr = a.ptr
+    del a
+    gc.collect()
+    assert pool.stream_blocks == {} and rt.calls == [("cuCtxSynchronize",), ("cuMemFree", ptr)]
+
+
+def test_blocks_of_created_streams_are_released_after_a_synchronize(fake_cuda):
+    """Their streams may be gone: released blocks are freed after a device synchronize with
+    cuMemFree, never ordered on a handle; kept when the device cannot be synchronized."""
+    from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import pool
+
+    drv, rt, _ = fake_cuda
+    _with_stream_ids(drv, {0x5000: 7})
+    a = memory.allocate_fast(4096, 0, 0x5000, object())
+    ptr = a.ptr
+    del a
+    gc.collect()
+    rt.status = 900  # another thread captures a graph: no synchronize now
+    assert pool.release_kept_blocks() == 0 and pool.stream_blocks[(0, 7, 4096)] == [ptr]
+    rt.status = 0
+    assert pool.release_kept_blocks() == 4096 and pool.stream_blocks[(0, 7, 4096)] == []
+    assert rt.calls[-2:] == [("cuCtxSynchronize",), ("cuMemFree", ptr)]
+    assert drv.frees == [] and pool.block_bytes == [0]
 
 
 def test_stream_identity_of_the_default_streams_is_their_handle(fake_cuda):
@@ -687,3 +791,57 @@ def test_outputs_dropped_on_the_legacy_stream_are_reused_and_given_back():
     del held, y, t  # t: the loop's last output
     assert pool.release_kept_blocks(0) >= 4 * nbytes
     assert pool.release_kept_blocks(0) == 0
+
+
+@gpu
+def test_outputs_dropped_on_a_created_stream_are_reused_on_that_stream_only():
+    """On a created stream (a raw handle here, whose memory used to be freed after a device
+    synchronize), an output dropped is kept for that stream and handed to its next call of the
+    same size; another stream never gets it, nor does a new stream given the destroyed one's
+    handle; empty_cache frees the blocks."""
+    import pycudnn
+    from cuda.bindings import runtime as rt
+    from pycudnn.runtime import memory
+    from pycudnn.runtime.memory import pool
+
+    rng = np.random.default_rng(4)
+    x_h = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)
+    w_h = rng.standard_normal((6, 8, 3, 3)).astype(np.float32)
+    ref = R.conv_forward(x_h, w_h, (1, 1), (1, 1), (1, 1), 1)
+    x, w = pycudnn.from_numpy(x_h), pycudnn.from_numpy(w_h)
+
+    def stream() -> int:
+        err, s = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)
+        assert not int(err)
+        return int(s)
+
+    s1, s2 = stream(), stream()
+    try:
+        for s in (s1, s2):
+            pycudnn.convolution(x, w, padding=1, allow_tf32=False, stream=s)  # remembered
+        y = pycudnn.convolution(x, w, padding=1, allow_tf32=False, stream=s1)
+        first = y.ptr
+        del y
+        assert first in sum(pool.stream_blocks.values(), [])
+        y2 = pycudnn.convolution(x, w, padding=1, allow_tf32=False, stream=s2)
+        assert y2.ptr != first
+        y1 = pycudnn.convolution(x, w, padding=1, allow_tf32=False, stream=s1)
+        assert y1.ptr == first
+        np.testing.assert_allclose(y1.numpy(stream=s1), ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(y2.numpy(stream=s2), ref, rtol=1e-4, atol=1e-4)
+        del y1, y2
+        memory.synchronize()
+        rt.cudaStreamDestroy(s1)
+        s3 = stream()  # the driver may hand it s1's handle: its id is new all the same
+        s1 = 0
+        y3 = pycudnn.convolution(x, w, padding=1, allow_tf32=False, stream=s3)
+        assert y3.ptr != first
+        np.testing.assert_allclose(y3.numpy(stream=s3), ref, rtol=1e-4, atol=1e-4)
+        del y3
+        memory.empty_cache()
+        assert pool.stream_blocks and not any(pool.stream_blocks.values())
+    finally:
+        memory.synchronize()
+        for s in (s1, s2, locals().get("s3", 0)):
+            if s:
+                rt.cudaStreamDestroy(s)

@@ -14,15 +14,18 @@ from . import devices as _devices
 from . import driver as _driver
 from .buffers import MAX_ALLOCATION, allocate, pool_ready
 from .devices import device_guard, normalize_device
-from .pool import block_bytes, blocks, free_async, free_guarded, keep_block, release_kept_blocks
-from .streams import LEGACY, resolve_stream, thread_token
+from .capture import is_capturing
+from .pool import (block_bytes, blocks, free_async, free_guarded, keep_block, keep_stream_block,
+                   release_kept_blocks, stream_blocks)
+from .streams import LEGACY, resolve_stream, stream_identity, thread_token
 
 class StreamAllocation:
     """Device memory from ``cuMemAllocAsync`` on a stream, freed with ``cuMemFreeAsync``.
 
     The lean twin of `DeviceBuffer` for the convolution hot path (about 2 us for an
     allocate/free pair against about 7 us through cuda.core's Buffer). Same interface: ``ptr``,
-    ``nbytes``, ``device``, ``close(stream=None)``. When collected it frees itself on the stream
+    ``nbytes``, ``device``, ``close(stream=None)``. When collected its block is kept for reuse
+    on its stream where `pycudnn.runtime.memory.pool` takes it, else it frees itself on the stream
     it was allocated on, with its device current (0, 1 and 2 name a stream of the *current*
     device), so that stream must still exist: when the stream was given as an object (cuda.core,
     CuPy, PyTorch), the allocation keeps a reference to it; a raw int handle is the caller's
@@ -33,7 +36,7 @@ class StreamAllocation:
     After interpreter shutdown has begun nothing is freed (the driver reclaims memory at exit).
     """
 
-    __slots__ = ("ptr", "nbytes", "device", "stream", "stream_ref", "sync_free", "thread")
+    __slots__ = ("ptr", "nbytes", "device", "stream", "stream_ref", "sync_free", "thread", "ident")
 
     def __init__(self, ptr: int, nbytes: int, device: int, stream: int, stream_ref: Any = None,
                  sync_free: bool = False) -> None:
@@ -41,6 +44,8 @@ class StreamAllocation:
         self.stream_ref, self.sync_free = stream_ref, sync_free
         #: the allocating thread's token when allocated on the per-thread default stream
         self.thread = thread_token() if stream == 2 else None
+        #: the created stream's driver id when the block is kept for it once dropped, else -1
+        self.ident = -1
 
     def close(self, stream: Any = None) -> None:
         """Free now, ordered on ``stream`` (default: the allocation stream). Idempotent."""
@@ -82,6 +87,10 @@ class StreamAllocation:
         ptr = self.ptr
         if ptr and not _bindings.shutting_down:
             try:
+                if self.ident >= 0 and keep_stream_block(ptr, self.nbytes, self.device, self.ident):
+                    self.ptr = 0
+                    self.stream_ref = None
+                    return
                 if self.sync_free:
                     self.free_synchronously()
                     return
@@ -110,16 +119,24 @@ class StreamAllocation:
 def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
                   sync_free: bool = False) -> Any:
     """`allocate()` for trusted arguments on the hot path (``device`` current, ``stream`` an
-    int handle; ``stream_ref`` the stream object it came from, kept alive until the free): plain
-    ``cuMemAllocAsync``; anything unusual (0 or huge sizes, an error such as out of memory) goes
-    through `allocate()`, which retries and explains."""
-    if stream > 2 and stream_ref is None:
-        # a raw handle of a user's stream may be destroyed before this memory is collected:
-        # free it synchronously then, never ordered on a stream that may no longer exist
-        sync_free = True
+    int handle; ``stream_ref`` the stream object it came from, kept alive until the free): a
+    block kept for the stream first (see `pycudnn.runtime.memory.pool`; none while the stream
+    is captured, and none for a ``sync_free`` caller's memory), else plain ``cuMemAllocAsync``;
+    anything unusual (0 or huge sizes, an error such as out of memory) goes through
+    `allocate()`, which retries and explains."""
+    ident = -1
+    if stream > 2:
+        if not sync_free and (_driver.loaded or _driver.driver()) and not is_capturing(stream):
+            ident = stream_identity(stream)
+        if stream_ref is None:
+            # a raw handle of a user's stream may be destroyed before this memory is collected:
+            # free it synchronously then (unless it is kept), never ordered on a stream that
+            # may no longer exist
+            sync_free = True
     if 0 < nbytes < MAX_ALLOCATION:
-        if stream < 2:
-            kept = blocks.get((device, nbytes))
+        if stream < 2 or ident >= 0:
+            kept = blocks.get((device, nbytes)) if stream < 2 else stream_blocks.get(
+                (device, ident, nbytes))
             if kept:
                 try:
                     ptr = kept.pop()
@@ -129,11 +146,12 @@ def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
                     block_bytes[0] -= nbytes
                     a = _new(StreamAllocation)
                     a.ptr, a.nbytes, a.device, a.stream = ptr, nbytes, device, stream
-                    a.stream_ref, a.sync_free, a.thread = stream_ref, sync_free, None
+                    a.stream_ref, a.sync_free, a.thread, a.ident = stream_ref, sync_free, None, ident
                     return a
         drv = _driver.loaded or _driver.driver()
         ptr = drv.allocate(nbytes, stream) if drv else 0
-        if not ptr and blocks and drv:  # out of memory, maybe: give the kept blocks back first
+        if not ptr and (blocks or stream_blocks) and drv:
+            # out of memory, maybe: give the kept blocks back first
             release_kept_blocks(device)
             ptr = drv.allocate(nbytes, stream)
         if ptr:
@@ -146,6 +164,7 @@ def allocate_fast(nbytes: int, device: int, stream: int, stream_ref: Any = None,
             a.stream_ref = stream_ref
             a.sync_free = sync_free
             a.thread = thread_token() if stream == 2 else None
+            a.ident = ident
             return a
     return allocate(nbytes, device, stream if stream_ref is None else stream_ref)
 
