@@ -6,7 +6,7 @@ none, the current device and its guards, validation (`DeviceLike`), a pointer's 
 memory, the memory this process holds from the pool); `streams` (`resolve_stream()`,
 `stream_pair()`, `StreamLike`, waits, events, thread tokens, stream ids); `capture` (capture
 status, the relaxed capture-mode block); `copies` (host/device copies and
-fills); `pool` (blocks kept for reuse on the legacy stream; every stream-ordered free);
+fills); `pool` (blocks kept for reuse on the stream they were dropped on; every stream-ordered free);
 `buffers` (`allocate()`, `DeviceBuffer`, `empty_cache()`); `stream_allocation` (the hot path's
 `allocate_fast()`, and `allocate_kept_first()` for the tensor factories); `workspaces` (per-thread workspaces, zeros every stream may read);
 `replay` (repeated launches captured into CUDA graphs and replayed).
