@@ -2,14 +2,14 @@
 `bindings` (``cuda.bindings.runtime`` on first use, for status names; the shutdown flag);
 `driver` (the CUDA driver by ctypes: the prototype table every call below goes through);
 `errors` (`check_driver()` / `check_cuda()`, `CudaError`); `devices` (count, the reason there is
-none, the current device and its guards, validation (`DeviceLike`), a pointer's owner, synchronize, free/total
-memory, the memory this process holds from the pool); `streams` (`resolve_stream()`,
-`stream_pair()`, `StreamLike`, waits, events, thread tokens, stream ids); `capture` (capture
-status, the relaxed capture-mode block); `copies` (host/device copies and
-fills); `pool` (blocks kept for reuse on the stream they were dropped on; every stream-ordered free);
-`buffers` (`allocate()`, `DeviceBuffer`, `empty_cache()`); `stream_allocation` (the hot path's
-`allocate_fast()`, and `allocate_kept_first()` for the tensor factories); `workspaces` (per-thread workspaces, zeros every stream may read);
-`replay` (repeated launches captured into CUDA graphs and replayed).
+none, the current device and its guards, validation (`DeviceLike`), a pointer's owner,
+synchronize, free/total memory, the memory this process holds from the pool); `streams`
+(`resolve_stream()`, `stream_pair()`, `StreamLike`, waits, events, thread tokens, stream ids);
+`capture` (capture status, the relaxed capture-mode block); `copies` (host/device copies and
+fills); `pool` (blocks kept for reuse on the stream they were dropped on; every stream-ordered
+free); `buffers` (`allocate()`, `DeviceBuffer`, `empty_cache()`); `stream_allocation` (the hot
+path's `allocate_fast()`; `allocate_kept_first()` for the tensor factories); `workspaces`
+(per-thread workspaces, zeros every stream may read); `replay` (launches replayed from graphs).
 
 None imports ``cuda.bindings`` or cuda.core (each costs 100-130 ms of a first result). The
 names below are the public ones; the rest are imported from their modules.

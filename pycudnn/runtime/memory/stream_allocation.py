@@ -1,9 +1,9 @@
 """The hot path's allocations: `allocate_fast()` returns a `StreamAllocation`, plain
-``cuMemAllocAsync`` on the caller's stream (a kept block of the same size first, on the legacy
-stream), freed with ``cuMemFreeAsync`` when dropped; anything unusual goes through
-`pycudnn.runtime.memory.buffers.allocate()`, which retries and explains.
-`allocate_kept_first()` is `allocate()`'s interface with the kept blocks first (the tensor
-factories')."""
+``cuMemAllocAsync`` on the caller's stream (a block of the same size kept for that stream
+first), kept for its stream or freed with ``cuMemFreeAsync`` when dropped; anything unusual goes
+through `pycudnn.runtime.memory.buffers.allocate()`, which retries and explains.
+`allocate_kept_first()` is `allocate()`'s interface with the legacy stream's kept blocks first
+(the tensor factories')."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from . import bindings as _bindings
 from . import devices as _devices
 from . import driver as _driver
 from .buffers import MAX_ALLOCATION, allocate, pool_ready
-from .devices import device_guard, normalize_device
 from .capture import is_capturing
+from .devices import device_guard, normalize_device
 from .pool import (block_bytes, blocks, free_async, free_guarded, keep_block, keep_stream_block,
                    release_kept_blocks, stream_blocks)
 from .streams import LEGACY, resolve_stream, stream_identity, thread_token
