@@ -16,7 +16,11 @@ run tells which step brings the gap. Run:
 
 Result (H200, 164391b; `benchmarks/results/2026-12-04/small_cell_gap_164391b.txt`): every
 pycudnn column within 0.05 us of PyTorch's (7.05-7.09 us), so the gap is in what
-``conv_vs_torch.py`` does around the calls, not in the call.
+``conv_vs_torch.py`` does around the calls, not in the call. The lines V1-V8 (at 782d76a,
+`small_cell_gap_782d76a.txt`) change one thing at a time: ``_calls``'s own lambdas bring the gap
+(8.36 against 7.06 us on the same tensors): they pass the geometry as lists, which made every
+such call take the full path, whose output came from a stream-ordered allocation (fixed in
+b1979d5 and 943c6d8; `alloc_between_kernels.py` times the allocation alone).
 """
 import statistics
 import sys
