@@ -238,23 +238,27 @@ def test_evicted_thread_workspace_is_freed_after_a_device_synchronize(fake_cuda)
     assert rt.calls[:2] == [("cuCtxSynchronize",), ("cuMemFree", ptrs[0])]
 
 
-def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_streams_handle(
-        fake_cuda):
-    """The driver hands a destroyed stream's handle to the next stream made;
-    that stream's work is not ordered after the old one's, so the old workspace must not serve
-    it. The key holds the driver's stream id (cuStreamGetId), which is never reused."""
+def _with_stream_ids(drv, ids):
+    """Give the made-up driver cuStreamGetId, answering from ``ids`` (handle -> id)."""
     import ctypes
-
-    from pycudnn.runtime.memory import workspaces
-
-    drv, rt, _ = fake_cuda
-    ids = {0x5000: 7}
 
     def stream_id(stream, out_address):
         ctypes.c_uint64.from_address(out_address).value = ids[stream]
         return 0
 
     drv.stream_id = stream_id
+
+
+def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_streams_handle(
+        fake_cuda):
+    """The driver hands a destroyed stream's handle to the next stream made;
+    that stream's work is not ordered after the old one's, so the old workspace must not serve
+    it. The key holds the driver's stream id (cuStreamGetId), which is never reused."""
+    from pycudnn.runtime.memory import workspaces
+
+    drv, rt, _ = fake_cuda
+    ids = {0x5000: 7}
+    _with_stream_ids(drv, ids)
     got = []
 
     def work():
@@ -270,17 +274,6 @@ def test_a_thread_workspace_is_not_reused_by_a_new_stream_with_a_destroyed_strea
     # ordered on the handle, which now names the new stream
     assert rt.calls[:2] == [("cuCtxSynchronize",), ("cuMemFree", got[0])]
     assert all(f[0] != got[0] for f in drv.frees)
-
-
-def _with_stream_ids(drv, ids):
-    """Give the made-up driver cuStreamGetId, answering from ``ids`` (handle -> id)."""
-    import ctypes
-
-    def stream_id(stream, out_address):
-        ctypes.c_uint64.from_address(out_address).value = ids[stream]
-        return 0
-
-    drv.stream_id = stream_id
 
 
 def test_a_block_dropped_on_a_created_stream_goes_to_that_stream_only(fake_cuda):
