@@ -355,6 +355,32 @@ def test_set_routing_refuses_unknown_modes():
 
 
 @needs_torch
+@pytest.mark.parametrize("op", ["conv", "bias_relu", "add_relu"])
+def test_the_pytorch_side_of_a_routed_forward_op_computes_the_op(op):
+    """What a fused call routed to PyTorch runs (on the CPU here): the convolution with its
+    bias, then ``relu(y + alpha * z)`` in place on that output; z is not written."""
+    from pycudnn.torch import calls
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4, 6, 6, generator=g, dtype=torch.float64)
+    w = torch.randn(5, 4, 3, 3, generator=g, dtype=torch.float64)
+    b = torch.randn(5, generator=g, dtype=torch.float64)
+    z = torch.randn(2, 5, 3, 3, generator=g, dtype=torch.float64)
+    z_before = z.clone()
+    geom = ((2, 2), (1, 1), (1, 1), 1)
+    got = calls.torch_forward(op, x, w, b, z if op == "add_relu" else None, -0.5, geom)
+    want = torch.nn.functional.conv2d(x, w, b, 2, 1)
+    if op == "add_relu":
+        want = want - 0.5 * z
+    if op != "conv":
+        want = torch.relu(want)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert torch.equal(z, z_before)
+    if op != "conv":
+        assert (got >= 0).all() and (got == 0).any()
+
+
+@needs_torch
 def test_conversion_report_says_what_was_left_to_pytorch_and_why(caplog):
     class MyConv(nn.Conv2d):
         pass

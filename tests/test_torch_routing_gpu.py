@@ -179,3 +179,81 @@ def test_a_later_process_takes_the_stored_decisions(monkeypatch):
     ref_y, gx, gw, gb = _reference(x, w, b, gy)
     for got, ref in ((y, ref_y), (x.grad, gx), (w.grad, gw), (b.grad, gb)):
         assert _err(got, ref) < 1e-4
+
+
+def _fused_reference(x, w, b, z, alpha):
+    with torch.backends.cudnn.flags(enabled=False):
+        y = F.conv2d(x.double(), w.double(), b.double(), 1, 1)
+    if z is not None:
+        y = y + alpha * z.double()
+    return torch.relu(y)
+
+
+@pytest.mark.parametrize("forced", ["torch", "measured"])
+@pytest.mark.parametrize("op", ["bias_relu", "add_relu"])
+def test_fused_forward_calls_are_routed_and_match_float64(forced, op, monkeypatch):
+    """A fused call's new signature is timed against PyTorch's convolution and epilogue and
+    runs on the faster side; both sides compute relu(conv + b + alpha * z), and z is left as it
+    was."""
+    if forced == "torch":
+        monkeypatch.setattr(routing, "MARGIN", 1.0)
+    for step in range(3):
+        x, w, b = (t.detach() for t in _tensors(torch.float32, torch.channels_last, seed=20 + step))
+        z = torch.randn(4, 24, 12, 12, device=DEV).to(memory_format=torch.channels_last)
+        z_before = z.clone()
+        with torch.no_grad():
+            if op == "bias_relu":
+                y = pt.conv2d_bias_relu(x, w, b, 1, 1)
+                ref = _fused_reference(x, w, b, None, 1.0)
+            else:
+                y = pt.conv2d_add_relu(x, w, z, b, 0.5, 1, 1)
+                ref = _fused_reference(x, w, b, z, 0.5)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        assert _err(y, ref) < 1e-4
+        assert torch.equal(z, z_before)
+    (d,) = pt.routing_report()  # one decision for the signature, not one per call
+    name = "conv2d_bias_relu" if op == "bias_relu" else "conv2d_add_relu"
+    assert d["signature"].startswith(f"{name} x[4, 16, 12, 12] w[24, 16, 3, 3] float32"), d
+    assert d["direction"] == "forward" and d["pycudnn_gpu_us"] > 0 and d["torch_gpu_us"] > 0
+    entry = next(e for k, e in calls.remembered_signatures()["forward"].items() if k[0] == op)
+    if forced == "torch":
+        assert d["winner"] == "torch" and entry[:2] == (None, "torch")
+    else:
+        assert (entry[0] is None) == (d["winner"] == "torch")
+
+
+def test_a_fused_inference_model_routed_to_pytorch_matches_float64(monkeypatch):
+    """fuse_for_inference's blocks in benchmark mode, every signature sent to PyTorch: the
+    model's output is still the unfused model's (float64), and the decisions name the fused
+    calls."""
+    monkeypatch.setattr(routing, "MARGIN", 1.0)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+            self.bn1 = torch.nn.BatchNorm2d(16)
+            self.conv2 = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+            self.bn2 = torch.nn.BatchNorm2d(16)
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(y)) + x)
+
+    torch.manual_seed(3)
+    model = Block().to(DEV)
+    for bn in (model.bn1, model.bn2):
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    model = model.eval().to(memory_format=torch.channels_last)
+    fused = pt.fuse_for_inference(model)
+    x = torch.randn(4, 16, 12, 12, device=DEV).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        got = [fused(x) for _ in range(2)]
+        with torch.backends.cudnn.flags(enabled=False):
+            ref = model.double()(x.double())
+    for y in got:
+        assert _err(y, ref) < 1e-4
+    names = sorted(d["signature"].split(" ")[0] for d in pt.routing_report())
+    assert names == ["conv2d_add_relu", "conv2d_bias_relu"], names
+    assert all(d["winner"] == "torch" for d in pt.routing_report())

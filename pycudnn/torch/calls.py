@@ -165,7 +165,7 @@ def _flags(fkey: tuple[Any, ...]) -> dict[str, Any]:
 
 _DENSE = "dense"
 _PUBLIC = "public"
-_TORCH = "torch"  # routed to PyTorch's own convolution (see routing.py); forward entry (None, _TORCH, fmt)
+_TORCH = "torch"  # routed to PyTorch's own operations (see routing.py); forward entry (None, _TORCH, fmt)
 _FWD: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _BWD: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 #: transposed convolutions' forward signatures that passed the checks (see `transposed_call`)
@@ -530,7 +530,10 @@ def run_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
     launch = e[0]
     if launch is None:
         if e[1] is _TORCH:
-            return _TORCH_CONV[len(geom[0])](x, w, b, *geom), x, w, e[2], key
+            y = _TORCH_CONV[len(geom[0])](x, w, b, *geom)
+            if op != "conv":
+                y = _torch_epilogue(y, z, alpha)
+            return y, x, w, e[2], key
         return _forward_other(e[1], key, op, x, w, b, z, alpha, geom)
     dev = e[3].index
     y = torch.empty(e[1], dtype=x.dtype, device=e[3], memory_format=e[2])
@@ -576,6 +579,22 @@ def _forward_other(kind: str, key: tuple[Any, ...], op: str, x: Any, w: Any, b: 
 _OP_NAMES = {"conv": "conv2d", "bias_relu": "conv2d_bias_relu", "add_relu": "conv2d_add_relu"}
 
 
+def _torch_epilogue(y: Any, z: Any, alpha: float) -> Any:
+    """A fused op's epilogue on PyTorch's fresh convolution output ``y`` (bias included), in
+    place: ``relu(y + alpha * z)``, or ``relu(y)`` without ``z``."""
+    if z is not None:
+        y.add_(z, alpha=alpha)
+    return y.relu_()
+
+
+def torch_forward(op: str, x: Any, w: Any, b: Any, z: Any, alpha: float,
+                  geom: tuple[Any, ...]) -> Any:
+    """Forward op ``op`` through PyTorch's own operations (what a routed signature runs): its
+    convolution (and bias), then the epilogue in place on that fresh output."""
+    y = _TORCH_CONV[len(geom[0])](x, w, b, *geom)
+    return y if op == "conv" else _torch_epilogue(y, z, alpha)
+
+
 def _op_name(op: str, geom: tuple[Any, ...]) -> str:
     """The PyTorch function a forward op stands for, for its errors ("conv3d" for 3-D)."""
     nd = len(geom[0])
@@ -596,12 +615,16 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
     tdev = x.device
     fk = key[-1]
     replayable = _aligned(x, w, b, z) and 0 not in shape and x.numel() > 0
-    measure = replayable and op == "conv" and z is None and routing.should_measure(fk[3], fk[1], fk[2])
+    # the fused ops too: an inference model's fused block whose PyTorch operations run faster
+    # (a host-bound layer, a kernel cuDNN's fusion runs slower) must not cost the model time
+    measure = replayable and routing.should_measure(fk[3], fk[1], fk[2])
     verdict = None
     if measure:
         dev = tdev.index
         signature = describe_signature(x, w, geom, fmt, b is not None)
-        theirs = lambda: _TORCH_CONV[len(geom[0])](x, w, b, *geom)
+        if op != "conv":
+            signature = f"{_op_name(op, geom)} {signature}"
+        theirs = lambda: torch_forward(op, x, w, b, z, alpha, geom)
         verdict = routing.prejudge(signature, "forward", theirs, dev, caller_stream(dev), fk[1:3])
         if verdict == "torch":  # decided before pycudnn's search: none runs
             _remember(_FWD, key, (None, _TORCH, fmt))

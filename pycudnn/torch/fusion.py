@@ -61,6 +61,11 @@ def fuse_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     a whole; the original model is not modified and shares no parameters with it. A convolution
     module called more than once is fused separately for each call.
 
+    In benchmark mode (``torch.backends.cudnn.benchmark``) each fused call's first run of a new
+    input signature times it against PyTorch's operations for it (the convolution with the
+    folded bias, then the add and ReLU) and runs the faster from then on, as converted
+    convolutions are routed (`routing_report()` lists the decisions).
+
     Raises:
         ValueError: the model is in training mode (BatchNorm's batch statistics cannot be folded).
     """

@@ -9,8 +9,9 @@ is not slower back to back; otherwise PyTorch's convolution runs it from then on
 whose forward and backward both went to PyTorch skips pycudnn's autograd function. `report()`
 lists the decisions. A decision is stored for the next process (`pycudnn.tuning.routes`), and
 `prejudge` sends a new signature to PyTorch unsearched where PyTorch's call alone costs less than
-pycudnn's host floor (`host_floor`). Only plain convolutions are routed, and only where PyTorch
-honours the same numerical flags; ``set_routing("pycudnn")`` (``PYCUDNN_TORCH_ROUTING=pycudnn``)
+pycudnn's host floor (`host_floor`). Convolutions and the fused inference ops (their PyTorch side
+the convolution, then the add and ReLU in place) are routed, only where PyTorch honours the same
+numerical flags; ``set_routing("pycudnn")`` (``PYCUDNN_TORCH_ROUTING=pycudnn``)
 turns routing off.
 """
 
