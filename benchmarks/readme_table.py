@@ -5,10 +5,12 @@
     python3 benchmarks/readme_table.py --first zoo_first.json                   # the first-step table
     python3 benchmarks/readme_table.py --check                                  # 1 if stale
 
-Three tables, each between its markers in README.md: the model table (`render`: converted
-training and fused inference per zoo model), the training table (`render_training`:
-converted and fused training, eager and in a CUDA graph, per model and batch; the
-``train,graph`` parts) and the first-step table (`render_first`: the first training step of a
+Four tables, each between its markers in README.md: the model table (`render`: converted
+training and fused inference per zoo model, inference also against ``torch.compile``), the
+training table (`render_training`: converted and fused training, eager and in a CUDA graph, per
+model and batch; the ``train,graph`` parts), the compile table (`render_compile`: the fused
+model compiled against the plain model compiled, default and reduce-overhead; the ``train``
+part's compiled sides) and the first-step table (`render_first`: the first training step of a
 fresh process, with an empty and with a filled tuning database; the ``first`` part). The first line inside each names the results file it was made from, so
 ``--check`` (and the CPU test that runs it) can tell whether the README still says what that
 file says; the two may come from different runs (each figure's commit is in its table).
@@ -27,6 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- zoo-table:begin -->", "<!-- zoo-table:end -->"
 TRAIN_BEGIN, TRAIN_END = "<!-- training-table:begin -->", "<!-- training-table:end -->"
 FIRST_BEGIN, FIRST_END = "<!-- first-step-table:begin -->", "<!-- first-step-table:end -->"
+COMPILE_BEGIN, COMPILE_END = "<!-- compile-table:begin -->", "<!-- compile-table:end -->"
 
 
 #: the results "file" of a README that quotes no figure (none measured at its code)
@@ -43,23 +46,22 @@ def render(results_file: str) -> str:
                            "commit, in CHANGELOG.md.", END])
     data = json.loads((ROOT / results_file).read_text())
     lines = [BEGIN, f"<!-- made by benchmarks/readme_table.py from {results_file} -->", "",
-             "| model | training step, batch 64: convert | fused inference, batch 128 |",
-             "|---|---|---|"]
-    train, infer = [], []
+             "| model | training step, batch 64: convert | fused inference, batch 128 | fused inference over torch.compile's |",
+             "|---|---|---|---|"]
+    columns: list[list[float]] = [[], [], []]
     for name, row in data["models"].items():
         t = row.get("train", {}).get("batch64", {})
         i = row.get("infer", {})
-        tr = t.get("pycudnn_over_torch")
-        ir = i.get("fused_over_torch")
-        if tr is not None:
-            train.append(tr)
-        if ir is not None:
-            infer.append(ir)
-        lines.append(f"| {name} | {_x(tr)} | {_x(ir)} |")
-    if train or infer:
-        lines.append(f"| geomean | {_x(statistics.geometric_mean(train) if train else None)} | "
-                     f"{_x(statistics.geometric_mean(infer) if infer else None)} |")
-    lines += ["", _measured(data), END]
+        cells = (t.get("pycudnn_over_torch"), i.get("fused_over_torch"), i.get("fused_over_compile"))
+        for col, v in zip(columns, cells):
+            if v is not None:
+                col.append(v)
+        lines.append(f"| {name} | " + " | ".join(_x(v) for v in cells) + " |")
+    if any(columns):
+        lines.append("| geomean | " + " | ".join(
+            _x(statistics.geometric_mean(c) if c else None) for c in columns) + " |")
+    lines += ["", _measured(data).replace("PyTorch eager (", "PyTorch eager (the last column: "
+                                          "than the plain model under torch.compile; "), END]
     return "\n".join(lines)
 
 
@@ -102,6 +104,31 @@ def render_training(results_file: str) -> str:
     return "\n".join(lines)
 
 
+def render_compile(results_file: str) -> str:
+    """The compile table's README block for ``results_file``: per model and batch size, the
+    plain model under ``torch.compile`` (steps/s) and the fused model under it, by default and
+    with ``mode="reduce-overhead"``, each against the plain model in the same mode."""
+    if results_file == NONE:
+        return _no_figures(COMPILE_BEGIN, COMPILE_END, "No torch.compile figures measured at the current code yet.")
+    data = json.loads((ROOT / results_file).read_text())
+    lines = [*_head(COMPILE_BEGIN, results_file),
+             "| model, batch | torch.compile steps/s | fused, torch.compile | fused eager | reduce-overhead steps/s | fused, reduce-overhead |",
+             "|---|---|---|---|---|---|"]
+    for name, row in data["models"].items():
+        train = row.get("train", {})
+        for batch in sorted((k for k in train if k.startswith("batch")), key=lambda k: int(k[5:])):
+            t = train[batch]
+            if "compile" not in t and "compile_ro" not in t:
+                continue
+            lines.append(
+                f"| {name}, {batch[5:]} | {_rate(t, 'compile')} | "
+                f"{_x(t.get('fused_compile_over_compile'))} | {_x(t.get('fused_over_compile'))} | "
+                f"{_rate(t, 'compile_ro')} | {_x(t.get('fused_compile_ro_over_compile_ro'))} |")
+    lines += ["", _measured(data).replace("PyTorch eager (", "the plain model compiled in the same "
+                                          "mode ("), COMPILE_END]
+    return "\n".join(lines)
+
+
 def render_first(results_file: str) -> str:
     """The first-step table's README block for ``results_file``: per model, PyTorch's first
     training step in a fresh process and pycudnn's, with an empty and with a filled tuning
@@ -131,8 +158,8 @@ def render_first(results_file: str) -> str:
     return "\n".join(lines)
 
 
-def _rate(row: dict) -> str:
-    r = row.get("torch", {}).get("steps_per_s")
+def _rate(row: dict, side: str = "torch") -> str:
+    r = row.get(side, {}).get("steps_per_s")
     return "not measured" if r is None else f"{r:.1f}"
 
 
@@ -153,6 +180,7 @@ def current(readme: str, begin: str = BEGIN, end: str = END) -> tuple[str, str] 
 #: the generated blocks: (markers, renderer, the option that names its results file)
 BLOCKS = (((BEGIN, END), render, "results"),
           ((TRAIN_BEGIN, TRAIN_END), render_training, "training"),
+          ((COMPILE_BEGIN, COMPILE_END), render_compile, "compile"),
           ((FIRST_BEGIN, FIRST_END), render_first, "first"))
 
 
@@ -163,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"(default: the one README names)")
     ap.add_argument("--training", help="zoo.py results file (train,graph parts) for the "
                                        "training table (default: the one README names)")
+    ap.add_argument("--compile", help="zoo.py results file (train part with the compiled "
+                                      "sides) for the compile table (default: the one README "
+                                      "names)")
     ap.add_argument("--first", help="zoo.py results file (first part) for the first-step table "
                                     "(default: the one README names)")
     ap.add_argument("--check", action="store_true", help="exit 1 if a README table is stale")

@@ -16,10 +16,15 @@ benchmark = True``; pycudnn routes each convolution signature to the faster side
   timed as ``warmup_s`` and then kept out: timed blocks alternate
   between the sides after warm-up, and each side's figure is the median block.
   "fused" is the converted model after ``pycudnn.torch.fuse_for_training`` (Conv-BN[-add]-ReLU
-  as one node with cuDNN's fused batch-norm kernels); "compile" (``--train-sides``) is
-  ``torch.compile`` of the plain model, default mode.
-* ``infer``: inference img/s at ``--infer-batch``, eval mode: PyTorch eager against
-  ``pycudnn.torch.fuse_for_inference`` (BatchNorm folded, Conv-BN-ReLU fused).
+  as one node with cuDNN's fused batch-norm kernels). ``--train-sides`` adds ``torch.compile``:
+  "compile" (the plain model, default mode), "fused_compile" (the fused model compiled; its
+  blocks are traced as pycudnn's operators), "compile_ro" and "fused_compile_ro" (the same with
+  ``mode="reduce-overhead"``: CUDA graphs; each step marks a new step for them). Each compiled
+  fused side is also given over its plain compiled side (``fused_compile_over_compile``).
+* ``infer``: inference img/s at ``--infer-batch``, eval mode, no grad: PyTorch eager against
+  ``pycudnn.torch.fuse_for_inference`` (BatchNorm folded, Conv-BN-ReLU fused; in benchmark mode
+  each fused signature runs on the side its first call measured faster); ``--infer-sides`` adds
+  "compile" (``torch.compile`` of the plain model) and "fused_compile" (of the fused one).
 * ``graph``: the training step captured whole in a CUDA graph (PyTorch's whole-network capture:
   forward, backward and the optimizer step; static input), steps/s of graph replays: the GPU's
   time alone, no host launch cost, for each of ``--train-sides`` but "compile".
@@ -125,7 +130,16 @@ def alternate(fns: dict, n: int, rounds: int) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-TRAIN_SIDES = ("torch", "pycudnn", "fused", "compile")
+TRAIN_SIDES = ("torch", "pycudnn", "fused", "compile", "fused_compile", "compile_ro",
+               "fused_compile_ro")
+INFER_SIDES = ("torch", "fused", "compile", "fused_compile")
+
+
+def _compile_mode(side: str) -> str | None:
+    """``torch.compile``'s mode for a side name (None: not compiled)."""
+    if "compile" not in side:
+        return None
+    return "reduce-overhead" if side.endswith("_ro") else "default"
 
 
 def training_side(side: str, base: torch.nn.Module) -> torch.nn.Module:
@@ -135,12 +149,24 @@ def training_side(side: str, base: torch.nn.Module) -> torch.nn.Module:
     if side not in TRAIN_SIDES:
         raise ValueError(f"--train-sides: expected each of {', '.join(TRAIN_SIDES)}, got {side!r}")
     model = copy.deepcopy(base)
-    if side == "torch":
-        return model
-    if side == "compile":
-        return torch.compile(model)
-    model = pt.convert(model)
-    return pt.fuse_for_training(model) if side == "fused" else model
+    if side != "torch" and not side.startswith("compile"):
+        model = pt.convert(model)
+        if side.startswith("fused"):
+            model = pt.fuse_for_training(model)
+    mode = _compile_mode(side)
+    return model if mode is None else torch.compile(model, mode=mode)
+
+
+def side_step(side: str) -> Callable[..., None]:
+    """``step`` for ``side``: a reduce-overhead side marks each step's start first (its CUDA
+    graphs' outputs of the last step are then free to overwrite)."""
+    if _compile_mode(side) != "reduce-overhead":
+        return step
+
+    def marked(model, opt, x, y) -> None:
+        torch.compiler.cudagraph_mark_step_begin()
+        step(model, opt, x, y)
+    return marked
 
 
 def part_train(name: str, args) -> dict:
@@ -154,15 +180,17 @@ def part_train(name: str, args) -> dict:
         del base
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in sides.items()}
         batches = data(batch, torch.bfloat16)
+        steps = {k: side_step(k) for k in sides}
         first = {}
         for k, m in sides.items():
             t0 = time.perf_counter()
             for i in range(args.warmup):
-                step(m, opts[k], *batches[i % 2])
+                steps[k](m, opts[k], *batches[i % 2])
             torch.cuda.synchronize()
             first[k] = time.perf_counter() - t0
         it = {k: iter(range(10**9)) for k in sides}
-        fns = {k: (lambda k=k: step(sides[k], opts[k], *batches[next(it[k]) % 2])) for k in sides}
+        fns = {k: (lambda k=k: steps[k](sides[k], opts[k], *batches[next(it[k]) % 2]))
+               for k in sides}
         per = alternate(fns, args.steps, args.rounds)
         row = {k: {"steps_per_s": 1 / per[k], "warmup_s": first[k]} for k in sides}
         for k in sides:
@@ -170,6 +198,9 @@ def part_train(name: str, args) -> dict:
                 row[f"{k}_over_torch"] = per["torch"] / per[k]
         if "fused" in sides and "compile" in sides:
             row["fused_over_compile"] = per["compile"] / per["fused"]
+        for plain, fused_side in (("compile", "fused_compile"), ("compile_ro", "fused_compile_ro")):
+            if plain in sides and fused_side in sides:
+                row[f"{fused_side}_over_{plain}"] = per[plain] / per[fused_side]
         routed = pt.routing_report()
         row["routed_to_torch"] = sum(d["winner"] == "torch" for d in routed)
         row["kept_in_pycudnn"] = sum(d["winner"] == "pycudnn" for d in routed)
@@ -209,7 +240,7 @@ def part_graph(name: str, args) -> dict:
         (x, y), = data(batch, torch.bfloat16, count=1)
         replays, kept = {}, []
         for k in args.train_sides:
-            if k != "compile":
+            if _compile_mode(k) is None:  # a compiled side's own CUDA graphs: not captured again
                 m = training_side(k, base)
                 opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
                 kept.append((m, opt))  # a graph replays into their memory: keep them alive
@@ -233,6 +264,7 @@ def part_graph(name: str, args) -> dict:
 def part_infer(name: str, args) -> dict:
     import pycudnn.torch as pt
 
+    pt.routing.clear_report()
     model = make(name, torch.bfloat16).eval()
     (x, _), = data(args.infer_batch, torch.bfloat16, count=1)
     with torch.no_grad():
@@ -241,17 +273,31 @@ def part_infer(name: str, args) -> dict:
         fused(x)
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
-        for _ in range(3):
-            model(x)
-            fused(x)
-        per = alternate({"torch": lambda: model(x), "pycudnn_fused": lambda: fused(x)},
-                        args.infer_steps, args.rounds)
-    row = {k: {"img_per_s": args.infer_batch / v} for k, v in per.items()}
+        fns = {"torch": model, "pycudnn_fused": fused}
+        if "compile" in args.infer_sides:
+            fns["compile"] = torch.compile(model)
+        if "fused_compile" in args.infer_sides:
+            fns["fused_compile"] = torch.compile(fused)
+        for _ in range(3):  # the compiled sides compile here
+            for m in fns.values():
+                m(x)
+        per = alternate({k: (lambda m=m: m(x)) for k, m in fns.items()}, args.infer_steps,
+                        args.rounds)
+    row: dict = {k: {"img_per_s": args.infer_batch / v} for k, v in per.items()}
     row["fused_over_torch"] = per["torch"] / per["pycudnn_fused"]
+    if "compile" in per:
+        row["fused_over_compile"] = per["compile"] / per["pycudnn_fused"]
+        if "fused_compile" in per:
+            row["fused_compile_over_compile"] = per["compile"] / per["fused_compile"]
     row["fused_first_call_s"] = first
+    routed = [d for d in pt.routing_report() if d["signature"].startswith("conv2d_")]
+    row["fused_calls_to_torch"] = sum(d["winner"] == "torch" for d in routed)
+    row["fused_calls_kept"] = sum(d["winner"] == "pycudnn" for d in routed)
+    others = "  ".join(f"{k} {row[k]['img_per_s']:9.0f}" for k in per if k not in ("torch", "pycudnn_fused"))
     print(f"{name:20} infer b{args.infer_batch:<4} torch {row['torch']['img_per_s']:9.0f} img/s  "
-          f"fused {row['pycudnn_fused']['img_per_s']:9.0f}  ratio {row['fused_over_torch']:.3f}",
-          flush=True)
+          f"fused {row['pycudnn_fused']['img_per_s']:9.0f}  ratio {row['fused_over_torch']:.3f}  "
+          f"{others}  (fused signatures to torch {row['fused_calls_to_torch']}, kept "
+          f"{row['fused_calls_kept']})", flush=True)
     return row
 
 
@@ -662,7 +708,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", default="64", help="training batch sizes, comma-separated")
     ap.add_argument("--train-sides", default="torch,pycudnn,fused",
                     help="training sides: torch (eager), pycudnn (convert), fused "
-                         "(convert + fuse_for_training), compile (torch.compile of the plain model)")
+                         "(convert + fuse_for_training), compile (torch.compile of the plain model), "
+                         "fused_compile (of the fused one), compile_ro and fused_compile_ro "
+                         "(mode='reduce-overhead')")
+    ap.add_argument("--infer-sides", default="torch,fused",
+                    help="inference sides: torch (eager) and fused (fuse_for_inference), always; "
+                         "compile and fused_compile (torch.compile of either)")
     ap.add_argument("--infer-batch", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=3, help="first training steps, not timed")
     ap.add_argument("--steps", type=int, default=10, help="steps per timed block")
@@ -684,6 +735,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.batch = [int(b) for b in args.batch.split(",")]
     args.train_sides = ["torch"] + [k for k in args.train_sides.split(",") if k and k != "torch"]
+    args.infer_sides = [k for k in args.infer_sides.split(",") if k]
+    bad = [k for k in args.infer_sides if k not in INFER_SIDES]
+    if bad:
+        ap.error(f"--infer-sides: unknown side {bad[0]!r}; expected a comma-separated list of "
+                 f"{', '.join(INFER_SIDES)}")
     unknown = [p for p in args.parts.split(",") if p not in PARTS]
     if unknown:
         ap.error(f"--parts: unknown part {unknown[0]!r}; expected a comma-separated list of "

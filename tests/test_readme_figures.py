@@ -19,7 +19,8 @@ def _table_module():
     return mod
 
 
-@pytest.mark.parametrize("which", [0, 1, 2], ids=["model-table", "training-table", "first-step-table"])
+@pytest.mark.parametrize("which", [0, 1, 2, 3],
+                         ids=["model-table", "training-table", "compile-table", "first-step-table"])
 def test_readme_table_matches_its_results_file(which):
     mod = _table_module()
     (begin, end), make, _ = mod.BLOCKS[which]
@@ -42,14 +43,14 @@ def test_render_states_every_model_its_commit_and_missing_figures(tmp_path):
             "command": "benchmarks/zoo.py", "models": {
                 "resnet50": {"train": {"batch64": {"pycudnn_over_torch": 1.25,
                                                    "fused_over_torch": 1.5}},
-                             "infer": {"fused_over_torch": 2.0}},
+                             "infer": {"fused_over_torch": 2.0, "fused_over_compile": 1.2}},
                 "densenet121": {"train": {"error": "RuntimeError: boom"}}}}
     f = tmp_path / "zoo.json"
     f.write_text(json.dumps(data))
     text = mod.render(str(f))
-    assert "| resnet50 | 1.25x | 2.00x |" in text
-    assert "| densenet121 | not measured | not measured |" in text
-    assert "| geomean | 1.25x | 2.00x |" in text
+    assert "| resnet50 | 1.25x | 2.00x | 1.20x |" in text
+    assert "| densenet121 | not measured | not measured | not measured |" in text
+    assert "| geomean | 1.25x | 2.00x | 1.20x |" in text
     assert "commit abc1234" in text and "`benchmarks/zoo.py`" in text
 
 
@@ -72,6 +73,26 @@ def test_render_training_states_each_batch_eager_and_in_a_cuda_graph(tmp_path):
             "not measured |") in text
     assert text.index("resnet50, 64") < text.index("resnet50, 256")  # by batch, not as text
     assert "commit abc1234" in text and text.startswith(mod.TRAIN_BEGIN)
+
+
+def test_render_compile_compares_each_compiled_mode_with_the_plain_models(tmp_path):
+    mod = _table_module()
+    data = {"commit": "abc1234", "device": "NVIDIA H200", "torch": "2.11", "cudnn": 91900,
+            "command": "benchmarks/zoo.py --parts train", "models": {
+                "resnet50": {"train": {
+                    "batch64": {"compile": {"steps_per_s": 70.0}, "fused_compile_over_compile": 1.2,
+                                "fused_over_compile": 0.8, "compile_ro": {"steps_per_s": 90.0},
+                                "fused_compile_ro_over_compile_ro": 1.25},
+                    "batch256": {"torch": {"steps_per_s": 18.0}}}},
+                "densenet121": {"train": {"batch64": {"compile": {"steps_per_s": 40.0}}}}}}
+    f = tmp_path / "zoo.json"
+    f.write_text(json.dumps(data))
+    text = mod.render_compile(str(f))
+    assert "| resnet50, 64 | 70.0 | 1.20x | 0.80x | 90.0 | 1.25x |" in text
+    assert "resnet50, 256" not in text  # no compiled side at that batch
+    assert ("| densenet121, 64 | 40.0 | not measured | not measured | not measured | "
+            "not measured |") in text
+    assert "commit abc1234" in text and text.startswith(mod.COMPILE_BEGIN)
 
 
 def test_render_first_gives_seconds_and_shares_of_pytorchs(tmp_path):

@@ -353,3 +353,23 @@ def test_one_depthwise_cell_is_timed_on_the_gpu():
             assert row["ratio"] == pytest.approx(row["torch_us"] / row["pycudnn_us"])
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_compiled_sides_get_their_mode_and_reduce_overhead_marks_each_step(monkeypatch):
+    assert [zoo._compile_mode(s) for s in zoo.TRAIN_SIDES] == [
+        None, None, None, "default", "default", "reduce-overhead", "reduce-overhead"]
+    marks, ran = [], []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    monkeypatch.setattr(zoo, "step", lambda *a: ran.append(a))
+    zoo.side_step("fused")(1, 2, 3, 4)
+    assert (marks, len(ran)) == ([], 1)
+    zoo.side_step("fused_compile_ro")(1, 2, 3, 4)
+    assert (marks, ran[-1]) == ([1], (1, 2, 3, 4))
+    with pytest.raises(ValueError, match="--train-sides: expected each of torch, pycudnn"):
+        zoo.training_side("eager", torch.nn.Linear(2, 2))
+
+
+def test_an_unknown_inference_side_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        zoo.main(["--infer-sides", "torch,tensorrt"])
+    assert "--infer-sides: unknown side 'tensorrt'" in capsys.readouterr().err
