@@ -7,7 +7,9 @@ fresh processes (torch imported, CUDA context up), the sides rotated each round,
 
 * pycudnn (one side per ``--roots`` entry: a folder to import pycudnn from, e.g. two installed
   wheels): its import; importing the modules the wrappers patch (before the call, so their
-  import is counted here and not in the call); then the first call with these inclusive phases:
+  import is counted here and not in the call; reaching ``pycudnn.convolution`` first, as a
+  call does, which starts opening cuDNN's sub-libraries); then the first call with these
+  inclusive phases:
   libcudnn loaded, handle created, operation graph built, heuristics queried, configs
   described, plans finalized, plans executed, the search (``try_all``).
 * the frontend (heuristics mode A): its import, handle, graph described and validated,
@@ -29,7 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAPE = (32, 64, 56, 64)  # vs_frontend.FIRST_SHAPES[0]: N, C, H(=W), K
@@ -60,11 +63,11 @@ def _child(side: str) -> dict[str, Any]:
         pycudnn = clock("import", lambda: __import__("pycudnn"))
 
         def patch_all() -> None:
+            pycudnn.convolution  # as the call reaches it (where cuDNN's sub-libraries start opening)
             from pycudnn.cudnn.graph import plan
             from pycudnn.engines import graph as engines_graph
             from pycudnn.ffi import library
             from pycudnn.runtime import handle
-            from pycudnn.search import iterate
             from pycudnn.api import call
 
             def wrap(owner: Any, name: str, label: str) -> None:

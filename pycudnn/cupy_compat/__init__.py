@@ -15,6 +15,10 @@ The modules: `convolution`, `operations` (activation, softmax, pooling), `normal
 `dropout`, and `arrays` (what they share: tensor formats, views, streams, results).
 """
 
+from ..ffi import sublibraries as _sublibraries
+
+_sublibraries.start()  # cuDNN's sub-libraries open while these modules import
+
 from . import convolution, dropout, normalization, operations
 from .arrays import CUDNN_TENSOR_NCHW, CUDNN_TENSOR_NHWC
 # each module's __all__ is the list of its names

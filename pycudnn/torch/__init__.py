@@ -25,6 +25,10 @@ except ImportError as _exc:  # pragma: no cover - exercised in a process without
         f"({_exc}); install a CUDA build of PyTorch for the same CUDA major as pycudnn's "
         "extra (cu12 or cu13). The rest of pycudnn works without it.") from _exc
 
+from pycudnn.ffi import sublibraries as _sublibraries
+
+_sublibraries.start()  # cuDNN's sub-libraries open while these modules import and the model is made
+
 from .calls import CACHE_MAX, ConvolutionTypeError, ConvolutionValueError, clear_cache
 from .functional import conv2d, conv2d_add_relu, conv2d_bias_relu
 from .functional_nd import conv1d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d
