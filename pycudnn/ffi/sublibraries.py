@@ -23,7 +23,7 @@ SUBLIBRARIES = ("libcudnn_graph", "libcudnn_heuristic", "libcudnn_engines_precom
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
-_opened: list[ctypes.CDLL] = []  # kept: the libraries stay open for the process anyway
+_opened: list[int] = []  # dlopen handles, never closed: the libraries stay open for the process
 
 
 def enabled() -> bool:
@@ -62,16 +62,22 @@ def _open_all() -> None:
     try:
         path = library.lib().path  # the libcudnn the calls use: its own sub-libraries
         major = library.version() // 10000
+        # libc's dlopen through a ctypes call, which releases the GIL (ctypes.CDLL's own dlopen
+        # holds it: the caller's imports would wait for every library)
+        dlopen = ctypes.CDLL(None).dlopen
     except Exception:  # noqa: BLE001 - the calls' own load raises what went wrong
         return
+    dlopen.restype = ctypes.c_void_p
+    dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
     folder = os.path.dirname(path)
     for name in SUBLIBRARIES:
         file = os.path.join(folder, f"{name}.so.{major}")
         if os.path.exists(file):
-            try:
-                _opened.append(ctypes.CDLL(file))
-            except OSError:  # cuDNN reports it when a call needs that library
-                pass
+            # RTLD_NOW: the symbols are bound here, not in the first call; a library that does
+            # not open (NULL) is reported by cuDNN when a call needs it
+            handle = dlopen(os.fsencode(file), os.RTLD_NOW | os.RTLD_LOCAL)
+            if handle:
+                _opened.append(handle)
 
 
 # a child forked while the thread holds the dynamic loader's lock would never get it back
