@@ -355,6 +355,33 @@ def test_set_routing_refuses_unknown_modes():
 
 
 @needs_torch
+@pytest.mark.parametrize("ours_us, winner", [(60.0, "pycudnn"), (170.0, "torch")])
+def test_a_duel_gives_each_side_the_figures_of_its_own_runs(monkeypatch, ours_us, winner):
+    """Each side is timed twice (ours, theirs, theirs, ours); a side's figure is the least of
+    its own two runs, never one of the other side's."""
+    from pycudnn.torch import routing
+
+    def ours():
+        pass
+
+    def theirs():
+        pass
+    runs = {ours: [(ours_us, ours_us + 2), (ours_us + 1, ours_us + 3)],
+            theirs: [(172.0, 175.0), (173.0, 174.0)]}
+    order = []
+    monkeypatch.setattr(routing, "_time", lambda fn, device, stream: (order.append(fn), runs[fn].pop(0))[1])
+    routing.clear_report()
+    try:
+        assert routing.pycudnn_wins("sig", "forward", ours, theirs, 0, 0) is (winner == "pycudnn")
+        (d,) = routing.report()
+    finally:
+        routing.clear_report()
+    assert order == [ours, theirs, theirs, ours]
+    assert (d["winner"], d["pycudnn_gpu_us"], d["torch_gpu_us"]) == (winner, ours_us, 172.0)
+    assert (d["pycudnn_call_us"], d["torch_call_us"]) == (ours_us + 2, 174.0)
+
+
+@needs_torch
 @pytest.mark.parametrize("op", ["conv", "bias_relu", "add_relu"])
 def test_the_pytorch_side_of_a_routed_forward_op_computes_the_op(op):
     """What a fused call routed to PyTorch runs (on the CPU here): the convolution with its

@@ -210,7 +210,8 @@ def pycudnn_wins(signature: str, direction: str, ours: Callable[[], Any],
         _record(RouteDecision(signature, direction, "pycudnn", 0.0, 0.0, 0.0, 0.0,
                               f"PyTorch's call failed: {type(exc).__name__}"))
         return True
-    o1, t1, o2, t2 = (_time(ours, device, stream), _time(theirs, device, stream),
+    # ABBA: each side once before and once after the other's pair
+    o1, t1, t2, o2 = (_time(ours, device, stream), _time(theirs, device, stream),
                       _time(theirs, device, stream), _time(ours, device, stream))
     og, oc = min(o1[0], o2[0]), min(o1[1], o2[1])
     tg, tc = min(t1[0], t2[0]), min(t1[1], t2[1])
