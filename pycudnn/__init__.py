@@ -98,19 +98,10 @@ def cudnn_version_tuple() -> tuple[int, int, int]:
     return version_tuple()
 
 
-#: the modules whose names lead to cuDNN calls: reaching one starts opening cuDNN's
-#: sub-libraries in the background (`ffi.sublibraries`), while the module imports
-_CALLING = ("api.", "ops.", "search.", "cudnn.", "runtime.handle")
-
-
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pycudnn' has no attribute {name!r}")
-    if module.startswith(_CALLING):
-        from .ffi import sublibraries
-
-        sublibraries.start()
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value

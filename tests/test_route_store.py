@@ -117,6 +117,19 @@ def test_entries_that_do_not_check_are_dropped_and_the_rest_kept(store, bad, why
     assert any(why in r.getMessage() for r in caplog.records)
 
 
+def test_a_version_1_file_is_set_aside_unread(store):
+    """Version 1's decisions came from a comparison that gave PyTorch one of pycudnn's timings:
+    none of them is taken."""
+    doc = {"format": "pycudnn-routes", "version": 1, "entries": [
+        {"key": key(), "winner": "torch", "reason": "a biased duel", **FIGURES}]}
+    os.makedirs(os.path.dirname(store.path()), mode=0o700, exist_ok=True)
+    Path(store.path()).write_text(json.dumps(doc))
+    os.chmod(store.path(), 0o600)
+    with pytest.warns(Warning, match="corrupt|unusable|set aside|moved"):
+        assert store.lookup(key()) is None
+    assert not os.path.exists(store.path())
+
+
 def test_a_file_that_does_not_parse_is_set_aside(store):
     os.makedirs(os.path.dirname(store.path()), mode=0o700, exist_ok=True)
     Path(store.path()).write_text("{not json")
@@ -225,7 +238,7 @@ def test_the_key_holds_pycudnns_version_configuration_and_cudnn_enabled(store):
 
 def test_a_key_without_the_newer_fields_is_kept_and_never_matched(store):
     old = {n: v for n, v in key().items() if n not in ("pycudnn", "config", "cudnn_enabled")}
-    doc = {"format": "pycudnn-routes", "version": 1, "entries": [
+    doc = {"format": "pycudnn-routes", "version": store.DOCUMENT[1], "entries": [
         {"key": old, "winner": "torch", "reason": "an older pycudnn's", **FIGURES}]}
     os.makedirs(os.path.dirname(store.path()), mode=0o700, exist_ok=True)
     Path(store.path()).write_text(json.dumps(doc))

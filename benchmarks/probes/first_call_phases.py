@@ -7,9 +7,8 @@ fresh processes (torch imported, CUDA context up), the sides rotated each round,
 
 * pycudnn (one side per ``--roots`` entry: a folder to import pycudnn from, e.g. two installed
   wheels): its import; importing the modules the wrappers patch (before the call, so their
-  import is counted here and not in the call; reaching ``pycudnn.convolution`` first, as a
-  call does, which starts opening cuDNN's sub-libraries); then the first call with these
-  inclusive phases:
+  import is counted here and not in the call); then the first call with these inclusive
+  phases:
   libcudnn loaded, handle created, operation graph built, heuristics queried, configs
   described, plans finalized, plans executed, the search (``try_all``).
 * the frontend (heuristics mode A): its import, handle, graph described and validated,
@@ -63,7 +62,7 @@ def _child(side: str) -> dict[str, Any]:
         pycudnn = clock("import", lambda: __import__("pycudnn"))
 
         def patch_all() -> None:
-            pycudnn.convolution  # as the call reaches it (where cuDNN's sub-libraries start opening)
+            pycudnn.convolution  # the name the call reaches first
             from pycudnn.cudnn.graph import plan
             from pycudnn.engines import graph as engines_graph
             from pycudnn.ffi import library

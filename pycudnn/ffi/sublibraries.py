@@ -1,10 +1,10 @@
 """cuDNN's sub-libraries opened ahead of their first use, on a background thread.
 
 libcudnn.so opens its sub-libraries (the graph API, the heuristics, the engines) the first time a
-call needs them: most of a first convolution's time. `start()`, called where a program first
-reaches pycudnn's calls, opens them on a daemon thread (``dlopen`` releases the GIL) while the
-caller imports pycudnn's modules. It touches no CUDA context, device or stream; a ``fork`` waits
-for it; ``PYCUDNN_PRELOAD=0`` turns it off.
+call needs them. ``import pycudnn.torch`` and ``import pycudnn.cupy_compat`` call `start()`, which
+opens them on a daemon thread (libc's ``dlopen``, called without the GIL) while the program
+builds its model and data. It touches no CUDA context, device or stream; a ``fork`` waits for
+it; ``PYCUDNN_PRELOAD=0`` turns it off.
 """
 
 from __future__ import annotations

@@ -53,7 +53,9 @@ __all__ = ["FILE_NAME", "clear", "decision_key", "entries", "flush", "lookup", "
 log = logging.getLogger("pycudnn")
 
 FILE_NAME = "routes-v1.json"
-DOCUMENT = ("pycudnn-routes", 1)  # the file's format name and version
+#: the file's format name and version; version 1's decisions came from a comparison that gave
+#: PyTorch one of pycudnn's timings (fixed in f3f10bd), so such a file is set aside unread
+DOCUMENT = ("pycudnn-routes", 2)
 _WHAT = "pycudnn routing decisions file"  # how warnings name the file
 WINNERS = ("pycudnn", "torch")
 _FIGURES = ("pycudnn_gpu_us", "torch_gpu_us", "pycudnn_call_us", "torch_call_us")
