@@ -789,7 +789,10 @@ ROUTE = {"key": {"gpu": H200, "cudnn": 91000, "torch": "2.11.0", "torch_cudnn": 
 def write_routes(cache: Path, entries=(ROUTE,)) -> Path:
     cache.mkdir(mode=0o700, exist_ok=True)
     f = cache / "routes-v1.json"
-    f.write_text(json.dumps({"format": "pycudnn-routes", "version": 1, "entries": list(entries)}))
+    from pycudnn.tuning import routes
+
+    f.write_text(json.dumps({"format": "pycudnn-routes", "version": routes.DOCUMENT[1],
+                             "entries": list(entries)}))
     os.chmod(f, 0o600)
     return f
 

@@ -1,6 +1,6 @@
 """Probe (not a benchmark): each routing duel's own timed runs beside the decision it recorded.
 
-A fused ResNet-50 (bf16 channels_last, batch 128, eval) in benchmark mode; ``routing._time`` and
+A fused ResNet-50 (bf16 channels_last, batch 128, eval) in benchmark mode; ``routing.time_call`` and
 ``routing.pycudnn_wins`` wrapped to log every timing (the lambda's line in ``calls.py`` says
 which side: pycudnn's launch or PyTorch's operations; GPU us, back-to-back us). Then one layer's
 duel again on a copy of its input, and PyTorch's side timed directly. At 6206691 this showed
@@ -18,13 +18,13 @@ torch.backends.cudnn.benchmark = True
 torch.manual_seed(0)
 m = torchvision.models.resnet50(weights=None).cuda().to(torch.bfloat16, memory_format=torch.channels_last).eval()
 x = torch.randn(128, 3, 224, 224, device="cuda").to(torch.bfloat16, memory_format=torch.channels_last)
-real_time = routing._time
+real_time = routing.time_call
 log = []
 def logged(fn, device, stream):
     r = real_time(fn, device, stream)
     log.append((getattr(fn, "__qualname__", "?"), fn.__code__.co_firstlineno if hasattr(fn, "__code__") else 0, round(r[0], 1), round(r[1], 1)))
     return r
-routing._time = logged
+routing.time_call = logged
 real_wins = routing.pycudnn_wins
 def wins(signature, direction, ours, theirs, device, stream, flags=None):
     log.append(("DUEL", signature[:60], ours.__code__.co_firstlineno, theirs.__code__.co_firstlineno))

@@ -641,9 +641,12 @@ def _forward_first(key: tuple[Any, ...], op: str, x: Any, w: Any, b: Any, z: Any
         forward_public(op, x, w, b, z, alpha, geom, y, fk)
     if prepared is not None:
         _remember(_FWD, key, (prepared.launcher, shape, fmt, tdev, zero))
+        # a plain convolution is what convert's autograd node runs; the fused ops' PyTorch side
+        # is several calls, which the back-to-back timing already charges
         if measure and verdict is None and not routing.pycudnn_wins(
                 signature, "forward", lambda: run_forward(op, x, w, b, z, alpha, geom),
-                theirs, dev, caller_stream(dev), fk[1:3]):
+                theirs, dev, caller_stream(dev), fk[1:3],
+                routing.HOST_ALLOWANCE_US if op == "conv" else 0.0):
             _remember(_FWD, key, (None, _TORCH, fmt))
     else:
         _remember(_FWD, key, (None, _PUBLIC))
@@ -819,7 +822,7 @@ def _backward_first(key: tuple[Any, ...], direction: str, a: Any, b: Any, other:
         else:
             ours = lambda: run_backward_filter(x, b, w, fmt, geom)
         if not routing.pycudnn_wins(signature, what, ours, theirs, dev, caller_stream(dev),
-                                    fk[1:3]):
+                                    fk[1:3], routing.HOST_ALLOWANCE_US):
             _remember(_BWD, key, (None, _TORCH))
     return out, False
 
