@@ -746,6 +746,17 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
 def _frontend_unbuilt(cudnn: Any, torch: Any, handle: Any, tensors: dict[str, Any], dtype: Any
                       ) -> tuple[Any, dict[str, Any]]:
     """A forward graph with its plan list made from heuristics mode A (not built yet)."""
+    g, gt = frontend_described(cudnn, torch, handle, tensors, dtype)
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A])
+    g.check_support()
+    return g, gt
+
+
+def frontend_described(cudnn: Any, torch: Any, handle: Any, tensors: dict[str, Any], dtype: Any
+                       ) -> tuple[Any, dict[str, Any]]:
+    """The first-result layer's forward graph described and validated (no operation graph
+    built yet); returns (graph, {"x", "w", "y": graph tensor})."""
     io = {torch.float32: cudnn.data_type.FLOAT, torch.bfloat16: cudnn.data_type.BFLOAT16,
           torch.float16: cudnn.data_type.HALF}[dtype]
     f32 = cudnn.data_type.FLOAT
@@ -757,9 +768,6 @@ def _frontend_unbuilt(cudnn: Any, torch: Any, handle: Any, tensors: dict[str, An
                      compute_data_type=f32, name="conv")
     Y.set_output(True).set_dim(list(y.shape)).set_stride(list(y.stride())).set_data_type(io)
     g.validate()
-    g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A])
-    g.check_support()
     return g, {"x": X, "w": W, "y": Y}
 
 

@@ -11,9 +11,8 @@ pycudnn's autograd function. `report()`
 lists the decisions. A decision is stored for the next process (`pycudnn.tuning.routes`), and
 `prejudge` sends a new signature to PyTorch unsearched where PyTorch's call alone costs less than
 pycudnn's host floor (`host_floor`). Convolutions and the fused inference ops (their PyTorch side
-the convolution, then the add and ReLU in place) are routed, only where PyTorch honours the same
-numerical flags; ``set_routing("pycudnn")`` (``PYCUDNN_TORCH_ROUTING=pycudnn``)
-turns routing off.
+the convolution, then the add and ReLU in place) are routed, where PyTorch honours the same
+numerical flags; ``set_routing("pycudnn")`` (``PYCUDNN_TORCH_ROUTING=pycudnn``) turns it off.
 """
 
 from __future__ import annotations
