@@ -142,11 +142,8 @@ def _host_gate() -> G.StreamGate:
     gate = object.__new__(G.StreamGate)
     gate._buf = ctypes.c_uint32(0)
     gate._word = gate._buf
-    gate._generation = 0
-    gate._lock = threading.Lock()
-    gate._timers = {}
+    gate._init_watchdog()
     gate._dptr, gate._geq = 0, 0
-    gate.opened_by_watchdog = 0
     return gate
 
 
@@ -168,7 +165,7 @@ def test_stream_gate_watchdog_that_cannot_start_opens_the_hold(monkeypatch):
     def no_thread(self):
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(threading.Timer, "start", no_thread)
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
     with pytest.raises(RuntimeError, match="can't start new thread"):
         gate.watchdog(3)
     assert gate._word.value == 3
@@ -195,18 +192,40 @@ def test_a_hold_whose_generation_the_caller_never_kept_is_opened_by_its_watchdog
     while gate._word.value < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert gate._word.value == 1 and gate.opened_by_watchdog == 1
-    assert gate._timers == {}
+    assert gate._deadlines == {}
 
 
-def test_the_callers_watchdog_is_the_one_the_hold_armed_and_open_cancels_it():
+def test_one_thread_watches_every_hold_and_open_forgets_their_deadlines(monkeypatch):
+    monkeypatch.setattr(G, "WATCHDOG_S", 0.05)
+    gate, _ = _recording_gate()
+    g1 = gate.hold(0x1234)
+    thread = gate._thread
+    assert thread.is_alive()
+    threads = threading.active_count()
+    g2 = gate.hold(0x1234)
+    watch = gate.watchdog(g2)
+    assert gate._thread is thread and threading.active_count() == threads  # no thread per hold
+    assert sorted(gate._deadlines) == [g1, g2] and watch.generation == g2
+    gate.open(g2)  # and every earlier hold
+    watch.cancel()  # harmless after the open
+    assert gate._deadlines == {} and gate._word.value == g2
+    time.sleep(0.15)  # past both deadlines: nothing left for the watchdog to open
+    assert gate.opened_by_watchdog == 0 and thread.is_alive()
+    assert gate.watchdog(g1).generation == g1 and gate._deadlines == {}  # already open
+    # a later hold the host never opens is opened by the same thread
+    g3 = gate.hold(0x1234)
+    deadline = time.monotonic() + 10
+    while gate._word.value < g3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gate._word.value == g3 and gate.opened_by_watchdog == 1 and gate._thread is thread
+
+
+def test_a_cancelled_watch_is_not_opened():
     gate, _ = _recording_gate()
     g = gate.hold(0x1234)
-    timer = gate.watchdog(g)
-    assert timer is gate._timers[g] and timer.is_alive()  # no second thread per hold
+    gate.watchdog(g).cancel()
+    assert gate._deadlines == {} and gate._word.value == 0
     gate.open(g)
-    timer.join(5)
-    assert not timer.is_alive() and gate._timers == {} and gate.opened_by_watchdog == 0
-    assert not gate.watchdog(g).is_alive()  # already open: nothing to watch
 
 
 def test_a_hold_without_a_thread_for_its_watchdog_queues_nothing(monkeypatch):
@@ -215,7 +234,38 @@ def test_a_hold_without_a_thread_for_its_watchdog_queues_nothing(monkeypatch):
     def no_thread(self):
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(threading.Timer, "start", no_thread)
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
     with pytest.raises(RuntimeError, match="can't start new thread"):
         gate.hold(0x1234)
-    assert queued == [] and gate._timers == {}
+    assert queued == [] and gate._deadlines == {}
+
+
+def test_a_forked_child_gets_its_own_watchdog_thread():
+    """The child of a fork has none of the parent's threads, and the parent's watchdog thread may
+    hold the gate's lock at the fork (it takes it as soon as it starts): the child's first hold
+    must neither wait for that lock nor for a thread that is gone. Forked just after the thread
+    starts, twenty times."""
+    import os
+    import signal
+
+    for _ in range(20):
+        gate, _ = _recording_gate()
+        gate.hold(0x1234)  # starts the watchdog's thread, which takes the lock at once
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 only if its hold is watched by a live thread
+            ok = False
+            try:
+                g = gate.hold(0x1234)
+                ok = gate._thread.is_alive() and g in gate._deadlines
+            finally:
+                os._exit(0 if ok else 1)
+        deadline = time.monotonic() + 10
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert done and status == 0, "the forked child's hold hung or went unwatched"
