@@ -5,10 +5,9 @@ what differs is a call's host cost (PyTorch's convolution is C++) and, for some 
 kernel each search finds. So in benchmark mode the first call of a signature, once pycudnn has
 prepared it, times both sides on the caller's tensors: GPU time behind pycudnn's gate, and time
 back to back. pycudnn keeps the signature when its GPU time is lower by at least `MARGIN` (and,
-for what autograd records, `HOST_ALLOWANCE_US`) and it is not slower back to back; otherwise
+for a plain convolution, `HOST_ALLOWANCE_US`) and it is not slower back to back; otherwise
 PyTorch runs it from then on, and a layer whose forward and backward both went to PyTorch skips
-pycudnn's autograd function. `report()`
-lists the decisions. A decision is stored for the next process (`pycudnn.tuning.routes`), and
+pycudnn's autograd function. `report()` lists the decisions. A decision is stored for the next process (`pycudnn.tuning.routes`), and
 `prejudge` sends a new signature to PyTorch unsearched where PyTorch's call alone costs less than
 pycudnn's host floor (`host_floor`). Convolutions and the fused inference ops (their PyTorch side
 the convolution, then the add and ReLU in place) are routed, where PyTorch honours the same
@@ -36,10 +35,11 @@ __all__ = ["MARGIN", "HOST_ALLOWANCE_US", "RouteDecision", "set_routing", "routi
 #: how much lower pycudnn's GPU time per call must be to keep a signature (a tie goes to PyTorch,
 #: whose call costs less host time)
 MARGIN = 0.03
-#: how many us of GPU time per call a convolution that autograd records must save to stay in
-#: pycudnn: its Python autograd node costs host time PyTorch's C++ node does not, which a
-#: host-bound training step pays in full while a layer's own back-to-back timing hides it (at
-#: 1646727, kept on 3% wins, 20 of ResNet-50's 68 signatures made its eager step 0.77x PyTorch's)
+#: how many us of GPU time per call a plain convolution (forward or backward, what convert's
+#: autograd node runs) must save to stay in pycudnn: that Python node costs host time PyTorch's
+#: C++ node does not, which a host-bound training step pays in full while a layer's own
+#: back-to-back timing hides it (at 1646727, kept on 3% wins, 20 of ResNet-50's 68 signatures
+#: made its eager step 0.77x PyTorch's). Inference calls of the same signature share the decision.
 HOST_ALLOWANCE_US = 15.0
 #: the back-to-back timing of one side runs about this long (seconds), 3 to `_MAX_RUNS` calls
 _TARGET_S = 0.002
@@ -210,7 +210,7 @@ def pycudnn_wins(signature: str, direction: str, ours: Callable[[], Any],
     """Time ``ours`` (pycudnn's launch) and ``theirs`` (PyTorch's call) twice each, alternating;
     record the decision (and store it, given PyTorch's ``flags``: allow_tf32, deterministic);
     whether pycudnn keeps the signature: its GPU time at least `MARGIN` and ``allowance_us``
-    below PyTorch's (`HOST_ALLOWANCE_US` for what autograd records), and not slower back to
+    below PyTorch's (`HOST_ALLOWANCE_US` for a plain convolution), and not slower back to
     back."""
     try:
         theirs()  # PyTorch's own search for this signature (benchmark mode), outside the timing
