@@ -17,6 +17,8 @@ right device current.
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import devices as _devices
 from . import driver as _driver
 from .devices import device_guard
@@ -30,27 +32,16 @@ stream_blocks: dict[tuple[int, int, int], list[int]] = {}
 block_bytes = [0]  # approximate under threads (no lock); recounted when blocks are given back
 
 
-def keep_block(ptr: int, nbytes: int, device: int) -> bool:
-    """Keep a block freed on the legacy stream for reuse (False: free it as usual)."""
+def keep_block(ptr: int, nbytes: int, device: int, ident: int = -1) -> bool:
+    """Keep a block dropped on the legacy stream (``ident`` -1), or on the created stream whose
+    driver id is ``ident``, for reuse (False: free it as usual)."""
     if nbytes > KEEP_BLOCK_MAX or block_bytes[0] + nbytes > KEEP_BYTES_MAX:
         return False
-    kept = blocks.get((device, nbytes))
+    table: dict[Any, list[int]] = blocks if ident < 0 else stream_blocks
+    key = (device, nbytes) if ident < 0 else (device, ident, nbytes)
+    kept = table.get(key)
     if kept is None:
-        kept = blocks.setdefault((device, nbytes), [])
-    kept.append(ptr)
-    block_bytes[0] += nbytes
-    return True
-
-
-def keep_stream_block(ptr: int, nbytes: int, device: int, ident: int) -> bool:
-    """Keep a block dropped on the created stream whose driver id is ``ident`` (False: free it
-    as usual)."""
-    if nbytes > KEEP_BLOCK_MAX or block_bytes[0] + nbytes > KEEP_BYTES_MAX:
-        return False
-    key = (device, ident, nbytes)
-    kept = stream_blocks.get(key)
-    if kept is None:
-        kept = stream_blocks.setdefault(key, [])
+        kept = table.setdefault(key, [])
     kept.append(ptr)
     block_bytes[0] += nbytes
     return True

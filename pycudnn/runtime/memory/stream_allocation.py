@@ -15,7 +15,7 @@ from . import driver as _driver
 from .buffers import MAX_ALLOCATION, allocate, pool_ready
 from .capture import is_capturing
 from .devices import device_guard, normalize_device
-from .pool import (block_bytes, blocks, free_async, free_guarded, keep_block, keep_stream_block,
+from .pool import (block_bytes, blocks, free_async, free_guarded, keep_block,
                    release_kept_blocks, stream_blocks)
 from .streams import LEGACY, resolve_stream, stream_identity, thread_token
 
@@ -87,7 +87,7 @@ class StreamAllocation:
         ptr = self.ptr
         if ptr and not _bindings.shutting_down:
             try:
-                if self.ident >= 0 and keep_stream_block(ptr, self.nbytes, self.device, self.ident):
+                if self.ident >= 0 and keep_block(ptr, self.nbytes, self.device, self.ident):
                     self.ptr = 0
                     self.stream_ref = None
                     return
