@@ -779,16 +779,20 @@ def pycudnn_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(pycudnn.__file__)))
 
 
-def run_child(opts: dict[str, Any], libdir: str | None) -> dict[str, Any]:
+def run_child(opts: Any, libdir: str | None, script: str | None = None,
+              root: str | None = None) -> dict[str, Any]:
     """``child(opts)`` in a fresh interpreter with an empty tuning database and pycudnn's
-    libcudnn first on LD_LIBRARY_PATH."""
+    libcudnn first on LD_LIBRARY_PATH: ``script`` (this file unless told) run with
+    ``--child <opts as JSON> --child-out <file>``, pycudnn imported from ``root`` (this
+    process's copy unless told); the JSON the child wrote, or ``{"error": ...}``."""
     with tempfile.TemporaryDirectory(prefix="pycudnn-vs-frontend-") as tmp:
         env = with_libcudnn_first(dict(os.environ), libdir)
         env["PYCUDNN_CACHE_DIR"] = os.path.join(tmp, "cache")
-        env["PYTHONPATH"] = pycudnn_root() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
-                                              else "")
+        env["PYTHONPATH"] = (root or pycudnn_root()) + (
+            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         out = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(opts), "--child-out", out]
+        cmd = [sys.executable, os.path.abspath(script or __file__), "--child", json.dumps(opts),
+               "--child-out", out]
         try:
             proc = subprocess.run(cmd, env=env, timeout=CHILD_TIMEOUT_S, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)

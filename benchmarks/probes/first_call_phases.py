@@ -26,9 +26,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -113,25 +111,6 @@ def _child(side: str) -> dict[str, Any]:
     return phases
 
 
-def _run(side: str, root: str | None, libdir: str | None) -> dict[str, Any]:
-    sys.path.insert(0, os.path.dirname(HERE))
-    import vs_frontend  # benchmarks/: the same library-path rule as the benchmark
-
-    env = vs_frontend.with_libcudnn_first(dict(os.environ), libdir)
-    if root:
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with tempfile.TemporaryDirectory(prefix="first-call-phases-") as tmp:
-        env["PYCUDNN_CACHE_DIR"] = os.path.join(tmp, "cache")
-        out = os.path.join(tmp, "phases.json")
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", side,
-                               "--child-out", out], env=env, capture_output=True, text=True,
-                              timeout=300)
-        if proc.returncode or not os.path.exists(out):
-            return {"error": (proc.stderr.strip().splitlines() or [""])[-1]}
-        with open(out) as f:
-            return json.load(f)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=5)
@@ -142,7 +121,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.child:
         with open(args.child_out, "w") as f:
-            json.dump(_child(args.child), f)
+            json.dump(_child(json.loads(args.child)), f)
         return 0
     sys.path.insert(0, os.path.dirname(HERE))
     import vs_frontend
@@ -154,7 +133,7 @@ def main() -> int:
     for p in range(args.processes):
         for side, root in sides[p % len(sides):] + sides[:p % len(sides)]:
             label = side if root is None else f"{side} from {root}"
-            got.setdefault(label, []).append(_run(side, root, libdir))
+            got.setdefault(label, []).append(vs_frontend.run_child(side, libdir, __file__, root))
     for label, runs in got.items():
         ok = [r for r in runs if "error" not in r]
         print(f"\n## {label}: {len(ok)} of {len(runs)} processes"
