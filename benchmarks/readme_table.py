@@ -92,8 +92,7 @@ def render_training(results_file: str) -> str:
              "|---|---|---|---|---|---|---|"]
     for name, row in data["models"].items():
         train, graph = row.get("train", {}), row.get("graph", {})
-        for batch in sorted({k for k in (*train, *graph) if k.startswith("batch")},
-                            key=lambda k: int(k[5:])):
+        for batch in _batches(train, graph):
             t, g = train.get(batch, {}), graph.get(batch, {})
             lines.append(
                 f"| {name}, {batch[5:]} | {_rate(t)} | {_x(t.get('pycudnn_over_torch'))} | "
@@ -116,7 +115,7 @@ def render_compile(results_file: str) -> str:
              "|---|---|---|---|---|---|"]
     for name, row in data["models"].items():
         train = row.get("train", {})
-        for batch in sorted((k for k in train if k.startswith("batch")), key=lambda k: int(k[5:])):
+        for batch in _batches(train):
             t = train[batch]
             if "compile" not in t and "compile_ro" not in t:
                 continue
@@ -156,6 +155,12 @@ def render_first(results_file: str) -> str:
               f"{data['torch']}, cuDNN {data['cudnn']}; measured at commit {data['commit']} by "
               f"`{data['command']}`.", FIRST_END]
     return "\n".join(lines)
+
+
+def _batches(*parts: dict) -> list[str]:
+    """The ``batchN`` keys of a model's parts, by batch size (not as text)."""
+    return sorted({k for part in parts for k in part if k.startswith("batch")},
+                  key=lambda k: int(k[5:]))
 
 
 def _rate(row: dict, side: str = "torch") -> str:
