@@ -204,6 +204,7 @@ def part_train(name: str, args) -> dict:
         routed = pt.routing_report()
         row["routed_to_torch"] = sum(d["winner"] == "torch" for d in routed)
         row["kept_in_pycudnn"] = sum(d["winner"] == "pycudnn" for d in routed)
+        row["kept"] = [d for d in routed if d["winner"] == "pycudnn"]
         out[f"batch{batch}"] = row
         others = "  ".join(f"{k} {row[k]['steps_per_s']:7.2f} ({row[f'{k}_over_torch']:.3f}x)"
                            for k in sides if k != "torch")
