@@ -31,9 +31,13 @@ ops = torch.ops.pycudnn
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
+    """A fresh dynamo, and the blocks traced as operators (what most tests here check)."""
+    saved = pt.traced_blocks()
+    pt.set_traced_blocks("operators")
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+    pt.set_traced_blocks(saved)
 
 
 def _r(*shape, seed=0, grad=False):
@@ -242,6 +246,68 @@ def test_dynamo_traces_a_fused_model_whole_with_the_batch_norm_operator():
     found = _ops_in(explained.graphs)
     assert blocks == 13 and found.get("pycudnn.batch_norm_train") == blocks, found
     assert not any("batch_norm" in k and not k.startswith("pycudnn") for k in found), found
+
+
+def test_blocks_traced_as_modules_leave_batch_norm_to_the_compiler():
+    """The default mode: no pycudnn batch-norm operator in the graph, PyTorch's batch norm once
+    per block, no graph break; compiled (fullgraph, aot_eager) it trains as the eager model does
+    in float64."""
+    pt.set_traced_blocks("modules")
+    fused, _ = _fused_pair()
+    explained = torch._dynamo.explain(fused)(_r(2, 3, 16, 16))
+    assert (explained.graph_break_count, explained.graph_count) == (0, 1), \
+        explained.break_reasons
+    found = _ops_in(explained.graphs)
+    assert not any(k.startswith("pycudnn.batch_norm") for k in found), found
+    assert sum(n for k, n in found.items() if "batch_norm" in k) == 13, found
+    eager = copy.deepcopy(fused)
+    compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
+    for step in range(2):
+        x = _r(2, 3, 16, 16, seed=20 + step)
+        for model in (compiled, eager):
+            model(x).square().mean().backward()
+        for (name, p), q in zip(fused.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-8, atol=1e-10, msg=name)
+        for (name, b), c in zip(fused.named_buffers(), eager.buffers()):
+            torch.testing.assert_close(b, c, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_changing_the_traced_mode_recompiles():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    fused, _ = _fused_pair()
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(fused, backend=counter, fullgraph=True)
+    x = _r(2, 3, 16, 16, seed=3)
+    compiled(x)
+    pt.set_traced_blocks("modules")
+    compiled(x)
+    assert counter.frame_count == 2
+    assert [_ops_in([g]).get("pycudnn.batch_norm_train") for g in counter.graphs] == [13, None]
+
+
+def test_set_traced_blocks_names_the_modes():
+    with pytest.raises(ValueError, match=r"set_traced_blocks: expected mode to be one of "
+                                         r"\['modules', 'operators'\], got 'fused'"):
+        pt.set_traced_blocks("fused")
+    assert pt.traced_blocks() == "operators"  # unchanged by the refused call
+
+
+@pytest.mark.parametrize("env,mode", [(None, "modules"), ("operators", "operators"),
+                                      (" Operators ", "operators"), ("bogus", "modules")])
+def test_the_traced_mode_comes_from_the_environment(env, mode):
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "PYCUDNN_TORCH_TRACED_BLOCKS"}
+    if env is not None:
+        environ["PYCUDNN_TORCH_TRACED_BLOCKS"] = env
+    out = subprocess.run([sys.executable, "-c", "import pycudnn.torch as pt; "
+                          "print(pt.traced_blocks())"], env=environ, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == mode
 
 
 @pytest.mark.parametrize("backend,options", [

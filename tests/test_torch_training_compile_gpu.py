@@ -40,9 +40,12 @@ def _strict_flags_and_fresh_dynamo():
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
+    traced = pt.traced_blocks()
+    pt.set_traced_blocks("operators")  # what most tests here check; the default is "modules"
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+    pt.set_traced_blocks(traced)
     (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
      torch.backends.cudnn.benchmark) = saved
 
@@ -183,13 +186,15 @@ def _train(model, data, steps, compiled_step=False):
     return losses
 
 
+@pytest.mark.parametrize("traced", ["operators", "modules"])
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_compiled_fused_model_trains_as_near_float64_as_pytorch(mode):
+def test_compiled_fused_model_trains_as_near_float64_as_pytorch(mode, traced):
     """Five SGD steps: the compiled fused model's losses and running statistics stay as near a
     float64 run (cuDNN off) as PyTorch's eager bfloat16 run does (3x its distance); under
-    reduce-overhead no CUDA graph is skipped."""
+    reduce-overhead no CUDA graph is skipped. Both ways of tracing the blocks."""
     from torch._dynamo.utils import counters
 
+    pt.set_traced_blocks(traced)
     base, fused = _bf16_fused()
     g = torch.Generator(DEV).manual_seed(2)
     data = [(torch.randn(16, 3, 16, 16, device=DEV, generator=g),

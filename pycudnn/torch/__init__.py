@@ -37,12 +37,13 @@ from .modules import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, 
                       FusedConv2d, conversion_report, convert, revert)
 from .routing import report as routing_report
 from .routing import set_routing
-from .training import ConvBn2d, ConvBnAddReLU2d, ConvBnReLU2d
+from .training import ConvBn2d, ConvBnAddReLU2d, ConvBnReLU2d, set_traced_blocks, traced_blocks
 from .training_rewrite import fuse_for_training
 
 __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_add_relu", "Conv2d", "FusedConv2d", "convert",
            "revert", "fuse_for_inference", "fold_batchnorm", "clear_cache", "CACHE_MAX",
            "ConvolutionValueError", "ConvolutionTypeError", "set_routing", "routing_report",
            "conversion_report", "fuse_for_training", "ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d",
-           "conv1d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "Conv1d",
-           "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
+           "set_traced_blocks", "traced_blocks", "conv1d", "conv3d", "conv_transpose1d",
+           "conv_transpose2d", "conv_transpose3d", "Conv1d", "Conv3d", "ConvTranspose1d",
+           "ConvTranspose2d", "ConvTranspose3d"]

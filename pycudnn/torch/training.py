@@ -18,6 +18,7 @@ graph's code, and the blocks, which own no parameters, sit beside the modules th
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from ctypes import byref, c_size_t
 from typing import Any
@@ -38,7 +39,7 @@ from .calls import (DTYPE_NAMES, autocast_dtype, autocast_enabled, c_apply, geom
                     threshold_backward)
 from .library import AVAILABLE, compiler, define, dynamo_compiling, traced_conv2d
 
-__all__ = ["ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d"]
+__all__ = ["ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d", "set_traced_blocks", "traced_blocks"]
 
 _PERSISTENT = 2  # CUDNN_BATCHNORM_SPATIAL_PERSISTENT: PyTorch's mode for channels-last training
 OPS_BN, OPS_RELU, OPS_ADD_RELU = 0, 1, 2  # cudnnBatchNormOps_t
@@ -47,6 +48,31 @@ _CL = torch.channels_last
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 log = logging.getLogger("pycudnn")
+_TRACED_MODES = ("modules", "operators")
+_traced = os.environ.get("PYCUDNN_TORCH_TRACED_BLOCKS", "modules").strip().lower() or "modules"
+if _traced not in _TRACED_MODES:
+    _traced = "modules"
+
+
+def set_traced_blocks(mode: str) -> None:
+    """What ``torch.compile`` and ``torch.export`` see of a fused training block.
+
+    ``"modules"`` (the default; ``PYCUDNN_TORCH_TRACED_BLOCKS``): the original convolution and
+    batch norm, which inductor fuses with the add and the ReLU by itself, in less GPU and host
+    time than cuDNN's fused batch norm takes as an operator (docs/torch.md has the figures).
+    ``"operators"``: the convolution, then ``pycudnn::batch_norm_train`` (cuDNN's fused batch
+    norm, add and ReLU), for a backend that does not fuse batch norm, or to export each block's
+    batch norm as one operator. A compiled model recompiles when this changes."""
+    global _traced
+    if mode not in _TRACED_MODES:
+        raise ValueError(f"set_traced_blocks: expected mode to be one of {list(_TRACED_MODES)}, "
+                         f"got {mode!r}")
+    _traced = mode
+
+
+def traced_blocks() -> str:
+    """The tracing mode of fused training blocks (see `set_traced_blocks`)."""
+    return _traced
 
 
 def caller_stream(device: int) -> int:
@@ -688,8 +714,8 @@ class _ConvBnBase(torch.nn.Module):
         bn, conv = self.bn, self.conv
         if not bn.training or pytorch_only() or has_hooks(conv) or has_hooks(bn):
             return None  # hooks (prune, weight_norm, ...) run where the modules are called
-        if dynamo_compiling() or compiler._is_compiling_flag:
-            return traced_block(self, x, z)  # torch.compile, torch.export: the operators
+        if dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile, torch.export
+            return traced_block(self, x, z) if _traced == "operators" else None
         if not x.is_cuda:
             return None
         w, cb = conv.weight, conv.bias
