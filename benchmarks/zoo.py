@@ -169,6 +169,18 @@ def side_step(side: str) -> Callable[..., None]:
     return marked
 
 
+def train_geomeans(models: dict, batch: str) -> dict[str, float]:
+    """The geomean over ``models`` of each training ratio to PyTorch eager that any of them has
+    at ``batch`` ("batch64"), as ``train_<side>_geomean`` (``train_geomean`` for convert)."""
+    ratios: dict[str, list[float]] = {}
+    for r in models.values():
+        for key, v in r.get("train", {}).get(batch, {}).items():
+            if key.endswith("_over_torch") and isinstance(v, float):
+                ratios.setdefault(key[:-len("_over_torch")], []).append(v)
+    return {("train_geomean" if side == "pycudnn" else f"train_{side}_geomean"):
+            statistics.geometric_mean(v) for side, v in ratios.items()}
+
+
 def part_train(name: str, args) -> dict:
     import pycudnn.torch as pt
 
@@ -775,20 +787,9 @@ def main(argv=None) -> int:
                 with open(args.json, "w") as f:
                     json.dump(results, f, indent=1, default=str)
             torch.cuda.empty_cache()
-    train = [r["train"][f"batch{args.batch[0]}"]["pycudnn_over_torch"]
-             for r in results["models"].values()
-             if "train" in r and f"batch{args.batch[0]}" in r["train"]]
-    if train:
-        geo = statistics.geometric_mean(train)
-        results["train_geomean"] = geo
-        print(f"geomean training ratio (batch {args.batch[0]}): {geo:.3f}")
-    fused = [r["train"][f"batch{args.batch[0]}"]["fused_over_torch"]
-             for r in results["models"].values()
-             if "train" in r and "fused_over_torch" in r["train"].get(f"batch{args.batch[0]}", {})]
-    if fused:
-        results["train_fused_geomean"] = statistics.geometric_mean(fused)
-        print(f"geomean fused training ratio (batch {args.batch[0]}): "
-              f"{results['train_fused_geomean']:.3f}")
+    for key, ratio in train_geomeans(results["models"], f"batch{args.batch[0]}").items():
+        results[key] = ratio
+        print(f"{key.replace('_', ' ')} (batch {args.batch[0]}): {ratio:.3f}")
     kernel_cells = {n: r["kernels"]["cells"] for n, r in results["models"].items()
                     if "cells" in r.get("kernels", {})}
     if kernel_cells:
