@@ -373,3 +373,15 @@ def test_an_unknown_inference_side_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         zoo.main(["--infer-sides", "torch,tensorrt"])
     assert "--infer-sides: unknown side 'tensorrt'" in capsys.readouterr().err
+
+
+def test_training_geomeans_cover_the_sides_each_run_measured():
+    """A run without the convert side (only compiled sides) still sums up, by side."""
+    models = {"a": {"train": {"batch64": {"compile_over_torch": 0.5, "fused_compile_over_torch": 2.0,
+                                          "fused_compile_over_compile": 4.0, "kept": []}}},
+              "b": {"train": {"batch64": {"compile_over_torch": 2.0, "pycudnn_over_torch": 1.5}}},
+              "c": {"infer": {"fused_over_torch": 3.0}}}
+    got = zoo.train_geomeans(models, "batch64")
+    assert got == pytest.approx({"train_compile_geomean": 1.0, "train_fused_compile_geomean": 2.0,
+                                 "train_geomean": 1.5})
+    assert zoo.train_geomeans(models, "batch256") == {}
