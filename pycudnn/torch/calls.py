@@ -188,13 +188,26 @@ def _forget(table: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...])
 
 
 def clear_cache() -> None:
-    """Forget every remembered call signature of this module (``pycudnn.clear_caches()`` clears
-    pycudnn's own caches; call both to start from nothing)."""
+    """Forget every remembered call signature of this module, and the fused training blocks'
+    routing decisions (``pycudnn.clear_caches()`` clears pycudnn's own caches; call both to
+    start from nothing)."""
     with _lock:
         _FWD.clear()
         _BWD.clear()
         _TRANSPOSED.clear()
         torch_layers.clear()
+    for forget in _clear_hooks:
+        forget()
+
+
+#: what else `clear_cache` clears: the modules that build on this one add theirs (`on_clear`)
+_clear_hooks: list[Callable[[], None]] = []
+
+
+def on_clear(forget: Callable[[], None]) -> None:
+    """Have `clear_cache` call ``forget`` too."""
+    if forget not in _clear_hooks:
+        _clear_hooks.append(forget)
 
 
 def remembered_signatures() -> dict[str, dict[tuple[Any, ...], tuple[Any, ...]]]:

@@ -117,9 +117,11 @@ def should_measure(benchmark: bool, torch_tf32: bool, torch_deterministic: bool)
     return not torch.cuda.is_current_stream_capturing()
 
 
-def time_call(fn: Callable[[], Any], device: int, stream: int) -> tuple[float, float]:
-    """(GPU us per call with the stream held, us per call back to back) of ``fn``.
-    Public as a seam for tests and tooling."""
+def time_call(fn: Callable[[], Any], device: int, stream: int,
+              launches: int = 4) -> tuple[float, float]:
+    """(GPU us per call with the stream held, us per call back to back) of ``fn``, which
+    launches up to ``launches`` kernels and memsets a call (no more than `MAX_QUEUED` are queued
+    behind the hold). Public as a seam for tests and tooling."""
     cs = torch.cuda.current_stream(device)  # the tensors' device, whichever device is current
     sync = cs.synchronize
     fn()
@@ -137,7 +139,7 @@ def time_call(fn: Callable[[], Any], device: int, stream: int) -> tuple[float, f
     gate = gate_for(device)
     if gate is None:  # no gate on this GPU: the back-to-back time is all there is
         return call_us, call_us
-    n = min(n, MAX_QUEUED // 4)  # a backward call launches up to two kernels, plus memsets
+    n = max(1, min(n, MAX_QUEUED // launches))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     generation = None
     timer = None
@@ -172,7 +174,8 @@ def stored_key(signature: str, direction: str, device: int,
 
 
 def prejudge(signature: str, direction: str, theirs: Callable[[], Any], device: int,
-             stream: int, flags: tuple[bool, bool] | None = None) -> str | None:
+             stream: int, flags: tuple[bool, bool] | None = None,
+             launches: int = 4) -> str | None:
     """What is known of a new signature before pycudnn searches it: ``"torch"`` or
     ``"pycudnn"`` where a stored decision (for PyTorch's ``flags``: allow_tf32, deterministic)
     says so, ``"torch"`` where PyTorch's call ``theirs`` runs back to back in less time than a
@@ -192,7 +195,7 @@ def prejudge(signature: str, direction: str, theirs: Callable[[], Any], device: 
         theirs()
     except Exception:  # noqa: BLE001 - the duel records PyTorch's refusal
         return None
-    tg, tc = time_call(theirs, device, stream)
+    tg, tc = time_call(theirs, device, stream, launches)
     if tc >= floor:
         return None
     decision = RouteDecision(signature, direction, "torch", 0.0, tg, floor, tc,
@@ -206,12 +209,14 @@ def prejudge(signature: str, direction: str, theirs: Callable[[], Any], device: 
 
 def pycudnn_wins(signature: str, direction: str, ours: Callable[[], Any],
                  theirs: Callable[[], Any], device: int, stream: int,
-                 flags: tuple[bool, bool] | None = None, allowance_us: float = 0.0) -> bool:
+                 flags: tuple[bool, bool] | None = None, allowance_us: float = 0.0,
+                 launches: int = 4) -> bool:
     """Time ``ours`` (pycudnn's launch) and ``theirs`` (PyTorch's call) twice each, alternating;
     record the decision (and store it, given PyTorch's ``flags``: allow_tf32, deterministic);
     whether pycudnn keeps the signature: its GPU time at least `MARGIN` and ``allowance_us``
     below PyTorch's (`HOST_ALLOWANCE_US` for a plain convolution), and not slower back to
-    back."""
+    back. ``launches``: the most kernels and memsets one call of either side launches
+    (`time_call`)."""
     try:
         theirs()  # PyTorch's own search for this signature (benchmark mode), outside the timing
     except Exception as exc:  # noqa: BLE001 - PyTorch refuses what pycudnn runs: pycudnn's then
@@ -219,8 +224,10 @@ def pycudnn_wins(signature: str, direction: str, ours: Callable[[], Any],
                               f"PyTorch's call failed: {type(exc).__name__}"))
         return True
     # ABBA: each side once before and once after the other's pair
-    o1, t1, t2, o2 = (time_call(ours, device, stream), time_call(theirs, device, stream),
-                      time_call(theirs, device, stream), time_call(ours, device, stream))
+    o1, t1, t2, o2 = (time_call(ours, device, stream, launches),
+                      time_call(theirs, device, stream, launches),
+                      time_call(theirs, device, stream, launches),
+                      time_call(ours, device, stream, launches))
     og, oc = min(o1[0], o2[0]), min(o1[1], o2[1])
     tg, tc = min(t1[0], t2[0]), min(t1[1], t2[1])
     if og > (1 - MARGIN) * tg:

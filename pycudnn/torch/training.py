@@ -37,6 +37,7 @@ from . import calls as _calls
 from .calls import (DTYPE_NAMES, autocast_dtype, autocast_enabled, c_apply, geometry,
                     grad_enabled, normalize_geometry, pytorch_only, run_backward, run_forward,
                     threshold_backward)
+from .block_routing import fused_keeps
 from .library import AVAILABLE, compiler, define, dynamo_compiling, traced_conv2d
 
 __all__ = ["ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d", "set_traced_blocks", "traced_blocks"]
@@ -329,6 +330,12 @@ def recomputed_backward(block: _ConvBnBase, gy: Any, y: Any, inputs: tuple[Any, 
 
 
 apply_block = c_apply(_ConvBnFunction)
+
+
+def fused_call(block: _ConvBnBase, x: Any, w: Any, cb: Any, z: Any) -> Any:
+    """``block``'s fused node on these tensors and weights, with its batch norm's parameters;
+    raises `_Unfusable` where cuDNN refuses them. Public as a seam for tests and tooling."""
+    return apply_block(x, w, cb, block.bn.weight, block.bn.bias, z, block)
 
 
 # ---- the blocks as custom operators: what torch.compile and torch.export see ---------------------
@@ -676,6 +683,8 @@ class _ConvBnBase(torch.nn.Module):
     ops = OPS_BN
     conv: torch.nn.Conv2d
     bn: torch.nn.BatchNorm2d
+    #: (call key, whether the fused node runs it): `block_routing.fused_keeps`'s last decision
+    _route: tuple[Any, bool] | None = None
 
     def __init__(self, conv: torch.nn.Conv2d, bn: torch.nn.BatchNorm2d, conv_name: str = "",
                  bn_name: str = "") -> None:
@@ -732,6 +741,8 @@ class _ConvBnBase(torch.nn.Module):
             check_values_per_channel(x, w, self.geometry[0])
         if z is not None and not z.is_contiguous(memory_format=_CL):
             z = z.contiguous(memory_format=_CL)
+        if not fused_keeps(self, x, w, cb, z, fused_call):
+            return None  # measured: the original modules run this block faster
         try:
             return apply_block(x, w, cb, gamma, beta, z, self)
         except _Unfusable:

@@ -1,0 +1,143 @@
+"""pycudnn.torch's block routing without a GPU: a fused training block's signature names the
+block, its tensors and its batch norm; the decision is taken once per signature (remembered by
+the block and by the process, forgotten by clear_cache), only where routing can measure, from
+a stored decision without a duel, and never on the caller's own modules (the model's running
+statistics, gradients and parameters stay as they were); a fused node that fails on the copies
+leaves the block fused and undecided. The duel's figures are routing's (its own tests); here the
+fused node is the original modules' computation, so every side runs on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pycudnn.torch as pt  # noqa: E402
+from pycudnn.torch import block_routing, routing, training  # noqa: E402
+
+nn = torch.nn
+
+
+def _block(kind=training.ConvBnReLU2d, seed=0):
+    torch.manual_seed(seed)
+    return kind(nn.Conv2d(4, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
+
+
+def _plain_as_fused(block, x, w, cb, z):
+    """A stand-in for the fused node on the CPU: the block's own modules (the copies' here)."""
+    return block._plain(x, z)
+
+
+@pytest.fixture
+def duel(monkeypatch):
+    """Routing able to measure; the duel replaced by one that runs each side twice and answers
+    ``duel.answer``; no stored decision. ``duel.calls`` counts the duels."""
+    class Duel:
+        answer = False
+        calls: list[str] = []
+
+    d = Duel()
+    d.calls = []
+
+    def wins(signature, direction, ours, theirs, device, stream, flags, **kw):
+        d.calls.append((signature, direction, kw.get("launches")))
+        for _ in range(2):
+            ours()
+            theirs()
+        return d.answer
+
+    monkeypatch.setattr(routing, "should_measure", lambda *flags: True)
+    monkeypatch.setattr(routing, "pycudnn_wins", wins)
+    monkeypatch.setattr(routing, "prejudge", lambda *args: None)
+    monkeypatch.setattr(block_routing, "caller_stream", lambda device: 0)
+    block_routing.clear_cache()
+    yield d
+    block_routing.clear_cache()
+
+
+def _x(n=2, seed=1):
+    return torch.randn(n, 4, 6, 6, generator=torch.Generator().manual_seed(seed),
+                       requires_grad=True)
+
+
+def test_the_signature_names_the_block_its_tensors_and_batch_norm():
+    b = _block()
+    x, w = _x(), b.conv.weight
+    sig = block_routing.block_signature(b, x, w, None)
+    assert sig == ("conv_bn_relu x[2, 4, 6, 6] w[8, 4, 3, 3] float32 stride=(1, 1) "
+                   "padding=(1, 1) dilation=(1, 1) groups=1 eps=1e-05")
+    add = _block(training.ConvBnAddReLU2d)
+    z = torch.zeros(2, 8, 6, 6)
+    assert block_routing.block_signature(add, x, w, z).startswith("conv_bn_add_relu x[2, 4, 6, 6]")
+    assert block_routing.block_signature(add, x, w, z).endswith(" add")
+    assert block_routing.block_signature(b, _x(3), w, None) != sig
+
+
+def test_nothing_is_decided_where_routing_cannot_measure(monkeypatch):
+    monkeypatch.setattr(routing, "should_measure", lambda *flags: False)
+    monkeypatch.setattr(routing, "pycudnn_wins", lambda *a, **k: pytest.fail("no duel"))
+    b = _block()
+    x = _x()
+    assert block_routing.fused_keeps(b, x, b.conv.weight, None, None, _plain_as_fused) is True
+    assert b._route is None  # decided once benchmark mode is on
+
+
+@pytest.mark.parametrize("answer", [False, True])
+def test_one_duel_per_signature_remembered_by_block_and_process(duel, answer):
+    duel.answer = answer
+    b, other = _block(), _block(seed=1)
+    x = _x()
+    for _ in range(3):
+        assert block_routing.fused_keeps(b, x, b.conv.weight, None, None,
+                                         _plain_as_fused) is answer
+    assert block_routing.fused_keeps(other, x, other.conv.weight, None, None,
+                                     _plain_as_fused) is answer
+    (sig, direction, launches), = duel.calls
+    assert direction == "block" and sig.startswith("conv_bn_relu") and launches >= 24
+    block_routing.fused_keeps(b, _x(3), b.conv.weight, None, None, _plain_as_fused)
+    assert len(duel.calls) == 2  # another batch size is another signature
+    pt.clear_cache()  # pycudnn.torch's: the block decisions too
+    block_routing.fused_keeps(b, x, b.conv.weight, None, None, _plain_as_fused)
+    assert len(duel.calls) == 3
+
+
+def test_the_duel_runs_on_copies_of_the_modules(duel):
+    b = _block(training.ConvBnAddReLU2d)
+    b.bn.running_mean.fill_(0.25)
+    state = {k: v.clone() for k, v in {**dict(b.conv.named_parameters()),
+                                       **dict(b.bn.named_parameters()),
+                                       **dict(b.bn.named_buffers())}.items()}
+    x, z = _x(), torch.randn(2, 8, 6, 6, requires_grad=True)
+    assert block_routing.fused_keeps(b, x, b.conv.weight, None, z, _plain_as_fused) is False
+    for name, t in {**dict(b.conv.named_parameters()), **dict(b.bn.named_parameters()),
+                    **dict(b.bn.named_buffers())}.items():
+        assert torch.equal(t, state[name]), name
+    assert all(p.grad is None for p in (*b.conv.parameters(), *b.bn.parameters()))
+    assert x.grad is None and z.grad is None
+    assert int(b.bn.num_batches_tracked) == 0
+
+
+def test_a_stored_decision_needs_no_duel(duel, monkeypatch):
+    monkeypatch.setattr(routing, "prejudge", lambda *args: "torch")
+    b = _block()
+    assert block_routing.fused_keeps(b, _x(), b.conv.weight, None, None, _plain_as_fused) is False
+    assert duel.calls == []
+
+
+def test_a_fused_node_that_fails_on_the_copies_leaves_the_block_fused_and_undecided(duel):
+    def refused(*args):
+        raise RuntimeError("cuDNN refused these tensors")
+
+    b = _block()
+    x = _x()
+    assert block_routing.fused_keeps(b, x, b.conv.weight, None, None, refused) is True
+    assert b._route is None and duel.calls == []
+
+
+def test_the_gradient_of_the_duel_draws_no_random_numbers(duel):
+    b = _block()
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
+    block_routing.fused_keeps(b, _x(), b.conv.weight, None, None, _plain_as_fused)
+    assert torch.equal(torch.rand(3), want)
