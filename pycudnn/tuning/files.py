@@ -154,7 +154,12 @@ def read_database(file: str) -> tuple[str | None, tuple[int, int, int] | None]:
 
 def write_database(file: str, text: str) -> None:
     """Replace the database ``file`` by ``text`` atomically, mode 0600 (through the checked
-    directory's descriptor; the temporary file is created exclusively, never through a link)."""
+    directory's descriptor; the temporary file is created exclusively, never through a link).
+
+    Not synced to the disk: a store comes with every new shape a search measures, and an fsync
+    was a third of its time; a file a crash left short is set aside when next read, as any
+    unusable one is, and the searches are made again (a cache, as PyTorch's and Triton's
+    on-disk caches are written)."""
     data = text.encode("utf-8")
     base = os.path.basename(file)
     with _directory(file, create=True) as dfd:
@@ -167,7 +172,6 @@ def write_database(file: str, text: str) -> None:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
-                os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, base, src_dir_fd=dfd, dst_dir_fd=dfd)
