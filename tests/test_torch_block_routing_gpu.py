@@ -19,7 +19,7 @@ if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
 import pycudnn.torch as pt  # noqa: E402
 from pycudnn.torch import block_routing, routing, training  # noqa: E402
 from pycudnn.tuning import routes as route_store  # noqa: E402
-from torch_models import SmallResNet, randomize_batchnorm  # noqa: E402
+from torch_models import SmallResNet, randomize_batchnorm, sgd_steps, training_references  # noqa: E402
 
 F = torch.nn.functional
 DEV = torch.device("cuda", 0)
@@ -50,19 +50,6 @@ def rel(got, ref):
     return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
-def _train(model, data, steps):
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses = []
-    for i in range(steps):
-        x, t = data[i % len(data)]
-        loss = F.cross_entropy(model(x).float(), t)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    return losses
-
-
 @pytest.mark.parametrize("forced", ["measured", "modules", "fused"])
 def test_a_routed_fused_model_trains_as_near_float64_as_pytorch(forced, monkeypatch):
     real = routing.pycudnn_wins
@@ -76,22 +63,14 @@ def test_a_routed_fused_model_trains_as_near_float64_as_pytorch(forced, monkeypa
     torch.manual_seed(0)
     base = randomize_batchnorm(SmallResNet()).to(DEV)
     fused = pt.fuse_for_training(pt.convert(copy.deepcopy(base).to(BF16, memory_format=CL)))
-    g = torch.Generator(DEV).manual_seed(2)
-    data = [(torch.randn(16, 3, 16, 16, device=DEV, generator=g),
-             torch.randint(0, 10, (16,), device=DEV, generator=g)) for _ in range(3)]
-    bf16 = [(x.to(BF16, memory_format=CL), t) for x, t in data]
-    with torch.backends.cudnn.flags(enabled=False):
-        m64 = copy.deepcopy(base).double()
-        l64 = _train(m64, [(x.double(), t) for x, t in data], 5)
-    mt = copy.deepcopy(base).to(BF16, memory_format=CL)
-    lt = _train(mt, bf16, 5)
+    bf16, (m64, l64), (mt, lt) = training_references(base)
 
     launched = []
     apply_block = training.apply_block
     monkeypatch.setattr(training, "apply_block", lambda *a: (launched.append(1), apply_block(*a))[1])
-    lf = _train(fused, bf16[:1], 1)
+    lf = sgd_steps(fused, bf16[:1], 1)
     launched.clear()  # the first step's duels run the fused node on copies
-    lf += _train(fused, bf16[1:] + bf16[:1], 4)
+    lf += sgd_steps(fused, bf16[1:] + bf16[:1], 4)
 
     worst = max(abs(a - b) for a, b in zip(lt, l64))
     assert max(abs(a - b) for a, b in zip(lf, l64)) <= 3 * worst + 0.02, (lf, lt, l64)

@@ -19,7 +19,7 @@ if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
 
 import pycudnn.torch as pt  # noqa: E402
 from pycudnn.torch import library, training  # noqa: E402
-from torch_models import SmallResNet, randomize_batchnorm  # noqa: E402
+from torch_models import SmallResNet, randomize_batchnorm, sgd_steps, training_references  # noqa: E402
 
 if not library.AVAILABLE:
     pytest.skip("PyTorch before 2.4: no torch.library.custom_op", allow_module_level=True)
@@ -171,21 +171,6 @@ def test_dynamo_traces_a_bf16_fused_model_with_the_fused_batch_norm():
     assert found.get("pycudnn.batch_norm_train") == 13, found
 
 
-def _train(model, data, steps, compiled_step=False):
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses = []
-    for i in range(steps):
-        x, t = data[i % len(data)]
-        if compiled_step:
-            torch.compiler.cudagraph_mark_step_begin()
-        loss = F.cross_entropy(model(x).float(), t)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    return losses
-
-
 @pytest.mark.parametrize("traced", ["operators", "modules"])
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_compiled_fused_model_trains_as_near_float64_as_pytorch(mode, traced):
@@ -196,18 +181,10 @@ def test_compiled_fused_model_trains_as_near_float64_as_pytorch(mode, traced):
 
     pt.set_traced_blocks(traced)
     base, fused = _bf16_fused()
-    g = torch.Generator(DEV).manual_seed(2)
-    data = [(torch.randn(16, 3, 16, 16, device=DEV, generator=g),
-             torch.randint(0, 10, (16,), device=DEV, generator=g)) for _ in range(3)]
-    bf16 = [(x.to(BF16, memory_format=CL), t) for x, t in data]
-    with torch.backends.cudnn.flags(enabled=False):
-        m64 = copy.deepcopy(base).double()
-        l64 = _train(m64, [(x.double(), t) for x, t in data], 5)
-    mt = copy.deepcopy(base).to(BF16, memory_format=CL)
-    lt = _train(mt, bf16, 5)
+    bf16, (m64, l64), (mt, lt) = training_references(base)
     counters.clear()
     compiled = torch.compile(fused, mode=mode)
-    lc = _train(compiled, bf16, 5, compiled_step=mode == "reduce-overhead")
+    lc = sgd_steps(compiled, bf16, 5, compiled_step=mode == "reduce-overhead")
     if mode == "reduce-overhead":
         assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     worst_torch = max(abs(a - b) for a, b in zip(lt, l64))

@@ -74,3 +74,40 @@ def randomize_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
                 m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
                 m.bias.copy_(torch.rand(m.num_features, generator=g) - 0.5)
     return model
+
+
+def training_references(base: nn.Module, train=None, steps: int = 5):
+    """Three CUDA batches (16 images of 3x16x16, 10 classes) and two reference runs of
+    ``train(model, batches, steps)`` (its losses; `sgd_steps` by default) from copies of
+    ``base``: float64 with cuDNN off, and PyTorch's own bfloat16 channels_last. Returns (the batches in bfloat16
+    channels_last, (float64 model, losses), (bfloat16 model, losses))."""
+    import copy
+
+    train = train or sgd_steps
+    g = torch.Generator("cuda").manual_seed(2)
+    data = [(torch.randn(16, 3, 16, 16, device="cuda", generator=g),
+             torch.randint(0, 10, (16,), device="cuda", generator=g)) for _ in range(3)]
+    bf16 = [(x.to(torch.bfloat16, memory_format=torch.channels_last), t) for x, t in data]
+    with torch.backends.cudnn.flags(enabled=False):
+        m64 = copy.deepcopy(base).double()
+        l64 = train(m64, [(x.double(), t) for x, t in data], steps)
+    mt = copy.deepcopy(base).to(torch.bfloat16, memory_format=torch.channels_last)
+    return bf16, (m64, l64), (mt, train(mt, bf16, steps))
+
+
+def sgd_steps(model: nn.Module, data, steps: int, compiled_step: bool = False) -> list[float]:
+    """``steps`` SGD steps (lr 0.05, momentum 0.9) of ``model`` on ``data``'s (input, target)
+    batches in turn, cross-entropy in float32; the losses. ``compiled_step`` marks each step's
+    start for torch.compile's reduce-overhead mode."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for i in range(steps):
+        x, t = data[i % len(data)]
+        if compiled_step:
+            torch.compiler.cudagraph_mark_step_begin()
+        loss = F.cross_entropy(model(x).float(), t)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
