@@ -46,6 +46,7 @@ def duel(monkeypatch):
             theirs()
         return d.answer
 
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     monkeypatch.setattr(routing, "should_measure", lambda *flags: True)
     monkeypatch.setattr(routing, "pycudnn_wins", wins)
     monkeypatch.setattr(routing, "prejudge", lambda *args: None)
@@ -73,13 +74,21 @@ def test_the_signature_names_the_block_its_tensors_and_batch_norm():
     assert block_routing.block_signature(b, _x(3), w, None) != sig
 
 
-def test_nothing_is_decided_where_routing_cannot_measure(monkeypatch):
-    monkeypatch.setattr(routing, "should_measure", lambda *flags: False)
-    monkeypatch.setattr(routing, "pycudnn_wins", lambda *a, **k: pytest.fail("no duel"))
-    b = _block()
-    x = _x()
-    assert block_routing.fused_keeps(b, x, b.conv.weight, None, None, _plain_as_fused) is True
-    assert b._route is None  # decided once benchmark mode is on
+@pytest.mark.parametrize("why", ["no benchmark mode", "routing off", "a capture or flags"])
+def test_nothing_is_decided_where_routing_cannot_measure(duel, monkeypatch, why):
+    if why == "no benchmark mode":
+        monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    elif why == "routing off":
+        pt.set_routing("pycudnn")
+    else:
+        monkeypatch.setattr(routing, "should_measure", lambda *flags: False)
+    try:
+        b = _block()
+        x = _x()
+        assert block_routing.fused_keeps(b, x, b.conv.weight, None, None, _plain_as_fused)
+    finally:
+        pt.set_routing("auto")
+    assert b._route is None and duel.calls == []  # decided once it can be measured
 
 
 @pytest.mark.parametrize("answer", [False, True])

@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import torch
 
+from pycudnn.configuration import config
+
 from . import calls as _calls
 from . import routing
 from .calls import DTYPE_NAMES, caller_stream
@@ -70,9 +72,11 @@ def fused_keeps(block: Any, x: Any, w: Any, cb: Any, z: Any, fused: FusedCall) -
     got = block._route
     if got is not None and got[0] == key:
         return bool(got[1])
+    if routing.routing() != "auto" or not (_calls._bench() or config.benchmark):
+        return True  # not remembered: decided once benchmark mode is on (a cheap test first)
     fk = _calls._flags_key()
     if not routing.should_measure(fk[3], fk[1], fk[2]):
-        return True  # not remembered: decided once benchmark mode is on
+        return True
     signature = block_signature(block, x, w, z)
     with _lock:
         win = _decided.get(signature)
