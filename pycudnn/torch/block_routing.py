@@ -82,8 +82,9 @@ def fused_keeps(block: Any, x: Any, w: Any, cb: Any, z: Any, fused: FusedCall) -
         win = _decided.get(signature)
     if win is None:
         win = _duel(block, signature, x, w, cb, z, fused, fk)
-        if win is None:
-            return True  # the fused node failed on its copy: the call shows how, unmeasured
+        if win is None:  # the fused node failed on its copy: the call shows how, unmeasured
+            block._route = (key, True)  # and the duel is not tried again on every call
+            return True
         with _lock:
             if len(_decided) >= _MAX_DECIDED:
                 del _decided[next(iter(_decided))]
