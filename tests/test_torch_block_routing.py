@@ -154,3 +154,25 @@ def test_the_gradient_of_the_duel_draws_no_random_numbers(duel):
     torch.manual_seed(5)
     block_routing.fused_keeps(b, _x(), b.conv.weight, None, None, _plain_as_fused)
     assert torch.equal(torch.rand(3), want)
+
+
+def test_a_duel_inside_a_checkpointed_region_keeps_to_its_own_graph(duel):
+    """The block's first call inside torch.utils.checkpoint (non-reentrant): the duel's backward
+    must not unpack through the checkpoint's hooks (which would recompute the region, and the
+    block's first call again, from inside it); the region's gradients are the plain model's."""
+    from torch.utils.checkpoint import checkpoint
+
+    b = _block()
+    plain = _block()  # the same seed: the same modules
+    x = _x()
+
+    def region(t):
+        assert block_routing.fused_keeps(b, t, b.conv.weight, None, None, _plain_as_fused) is False
+        return b._plain(t, None)
+
+    checkpoint(region, x, use_reentrant=False).sum().backward()
+    xr = x.detach().requires_grad_(True)
+    plain._plain(xr, None).sum().backward()
+    assert len(duel.calls) == 1
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(b.conv.weight.grad, plain.conv.weight.grad)

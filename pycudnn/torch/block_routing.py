@@ -93,6 +93,10 @@ def fused_keeps(block: Any, x: Any, w: Any, cb: Any, z: Any, fused: FusedCall) -
     return win
 
 
+def _same(t: Any) -> Any:
+    return t
+
+
 def _duel(block: Any, signature: str, x: Any, w: Any, cb: Any, z: Any, fused: FusedCall,
           fk: tuple[Any, ...]) -> bool | None:
     """The measured decision for ``signature`` (None: the fused node raised on the copies)."""
@@ -110,13 +114,18 @@ def _duel(block: Any, signature: str, x: Any, w: Any, cb: Any, z: Any, fused: Fu
     def cast(t: Any) -> Any:
         return None if t is None else t.to(w.dtype)
 
+    def own_graph() -> Any:
+        # the caller may be inside a checkpointed region, whose saved-tensor hooks would
+        # recompute that region when this graph's backward unpacks: identity hooks on top
+        return torch.autograd.graph.saved_tensors_hooks(_same, _same)
+
     def ours() -> None:
-        with torch.enable_grad():
+        with torch.enable_grad(), own_graph():
             backward(fused(shadow, xi, cast(shadow.conv.weight),
                            cast(shadow.conv.bias) if cb is not None else None, zi))
 
     def theirs() -> None:
-        with torch.enable_grad():
+        with torch.enable_grad(), own_graph():
             backward(shadow._plain(xi, zi))
 
     try:
