@@ -213,17 +213,22 @@ def part_train(name: str, args) -> dict:
         for plain, fused_side in (("compile", "fused_compile"), ("compile_ro", "fused_compile_ro")):
             if plain in sides and fused_side in sides:
                 row[f"{fused_side}_over_{plain}"] = per[plain] / per[fused_side]
-        routed = pt.routing_report()
+        decisions = pt.routing_report()
+        routed = [d for d in decisions if d["direction"] != "block"]
+        blocks = [d for d in decisions if d["direction"] == "block"]
         row["routed_to_torch"] = sum(d["winner"] == "torch" for d in routed)
         row["kept_in_pycudnn"] = sum(d["winner"] == "pycudnn" for d in routed)
         row["kept"] = [d for d in routed if d["winner"] == "pycudnn"]
+        row["blocks"] = blocks  # fuse_for_training's blocks: fused ("pycudnn") or as modules
         out[f"batch{batch}"] = row
         others = "  ".join(f"{k} {row[k]['steps_per_s']:7.2f} ({row[f'{k}_over_torch']:.3f}x)"
                            for k in sides if k != "torch")
         warm = " / ".join(f"{first[k]:.1f}" for k in sides)
+        fused_blocks = sum(d["winner"] == "pycudnn" for d in blocks)
         print(f"{name:20} train b{batch:<4} torch {row['torch']['steps_per_s']:7.2f} steps/s  "
               f"{others}  (warm-up {args.warmup} steps {warm} s; signatures to torch "
-              f"{row['routed_to_torch']}, kept {row['kept_in_pycudnn']})", flush=True)
+              f"{row['routed_to_torch']}, kept {row['kept_in_pycudnn']}; blocks fused "
+              f"{fused_blocks}, as modules {len(blocks) - fused_blocks})", flush=True)
         del sides, opts
         torch.cuda.empty_cache()
     return out
