@@ -126,11 +126,14 @@ def test_the_duel_runs_on_copies_of_the_modules(duel):
     assert int(b.bn.num_batches_tracked) == 0
 
 
-def test_a_stored_decision_needs_no_duel(duel, monkeypatch):
+def test_a_stored_decision_needs_no_duel_nor_copies(duel, monkeypatch):
     monkeypatch.setattr(routing, "prejudge", lambda *args: "torch")
+    monkeypatch.setattr(block_routing.copy, "deepcopy", lambda *a: pytest.fail("copied"))
+    ran = []
     b = _block()
-    assert block_routing.fused_keeps(b, _x(), b.conv.weight, None, None, _plain_as_fused) is False
-    assert duel.calls == []
+    assert block_routing.fused_keeps(b, _x(), b.conv.weight, None, None,
+                                     lambda *a: ran.append(a)) is False
+    assert duel.calls == [] and ran == []
 
 
 def test_a_fused_node_that_fails_on_the_copies_leaves_the_block_fused_untimed(duel):

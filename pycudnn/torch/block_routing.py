@@ -99,8 +99,15 @@ def _same(t: Any) -> Any:
 
 def _duel(block: Any, signature: str, x: Any, w: Any, cb: Any, z: Any, fused: FusedCall,
           fk: tuple[Any, ...]) -> bool | None:
-    """The measured decision for ``signature`` (None: the fused node raised on the copies)."""
-    shadow = type(block)(copy.deepcopy(block.conv), copy.deepcopy(block.bn))
+    """The decision for ``signature``: stored, or measured (None: the fused node raised on the
+    copies). The copies are made only when a side runs: a stored decision needs none."""
+    copies: list[Any] = []
+
+    def shadow() -> Any:
+        if not copies:
+            copies.append(type(block)(copy.deepcopy(block.conv), copy.deepcopy(block.bn)))
+        return copies[0]
+
     xi = x.detach().requires_grad_(x.requires_grad)
     zi = None if z is None else z.detach().requires_grad_(z.requires_grad)
     grad: list[Any] = []
@@ -120,22 +127,23 @@ def _duel(block: Any, signature: str, x: Any, w: Any, cb: Any, z: Any, fused: Fu
         return torch.autograd.graph.saved_tensors_hooks(_same, _same)
 
     def ours() -> None:
+        b = shadow()
         with torch.enable_grad(), own_graph():
-            backward(fused(shadow, xi, cast(shadow.conv.weight),
-                           cast(shadow.conv.bias) if cb is not None else None, zi))
+            backward(fused(b, xi, cast(b.conv.weight),
+                           cast(b.conv.bias) if cb is not None else None, zi))
 
     def theirs() -> None:
         with torch.enable_grad(), own_graph():
-            backward(shadow._plain(xi, zi))
+            backward(shadow()._plain(xi, zi))
 
-    try:
-        ours()
-    except Exception:  # noqa: BLE001 - cuDNN refused these tensors: the real call falls back
-        return None
     dev = x.device.index
     stream = caller_stream(dev)
     verdict = routing.prejudge(signature, "block", theirs, dev, stream, fk[1:3], _LAUNCHES)
     if verdict is not None:
         return verdict == "pycudnn"
+    try:
+        ours()
+    except Exception:  # noqa: BLE001 - cuDNN refused these tensors: the real call falls back
+        return None
     return routing.pycudnn_wins(signature, "block", ours, theirs, dev, stream, fk[1:3],
                                 launches=_LAUNCHES)
