@@ -157,9 +157,9 @@ def write_database(file: str, text: str) -> None:
     directory's descriptor; the temporary file is created exclusively, never through a link).
 
     Not synced to the disk: a store comes with every new shape a search measures, and an fsync
-    was a third of its time; a file a crash left short is set aside when next read, as any
-    unusable one is, and the searches are made again (a cache, as PyTorch's and Triton's
-    on-disk caches are written)."""
+    was 0.3 ms of its 1.0 on the CPU machine; a file a crash left short is set aside when next
+    read, as any unusable one is, and the searches are made again (a cache, as PyTorch's and
+    Triton's on-disk caches are written)."""
     data = text.encode("utf-8")
     base = os.path.basename(file)
     with _directory(file, create=True) as dfd:
