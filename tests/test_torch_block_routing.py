@@ -179,3 +179,12 @@ def test_a_duel_inside_a_checkpointed_region_keeps_to_its_own_graph(duel):
     assert len(duel.calls) == 1
     torch.testing.assert_close(x.grad, xr.grad)
     torch.testing.assert_close(b.conv.weight.grad, plain.conv.weight.grad)
+
+
+def test_pytorchs_numerical_flags_are_part_of_the_process_decision(duel, monkeypatch):
+    x = _x()
+    first, second = _block(), _block()
+    block_routing.fused_keeps(first, x, first.conv.weight, None, None, _plain_as_fused)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    block_routing.fused_keeps(second, x, second.conv.weight, None, None, _plain_as_fused)
+    assert len(duel.calls) == 2  # the same signature, decided again for deterministic kernels

@@ -27,7 +27,8 @@ from .calls import DTYPE_NAMES, caller_stream
 __all__ = ["fused_keeps", "block_signature", "clear_cache"]
 
 _lock = threading.Lock()
-_decided: dict[str, bool] = {}  # block signature -> whether the fused node keeps it
+#: (block signature, device, allow_tf32, deterministic) -> whether the fused node keeps it
+_decided: dict[tuple[str, int, bool, bool], bool] = {}
 _MAX_DECIDED = 4096
 _NAMES = {0: "conv_bn", 1: "conv_bn_relu", 2: "conv_bn_add_relu"}
 #: kernels and memsets one forward and backward of a block launch at most, either way (the
@@ -78,8 +79,9 @@ def fused_keeps(block: Any, x: Any, w: Any, cb: Any, z: Any, fused: FusedCall) -
     if not routing.should_measure(fk[3], fk[1], fk[2]):
         return True
     signature = block_signature(block, x, w, z)
+    decided = (signature, key[4], fk[1], fk[2])  # the device and PyTorch's numerical flags too
     with _lock:
-        win = _decided.get(signature)
+        win = _decided.get(decided)
     if win is None:
         win = _duel(block, signature, x, w, cb, z, fused, fk)
         if win is None:  # the fused node failed on its copy: the call shows how, unmeasured
@@ -88,7 +90,7 @@ def fused_keeps(block: Any, x: Any, w: Any, cb: Any, z: Any, fused: FusedCall) -
         with _lock:
             if len(_decided) >= _MAX_DECIDED:
                 del _decided[next(iter(_decided))]
-            _decided[signature] = win
+            _decided[decided] = win
     block._route = (key, win)
     return win
 
