@@ -18,8 +18,6 @@ from typing import Any, Callable
 
 import torch
 
-from pycudnn.configuration import config
-
 from . import calls as _calls
 from . import routing
 from .calls import DTYPE_NAMES, caller_stream
@@ -73,7 +71,7 @@ def fused_keeps(block: Any, x: Any, w: Any, cb: Any, z: Any, fused: FusedCall) -
     got = block._route
     if got is not None and got[0] == key:
         return bool(got[1])
-    if routing.routing() != "auto" or not (_calls._bench() or config.benchmark):
+    if not routing.measuring(_calls._bench()):
         return True  # not remembered: decided once benchmark mode is on (a cheap test first)
     fk = _calls._flags_key()
     if not routing.should_measure(fk[3], fk[1], fk[2]):

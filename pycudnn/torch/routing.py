@@ -30,7 +30,7 @@ from pycudnn.runtime.gate import MAX_QUEUED, gate_for
 from pycudnn.tuning import routes as route_store
 
 __all__ = ["MARGIN", "HOST_ALLOWANCE_US", "RouteDecision", "set_routing", "routing", "report",
-           "clear_report", "prejudge", "pycudnn_wins", "host_floor", "time_call"]
+           "clear_report", "measuring", "prejudge", "pycudnn_wins", "host_floor", "time_call"]
 
 #: how much lower pycudnn's GPU time per call must be to keep a signature (a tie goes to PyTorch,
 #: whose call costs less host time)
@@ -105,10 +105,16 @@ def host_floor(direction: str) -> float | None:
     return _host_floor.get(direction)
 
 
+def measuring(benchmark: bool) -> bool:
+    """Whether routing measures anything: routing on, and benchmark mode (PyTorch's
+    ``benchmark``, or pycudnn's)."""
+    return _mode == "auto" and (benchmark or config.benchmark)
+
+
 def should_measure(benchmark: bool, torch_tf32: bool, torch_deterministic: bool) -> bool:
-    """Whether a new signature is timed against PyTorch: routing on, benchmark mode, no capture
-    under way, and PyTorch's flags at least as strict as pycudnn's."""
-    if _mode != "auto" or not (benchmark or config.benchmark):
+    """Whether a new signature is timed against PyTorch: `measuring`, no capture under way, and
+    PyTorch's flags at least as strict as pycudnn's."""
+    if not measuring(benchmark):
         return False
     if config.deterministic and not torch_deterministic:
         return False
