@@ -7,10 +7,11 @@ prepared it, times both sides on the caller's tensors: GPU time behind pycudnn's
 back to back. pycudnn keeps the signature when its GPU time is lower by at least `MARGIN` (and,
 for a plain convolution, `HOST_ALLOWANCE_US`) and it is not slower back to back; otherwise
 PyTorch runs it from then on, and a layer whose forward and backward both went to PyTorch skips
-pycudnn's autograd function. `report()` lists the decisions. A decision is stored for the next process (`pycudnn.tuning.routes`), and
-`prejudge` sends a new signature to PyTorch unsearched where PyTorch's call alone costs less than
-pycudnn's host floor (`host_floor`). Convolutions and the fused inference ops (their PyTorch side
-the convolution, then the add and ReLU in place) are routed, where PyTorch honours the same
+pycudnn's autograd function. `report()` lists the decisions. A decision is stored for the next
+process (`pycudnn.tuning.routes`), and `prejudge` sends a new signature to PyTorch unsearched
+where PyTorch's call alone costs less than pycudnn's host floor (`host_floor`). Convolutions, the
+fused inference ops (their PyTorch side the convolution, then the add and ReLU in place) and,
+through `block_routing`, the fused training blocks are routed, where PyTorch honours the same
 numerical flags; ``set_routing("pycudnn")`` (``PYCUDNN_TORCH_ROUTING=pycudnn``) turns it off.
 """
 
