@@ -82,6 +82,9 @@ _ENUM_MAP = [
     (B.PointwiseMode, "cudnnPointwiseMode_t", lambda n: f"CUDNN_POINTWISE_{n}"),
     (B.KnobType, "cudnnBackendKnobType_t", lambda n: f"CUDNN_KNOB_TYPE_{n}"),
     (B.ConvMode, "cudnnConvolutionMode_t", lambda n: f"CUDNN_{n}"),
+    (B.GenStatsMode, "cudnnGenStatsMode_t", lambda n: f"CUDNN_GENSTATS_{n}"),
+    (B.BnFinalizeStatsMode, "cudnnBnFinalizeStatsMode_t",
+     lambda n: f"CUDNN_BN_FINALIZE_STATISTICS_{n}"),
 ]
 
 
@@ -93,7 +96,7 @@ _NEWER_THAN_9_0 = {B.KnobType.INPUT_TMA_ENABLE, B.KnobType.OUTPUT_TMA_ENABLE}
 def test_enum_values_match_header(header_enums, enum_cls, typedef, cname):
     assert typedef in header_enums, f"{typedef} not found in the header"
     table = header_enums[typedef]
-    assert len(table) >= 2
+    assert len(table) >= min(2, len(enum_cls))
     checked = 0
     for member in enum_cls:
         name = cname(member.name)

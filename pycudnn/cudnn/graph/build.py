@@ -210,7 +210,7 @@ class OperationGraph:
         return f"<OperationGraph {self.description}{' closed' if self.closed else ''}>"
 
 
-def _spatial_tuple(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
+def spatial_tuple(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
     if isinstance(v, bool):
         raise TypeError(f"{name} must be an int or a sequence of {n} ints, got {v!r}")
     if isinstance(v, int):
@@ -224,7 +224,7 @@ def _spatial_tuple(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]
     return t
 
 
-def _check_conv_shapes(x: TensorSpec, w: TensorSpec, y: TensorSpec, pre: tuple[int, ...],
+def check_conv_shapes(x: TensorSpec, w: TensorSpec, y: TensorSpec, pre: tuple[int, ...],
                        post: tuple[int, ...], stride: tuple[int, ...], dil: tuple[int, ...]) -> int:
     nd = len(x.shape)
     if len(w.shape) != nd or len(y.shape) != nd:
@@ -252,7 +252,7 @@ def _check_conv_shapes(x: TensorSpec, w: TensorSpec, y: TensorSpec, pre: tuple[i
     return groups
 
 
-def _finalized_graph(handle: int, ops: Sequence[BackendDescriptor]) -> BackendDescriptor:
+def finalized_graph(handle: int, ops: Sequence[BackendDescriptor]) -> BackendDescriptor:
     """The finalized operation-graph descriptor of ``ops`` (closed again if cuDNN refuses it)."""
     g = BackendDescriptor(DescriptorType.OPERATIONGRAPH)
     with g.closed_if_failed():
@@ -262,9 +262,25 @@ def _finalized_graph(handle: int, ops: Sequence[BackendDescriptor]) -> BackendDe
     return g
 
 
+def convolution_descriptor(compute_dtype: int, pre: Sequence[int], post: Sequence[int],
+                           stride: Sequence[int], dilation: Sequence[int]) -> BackendDescriptor:
+    """A finalized cross-correlation descriptor (what every framework calls a convolution)."""
+    conv = BackendDescriptor(DescriptorType.CONVOLUTION)
+    with conv.closed_if_failed():
+        conv.set_data_type(Attr.CONVOLUTION_COMP_TYPE, compute_dtype)
+        conv.set_enum(Attr.CONVOLUTION_CONV_MODE, ConvMode.CROSS_CORRELATION)
+        conv.set_int64(Attr.CONVOLUTION_SPATIAL_DIMS, len(pre))
+        conv.set_int64s(Attr.CONVOLUTION_DILATIONS, dilation)
+        conv.set_int64s(Attr.CONVOLUTION_FILTER_STRIDES, stride)
+        conv.set_int64s(Attr.CONVOLUTION_PRE_PADDINGS, pre)
+        conv.set_int64s(Attr.CONVOLUTION_POST_PADDINGS, post)
+        conv.finalize()
+    return conv
+
+
 #: per direction: the operation, and its attributes for x, w and y (forward roles: dx, w, dy for
 #: backward data; x, dw, dy for backward filter), the convolution descriptor, alpha and beta
-_CONVOLUTION_OPERATIONS: dict[str, tuple[DescriptorType, tuple[Attr, Attr, Attr, Attr, Attr, Attr]]] = {
+CONVOLUTION_OPERATIONS: dict[str, tuple[DescriptorType, tuple[Attr, Attr, Attr, Attr, Attr, Attr]]] = {
     "forward": (DescriptorType.OPERATION_CONVOLUTION_FORWARD, (
         Attr.OPERATION_CONVOLUTION_FORWARD_X, Attr.OPERATION_CONVOLUTION_FORWARD_W,
         Attr.OPERATION_CONVOLUTION_FORWARD_Y, Attr.OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
@@ -311,11 +327,11 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
     if nd not in (4, 5):
         raise ValueError(f"tensors must be 4-D or 5-D (unsqueeze 1-D convolutions), got {x.shape}")
     ns = nd - 2
-    pre = _spatial_tuple(padding, ns, "padding")
-    post = pre if post_padding is None else _spatial_tuple(post_padding, ns, "post_padding")
-    strd = _spatial_tuple(stride, ns, "stride")
-    dil = _spatial_tuple(dilation, ns, "dilation")
-    groups = _check_conv_shapes(x, w, y, pre, post, strd, dil)
+    pre = spatial_tuple(padding, ns, "padding")
+    post = pre if post_padding is None else spatial_tuple(post_padding, ns, "post_padding")
+    strd = spatial_tuple(stride, ns, "stride")
+    dil = spatial_tuple(dilation, ns, "dilation")
+    groups = check_conv_shapes(x, w, y, pre, post, strd, dil)
     if epilogue is not None and epilogue.empty:
         epilogue = None
     if epilogue is not None and direction != "forward":
@@ -352,15 +368,7 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
     try:
         tx, tw, ty = track(x.build()), track(w.build()), track(y.build())
 
-        conv = track(BackendDescriptor(DescriptorType.CONVOLUTION))
-        conv.set_data_type(Attr.CONVOLUTION_COMP_TYPE, comp)
-        conv.set_enum(Attr.CONVOLUTION_CONV_MODE, ConvMode.CROSS_CORRELATION)
-        conv.set_int64(Attr.CONVOLUTION_SPATIAL_DIMS, ns)
-        conv.set_int64s(Attr.CONVOLUTION_DILATIONS, dil)
-        conv.set_int64s(Attr.CONVOLUTION_FILTER_STRIDES, strd)
-        conv.set_int64s(Attr.CONVOLUTION_PRE_PADDINGS, pre)
-        conv.set_int64s(Attr.CONVOLUTION_POST_PADDINGS, post)
-        conv.finalize()
+        conv = track(convolution_descriptor(comp, pre, post, strd, dil))
 
         inter_dt = _DT_DOUBLE if comp == _DT_DOUBLE else DT_FLOAT
 
@@ -375,7 +383,7 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
             _, conv_out = virtual_like(y)
 
         set_scalar = BackendDescriptor.set_double if scalar_double else BackendDescriptor.set_float
-        op_type, (a_x, a_w, a_y, a_conv, a_alpha, a_beta) = _CONVOLUTION_OPERATIONS[direction]
+        op_type, (a_x, a_w, a_y, a_conv, a_alpha, a_beta) = CONVOLUTION_OPERATIONS[direction]
         op = track(BackendDescriptor(op_type))
         op.set_descriptor(a_x, tx)
         op.set_descriptor(a_w, tw)
@@ -447,7 +455,7 @@ def build_convolution_graph(handle: int, direction: str, x: TensorSpec, w: Tenso
                     desc_parts.append("relu")
                 cur = out
 
-        g = _finalized_graph(handle, ops)
+        g = finalized_graph(handle, ops)
     except CudnnError as exc:
         for d in keep:
             d.close()
@@ -536,7 +544,7 @@ def build_pointwise_graph(handle: int, tensors: Mapping[str, TensorSpec],
                     op.set_descriptor(attr, built[name])
             op.finalize()
             ops.append(op)
-        g = _finalized_graph(handle, ops)
+        g = finalized_graph(handle, ops)
     except CudnnError as exc:
         for d in keep:
             d.close()
