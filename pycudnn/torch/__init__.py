@@ -29,6 +29,7 @@ from pycudnn.ffi import sublibraries as _sublibraries
 
 _sublibraries.start()  # cuDNN's sub-libraries open while these modules import and the model is made
 
+from .conv_chains import BnReLUConv2d, ConvStats2d
 from .calls import CACHE_MAX, ConvolutionTypeError, ConvolutionValueError, clear_cache
 from .functional import conv2d, conv2d_add_relu, conv2d_bias_relu
 from .functional_nd import conv1d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d
@@ -46,4 +47,4 @@ __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_add_relu", "Conv2d", "FusedConv
            "conversion_report", "fuse_for_training", "ConvBn2d", "ConvBnReLU2d", "ConvBnAddReLU2d",
            "set_traced_blocks", "traced_blocks", "conv1d", "conv3d", "conv_transpose1d",
            "conv_transpose2d", "conv_transpose3d", "Conv1d", "Conv3d", "ConvTranspose1d",
-           "ConvTranspose2d", "ConvTranspose3d"]
+           "ConvTranspose2d", "ConvTranspose3d", "ConvStats2d", "BnReLUConv2d"]

@@ -177,7 +177,7 @@ _scratches: dict[tuple[int, int], Any] = {}
 _outgrown: list[Any] = []  # replaced buffers, kept: a captured CUDA graph may still point at one
 
 
-def _scratch(n: int, device: Any) -> int | None:
+def workspace_pointer(n: int, device: Any) -> int | None:
     """The address of a workspace of at least ``n`` bytes for the current stream of ``device``:
     one kept buffer per stream (kernels on one stream run in order, so they can share it)."""
     if not n:
@@ -233,7 +233,7 @@ def _forward(ctx: Any, c: Any, xd: Any, wd: Any, fmt: Any, x: Any, w: Any, cb: A
     y = torch.empty_like(c)
     saved = torch.empty(e.saved_bytes, dtype=torch.uint8, device=dev)
     mean = saved.data_ptr()
-    ws = _scratch(e.fwd_ws, dev)
+    ws = workspace_pointer(e.fwd_ws, dev)
     buffers = bn._buffers  # (nn.Module.__getattr__ costs a microsecond a name)
     rm: Any = buffers["running_mean"]
     rv: Any = buffers["running_var"]
@@ -292,7 +292,7 @@ def _backward(ctx: Any, gy: Any) -> tuple[Any, ...]:
     dz = torch.empty_like(c) if e.ops == OPS_ADD_RELU else None
     dgamma = torch.empty(e.channels, dtype=torch.float32, device=dev)
     dbeta = torch.empty(e.channels, dtype=torch.float32, device=dev)
-    ws = _scratch(e.bwd_ws, dev)
+    ws = workspace_pointer(e.bwd_ws, dev)
     d = dev.index
     mean = saved.data_ptr()
     st = e.backward(

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ._types import ModuleT
+from .conv_chains import CHAIN_BLOCKS, BnReLUConv2d, ConvStats2d, chainable
 from .training import BLOCKS, ConvBn2d, ConvBnAddReLU2d, ConvBnReLU2d, has_hooks
 
 log = logging.getLogger("pycudnn")
@@ -179,11 +180,14 @@ def _free_name(root: Any, base: str, taken: set[str]) -> str:
         prefix, _, leaf = name.rpartition(".")
         parent = root.get_submodule(prefix) if prefix else root
         held = parent._modules.get(leaf)
-        if name not in taken and (isinstance(held, BLOCKS)
+        if name not in taken and (isinstance(held, _ALL_BLOCKS)
                                  or (held is None and not hasattr(parent, leaf))):
             return name
         again += 1
         name = f"{base}{again}"
+
+
+_ALL_BLOCKS = BLOCKS + CHAIN_BLOCKS
 
 
 def _register(module: Any, name: str, block: Any) -> None:
@@ -269,6 +273,97 @@ def _rewrite(gm: Any, root: Any) -> int:
     return len(made)
 
 
+def _chain_links(graph: Any, modules: dict[str, Any]) -> list[tuple[Any, Any, Any, Any]]:
+    """The ``conv -> bn -> relu -> conv`` links of an fx graph whose batch norm can live in the
+    convolutions (`conv_chains`): each output used only by the next step, no hooks, a training
+    batch norm whose step the finalize graph computes, nothing in between that may change a
+    tensor in place."""
+    links = []
+    for node in module_calls(graph):
+        conv: Any = modules.get(node.target)
+        if len(node.args) != 1 or node.kwargs or not chainable(conv) or type(conv).__module__ \
+                not in ("torch.nn.modules.conv", "pycudnn.torch.modules") or has_hooks(conv):
+            continue
+        users = list(node.users)
+        if len(users) != 1 or users[0].op != "call_module" or len(users[0].args) != 1:
+            continue
+        bn_node = users[0]
+        bn: Any = modules.get(bn_node.target)
+        if type(bn) is not torch.nn.BatchNorm2d or not bn.affine or not bn.track_running_stats \
+                or bn.momentum is None or bn.num_features != conv.out_channels or has_hooks(bn):
+            continue
+        after = list(bn_node.users)
+        if len(after) != 1 or not is_relu(after[0], modules):
+            continue
+        relu_node = after[0]
+        if relu_node.op == "call_module" and has_hooks(modules[relu_node.target]):
+            continue
+        then = list(relu_node.users)
+        if len(then) != 1 or then[0].op != "call_module" or then[0].args != (relu_node,) \
+                or then[0].kwargs:
+            continue
+        nxt: Any = modules.get(then[0].target)
+        if not chainable(nxt) or type(nxt).__module__ not in (
+                "torch.nn.modules.conv", "pycudnn.torch.modules") or has_hooks(nxt) \
+                or nxt.in_channels != bn.num_features:
+            continue
+        chain = (node, bn_node, relu_node, then[0])
+        if mutation_between(node, then[0], chain, modules) is not None:
+            continue
+        links.append(chain)
+    return links
+
+
+def _rewrite_chains(gm: Any, root: Any) -> int:
+    """Put `ConvStats2d` and `BnReLUConv2d` in place of ``gm``'s chain links (`_chain_links`),
+    registering them in ``gm`` and ``root`` as `_rewrite` does its blocks; the number made."""
+    modules = {name: m for name, m in root.named_modules(remove_duplicate=False)}
+    graph = gm.graph
+    links = _chain_links(graph, modules)
+    if not links:
+        return 0
+    heads = {link[0]: link for link in links}  # a convolution whose output feeds a chain link
+    tails = {link[3]: link for link in links}  # a convolution reading through a batch norm
+    taken = {n.target for n in module_calls(graph)}
+    made: dict[Any, Any] = {}  # old convolution node -> the node giving its (y, sums, sqsums)
+    count = 0
+    for node in [n for n in graph.nodes if n in heads or n in tails]:
+        conv = modules[node.target]
+        head, tail = heads.get(node), tails.get(node)
+        if tail is not None:
+            bn_node = tail[1]
+            bn = modules[bn_node.target]
+            block: Any = BnReLUConv2d(bn, conv, head is not None, bn_node.target, node.target)
+            args: tuple[Any, ...] = (made[tail[0]],)
+            base = f"{bn_node.target}_relu_{node.target.rpartition('.')[2]}"
+        else:
+            assert head is not None  # the node is a head or a tail
+            block = ConvStats2d(conv, modules[head[1].target], node.target)
+            args = node.args
+            base = f"{node.target}_stats"
+        if head is not None:
+            _half_batchnorm_to_float32(modules[head[1].target])
+        name = _free_name(root, base, taken)
+        taken.add(name)
+        modules[name] = block
+        if gm is not root:
+            _register(root, name, block)
+        gm.add_submodule(name, block)
+        with graph.inserting_before(node):
+            new = graph.call_module(name, args)
+        count += 1
+        if head is not None:
+            made[node] = new
+        else:
+            node.replace_all_uses_with(new)
+    dead = {n for link in links for n in link}  # a middle convolution is in two links
+    for node in reversed([n for n in graph.nodes if n in dead]):  # users first
+        graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+    return count
+
+
 def _reduce_unfused(self: Any, protocol: int) -> Any:
     # pickled as the model's own class: pickle cannot name the generated forward, so a pickled
     # model loads unfused (fuse_for_training fuses it again)
@@ -304,23 +399,24 @@ def _install(module: Any, gm: Any) -> None:
         "__copy__": _copy_fused})
 
 
-def _fuse(module: Any) -> int:
+def _fuse(module: Any, into_convolutions: bool = False) -> int:
     """Fuse ``module`` in place; the number of blocks made."""
     import torch.fx
 
     if isinstance(module, torch.fx.GraphModule):
-        return _rewrite(module, module)
+        return (_rewrite_chains(module, module) if into_convolutions else 0) + _rewrite(
+            module, module)
     try:
         gm = torch.fx.GraphModule(module, fx_tracer().trace(module), type(module).__name__)
     except Exception:  # dynamic control flow, ...: look inside its children instead
-        return sum(_fuse(child) for child in list(module.children()))
-    n = _rewrite(gm, module)
+        return sum(_fuse(child, into_convolutions) for child in list(module.children()))
+    n = (_rewrite_chains(gm, module) if into_convolutions else 0) + _rewrite(gm, module)
     if n:
         _install(module, gm)
     return n
 
 
-def fuse_for_training(model: ModuleT) -> ModuleT:
+def fuse_for_training(model: ModuleT, *, into_convolutions: bool = False) -> ModuleT:
     """Fuse ``model``'s Conv-BN chains into training blocks (`ConvBn2d`, `ConvBnReLU2d`,
     `ConvBnAddReLU2d`), in place; returns ``model``.
 
@@ -354,11 +450,22 @@ def fuse_for_training(model: ModuleT) -> ModuleT:
     4; other calls run the original modules); eval mode runs the original modules (for inference,
     `fuse_for_inference` folds the batch norms). ``revert`` turns the blocks back into the plain
     modules' calls.
+
+    ``into_convolutions=True`` first fuses each batch norm that sits between two convolutions
+    (``conv -> bn -> relu -> conv``, both convolutions without groups or bias, the batch norm
+    with a fixed ``momentum``) into those convolutions instead (`ConvStats2d`, `BnReLUConv2d`:
+    the first convolution also sums its output per channel, the second reads its input through
+    the batch norm and the ReLU, so the normalized activation is never written: NVIDIA's ResNet
+    training scheme); the rest is fused into blocks as above. Off by default: not yet measured
+    against the blocks on a GPU.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fuse_for_training: expected a torch.nn.Module, got "
                         f"{type(model).__name__}")
-    _fuse(model)
+    if not isinstance(into_convolutions, bool):
+        raise TypeError(f"fuse_for_training: into_convolutions must be a bool, got "
+                        f"{into_convolutions!r}")
+    _fuse(model, into_convolutions)
     return model
 
 
@@ -372,6 +479,18 @@ def unfuse_training(module: Any) -> Any:
         changed = False
         for node in module_calls(graph):
             block = gm.get_submodule(node.target)
+            if isinstance(block, CHAIN_BLOCKS):
+                # unfused, a chain module's (y, sums, sqsums) is the convolution's output y
+                with graph.inserting_before(node):
+                    v = node.args[0]
+                    if isinstance(block, BnReLUConv2d):
+                        v = graph.call_function(torch.relu, (graph.call_module(block.bn_name,
+                                                                               (v,)),))
+                    v = graph.call_module(block.conv_name, (v,))
+                node.replace_all_uses_with(v)
+                graph.erase_node(node)
+                changed = True
+                continue
             if not isinstance(block, BLOCKS):
                 continue
             with graph.inserting_before(node):
@@ -392,6 +511,6 @@ def unfuse_training(module: Any) -> Any:
         if base is not None:
             m.__class__ = base
     for m in list(module.modules()):
-        for name in [k for k, v in m._modules.items() if isinstance(v, BLOCKS)]:
+        for name in [k for k, v in m._modules.items() if isinstance(v, _ALL_BLOCKS)]:
             del m._modules[name]
     return module

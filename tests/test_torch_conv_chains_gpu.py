@@ -1,0 +1,118 @@
+"""Batch norms fused into the convolutions (`fuse_for_training(model, into_convolutions=True)`)
+on a GPU, through cuDNN's graphs: a small ResNet trained 20 steps in bfloat16 and one chain's
+gradients and running statistics, each against a float64 run of the original modules (PyTorch,
+cuDNN off) within 3x PyTorch's own bfloat16 distance from it. NVIDIA documents the graphs for
+Ampere and Hopper; there the fused path must have run."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
+    pytest.skip("PyTorch has no CUDA here", allow_module_level=True)
+
+import pycudnn.torch as pt  # noqa: E402
+from pycudnn.torch import conv_chains as CC  # noqa: E402
+from torch_models import SmallResNet, randomize_batchnorm  # noqa: E402
+
+nn = torch.nn
+F = torch.nn.functional
+DEV = torch.device("cuda", 0)
+CL = torch.channels_last
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    CC.clear_cache()
+    yield
+    torch.backends.cudnn.allow_tf32 = saved
+
+
+def _expect_fused() -> None:
+    """On Ampere and Hopper every graph kind has a plan and none was refused."""
+    counts = CC.CUDNN_KERNELS.counts()
+    if torch.cuda.get_device_capability()[0] not in (8, 9):
+        pytest.skip(f"NVIDIA documents these graphs for Ampere and Hopper only: {counts}")
+    for kind in ("conv_stats", "finalize", "sbr_wgrad", "dgrad_drelu_dbn"):
+        built, refused = counts.get(kind, (0, 0))
+        assert built and not refused, counts
+
+
+def test_small_resnet_trains_like_pytorch():
+    torch.manual_seed(0)
+    base = SmallResNet().to(DEV)
+    data = [(torch.randn(16, 3, 16, 16, device=DEV).to(memory_format=CL),
+             torch.randint(0, 10, (16,), device=DEV)) for _ in range(4)]
+
+    def run(model, dtype):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for i in range(20):
+            x, t = data[i % 4]
+            loss = F.cross_entropy(model(x.to(dtype)).double(), t)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        return losses
+
+    with torch.backends.cudnn.flags(enabled=False):
+        l64 = run(copy.deepcopy(base).double(), torch.float64)
+    lt = run(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL), torch.bfloat16)
+    fused = pt.fuse_for_training(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL),
+                                 into_convolutions=True)
+    lf = run(fused, torch.bfloat16)
+    _expect_fused()
+    worst_torch = max(abs(a - b) for a, b in zip(lt, l64))
+    worst = max(abs(a - b) for a, b in zip(lf, l64))
+    assert worst <= 3 * worst_torch + 0.02, (worst, worst_torch, lf, l64)
+    assert lf[-1] < lf[0]
+
+
+def _chain(c: int, stride: int):
+    return nn.Sequential(nn.Conv2d(16, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+                         nn.Conv2d(c, c, 3, stride, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+                         nn.Conv2d(c, 4 * c, 1, bias=False))
+
+
+def _rel(a, b) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("c,stride", [(32, 1), (64, 2)])
+def test_a_chain_gives_gradients_and_running_statistics_within_pytorchs_distance(c, stride):
+    torch.manual_seed(c)
+    base = randomize_batchnorm(_chain(c, stride)).to(DEV).train()
+    x = torch.randn(8, 16, 14, 14, device=DEV) * 1.5 + 0.2
+    gy = None
+
+    def step(model, dtype):
+        nonlocal gy
+        xi = x.to(dtype).contiguous(memory_format=CL).requires_grad_(True)
+        out = model(xi)
+        if gy is None:
+            gy = torch.randn(out.shape, device=DEV)
+        out.backward(gy.to(dtype).contiguous(memory_format=CL))
+        grads = [xi.grad] + [p.grad for p in model.parameters()]
+        return [out] + grads + [b for b in model.buffers() if b.dtype.is_floating_point]
+
+    with torch.backends.cudnn.flags(enabled=False):
+        ref = step(copy.deepcopy(base).double(), torch.float64)
+    torch_bf16 = step(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL), torch.bfloat16)
+    fused = pt.fuse_for_training(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL),
+                                 into_convolutions=True)
+    got = step(fused, torch.bfloat16)
+    _expect_fused()
+    names = ["out", "dx"] + [n for n, _ in base.named_parameters()] + [
+        n for n, b in base.named_buffers() if b.dtype.is_floating_point]
+    for name, g, t, r in zip(names, got, torch_bf16, ref):
+        assert _rel(g, r) <= 3 * _rel(t, r) + 1e-3, (name, _rel(g, r), _rel(t, r))
+    assert [int(b) for n, b in fused.named_buffers() if "num_batches" in n] == [1, 1]
