@@ -16,7 +16,9 @@ benchmark = True``; pycudnn routes each convolution signature to the faster side
   timed as ``warmup_s`` and then kept out: timed blocks alternate
   between the sides after warm-up, and each side's figure is the median block.
   "fused" is the converted model after ``pycudnn.torch.fuse_for_training`` (Conv-BN[-add]-ReLU
-  as one node with cuDNN's fused batch-norm kernels). ``--train-sides`` adds ``torch.compile``:
+  as one node with cuDNN's fused batch-norm kernels); "chains" fuses with
+  ``into_convolutions=True`` (each Conv-BN-ReLU-Conv link's batch norm into the convolutions,
+  the rest as "fused"). ``--train-sides`` adds ``torch.compile``:
   "compile" (the plain model, default mode), "fused_compile" (the fused model compiled; its
   blocks are traced as pycudnn's operators), "compile_ro" and "fused_compile_ro" (the same with
   ``mode="reduce-overhead"``: CUDA graphs; each step marks a new step for them). Each compiled
@@ -130,7 +132,7 @@ def alternate(fns: dict, n: int, rounds: int) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-TRAIN_SIDES = ("torch", "pycudnn", "fused", "compile", "fused_compile", "compile_ro",
+TRAIN_SIDES = ("torch", "pycudnn", "fused", "chains", "compile", "fused_compile", "compile_ro",
                "fused_compile_ro")
 INFER_SIDES = ("torch", "fused", "compile", "fused_compile")
 
@@ -153,6 +155,8 @@ def training_side(side: str, base: torch.nn.Module) -> torch.nn.Module:
         model = pt.convert(model)
         if side.startswith("fused"):
             model = pt.fuse_for_training(model)
+        elif side == "chains":
+            model = pt.fuse_for_training(model, into_convolutions=True)
     mode = _compile_mode(side)
     return model if mode is None else torch.compile(model, mode=mode)
 
@@ -726,7 +730,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", default="64", help="training batch sizes, comma-separated")
     ap.add_argument("--train-sides", default="torch,pycudnn,fused",
                     help="training sides: torch (eager), pycudnn (convert), fused "
-                         "(convert + fuse_for_training), compile (torch.compile of the plain model), "
+                         "(convert + fuse_for_training), chains (the same with into_convolutions=True), "
+                         "compile (torch.compile of the plain model), "
                          "fused_compile (of the fused one), compile_ro and fused_compile_ro "
                          "(mode='reduce-overhead')")
     ap.add_argument("--infer-sides", default="torch,fused",

@@ -357,7 +357,7 @@ def test_one_depthwise_cell_is_timed_on_the_gpu():
 
 def test_compiled_sides_get_their_mode_and_reduce_overhead_marks_each_step(monkeypatch):
     assert [zoo._compile_mode(s) for s in zoo.TRAIN_SIDES] == [
-        None, None, None, "default", "default", "reduce-overhead", "reduce-overhead"]
+        None, None, None, None, "default", "default", "reduce-overhead", "reduce-overhead"]
     marks, ran = [], []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     monkeypatch.setattr(zoo, "step", lambda *a: ran.append(a))
@@ -385,3 +385,13 @@ def test_training_geomeans_cover_the_sides_each_run_measured():
     assert got == pytest.approx({"train_compile_geomean": 1.0, "train_fused_compile_geomean": 2.0,
                                  "train_geomean": 1.5})
     assert zoo.train_geomeans(models, "batch256") == {}
+
+
+def test_the_chains_side_fuses_batch_norms_into_the_convolutions():
+    from torch_models import SmallResNet
+
+    model = zoo.training_side("chains", SmallResNet())
+    names = {type(m).__name__ for m in model.modules()}
+    assert {"ConvStats2d", "BnReLUConv2d", "ConvBn2d"} <= names
+    assert "ConvStats2d" not in {type(m).__name__ for m in zoo.training_side("fused",
+                                                                           SmallResNet()).modules()}
