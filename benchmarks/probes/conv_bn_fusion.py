@@ -225,12 +225,21 @@ def layer(name: str, c: int, k: int, hw: int, ks: int, stride: int, n: int,
 
     # one clean pass for the errors: running statistics and sums from fresh values
     run_m.copy_(rm.reshape(1, -1, 1, 1)), run_v.copy_(rv.reshape(1, -1, 1, 1))
+    for t in (ysum, ysq, dgamma, dbeta, eq_dy, eq_x, eq_b):
+        t.zero_()
     pieces["finalize"]()
     pieces["conv_genstats"]()
     pieces["sbr_wgrad"]()
     pieces["dgrad_drelu_dbn"]()
     dx = apply_dx()
     torch.cuda.synchronize()
+    once, dg_once = ysum.clone(), dgamma.clone()
+    pieces["conv_genstats"]()  # once more, not zeroed: do the reductions add to their outputs?
+    pieces["dgrad_drelu_dbn"]()
+    torch.cuda.synchronize()
+    row["genstats_accumulates"] = rel(ysum, 2 * once) < 1e-3
+    row["dbn_accumulates"] = rel(dgamma, 2 * dg_once) < 1e-3
+    ysum.copy_(once), dgamma.copy_(dg_once)
     ysum_ref = y_ref.sum((0, 2, 3))
     row["fused_err"] = {"y": rel(y, y_ref), "sums": rel(ysum, ysum_ref),
                         "dx": rel(dx, grads_ref[0]), "dw": rel(dw, grads_ref[1]),

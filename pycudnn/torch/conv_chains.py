@@ -163,17 +163,18 @@ class CudnnKernels:
                     p = None
                     h = get_handle(device, caller_stream(device))
                     graph = None
+                    cands: list[Any] = []
                     try:
                         graph = build(h)
                         cands = G.engine_configs(h, graph, ("A", "FALLBACK"))
                         plan, _ = G.first_plan(h, cands, max_attempts=8)
-                        for c in cands:
-                            if c is not plan.config:
-                                c.close()
                         p = _Plan(plan, plan.workspace_size or 0)
                     except (CudnnError, NoAlgorithmError):
                         if graph is not None:
                             graph.close()
+                    for c in cands:
+                        if p is None or c is not p.plan.config:
+                            c.close()
                     self._plans[key] = p
         if p is None:
             raise _Refused
