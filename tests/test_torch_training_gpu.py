@@ -17,7 +17,7 @@ if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
     pytest.skip("PyTorch has no CUDA here", allow_module_level=True)
 
 import pycudnn.torch as pt  # noqa: E402
-from torch_models import SmallResNet, randomize_batchnorm  # noqa: E402
+from torch_models import SmallResNet, cross_entropy_steps, randomize_batchnorm  # noqa: E402
 
 nn = torch.nn
 F = torch.nn.functional
@@ -131,16 +131,7 @@ def test_small_resnet_trains_like_pytorch():
              torch.randint(0, 10, (16,), device=DEV)) for _ in range(4)]
 
     def run(model, dtype):
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        losses = []
-        for i in range(20):
-            x, t = data[i % 4]
-            loss = F.cross_entropy(model(x.to(dtype)).double(), t)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss))
-        return losses
+        return cross_entropy_steps(model, data, dtype)
 
     with torch.backends.cudnn.flags(enabled=False):
         l64 = run(copy.deepcopy(base).double(), torch.float64)

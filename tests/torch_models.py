@@ -111,3 +111,18 @@ def sgd_steps(model: nn.Module, data, steps: int, compiled_step: bool = False) -
         opt.step()
         losses.append(float(loss))
     return losses
+
+
+def cross_entropy_steps(model: nn.Module, data, dtype, steps: int = 20) -> list[float]:
+    """``steps`` SGD steps (lr 0.05, momentum 0.9) of ``model`` on ``data``'s (input, target)
+    batches in turn, the input cast to ``dtype``, cross-entropy in float64; the losses."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for i in range(steps):
+        x, t = data[i % len(data)]
+        loss = F.cross_entropy(model(x.to(dtype)).double(), t)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
