@@ -42,8 +42,10 @@ class Geometry(NamedTuple):
 
 
 def _geometry(conv: torch.nn.Conv2d) -> Geometry:
-    return Geometry(tuple(conv.stride), tuple(conv.padding),  # type: ignore[arg-type]
-                    tuple(conv.dilation))  # type: ignore[arg-type]
+    def pair(v: Any) -> tuple[int, int]:
+        return int(v[0]), int(v[1])
+
+    return Geometry(pair(conv.stride), pair(conv.padding), pair(conv.dilation))
 
 
 # ---- the kernels: cuDNN's graphs, and the same arithmetic in PyTorch operations ------------------

@@ -165,8 +165,7 @@ class _Assembler:
 
     def finish(self, handle: int, direction: str, description: str) -> OperationGraph:
         graph = finalized_graph(handle, self.ops)
-        return OperationGraph(graph, direction, dict(self.real), self.keep,
-                              self.by_value,  # type: ignore[arg-type]  # int64 counts too
+        return OperationGraph(graph, direction, dict(self.real), self.keep, self.by_value,
                               None, description)
 
     def close(self) -> None:

@@ -157,7 +157,8 @@ class OperationGraph:
     Attributes:
         descriptor: the finalized CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR.
         direction: ``"forward"``, ``"backward_data"`` or ``"backward_filter"`` (a convolution),
-            ``"pointwise"`` (`build_pointwise_graph`).
+            ``"pointwise"`` (`build_pointwise_graph`), or a batch-norm fusion graph's kind
+            (``"conv_genstats"``, ``"bn_finalize"``, ``"sbr_wgrad"``, ``"dgrad_drelu_dbn"``).
         uid: ``{"x": .., "w": .., "y": .., ["z": ..], ["b": ..]}`` (x/w/y keep their forward
             meaning in every direction: for backward_data x is dx, for backward_filter w is dw).
         uids: the order of pointers `ExecutionPlan.execute()` takes: x, w, y, then z, b.
@@ -166,7 +167,7 @@ class OperationGraph:
 
     def __init__(self, descriptor: BackendDescriptor, direction: str, specs: dict[str, TensorSpec],
                  keep: list[BackendDescriptor],
-                 by_value: list[tuple[int, ctypes.c_double | ctypes.c_float]],
+                 by_value: Sequence[tuple[int, ctypes.c_double | ctypes.c_float | ctypes.c_int64]],
                  epilogue: Epilogue | None, description: str) -> None:
         self.descriptor = descriptor
         self.direction = direction
