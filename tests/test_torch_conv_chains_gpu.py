@@ -6,8 +6,6 @@ Ampere and Hopper; there the fused path must have run."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -18,7 +16,8 @@ if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
 
 import pycudnn.torch as pt  # noqa: E402
 from pycudnn.torch import conv_chains as CC  # noqa: E402
-from torch_models import SmallResNet, cross_entropy_steps, randomize_batchnorm  # noqa: E402
+from torch_models import (SmallResNet, cross_entropy_steps, float64_bf16_fused,  # noqa: E402
+                          randomize_batchnorm)
 
 nn = torch.nn
 DEV = torch.device("cuda", 0)
@@ -32,6 +31,10 @@ def _fresh_plans():
     CC.clear_cache()
     yield
     torch.backends.cudnn.allow_tf32 = saved
+
+
+def _fuse_chains(model):
+    return pt.fuse_for_training(model, into_convolutions=True)
 
 
 def _expect_fused() -> None:
@@ -50,15 +53,8 @@ def test_small_resnet_trains_like_pytorch():
     data = [(torch.randn(16, 3, 16, 16, device=DEV).to(memory_format=CL),
              torch.randint(0, 10, (16,), device=DEV)) for _ in range(4)]
 
-    def run(model, dtype):
-        return cross_entropy_steps(model, data, dtype)
-
-    with torch.backends.cudnn.flags(enabled=False):
-        l64 = run(copy.deepcopy(base).double(), torch.float64)
-    lt = run(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL), torch.bfloat16)
-    fused = pt.fuse_for_training(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL),
-                                 into_convolutions=True)
-    lf = run(fused, torch.bfloat16)
+    l64, lt, lf, _ = float64_bf16_fused(
+        base, lambda model, dtype: cross_entropy_steps(model, data, dtype), _fuse_chains)
     _expect_fused()
     worst_torch = max(abs(a - b) for a, b in zip(lt, l64))
     worst = max(abs(a - b) for a, b in zip(lf, l64))
@@ -94,12 +90,7 @@ def test_a_chain_gives_gradients_and_running_statistics_within_pytorchs_distance
         grads = [xi.grad] + [p.grad for p in model.parameters()]
         return [out] + grads + [b for b in model.buffers() if b.dtype.is_floating_point]
 
-    with torch.backends.cudnn.flags(enabled=False):
-        ref = step(copy.deepcopy(base).double(), torch.float64)
-    torch_bf16 = step(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL), torch.bfloat16)
-    fused = pt.fuse_for_training(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL),
-                                 into_convolutions=True)
-    got = step(fused, torch.bfloat16)
+    ref, torch_bf16, got, fused = float64_bf16_fused(base, step, _fuse_chains)
     _expect_fused()
     names = ["out", "dx"] + [n for n, _ in base.named_parameters()] + [
         n for n, b in base.named_buffers() if b.dtype.is_floating_point]

@@ -17,7 +17,8 @@ if not torch.cuda.is_available():  # a CPU build of PyTorch on a GPU machine
     pytest.skip("PyTorch has no CUDA here", allow_module_level=True)
 
 import pycudnn.torch as pt  # noqa: E402
-from torch_models import SmallResNet, cross_entropy_steps, randomize_batchnorm  # noqa: E402
+from torch_models import (SmallResNet, cross_entropy_steps, float64_bf16_fused,  # noqa: E402
+                          randomize_batchnorm)
 
 nn = torch.nn
 F = torch.nn.functional
@@ -130,14 +131,8 @@ def test_small_resnet_trains_like_pytorch():
     data = [(torch.randn(16, 3, 16, 16, device=DEV).to(memory_format=CL),
              torch.randint(0, 10, (16,), device=DEV)) for _ in range(4)]
 
-    def run(model, dtype):
-        return cross_entropy_steps(model, data, dtype)
-
-    with torch.backends.cudnn.flags(enabled=False):
-        l64 = run(copy.deepcopy(base).double(), torch.float64)
-    lt = run(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL), torch.bfloat16)
-    fused = pt.fuse_for_training(copy.deepcopy(base).to(torch.bfloat16, memory_format=CL))
-    lf = run(fused, torch.bfloat16)
+    l64, lt, lf, _ = float64_bf16_fused(
+        base, lambda model, dtype: cross_entropy_steps(model, data, dtype), pt.fuse_for_training)
     worst_torch = max(abs(a - b) for a, b in zip(lt, l64))
     worst = max(abs(a - b) for a, b in zip(lf, l64))
     assert worst <= 3 * worst_torch + 0.02, (worst, worst_torch, lf, l64)
