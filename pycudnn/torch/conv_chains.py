@@ -22,16 +22,18 @@ from pycudnn.cudnn import graph as G
 from pycudnn.errors import CudnnError, NoAlgorithmError
 from pycudnn.runtime.handle import get_handle
 from pycudnn.runtime.memory import callers_device, relaxed_capture_mode, restore_device
+from pycudnn.runtime.tensor.geometry import conv_output_size
 
 from . import calls as _calls
-from .calls import autocast_dtype, autocast_enabled, c_apply, grad_enabled, pytorch_only
+from .calls import (DTYPE_NAMES, autocast_dtype, autocast_enabled, c_apply, grad_enabled,
+                    pytorch_only)
 from .library import compiler, dynamo_compiling
 from .training import caller_stream, has_hooks, workspace_pointer
 
 __all__ = ["ConvStats2d", "BnReLUConv2d", "CHAIN_BLOCKS", "REFERENCE_KERNELS", "clear_cache",
            "use_kernels"]
 
-_HALF = {torch.float16: 2, torch.bfloat16: 9}
+_HALF = (torch.float16, torch.bfloat16)
 _CL = torch.channels_last
 
 
@@ -59,11 +61,17 @@ class ReferenceKernels:
     chain's autograd functions compute, for tests on the CPU in float64 (cuDNN's graphs are
     checked against float64 apart, in test_graph_batchnorm_gpu.py)."""
 
+    @staticmethod
+    def _prologue(x: Any, scale: Any, bias: Any) -> Any:
+        """``relu(x * scale + bias)`` per channel in the statistics' precision, read back in
+        x's type (as the convolution reads it)."""
+        return torch.relu(x.to(scale.dtype) * scale.view(1, -1, 1, 1)
+                          + bias.view(1, -1, 1, 1)).to(x.dtype)
+
     def conv_stats(self, x: Any, w: Any, g: Geometry, scale: Any = None,
                    bias: Any = None) -> tuple[Any, Any, Any]:
         if scale is not None:
-            x = torch.relu(x.to(scale.dtype) * scale.view(1, -1, 1, 1)
-                           + bias.view(1, -1, 1, 1)).to(x.dtype)
+            x = self._prologue(x, scale, bias)
         y = torch.nn.functional.conv2d(x, w, None, g.stride, g.padding, g.dilation)
         yf = y.to(torch.promote_types(y.dtype, torch.float32))
         return y, yf.sum((0, 2, 3)), (yf * yf).sum((0, 2, 3))
@@ -80,10 +88,8 @@ class ReferenceKernels:
         return mean, inv_std, scale, beta - mean * scale
 
     def sbr_wgrad(self, x: Any, dy: Any, scale: Any, bias: Any, w: Any, g: Geometry) -> Any:
-        a = torch.relu(x.to(scale.dtype) * scale.view(1, -1, 1, 1)
-                       + bias.view(1, -1, 1, 1)).to(x.dtype)
         return torch.ops.aten.convolution_backward(
-            dy, a, w, None, g.stride, g.padding, g.dilation, False, [0, 0], 1,
+            dy, self._prologue(x, scale, bias), w, None, g.stride, g.padding, g.dilation, False, [0, 0], 1,
             [False, True, False])[1]
 
     def dgrad_drelu_dbn(self, dy: Any, w: Any, x: Any, mean: Any, inv_std: Any, gamma: Any,
@@ -119,7 +125,7 @@ REFERENCE_KERNELS = ReferenceKernels()
 
 
 def _spec(uid: int, t: Any) -> G.TensorSpec:
-    return G.TensorSpec(uid, tuple(t.shape), tuple(t.stride()), _HALF[t.dtype])
+    return G.TensorSpec(uid, tuple(t.shape), tuple(t.stride()), DTYPE_NAMES[t.dtype])
 
 
 def _layout(t: Any) -> tuple[Any, ...]:
@@ -189,11 +195,10 @@ class CudnnKernels:
 
     def conv_stats(self, x: Any, w: Any, g: Geometry, scale: Any = None,
                    bias: Any = None) -> tuple[Any, Any, Any]:
-        n, _, hi, wi = x.shape
         k = w.shape[0]
-        ho = (hi + 2 * g.padding[0] - g.dilation[0] * (w.shape[2] - 1) - 1) // g.stride[0] + 1
-        wo = (wi + 2 * g.padding[1] - g.dilation[1] * (w.shape[3] - 1) - 1) // g.stride[1] + 1
-        y = torch.empty((n, k, ho, wo), dtype=x.dtype, device=x.device, memory_format=_CL)
+        spatial = conv_output_size(x.shape[2:], w.shape[2:], g.stride, g.padding, g.dilation)
+        y = torch.empty((x.shape[0], k, *spatial), dtype=x.dtype, device=x.device,
+                        memory_format=_CL)
         # zeroed: NVIDIA's samples zero the sums before a launch. Two tensors, not views of
         # one: they are outputs of an autograd function
         sums = torch.zeros(k, dtype=torch.float32, device=x.device)
@@ -349,7 +354,7 @@ class _BnReLUConvFunction(torch.autograd.Function):
                                             (needs[0], needs[3], needs[4], needs[5]))
             return dyp, None, None, dgamma, dbeta, dw, None, None
         gy = gy.contiguous(memory_format=_suggest(yp))
-        dw = k.sbr_wgrad(yp, gy, scale, shift, w, g) if ctx.needs_input_grad[5] else None
+        dw = k.sbr_wgrad(yp, gy, scale, shift, w, g) if needs[5] else None
         dxr, dgamma, dbeta, eq_dy, eq_x, eq_b = k.dgrad_drelu_dbn(gy, w, yp, mean, inv_std,
                                                                   gamma, beta, g)
         dyp = k.dx_apply(dxr, yp, eq_dy, eq_x, eq_b)

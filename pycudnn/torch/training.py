@@ -32,6 +32,7 @@ from pycudnn.errors import CudnnBadParamError, CudnnNotSupportedError
 from pycudnn.ffi import library as _lib
 from pycudnn.runtime.handle import get_handle
 from pycudnn.runtime.memory import callers_device, restore_device
+from pycudnn.runtime.tensor.geometry import conv_output_size
 
 from . import calls as _calls
 from .calls import (DTYPE_NAMES, autocast_dtype, autocast_enabled, c_apply, geometry,
@@ -771,11 +772,8 @@ def _fits(bn: Any, x: Any, w: Any, z: Any) -> bool:
 
 def _conv_out_shape(x: Any, w: Any, geom: tuple[Any, ...]) -> list[Any]:
     stride, padding, dilation, _ = geom
-    size = [x.shape[0], w.shape[0]]
-    for i in range(2):
-        size.append((x.shape[2 + i] + 2 * padding[i] - dilation[i] * (w.shape[2 + i] - 1) - 1)
-                    // stride[i] + 1)
-    return size
+    return [x.shape[0], w.shape[0],
+            *conv_output_size(x.shape[2:], w.shape[2:], stride, padding, dilation)]
 
 
 def check_values_per_channel(x: Any, w: Any, geom: tuple[Any, ...]) -> None:
