@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -135,6 +135,66 @@ def _layout(t: Any) -> tuple[Any, ...]:
 class _Plan(NamedTuple):
     plan: G.ExecutionPlan
     workspace: int
+    #: the data type the prologue's scale and bias are passed in (None: float32, as given)
+    operand_dtype: Any = None
+
+
+class _Setting(NamedTuple):
+    """The data types of one way to build a graph with the scale-bias-ReLU prologue: cuDNN's
+    engines for these patterns take only some combinations, and which depends on the GPU and
+    the version, so a layout tries them in turn. ``operands``: the scale and bias (None:
+    float32; "io": the input's type), ``read``: what the convolution reads (the ReLU's output),
+    ``stats``: the statistics' math precision."""
+    operands: str | None
+    read: str | None
+    stats: str | None
+
+
+#: tried in this order; "io" is the input's data type, None float32
+_SETTINGS = (_Setting(None, "io", "io"), _Setting("io", None, None), _Setting("io", "io", "io"),
+             _Setting(None, None, None), _Setting(None, "io", None), _Setting("io", "io", None))
+#: without the prologue only the statistics' precision varies
+_PLAIN_SETTINGS = (_Setting(None, None, "io"), _Setting(None, None, None))
+
+
+def _dtype(which: str | None, io: str) -> str:
+    return io if which == "io" else "float32"
+
+
+def _prologue(st: _Setting, io: str, uid: int, channels: int) -> G.ScaleBiasRelu:
+    """The scale-bias-ReLU prologue of setting ``st``, its scale and bias tensors at uids
+    ``uid`` and ``uid + 1``."""
+    operands = _dtype(st.operands, io)
+    return G.ScaleBiasRelu(G.channel_spec(uid, channels, dtype=operands),
+                           G.channel_spec(uid + 1, channels, dtype=operands),
+                           dtype=_dtype(st.read, io))
+
+
+def _operands(p: _Plan, scale: Any, bias: Any) -> tuple[Any, Any]:
+    """The prologue's scale and bias in the type ``p`` takes them."""
+    if p.operand_dtype is None:
+        return scale, bias
+    return scale.to(p.operand_dtype), bias.to(p.operand_dtype)
+
+
+def _first_plan(h: int, build: Any, operand_dtype: Any) -> _Plan | None:
+    """The first engine config of ``build(h)``'s graph that finalizes, or None (cuDNN refused
+    the graph or has no engine for it)."""
+    graph = None
+    cands: list[Any] = []
+    p = None
+    try:
+        graph = build(h)
+        cands = G.engine_configs(h, graph, ("A", "FALLBACK"))
+        plan, _ = G.first_plan(h, cands, max_attempts=8)
+        p = _Plan(plan, plan.workspace_size or 0, operand_dtype)
+    except (CudnnError, NoAlgorithmError):
+        if graph is not None:
+            graph.close()
+    for c in cands:
+        if p is None or c is not p.plan.config:
+            c.close()
+    return p
 
 
 class CudnnKernels:
@@ -162,27 +222,21 @@ class CudnnKernels:
                     p.plan.close()
             self._plans.clear()
 
-    def _plan(self, key: tuple[Any, ...], build: Any, device: int) -> _Plan:
+    def _plan(self, key: tuple[Any, ...], builds: Sequence[tuple[Any, Any]],
+              device: int) -> _Plan:
+        """The plan for ``key``: the first of ``builds`` (``(build(handle) -> graph,
+        operand_dtype)``, in order) whose graph has an engine config that finalizes."""
         p = self._plans.get(key, False)
         if p is False:
             with self._lock, relaxed_capture_mode():
                 p = self._plans.get(key, False)
                 if p is False:
-                    p = None
                     h = get_handle(device, caller_stream(device))
-                    graph = None
-                    cands: list[Any] = []
-                    try:
-                        graph = build(h)
-                        cands = G.engine_configs(h, graph, ("A", "FALLBACK"))
-                        plan, _ = G.first_plan(h, cands, max_attempts=8)
-                        p = _Plan(plan, plan.workspace_size or 0)
-                    except (CudnnError, NoAlgorithmError):
-                        if graph is not None:
-                            graph.close()
-                    for c in cands:
-                        if p is None or c is not p.plan.config:
-                            c.close()
+                    p = None
+                    for build, operand_dtype in builds:
+                        p = _first_plan(h, build, operand_dtype)
+                        if p is not None:
+                            break
                     self._plans[key] = p
         if p is None:
             raise _Refused
@@ -205,17 +259,23 @@ class CudnnKernels:
         sqsums = torch.zeros(k, dtype=torch.float32, device=x.device)
         sbr = scale is not None
         key = ("conv_stats", _layout(x), _layout(w), g, sbr, x.device.index)
+        io = DTYPE_NAMES[x.dtype]
 
-        def build(h: int) -> G.OperationGraph:
-            pro = G.ScaleBiasRelu(G.channel_spec(6, x.shape[1]), G.channel_spec(7, x.shape[1]))
-            return G.build_conv_genstats_graph(
-                h, _spec(1, x), _spec(2, w), _spec(3, y), G.channel_spec(4, k),
-                G.channel_spec(5, k), g.padding, g.stride, g.dilation, pro if sbr else None)
+        def builder(st: _Setting) -> tuple[Any, Any]:
+            def build(h: int) -> G.OperationGraph:
+                pro = _prologue(st, io, 6, x.shape[1]) if sbr else None
+                return G.build_conv_genstats_graph(
+                    h, _spec(1, x), _spec(2, w), _spec(3, y), G.channel_spec(4, k),
+                    G.channel_spec(5, k), g.padding, g.stride, g.dilation, pro,
+                    _dtype(st.stats, io))
+            return build, x.dtype if st.operands == "io" else None
 
-        p = self._plan(key, build, x.device.index)
+        p = self._plan(key, [builder(st) for st in (_SETTINGS if sbr else _PLAIN_SETTINGS)],
+                       x.device.index)
         ptrs: tuple[int, ...] = (x.data_ptr(), w.data_ptr(), y.data_ptr(), sums.data_ptr(),
                                  sqsums.data_ptr())
         if sbr:
+            scale, bias = _operands(p, scale, bias)
             ptrs += (scale.data_ptr(), bias.data_ptr())
         self._run(p, x.device, ptrs)
         return y, sums, sqsums
@@ -230,7 +290,7 @@ class CudnnKernels:
             specs = [G.channel_spec(i, c) for i in range(1, 11)]
             return G.build_bn_finalize_graph(h, *specs, count=count, eps=eps, momentum=momentum)
 
-        p = self._plan(key, build, sums.device.index)
+        p = self._plan(key, [(build, None)], sums.device.index)
         o = out.data_ptr()
         self._run(p, sums.device, (sums.data_ptr(), sqsums.data_ptr(), gamma.data_ptr(),
                                    beta.data_ptr(), rm.data_ptr(), rv.data_ptr(), o, o + 4 * c,
@@ -240,13 +300,19 @@ class CudnnKernels:
     def sbr_wgrad(self, x: Any, dy: Any, scale: Any, bias: Any, w: Any, g: Geometry) -> Any:
         dw = torch.empty_like(w)
         key = ("sbr_wgrad", _layout(x), _layout(dy), _layout(dw), g, x.device.index)
+        io = DTYPE_NAMES[x.dtype]
 
-        def build(h: int) -> G.OperationGraph:
-            pro = G.ScaleBiasRelu(G.channel_spec(4, x.shape[1]), G.channel_spec(5, x.shape[1]))
-            return G.build_sbr_wgrad_graph(h, _spec(1, x), _spec(2, dy), _spec(3, dw), pro,
-                                           g.padding, g.stride, g.dilation)
+        def builder(st: _Setting) -> tuple[Any, Any]:
+            def build(h: int) -> G.OperationGraph:
+                return G.build_sbr_wgrad_graph(h, _spec(1, x), _spec(2, dy), _spec(3, dw),
+                                               _prologue(st, io, 4, x.shape[1]), g.padding,
+                                               g.stride, g.dilation)
+            return build, x.dtype if st.operands == "io" else None
 
-        p = self._plan(key, build, x.device.index)
+        # the statistics' precision does not enter a weight gradient
+        settings = dict.fromkeys(st._replace(stats=None) for st in _SETTINGS)
+        p = self._plan(key, [builder(st) for st in settings], x.device.index)
+        scale, bias = _operands(p, scale, bias)
         self._run(p, x.device, (x.data_ptr(), dy.data_ptr(), dw.data_ptr(), scale.data_ptr(),
                                 bias.data_ptr()))
         return dw
@@ -266,7 +332,7 @@ class CudnnKernels:
                 gamma_, beta_, dgamma_, dbeta_, eq_dy_, eq_x_, eq_b_, g.padding, g.stride,
                 g.dilation)
 
-        p = self._plan(key, build, x.device.index)
+        p = self._plan(key, [(build, None)], x.device.index)
         o = out.data_ptr()
         self._run(p, x.device, (dy.data_ptr(), w.data_ptr(), x.data_ptr(), dxr.data_ptr(),
                                 mean.data_ptr(), inv_std.data_ptr(), gamma.data_ptr(),
