@@ -128,15 +128,16 @@ def cross_entropy_steps(model: nn.Module, data, dtype, steps: int = 20) -> list[
     return losses
 
 
-def float64_bf16_fused(base: nn.Module, run, fuse):
+def float64_bf16_fused(base: nn.Module, run, fuse, half: torch.dtype = torch.bfloat16):
     """``run(model, dtype)`` on three copies of ``base``: in float64 with cuDNN off (the
-    reference), as PyTorch's own bfloat16 channels_last model, and as ``fuse`` of such a copy.
-    Returns (reference result, PyTorch's bfloat16 result, the fused result, the fused model)."""
+    reference), as PyTorch's own ``half`` (bfloat16 unless given) channels_last model, and as
+    ``fuse`` of such a copy. Returns (reference result, PyTorch's ``half`` result, the fused
+    result, the fused model)."""
     import copy
 
     cl = torch.channels_last
     with torch.backends.cudnn.flags(enabled=False):
         ref = run(copy.deepcopy(base).double(), torch.float64)
-    plain = run(copy.deepcopy(base).to(torch.bfloat16, memory_format=cl), torch.bfloat16)
-    fused = fuse(copy.deepcopy(base).to(torch.bfloat16, memory_format=cl))
-    return ref, plain, run(fused, torch.bfloat16), fused
+    plain = run(copy.deepcopy(base).to(half, memory_format=cl), half)
+    fused = fuse(copy.deepcopy(base).to(half, memory_format=cl))
+    return ref, plain, run(fused, half), fused

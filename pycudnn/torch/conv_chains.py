@@ -139,37 +139,6 @@ class _Plan(NamedTuple):
     operand_dtype: Any = None
 
 
-class _Setting(NamedTuple):
-    """The data types of one way to build a graph with the scale-bias-ReLU prologue: cuDNN's
-    engines for these patterns take only some combinations, and which depends on the GPU and
-    the version, so a layout tries them in turn. ``operands``: the scale and bias (None:
-    float32; "io": the input's type), ``read``: what the convolution reads (the ReLU's output),
-    ``stats``: the statistics' math precision."""
-    operands: str | None
-    read: str | None
-    stats: str | None
-
-
-#: tried in this order; "io" is the input's data type, None float32
-_SETTINGS = (_Setting(None, "io", "io"), _Setting("io", None, None), _Setting("io", "io", "io"),
-             _Setting(None, None, None), _Setting(None, "io", None), _Setting("io", "io", None))
-#: without the prologue only the statistics' precision varies
-_PLAIN_SETTINGS = (_Setting(None, None, "io"), _Setting(None, None, None))
-
-
-def _dtype(which: str | None, io: str) -> str:
-    return io if which == "io" else "float32"
-
-
-def _prologue(st: _Setting, io: str, uid: int, channels: int) -> G.ScaleBiasRelu:
-    """The scale-bias-ReLU prologue of setting ``st``, its scale and bias tensors at uids
-    ``uid`` and ``uid + 1``."""
-    operands = _dtype(st.operands, io)
-    return G.ScaleBiasRelu(G.channel_spec(uid, channels, dtype=operands),
-                           G.channel_spec(uid + 1, channels, dtype=operands),
-                           dtype=_dtype(st.read, io))
-
-
 def _operands(p: _Plan, scale: Any, bias: Any) -> tuple[Any, Any]:
     """The prologue's scale and bias in the type ``p`` takes them."""
     if p.operand_dtype is None:
@@ -199,8 +168,9 @@ def _first_plan(h: int, build: Any, operand_dtype: Any) -> _Plan | None:
 
 class CudnnKernels:
     """The same kernels as cuDNN graphs: one plan per graph and tensor layout, built on first use
-    (the first engine config that finalizes, in relaxed capture mode so a caller's CUDA-graph
-    capture survives it); a layout cuDNN has no engine for is remembered and refused."""
+    (the first data types of `G.PROLOGUE_DTYPES` and engine config that finalize, in relaxed
+    capture mode so a caller's CUDA-graph capture survives it); a layout cuDNN has no engine
+    for is remembered and refused."""
 
     def __init__(self) -> None:
         self._plans: dict[tuple[Any, ...], _Plan | None] = {}
@@ -261,17 +231,17 @@ class CudnnKernels:
         key = ("conv_stats", _layout(x), _layout(w), g, sbr, x.device.index)
         io = DTYPE_NAMES[x.dtype]
 
-        def builder(st: _Setting) -> tuple[Any, Any]:
+        def builder(st: G.FusionDtypes) -> tuple[Any, Any]:
             def build(h: int) -> G.OperationGraph:
-                pro = _prologue(st, io, 6, x.shape[1]) if sbr else None
+                pro = st.prologue(io, 6, x.shape[1]) if sbr else None
                 return G.build_conv_genstats_graph(
                     h, _spec(1, x), _spec(2, w), _spec(3, y), G.channel_spec(4, k),
                     G.channel_spec(5, k), g.padding, g.stride, g.dilation, pro,
-                    _dtype(st.stats, io))
+                    st.resolve(io).stats)
             return build, x.dtype if st.operands == "io" else None
 
-        p = self._plan(key, [builder(st) for st in (_SETTINGS if sbr else _PLAIN_SETTINGS)],
-                       x.device.index)
+        p = self._plan(key, [builder(st) for st in (G.PROLOGUE_DTYPES if sbr
+                                                    else G.PLAIN_DTYPES)], x.device.index)
         ptrs: tuple[int, ...] = (x.data_ptr(), w.data_ptr(), y.data_ptr(), sums.data_ptr(),
                                  sqsums.data_ptr())
         if sbr:
@@ -302,15 +272,15 @@ class CudnnKernels:
         key = ("sbr_wgrad", _layout(x), _layout(dy), _layout(dw), g, x.device.index)
         io = DTYPE_NAMES[x.dtype]
 
-        def builder(st: _Setting) -> tuple[Any, Any]:
+        def builder(st: G.FusionDtypes) -> tuple[Any, Any]:
             def build(h: int) -> G.OperationGraph:
                 return G.build_sbr_wgrad_graph(h, _spec(1, x), _spec(2, dy), _spec(3, dw),
-                                               _prologue(st, io, 4, x.shape[1]), g.padding,
+                                               st.prologue(io, 4, x.shape[1]), g.padding,
                                                g.stride, g.dilation)
             return build, x.dtype if st.operands == "io" else None
 
         # the statistics' precision does not enter a weight gradient
-        settings = dict.fromkeys(st._replace(stats=None) for st in _SETTINGS)
+        settings = dict.fromkeys(st._replace(stats="float32") for st in G.PROLOGUE_DTYPES)
         p = self._plan(key, [builder(st) for st in settings], x.device.index)
         scale, bias = _operands(p, scale, bias)
         self._run(p, x.device, (x.data_ptr(), dy.data_ptr(), dw.data_ptr(), scale.data_ptr(),

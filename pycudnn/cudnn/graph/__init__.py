@@ -16,7 +16,8 @@ reusable only with the same buffers; a small LRU keeps the packs of the last few
 
 from .build import (DIRECTIONS, Epilogue, OperationGraph, PointwiseStep, TensorSpec, bias_spec,
                     build_convolution_graph, build_pointwise_graph, nchw_strides, nhwc_strides)
-from .batchnorm import (ScaleBiasRelu, build_bn_finalize_graph, build_conv_genstats_graph,
+from .batchnorm import (PLAIN_DTYPES, PROLOGUE_DTYPES, FusionDtypes, ScaleBiasRelu,
+                        build_bn_finalize_graph, build_conv_genstats_graph,
                         build_dgrad_drelu_dbn_graph, build_sbr_wgrad_graph, channel_spec)
 from .plan import (CandidateList, EngineConfig, ExecutionPlan, LazyCandidates, candidate_refusal,
                    engine_configs, filter_candidates, first_plan, iter_engine_configs)
@@ -26,6 +27,6 @@ __all__ = [
     "build_convolution_graph", "engine_configs", "iter_engine_configs", "LazyCandidates",
     "filter_candidates", "candidate_refusal", "first_plan",
     "nchw_strides", "nhwc_strides", "bias_spec", "DIRECTIONS", "PointwiseStep",
-    "build_pointwise_graph", "ScaleBiasRelu", "channel_spec", "build_conv_genstats_graph",
+    "build_pointwise_graph", "ScaleBiasRelu", "FusionDtypes", "PROLOGUE_DTYPES", "PLAIN_DTYPES", "channel_spec", "build_conv_genstats_graph",
     "build_bn_finalize_graph", "build_sbr_wgrad_graph", "build_dgrad_drelu_dbn_graph",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy.typing as npt
 
@@ -37,8 +37,9 @@ from .build import (
     bias_spec,
 )
 
-__all__ = ["ScaleBiasRelu", "channel_spec", "build_conv_genstats_graph",
-           "build_bn_finalize_graph", "build_sbr_wgrad_graph", "build_dgrad_drelu_dbn_graph"]
+__all__ = ["ScaleBiasRelu", "FusionDtypes", "PROLOGUE_DTYPES", "PLAIN_DTYPES", "channel_spec",
+           "build_conv_genstats_graph", "build_bn_finalize_graph", "build_sbr_wgrad_graph",
+           "build_dgrad_drelu_dbn_graph"]
 
 _DT_INT64 = 10
 
@@ -47,6 +48,40 @@ def channel_spec(uid: int, channels: int, ndim: int = 4,
                  dtype: int | npt.DTypeLike = DT_FLOAT) -> TensorSpec:
     """A per-channel float32 tensor (1 x C x 1 x 1): sums, statistics, scales and biases."""
     return bias_spec(uid, channels, ndim, dtype)
+
+
+class FusionDtypes(NamedTuple):
+    """One combination of data types for a graph with the scale-bias-ReLU prologue: cuDNN's
+    engines for these patterns take only some, and which depends on the GPU and the version,
+    so a caller tries `PROLOGUE_DTYPES` in turn. Each field is ``"io"`` (the input's data
+    type) or ``"float32"``: ``operands`` the prologue's scale and bias, ``read`` what the
+    convolution reads (the ReLU's output), ``stats`` the statistics' math precision."""
+    operands: str
+    read: str
+    stats: str
+
+    def resolve(self, io: str) -> "FusionDtypes":
+        """These data types with ``"io"`` replaced by ``io`` (a dtype name)."""
+        return FusionDtypes(*(io if v == "io" else v for v in self))
+
+    def prologue(self, io: str, uid: int, channels: int) -> "ScaleBiasRelu":
+        """The prologue over ``channels`` channels, its scale and bias at uids ``uid`` and
+        ``uid + 1``, for an input of data type ``io``."""
+        r = self.resolve(io)
+        return ScaleBiasRelu(channel_spec(uid, channels, dtype=r.operands),
+                             channel_spec(uid + 1, channels, dtype=r.operands), dtype=r.read)
+
+
+#: the combinations to try with the prologue, in order: NVIDIA's samples' first (scale and bias
+#: in the input's type, float32 intermediates and statistics), then the others
+PROLOGUE_DTYPES = (FusionDtypes("io", "float32", "float32"), FusionDtypes("io", "io", "float32"),
+                   FusionDtypes("float32", "float32", "float32"),
+                   FusionDtypes("float32", "io", "float32"), FusionDtypes("io", "io", "io"),
+                   FusionDtypes("float32", "io", "io"))
+#: without the prologue only the statistics' precision varies (the input's type first, as
+#: NVIDIA's frontend sets it)
+PLAIN_DTYPES = (FusionDtypes("float32", "float32", "io"),
+                FusionDtypes("float32", "float32", "float32"))
 
 
 @dataclass(frozen=True)
