@@ -125,6 +125,9 @@ def test_a_failing_shard_fails_the_run_and_names_its_log(tmp_path):
     log = Path(failed.split("log: ")[1])
     assert "assert 1 == 2" in log.read_text()
     assert proc.stdout.splitlines()[-1].endswith("(a shard failed)")
+    gathered = (tmp_path / "logs" / "failures.txt").read_text()
+    assert "1 failed" in gathered and "assert 1 == 2" in gathered and "test_good" not in gathered
+    assert not list((tmp_path / "logs").glob("*.xml"))  # only logs come back from a device run
 
 
 def test_list_names_the_shards_without_running_them(tmp_path):

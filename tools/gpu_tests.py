@@ -11,7 +11,8 @@ the file's size. Each shard runs ``-m "not gpu_exclusive"`` with its own cache d
 its share of the CPU cores for OpenMP (``OMP_NUM_THREADS``, unless set); the
 ``gpu_exclusive`` tests (they fill the device's memory or time the host) run afterwards in one
 serial shard. Each shard's summary line and the total wall time are printed; the exit status is
-1 when any shard failed (its log is kept and named). Arguments after ``--`` go to every pytest.
+1 when any shard failed (its log is kept and named, and its failures gathered with the other
+shards' in ``failures.txt`` beside the logs). Arguments after ``--`` go to every pytest.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,8 @@ from typing import Sequence
 ROOT = Path(__file__).resolve().parents[1]
 DURATIONS = ROOT / "tools" / "gpu_test_durations.json"
 EXCLUSIVE = "gpu_exclusive"
+#: the file in the logs folder that gathers every failed shard's failures
+FAILURES = "failures.txt"
 #: seconds per byte of a test file with no recorded duration (about the whole suite's 5-7
 #: minutes in one process on an H200 host; GPU files cost more per line)
 _EST_S_PER_BYTE = {"gpu": 6e-4, "cpu": 2e-4}
@@ -133,6 +137,15 @@ def _env(cache: str, threads: int) -> dict[str, str]:
     return env
 
 
+def failure_section(text: str) -> str:
+    """A pytest log from its failures (or errors) section on, else its last 60 lines."""
+    for mark in ("= FAILURES =", "= ERRORS ="):
+        i = text.find(mark)
+        if i >= 0:
+            return text[text.rfind("\n", 0, i) + 1:]
+    return "\n".join(text.splitlines()[-60:])
+
+
 def run(files: Sequence[str], n: int, recorded: dict[str, float], extra: Sequence[str],
         logs: Path, say=print) -> tuple[int, dict[str, float]]:
     """Run the shards (in parallel), then the serial shard; (exit status, seconds per file)."""
@@ -144,11 +157,15 @@ def run(files: Sequence[str], n: int, recorded: dict[str, float], extra: Sequenc
     t0 = time.monotonic()
     failed = False
     measured: dict[str, float] = {}
+    # the JUnit files (durations only) stay out of the logs folder, which a device run returns
+    junits = Path(tempfile.mkdtemp(prefix="pycudnn-gpu-tests-junit-"))
+    failures = logs / FAILURES
+    failures.unlink(missing_ok=True)
 
     def launch(name: str, shard_files: Sequence[str], marker: str, threads: int
                ) -> tuple[subprocess.Popen, Path, Path]:
         slug = name.replace(" ", "-").replace("/", "of")
-        log, junit = logs / f"{slug}.log", logs / f"{slug}.xml"
+        log, junit = logs / f"{slug}.log", junits / f"{slug}.xml"
         cache = tempfile.mkdtemp(prefix=f"pycudnn-{slug}-cache-")
         out = open(log, "w", encoding="utf-8")  # noqa: SIM115 - closed once the process ends
         proc = subprocess.Popen(_command(shard_files, marker, str(junit), extra), cwd=ROOT,
@@ -164,6 +181,9 @@ def run(files: Sequence[str], n: int, recorded: dict[str, float], extra: Sequenc
         failed |= not ok
         say(f"{name}: {summary_line(text)} [exit {rc}, {time.monotonic() - started:.0f} s]"
             + ("" if ok else f"  log: {log}"))
+        if not ok:
+            with open(failures, "a", encoding="utf-8") as f:
+                f.write(f"===== {name} ({log.name}): {summary_line(text)}\n{failure_section(text)}\n")
         if junit.exists():
             try:
                 for f, s in file_durations(str(junit)).items():
@@ -182,6 +202,7 @@ def run(files: Sequence[str], n: int, recorded: dict[str, float], extra: Sequenc
         say(f"serial ({EXCLUSIVE}): {len(serial)} files")
         proc, log, junit = launch("serial", serial, EXCLUSIVE, cores)
         finish("serial", proc, log, junit, time.monotonic())
+    shutil.rmtree(junits, ignore_errors=True)
     say(f"total wall time {time.monotonic() - t0:.0f} s"
         + (" (a shard failed)" if failed else ""))
     return (1 if failed else 0), measured

@@ -1,17 +1,20 @@
-"""Whether cuDNN's ResNet fusions pay on this GPU. Per ResNet-50 layer (bf16 channels_last), one
-"BN-ReLU-conv" step of a chain, forward and backward:
+"""Whether cuDNN's ResNet fusions pay on this GPU. Per ResNet-50 layer (bf16, or ``--dtype
+float16``, channels_last), one "BN-ReLU-conv" step of a chain, forward and backward:
 
 * PyTorch, unfused: ``conv(relu(batch_norm(x)))`` (cuDNN's convolution and batch norm,
   benchmark mode), and with ``--inductor`` the same function under ``torch.compile``;
 * fused: `bn_finalize` of the previous layer's sums, then `conv_genstats` with the
   scale-bias-ReLU prologue (forward); `sbr_wgrad`, `dgrad_drelu_dbn` and the batch norm's
-  input gradient as one PyTorch multiply-add (backward).
+  input gradient as one PyTorch multiply-add (backward). The prologue graphs take the first
+  data types of `PROLOGUE_DTYPES` that get a plan, as the chains do (a cast of the scale and
+  bias timed in where those are the input's type).
 
 GPU time of each, the GPU held (a sleep kernel queued first, so the timed calls run back to back),
 which plans were chosen (the fastest of the first few that finalize), and each result's
-norm-relative distance from float64 (PyTorch's, cuDNN off) beside PyTorch's own bf16 distance.
+norm-relative distance from float64 (PyTorch's, cuDNN off) beside PyTorch's own distance.
 
     PYTHONPATH=. python3 benchmarks/probes/conv_bn_fusion.py [--batch 64] [--inductor]
+        [--dtype float16]
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from pycudnn.cudnn import graph as G
-from pycudnn.cudnn.graph.batchnorm import (ScaleBiasRelu, build_bn_finalize_graph,
+from pycudnn.cudnn.graph.batchnorm import (build_bn_finalize_graph,
                                            build_conv_genstats_graph, build_dgrad_drelu_dbn_graph,
                                            build_sbr_wgrad_graph, channel_spec)
 from pycudnn.errors import CudnnError, NoAlgorithmError
@@ -127,19 +130,31 @@ def rel(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return float((ours - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+def first_fused(tries: list) -> tuple[Fused, tuple[str, ...]]:
+    """The first ``(dtypes, make)`` whose ``make()`` gets a plan, and those dtypes; else the
+    last refusal, with every combination's reasons."""
+    said: list = []
+    for dtypes, make in tries:
+        try:
+            return make(), tuple(dtypes)
+        except (CudnnError, NoAlgorithmError) as exc:
+            said.append((tuple(dtypes), str(exc)[:120], getattr(exc, "failures", [])[:2]))
+    raise NoAlgorithmError(f"no data types of the table have a plan ({len(said)} tried)", said)
+
+
 def layer(name: str, c: int, k: int, hw: int, ks: int, stride: int, n: int,
-          inductor: bool) -> dict:
+          inductor: bool, dtype: torch.dtype = torch.bfloat16) -> dict:
     pad = ks // 2
     g = torch.Generator(device="cuda").manual_seed(c * 7 + k)
     x = (torch.randn(n, c, hw, hw, device="cuda", generator=g) * 2 + 0.3).to(
-        torch.bfloat16).contiguous(memory_format=CL)
+        dtype).contiguous(memory_format=CL)
     w = (torch.randn(k, c, ks, ks, device="cuda", generator=g) / (c * ks * ks) ** 0.5).to(
-        torch.bfloat16).contiguous(memory_format=CL)
+        dtype).contiguous(memory_format=CL)
     gamma = torch.rand(c, device="cuda", generator=g) + 0.5
     beta = torch.randn(c, device="cuda", generator=g) * 0.2
     rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
     ho = (hw + 2 * pad - ks) // stride + 1
-    dy = torch.randn(n, k, ho, ho, device="cuda", generator=g).to(torch.bfloat16).contiguous(
+    dy = torch.randn(n, k, ho, ho, device="cuda", generator=g).to(dtype).contiguous(
         memory_format=CL)
     row: dict = {"layer": name, "shape": [n, c, k, hw, ks, stride]}
 
@@ -175,7 +190,7 @@ def layer(name: str, c: int, k: int, hw: int, ks: int, stride: int, n: int,
     sums, sqsums = channels(xf.sum((0, 2, 3)), (xf * xf).sum((0, 2, 3)))  # the previous layer's genstats
     weight, bias, run_m, run_v = channels(gamma, beta, rm, rv)
     saved_mean, saved_inv_std, eq_scale, eq_bias = channels(*(torch.zeros(c),) * 4)
-    y = torch.empty(n, k, ho, ho, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=CL)
+    y = torch.empty(n, k, ho, ho, device="cuda", dtype=dtype).contiguous(memory_format=CL)
     ysum, ysq = channels(torch.zeros(k), torch.zeros(k))
     dw = torch.empty_like(w)
     dxr = torch.empty_like(x)
@@ -190,15 +205,26 @@ def layer(name: str, c: int, k: int, hw: int, ks: int, stride: int, n: int,
             "eq_scale": eq_scale, "eq_bias": eq_bias, "running_mean_out": run_m,
             "running_var_out": run_v})
         pieces["finalize"]()
-        sbr = ScaleBiasRelu(channel_spec(6, c), channel_spec(7, c))
-        pieces["conv_genstats"] = Fused(build_conv_genstats_graph(
-            h, spec(1, x), spec(2, w), spec(3, y), channel_spec(4, k), channel_spec(5, k), pad,
-            stride, 1, sbr), {"x": x, "w": w, "y": y, "sums": ysum, "sqsums": ysq,
-                              "scale": eq_scale, "bias": eq_bias})
-        pieces["sbr_wgrad"] = Fused(build_sbr_wgrad_graph(
-            h, spec(1, x), spec(2, dy), spec(3, dw), ScaleBiasRelu(channel_spec(4, c),
-                                                                  channel_spec(5, c)),
-            pad, stride, 1), {"x": x, "dy": dy, "dw": dw, "scale": eq_scale, "bias": eq_bias})
+        io = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+        scale_io, bias_io = eq_scale.to(dtype), eq_bias.to(dtype)
+
+        def operands(d: G.FusionDtypes) -> dict[str, torch.Tensor]:
+            if d.operands == "io":  # what the chains pass: float32 eq_scale/eq_bias cast
+                return {"scale": scale_io, "bias": bias_io}
+            return {"scale": eq_scale, "bias": eq_bias}
+
+        pieces["conv_genstats"], row["conv_genstats_dtypes"] = first_fused([
+            (d, lambda d=d: Fused(build_conv_genstats_graph(
+                h, spec(1, x), spec(2, w), spec(3, y), channel_spec(4, k), channel_spec(5, k),
+                pad, stride, 1, d.prologue(io, 6, c), d.resolve(io).stats),
+                {"x": x, "w": w, "y": y, "sums": ysum, "sqsums": ysq, **operands(d)}))
+            for d in G.PROLOGUE_DTYPES])
+        pieces["sbr_wgrad"], row["sbr_wgrad_dtypes"] = first_fused([
+            (d, lambda d=d: Fused(build_sbr_wgrad_graph(
+                h, spec(1, x), spec(2, dy), spec(3, dw), d.prologue(io, 4, c), pad, stride, 1),
+                {"x": x, "dy": dy, "dw": dw, **operands(d)}))
+            for d in dict.fromkeys(d._replace(stats="float32") for d in G.PROLOGUE_DTYPES)])
+        cast = "io" in (row["conv_genstats_dtypes"][0], row["sbr_wgrad_dtypes"][0])
         ds = [channel_spec(i, c) for i in range(5, 14)]
         pieces["dgrad_drelu_dbn"] = Fused(build_dgrad_drelu_dbn_graph(
             h, spec(1, dy), spec(2, w), spec(3, x), spec(4, dxr), *ds, padding=pad,
@@ -215,12 +241,16 @@ def layer(name: str, c: int, k: int, hw: int, ks: int, stride: int, n: int,
     def apply_dx() -> torch.Tensor:
         return torch.addcmul(torch.addcmul(eq_b, eq_x, x), eq_dy, dxr)
 
+    def cast_operands() -> None:
+        scale_io.copy_(eq_scale), bias_io.copy_(eq_bias)
+
     for k_, p in pieces.items():
         row[f"{k_}_ms"] = gpu_ms(p)
         row[f"{k_}_plan"] = p.tag
         row[f"{k_}_candidates"] = p.candidates
     row["dx_apply_ms"] = gpu_ms(apply_dx)
-    row["fused_fwd_ms"] = row["finalize_ms"] + row["conv_genstats_ms"]
+    row["cast_ms"] = gpu_ms(cast_operands) if cast else 0.0
+    row["fused_fwd_ms"] = row["finalize_ms"] + row["cast_ms"] + row["conv_genstats_ms"]
     row["fused_bwd_ms"] = row["sbr_wgrad_ms"] + row["dgrad_drelu_dbn_ms"] + row["dx_apply_ms"]
 
     # one clean pass for the errors: running statistics and sums from fresh values
@@ -228,6 +258,7 @@ def layer(name: str, c: int, k: int, hw: int, ks: int, stride: int, n: int,
     for t in (ysum, ysq, dgamma, dbeta, eq_dy, eq_x, eq_b):
         t.zero_()
     pieces["finalize"]()
+    cast_operands()
     pieces["conv_genstats"]()
     pieces["sbr_wgrad"]()
     pieces["dgrad_drelu_dbn"]()
@@ -256,6 +287,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--inductor", action="store_true")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     ap.add_argument("--layers", default="", help="comma-separated indices into LAYERS")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"),
                                                   "conv_bn_fusion.json"))
@@ -265,7 +297,7 @@ def main() -> int:
     rows = []
     for i in pick:
         try:
-            r = layer(*LAYERS[i], a.batch, a.inductor)
+            r = layer(*LAYERS[i], a.batch, a.inductor, getattr(torch, a.dtype))
         except Exception as exc:  # noqa: BLE001 - a probe reports and carries on
             r = {"layer": LAYERS[i][0], "error": f"{type(exc).__name__}: {exc}"[:2000]}
         rows.append(r)
@@ -275,7 +307,7 @@ def main() -> int:
               {k: r[k] for k in ("fused_err", "torch_err", "error", "fused_error") if k in r},
               flush=True)
     with open(a.json, "w") as f:
-        json.dump({"batch": a.batch, "cudnn": torch.backends.cudnn.version(),
+        json.dump({"batch": a.batch, "dtype": a.dtype, "cudnn": torch.backends.cudnn.version(),
                    "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
     print("wrote", a.json)
     return 0
