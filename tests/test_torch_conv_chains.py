@@ -105,6 +105,47 @@ def test_fused_functions_train_like_the_model_in_float64(stride):
         assert torch.allclose(a.double(), b.double(), rtol=1e-8, atol=1e-10), name
 
 
+class _RefusingBackward(CC.ReferenceKernels):
+    """Kernels with no engine for a chain's backward graphs (as cuDNN has none in bf16)."""
+
+    def prepare_backward(self, x, w, g):
+        raise CC.KernelRefused
+
+
+class _RefusingWgradLate(CC.ReferenceKernels):
+    """Kernels that prepared the backward but refuse the weight gradient's layout there."""
+
+    calls = 0
+
+    def sbr_wgrad(self, *args):
+        type(self).calls += 1
+        raise CC.KernelRefused
+
+
+def test_a_chain_whose_backward_is_refused_trains_as_the_models_modules():
+    torch.manual_seed(3)
+    base = randomize_batchnorm(chain3()).double().train()
+    fused = pt.fuse_for_training(copy.deepcopy(base), into_convolutions=True)
+    data = [torch.randn(4, 3, 9, 9, dtype=torch.float64) * 2 + 0.5 for _ in range(3)]
+    ref = _steps(base, data, 3)
+    assert _steps(fused, data, 3, _RefusingBackward()) == ref  # exactly: the modules ran
+    for (name, a), b in zip(fused.state_dict().items(), base.state_dict().values()):
+        assert torch.equal(a, b), name  # running statistics updated once a step, not twice
+    with CC.use_kernels(_RefusingBackward()), torch.no_grad():
+        out = fused(data[0])  # no gradient wanted: nothing to prepare, the fused forward runs
+    assert out.shape == (4, 5, 9, 9)
+
+
+def test_a_refusal_in_the_backward_computes_that_piece_with_pytorch():
+    torch.manual_seed(4)
+    base = randomize_batchnorm(chain3()).double().train()
+    fused = pt.fuse_for_training(copy.deepcopy(base), into_convolutions=True)
+    data = [torch.randn(4, 3, 9, 9, dtype=torch.float64) * 2 + 0.5 for _ in range(2)]
+    ref = _steps(base, data, 2)
+    assert _steps(fused, data, 2, _RefusingWgradLate()) == pytest.approx(ref, rel=1e-9)
+    assert _RefusingWgradLate.calls == 2 * 2  # both BnReLUConv2d, both steps, and no error
+
+
 def test_fused_functions_give_every_gradient_of_a_resnet_in_float64():
     torch.manual_seed(1)
     base = randomize_batchnorm(SmallResNet()).double().train()

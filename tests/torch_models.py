@@ -95,10 +95,12 @@ def training_references(base: nn.Module, train=None, steps: int = 5):
     return bf16, (m64, l64), (mt, train(mt, bf16, steps))
 
 
-def sgd_steps(model: nn.Module, data, steps: int, compiled_step: bool = False) -> list[float]:
-    """``steps`` SGD steps (lr 0.05, momentum 0.9) of ``model`` on ``data``'s (input, target)
-    batches in turn, cross-entropy in float32; the losses. ``compiled_step`` marks each step's
-    start for torch.compile's reduce-overhead mode."""
+def sgd_steps(model: nn.Module, data, steps: int, compiled_step: bool = False,
+              after_step=None) -> list[float]:
+    """``steps`` SGD steps (lr 0.05, momentum 0.9, one optimizer) of ``model`` on ``data``'s
+    (input, target) batches in turn, cross-entropy in float32; the losses. ``compiled_step``
+    marks each step's start for torch.compile's reduce-overhead mode; ``after_step(i)`` is
+    called after step ``i``."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     losses = []
     for i in range(steps):
@@ -109,7 +111,9 @@ def sgd_steps(model: nn.Module, data, steps: int, compiled_step: bool = False) -
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
+        if after_step is not None:
+            after_step(i)
     return losses
 
 
@@ -124,7 +128,7 @@ def cross_entropy_steps(model: nn.Module, data, dtype, steps: int = 20) -> list[
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 

@@ -30,8 +30,8 @@ from .calls import (DTYPE_NAMES, autocast_dtype, autocast_enabled, c_apply, grad
 from .library import compiler, dynamo_compiling
 from .training import caller_stream, has_hooks, workspace_pointer
 
-__all__ = ["ConvStats2d", "BnReLUConv2d", "CHAIN_BLOCKS", "REFERENCE_KERNELS", "clear_cache",
-           "use_kernels"]
+__all__ = ["ConvStats2d", "BnReLUConv2d", "CHAIN_BLOCKS", "REFERENCE_KERNELS", "KernelRefused",
+           "clear_cache", "use_kernels"]
 
 _HALF = (torch.float16, torch.bfloat16)
 _CL = torch.channels_last
@@ -52,8 +52,10 @@ def _geometry(conv: torch.nn.Conv2d) -> Geometry:
 
 # ---- the kernels: cuDNN's graphs, and the same arithmetic in PyTorch operations ------------------
 
-class _Refused(Exception):
-    """cuDNN has no engine for one of a call's graphs: the call runs the model's modules."""
+class KernelRefused(Exception):
+    """Raised by a kernel set where it cannot take a call (cuDNN has no engine for one of its
+    graphs): raised in the forward, before any state changes, the call runs the model's
+    modules; in the backward, PyTorch's operations compute that piece."""
 
 
 class ReferenceKernels:
@@ -67,6 +69,9 @@ class ReferenceKernels:
         x's type (as the convolution reads it)."""
         return torch.relu(x.to(scale.dtype) * scale.view(1, -1, 1, 1)
                           + bias.view(1, -1, 1, 1)).to(x.dtype)
+
+    def prepare_backward(self, x: Any, w: Any, g: Geometry) -> None:
+        """Nothing to build: every shape has these operations."""
 
     def conv_stats(self, x: Any, w: Any, g: Geometry, scale: Any = None,
                    bias: Any = None) -> tuple[Any, Any, Any]:
@@ -128,8 +133,21 @@ def _spec(uid: int, t: Any) -> G.TensorSpec:
     return G.TensorSpec(uid, tuple(t.shape), tuple(t.stride()), DTYPE_NAMES[t.dtype])
 
 
-def _layout(t: Any) -> tuple[Any, ...]:
+#: a tensor's shape, strides and dtype: what a plan is built for
+_Layout = tuple[tuple[int, ...], tuple[int, ...], Any]
+
+
+def _layout(t: Any) -> _Layout:
     return (tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _layout_spec(uid: int, layout: _Layout) -> G.TensorSpec:
+    return G.TensorSpec(uid, layout[0], layout[1], DTYPE_NAMES[layout[2]])
+
+
+def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
 
 
 class _Plan(NamedTuple):
@@ -209,7 +227,7 @@ class CudnnKernels:
                             break
                     self._plans[key] = p
         if p is None:
-            raise _Refused
+            raise KernelRefused
         return p  # type: ignore[return-value]
 
     def _run(self, p: _Plan, device: Any, ptrs: tuple[int, ...]) -> None:
@@ -267,21 +285,53 @@ class CudnnKernels:
                                    o + 8 * c, o + 12 * c, rm.data_ptr(), rv.data_ptr()))
         return out[0], out[1], out[2], out[3]
 
-    def sbr_wgrad(self, x: Any, dy: Any, scale: Any, bias: Any, w: Any, g: Geometry) -> Any:
-        dw = torch.empty_like(w)
-        key = ("sbr_wgrad", _layout(x), _layout(dy), _layout(dw), g, x.device.index)
-        io = DTYPE_NAMES[x.dtype]
+    def _sbr_wgrad_plan(self, lx: _Layout, ldy: _Layout, ldw: _Layout, g: Geometry,
+                        device: int) -> _Plan:
+        io = DTYPE_NAMES[lx[2]]
 
         def builder(st: G.FusionDtypes) -> tuple[Any, Any]:
             def build(h: int) -> G.OperationGraph:
-                return G.build_sbr_wgrad_graph(h, _spec(1, x), _spec(2, dy), _spec(3, dw),
-                                               st.prologue(io, 4, x.shape[1]), g.padding,
+                return G.build_sbr_wgrad_graph(h, _layout_spec(1, lx), _layout_spec(2, ldy),
+                                               _layout_spec(3, ldw),
+                                               st.prologue(io, 4, lx[0][1]), g.padding,
                                                g.stride, g.dilation)
-            return build, x.dtype if st.operands == "io" else None
+            return build, lx[2] if st.operands == "io" else None
 
         # the statistics' precision does not enter a weight gradient
         settings = dict.fromkeys(st._replace(stats="float32") for st in G.PROLOGUE_DTYPES)
-        p = self._plan(key, [builder(st) for st in settings], x.device.index)
+        return self._plan(("sbr_wgrad", lx, ldy, ldw, g, device),
+                          [builder(st) for st in settings], device)
+
+    def _dgrad_plan(self, ldy: _Layout, lw: _Layout, lx: _Layout, g: Geometry,
+                    device: int) -> _Plan:
+        c = lx[0][1]
+
+        def build(h: int) -> G.OperationGraph:
+            mean_, inv_std_, gamma_, beta_, dgamma_, dbeta_, eq_dy_, eq_x_, eq_b_ = (
+                G.channel_spec(i, c) for i in range(5, 14))
+            return G.build_dgrad_drelu_dbn_graph(
+                h, _layout_spec(1, ldy), _layout_spec(2, lw), _layout_spec(3, lx),
+                _layout_spec(4, lx), mean_, inv_std_, gamma_, beta_, dgamma_, dbeta_, eq_dy_,
+                eq_x_, eq_b_, g.padding, g.stride, g.dilation)
+
+        return self._plan(("dgrad_drelu_dbn", ldy, lw, lx, g, device), [(build, None)], device)
+
+    def prepare_backward(self, x: Any, w: Any, g: Geometry) -> None:
+        """Build the backward graphs' plans for an input ``x`` read through the prologue and a
+        weight ``w``, the output's gradient channels-last as the backward makes it; raises
+        `KernelRefused` where cuDNN has no engine for one (so the forward runs the model's modules
+        and the backward never meets a refusal)."""
+        lx, lw = _layout(x), _layout(w)
+        d = x.device.index
+        spatial = conv_output_size(x.shape[2:], w.shape[2:], g.stride, g.padding, g.dilation)
+        shape = (x.shape[0], w.shape[0], *spatial)
+        ldy = (shape, _channels_last_strides(shape), x.dtype)
+        self._sbr_wgrad_plan(lx, ldy, lw, g, d)
+        self._dgrad_plan(ldy, lw, lx, g, d)
+
+    def sbr_wgrad(self, x: Any, dy: Any, scale: Any, bias: Any, w: Any, g: Geometry) -> Any:
+        dw = torch.empty_like(w)
+        p = self._sbr_wgrad_plan(_layout(x), _layout(dy), _layout(dw), g, x.device.index)
         scale, bias = _operands(p, scale, bias)
         self._run(p, x.device, (x.data_ptr(), dy.data_ptr(), dw.data_ptr(), scale.data_ptr(),
                                 bias.data_ptr()))
@@ -292,17 +342,7 @@ class CudnnKernels:
         c = x.shape[1]
         dxr = torch.empty_like(x)
         out = torch.zeros((5, c), dtype=torch.float32, device=x.device)
-        key = ("dgrad_drelu_dbn", _layout(dy), _layout(w), _layout(x), g, x.device.index)
-
-        def build(h: int) -> G.OperationGraph:
-            mean_, inv_std_, gamma_, beta_, dgamma_, dbeta_, eq_dy_, eq_x_, eq_b_ = (
-                G.channel_spec(i, c) for i in range(5, 14))
-            return G.build_dgrad_drelu_dbn_graph(
-                h, _spec(1, dy), _spec(2, w), _spec(3, x), _spec(4, dxr), mean_, inv_std_,
-                gamma_, beta_, dgamma_, dbeta_, eq_dy_, eq_x_, eq_b_, g.padding, g.stride,
-                g.dilation)
-
-        p = self._plan(key, [(build, None)], x.device.index)
+        p = self._dgrad_plan(_layout(dy), _layout(w), _layout(x), g, x.device.index)
         o = out.data_ptr()
         self._run(p, x.device, (dy.data_ptr(), w.data_ptr(), x.data_ptr(), dxr.data_ptr(),
                                 mean.data_ptr(), inv_std.data_ptr(), gamma.data_ptr(),
@@ -365,6 +405,8 @@ class _BnReLUConvFunction(torch.autograd.Function):
     def forward(ctx: Any, yp: Any, sums: Any, sqsums: Any, gamma: Any, beta: Any, w: Any,
                 block: BnReLUConv2d, kernels: Any) -> Any:
         bn, g = block.bn, block.geometry
+        if any(ctx.needs_input_grad):  # a refusal before any state changes
+            kernels.prepare_backward(yp, w, g)
         count = yp.numel() // yp.shape[1]
         mean, inv_std, scale, shift = kernels.finalize(
             sums, sqsums, gamma, beta, bn.running_mean, bn.running_var, count, bn.eps,
@@ -390,12 +432,23 @@ class _BnReLUConvFunction(torch.autograd.Function):
                                             (needs[0], needs[3], needs[4], needs[5]))
             return dyp, None, None, dgamma, dbeta, dw, None, None
         gy = gy.contiguous(memory_format=_suggest(yp))
-        dw = k.sbr_wgrad(yp, gy, scale, shift, w, g) if needs[5] else None
-        dxr, dgamma, dbeta, eq_dy, eq_x, eq_b = k.dgrad_drelu_dbn(gy, w, yp, mean, inv_std,
-                                                                  gamma, beta, g)
+        dw = (_or_reference(k, "sbr_wgrad", yp, gy, scale, shift, w, g) if needs[5]
+              else None)
+        dxr, dgamma, dbeta, eq_dy, eq_x, eq_b = _or_reference(
+            k, "dgrad_drelu_dbn", gy, w, yp, mean, inv_std, gamma, beta, g)
         dyp = k.dx_apply(dxr, yp, eq_dy, eq_x, eq_b)
         return (dyp if needs[0] else None, None, None, dgamma if needs[3] else None,
                 dbeta if needs[4] else None, dw, None, None)
+
+
+def _or_reference(kernels: Any, name: str, *args: Any) -> Any:
+    """``kernels.<name>(*args)``, or the same arithmetic in PyTorch operations where cuDNN
+    refuses a layout the forward did not prepare (a gradient with other strides): a backward
+    never fails for want of an engine."""
+    try:
+        return getattr(kernels, name)(*args)
+    except KernelRefused:
+        return getattr(REFERENCE_KERNELS, name)(*args)
 
 
 def _grads(out: Any, inputs: tuple[Any, ...], gy: Any, needs: tuple[bool, ...]) -> list[Any]:
@@ -507,15 +560,16 @@ class ConvStats2d(_ChainBase):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, Any]:
         conv = self.conv
         if _forced is not None and _bn_trains(self.bn) and not _traced():
-            return chain_call(self, x, kernels=_forced)
-        if (x.is_cuda and _bn_fits(self.bn) and not _traced() and not pytorch_only()
+            with contextlib.suppress(KernelRefused):
+                return chain_call(self, x, kernels=_forced)
+        elif (x.is_cuda and _bn_fits(self.bn) and not _traced() and not pytorch_only()
                 and not has_hooks(conv)):
             xw = self._weight(x)
             if xw is not None:
                 prev = callers_device() if _calls._multi_gpu else None
                 try:
                     return _apply_conv_stats(*xw, self, CUDNN_KERNELS)
-                except _Refused:
+                except KernelRefused:
                     pass
                 finally:
                     restore_device(prev)
@@ -548,9 +602,11 @@ class BnReLUConv2d(_ChainBase):
         out = ysums = ysq = None
         bn, conv = self.bn, self.conv
         if _forced is not None and sums is not None and _bn_trains(bn) and not _traced():
-            out, ysums, ysq = chain_call(self, y, sums, sqsums, kernels=_forced)
-            return (out, ysums, ysq) if self.stats else out
-        if sums is not None and _bn_fits(bn) and not _traced() and not pytorch_only() \
+            try:
+                out, ysums, ysq = chain_call(self, y, sums, sqsums, kernels=_forced)
+            except KernelRefused:
+                out = None
+        elif sums is not None and _bn_fits(bn) and not _traced() and not pytorch_only() \
                 and not has_hooks(bn) and not has_hooks(conv):
             xw = self._weight(y)
             if xw is not None:
@@ -558,7 +614,7 @@ class BnReLUConv2d(_ChainBase):
                 try:
                     out, ysums, ysq = _apply_bn_relu_conv(xw[0], sums, sqsums, bn.weight,
                                                           bn.bias, xw[1], self, CUDNN_KERNELS)
-                except _Refused:
+                except KernelRefused:
                     out = None
                 finally:
                     restore_device(prev_dev)

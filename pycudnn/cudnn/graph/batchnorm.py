@@ -72,16 +72,15 @@ class FusionDtypes(NamedTuple):
                              channel_spec(uid + 1, channels, dtype=r.operands), dtype=r.read)
 
 
-#: the combinations to try with the prologue, in order: NVIDIA's samples' first (scale and bias
-#: in the input's type, float32 intermediates and statistics), then the others
-PROLOGUE_DTYPES = (FusionDtypes("io", "float32", "float32"), FusionDtypes("io", "io", "float32"),
-                   FusionDtypes("float32", "float32", "float32"),
-                   FusionDtypes("float32", "io", "float32"), FusionDtypes("io", "io", "io"),
-                   FusionDtypes("float32", "io", "io"))
-#: without the prologue only the statistics' precision varies (the input's type first, as
-#: NVIDIA's frontend sets it)
-PLAIN_DTYPES = (FusionDtypes("float32", "float32", "io"),
-                FusionDtypes("float32", "float32", "float32"))
+#: the combinations to try with the prologue, in order: those that got an engine on an H100 with
+#: cuDNN 9.19 (benchmarks/probes/bn_fusion_dtypes.py), the most engine configs first. In fp16
+#: the engines that take all four graphs want the scale and bias in the input's type; in bf16
+#: one engine (eng3) takes the forward graphs, with float32 statistics, and none the backward
+PROLOGUE_DTYPES = (FusionDtypes("io", "io", "float32"), FusionDtypes("io", "float32", "float32"),
+                   FusionDtypes("io", "io", "io"), FusionDtypes("float32", "io", "float32"))
+#: without the prologue only the statistics' precision varies (float32 takes fp16 and bf16)
+PLAIN_DTYPES = (FusionDtypes("float32", "float32", "float32"),
+                FusionDtypes("float32", "float32", "io"))
 
 
 @dataclass(frozen=True)
