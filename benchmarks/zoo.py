@@ -6,7 +6,8 @@ Run on a GPU machine with PyTorch and torchvision (``weights=None``: nothing is 
     PYTHONPATH=. python3 benchmarks/zoo.py --models resnet50,convnext_tiny --parts train,infer
     PYTHONPATH=. python3 benchmarks/zoo.py --parts kernels --json $OUT/zoo_kernels.json
 
-Per model, bfloat16 channels_last, both sides with benchmark mode on (``torch.backends.cudnn.
+Per model, bfloat16 channels_last (``--dtype float16`` for the train and graph parts), both
+sides with benchmark mode on (``torch.backends.cudnn.
 benchmark = True``; pycudnn routes each convolution signature to the faster side, see
 ``pycudnn/torch/routing.py``), the same initial weights:
 
@@ -18,7 +19,8 @@ benchmark = True``; pycudnn routes each convolution signature to the faster side
   "fused" is the converted model after ``pycudnn.torch.fuse_for_training`` (Conv-BN[-add]-ReLU
   as one node with cuDNN's fused batch-norm kernels); "chains" fuses with
   ``into_convolutions=True`` (each Conv-BN-ReLU-Conv link's batch norm into the convolutions,
-  the rest as "fused"). ``--train-sides`` adds ``torch.compile``:
+  the rest as "fused"; ``chain_plans`` says per graph kind how many layouts got a plan and how
+  many cuDNN refused). ``--train-sides`` adds ``torch.compile``:
   "compile" (the plain model, default mode), "fused_compile" (the fused model compiled; its
   blocks are traced as pycudnn's operators), "compile_ro" and "fused_compile_ro" (the same with
   ``mode="reduce-overhead"``: CUDA graphs; each step marks a new step for them). Each compiled
@@ -191,11 +193,11 @@ def part_train(name: str, args) -> dict:
     out: dict = {}
     for batch in args.batch:
         pt.routing.clear_report()
-        base = make(name, torch.bfloat16)
+        base = make(name, args.train_dtype)
         sides = {k: training_side(k, base) for k in args.train_sides}
         del base
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in sides.items()}
-        batches = data(batch, torch.bfloat16)
+        batches = data(batch, args.train_dtype)
         steps = {k: side_step(k) for k in sides}
         first = {}
         for k, m in sides.items():
@@ -224,6 +226,9 @@ def part_train(name: str, args) -> dict:
         row["kept_in_pycudnn"] = sum(d["winner"] == "pycudnn" for d in routed)
         row["kept"] = [d for d in routed if d["winner"] == "pycudnn"]
         row["blocks"] = blocks  # fuse_for_training's blocks: fused ("pycudnn") or as modules
+        if "chains" in sides:  # per graph kind, layouts with a plan and layouts cuDNN refused
+            from pycudnn.torch import conv_chains
+            row["chain_plans"] = conv_chains.CUDNN_KERNELS.counts()
         out[f"batch{batch}"] = row
         others = "  ".join(f"{k} {row[k]['steps_per_s']:7.2f} ({row[f'{k}_over_torch']:.3f}x)"
                            for k in sides if k != "torch")
@@ -258,8 +263,8 @@ def graphed_step(model, opt, x, y):
 def part_graph(name: str, args) -> dict:
     out: dict = {}
     for batch in args.batch:
-        base = make(name, torch.bfloat16)
-        (x, y), = data(batch, torch.bfloat16, count=1)
+        base = make(name, args.train_dtype)
+        (x, y), = data(batch, args.train_dtype, count=1)
         replays, kept = {}, []
         for k in args.train_sides:
             if _compile_mode(k) is None:  # a compiled side's own CUDA graphs: not captured again
@@ -738,6 +743,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="inference sides: torch (eager) and fused (fuse_for_inference), always; "
                          "compile and fused_compile (torch.compile of either)")
     ap.add_argument("--infer-batch", type=int, default=128)
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
+                    help="the train and graph parts' data type (cuDNN's batch-norm fusion "
+                         "graphs behind the \"chains\" side have backward engines in float16)")
     ap.add_argument("--warmup", type=int, default=3, help="first training steps, not timed")
     ap.add_argument("--steps", type=int, default=10, help="steps per timed block")
     ap.add_argument("--infer-steps", type=int, default=10)
@@ -772,6 +780,7 @@ def main(argv=None) -> int:
         gpu_timing.check_positive_int("--kernel-batches", args.kernel_batches)
     except (TypeError, ValueError) as exc:
         ap.error(str(exc))
+    args.train_dtype = getattr(torch, args.dtype)
     args.kernel_cells, args.kernel_state = {}, None  # kernels: cells timed so far, shared by the models
     if not torch.cuda.is_available():
         sys.exit("zoo.py needs a CUDA build of PyTorch and an NVIDIA GPU")
@@ -783,6 +792,7 @@ def main(argv=None) -> int:
 
     results: dict = {"commit": commit(), "device": torch.cuda.get_device_name(),
                      "torch": torch.__version__, "cudnn": pycudnn.cudnn_version(),
+                     "train_dtype": args.dtype,
                      "command": "benchmarks/zoo.py " + " ".join(argv or sys.argv[1:]), "models": {}}
     for name in args.models.split(","):
         row: dict = {}
