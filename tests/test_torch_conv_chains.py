@@ -108,8 +108,15 @@ def test_fused_functions_train_like_the_model_in_float64(stride):
 class _RefusingBackward(CC.ReferenceKernels):
     """Kernels with no engine for a chain's backward graphs (as cuDNN has none in bf16)."""
 
+    def __init__(self):
+        self.fused_convolutions = 0
+
     def prepare_backward(self, x, w, g):
         raise CC.KernelRefused
+
+    def conv_stats(self, *args):
+        self.fused_convolutions += 1
+        return super().conv_stats(*args)
 
 
 class _RefusingWgradLate(CC.ReferenceKernels):
@@ -122,26 +129,29 @@ class _RefusingWgradLate(CC.ReferenceKernels):
         raise CC.KernelRefused
 
 
-def test_a_chain_whose_backward_is_refused_trains_as_the_models_modules():
-    torch.manual_seed(3)
+def _chain_and_steps(seed: int, steps: int):
+    """A chain3 model, its fused copy, ``steps`` batches and the model's own losses on them."""
+    torch.manual_seed(seed)
     base = randomize_batchnorm(chain3()).double().train()
     fused = pt.fuse_for_training(copy.deepcopy(base), into_convolutions=True)
-    data = [torch.randn(4, 3, 9, 9, dtype=torch.float64) * 2 + 0.5 for _ in range(3)]
-    ref = _steps(base, data, 3)
-    assert _steps(fused, data, 3, _RefusingBackward()) == ref  # exactly: the modules ran
+    data = [torch.randn(4, 3, 9, 9, dtype=torch.float64) * 2 + 0.5 for _ in range(steps)]
+    return base, fused, data, _steps(base, data, steps)
+
+
+def test_a_chain_whose_backward_is_refused_trains_as_the_models_modules():
+    base, fused, data, ref = _chain_and_steps(3, 3)
+    kernels = _RefusingBackward()
+    assert _steps(fused, data, 3, kernels) == ref  # exactly: the modules ran
     for (name, a), b in zip(fused.state_dict().items(), base.state_dict().values()):
         assert torch.equal(a, b), name  # running statistics updated once a step, not twice
-    with CC.use_kernels(_RefusingBackward()), torch.no_grad():
-        out = fused(data[0])  # no gradient wanted: nothing to prepare, the fused forward runs
-    assert out.shape == (4, 5, 9, 9)
+    assert kernels.fused_convolutions == 3  # only the head's, which needs no backward graph
+    with CC.use_kernels(kernels), torch.no_grad():
+        fused(data[0])  # no gradient wanted: nothing to prepare, the whole chain runs fused
+    assert kernels.fused_convolutions == 3 + 3
 
 
 def test_a_refusal_in_the_backward_computes_that_piece_with_pytorch():
-    torch.manual_seed(4)
-    base = randomize_batchnorm(chain3()).double().train()
-    fused = pt.fuse_for_training(copy.deepcopy(base), into_convolutions=True)
-    data = [torch.randn(4, 3, 9, 9, dtype=torch.float64) * 2 + 0.5 for _ in range(2)]
-    ref = _steps(base, data, 2)
+    _, fused, data, ref = _chain_and_steps(4, 2)
     assert _steps(fused, data, 2, _RefusingWgradLate()) == pytest.approx(ref, rel=1e-9)
     assert _RefusingWgradLate.calls == 2 * 2  # both BnReLUConv2d, both steps, and no error
 

@@ -405,8 +405,6 @@ class _BnReLUConvFunction(torch.autograd.Function):
     def forward(ctx: Any, yp: Any, sums: Any, sqsums: Any, gamma: Any, beta: Any, w: Any,
                 block: BnReLUConv2d, kernels: Any) -> Any:
         bn, g = block.bn, block.geometry
-        if any(ctx.needs_input_grad):  # a refusal before any state changes
-            kernels.prepare_backward(yp, w, g)
         count = yp.numel() // yp.shape[1]
         mean, inv_std, scale, shift = kernels.finalize(
             sums, sqsums, gamma, beta, bn.running_mean, bn.running_var, count, bn.eps,
@@ -596,6 +594,15 @@ class BnReLUConv2d(_ChainBase):
         return (f"bn={self.bn_name or self.bn!r}, conv={self.conv_name or self.conv!r}, "
                 f"stats={self.stats}")
 
+    def _prepare(self, kernels: Any, y: Any, w: Any) -> None:
+        """Where this call on ``y`` and the weight ``w`` (as the kernels get them) will be
+        differentiated, the backward's plans built first: a refusal (`KernelRefused`) comes
+        before the forward changes any state."""
+        bn = self.bn
+        if torch.is_grad_enabled() and (y.requires_grad or w.requires_grad
+                                        or bn.weight.requires_grad or bn.bias.requires_grad):
+            kernels.prepare_backward(y, w, self.geometry)
+
     def forward(self, prev: tuple[torch.Tensor, Any, Any]
                 ) -> torch.Tensor | tuple[torch.Tensor, Any, Any]:
         y, sums, sqsums = prev
@@ -603,6 +610,7 @@ class BnReLUConv2d(_ChainBase):
         bn, conv = self.bn, self.conv
         if _forced is not None and sums is not None and _bn_trains(bn) and not _traced():
             try:
+                self._prepare(_forced, y, conv.weight)
                 out, ysums, ysq = chain_call(self, y, sums, sqsums, kernels=_forced)
             except KernelRefused:
                 out = None
@@ -612,6 +620,7 @@ class BnReLUConv2d(_ChainBase):
             if xw is not None:
                 prev_dev = callers_device() if _calls._multi_gpu else None
                 try:
+                    self._prepare(CUDNN_KERNELS, *xw)
                     out, ysums, ysq = _apply_bn_relu_conv(xw[0], sums, sqsums, bn.weight,
                                                           bn.bias, xw[1], self, CUDNN_KERNELS)
                 except KernelRefused:
