@@ -1,8 +1,9 @@
 """Probe (not a benchmark): which data types of the batch-norm fusion graphs get an engine on
 this GPU and cuDNN. For bf16 and fp16, 1x1 and 3x3, each combination of `FusionDtypes` (the
 prologue's scale and bias, what the convolution reads, the statistics' precision) for
-`conv_genstats` with and without the prologue and for `sbr_wgrad`, and the virtual tensors'
-type of `dgrad_drelu_dbn`: how many engine configs heuristics modes A+FALLBACK and B give,
+`conv_genstats` with and without the prologue and for `sbr_wgrad`, `bn_finalize` writing the
+equivalent scale and bias in the input's type, and the virtual tensors' type of
+`dgrad_drelu_dbn`: how many engine configs heuristics modes A+FALLBACK and B give,
 their problems, and the first plan that finalizes or why none did. Decides the order of
 `PROLOGUE_DTYPES`. Run:
 
@@ -77,6 +78,13 @@ def main() -> None:
         for d in dict.fromkeys(d._replace(stats="float32") for d in table):
             attempt(h, f"sbr_wgrad {name} {tuple(d)[:2]}", lambda: BN.build_sbr_wgrad_graph(
                 h, x, dy, dw, d.prologue(io, 4, C), 1, 1, 1))
+        # the equivalent scale and bias written in the input's type: no cast before a
+        # prologue that takes them so
+        for eq in ("float32", io):
+            attempt(h, f"bn_finalize eq_scale/eq_bias {eq}", lambda: BN.build_bn_finalize_graph(
+                h, *[BN.channel_spec(i, C) for i in range(1, 9)],
+                BN.channel_spec(9, C, dtype=eq), BN.channel_spec(10, C, dtype=eq),
+                count=N * HW * HW, eps=1e-5, momentum=0.1))
         w = spec(2, (K, C, 3, 3), dtype)
         for virtual in ("float32", io):
             original = BN._Assembler.virtual
