@@ -29,7 +29,8 @@ ROWS: list[dict] = []
 
 
 def spec(uid: int, shape: tuple[int, ...], dtype: torch.dtype) -> G.TensorSpec:
-    t = torch.empty(*shape, dtype=dtype, device="cuda").contiguous(memory_format=torch.channels_last)
+    t = torch.empty(*shape, dtype=dtype, device="cuda").contiguous(
+        memory_format=torch.channels_last)
     return G.TensorSpec(uid, tuple(t.shape), tuple(t.stride()), NAMES[dtype])
 
 

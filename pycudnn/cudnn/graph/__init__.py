@@ -27,6 +27,7 @@ __all__ = [
     "build_convolution_graph", "engine_configs", "iter_engine_configs", "LazyCandidates",
     "filter_candidates", "candidate_refusal", "first_plan",
     "nchw_strides", "nhwc_strides", "bias_spec", "DIRECTIONS", "PointwiseStep",
-    "build_pointwise_graph", "ScaleBiasRelu", "FusionDtypes", "PROLOGUE_DTYPES", "PLAIN_DTYPES", "channel_spec", "build_conv_genstats_graph",
+    "build_pointwise_graph", "ScaleBiasRelu", "FusionDtypes", "PROLOGUE_DTYPES", "PLAIN_DTYPES",
+    "channel_spec", "build_conv_genstats_graph",
     "build_bn_finalize_graph", "build_sbr_wgrad_graph", "build_dgrad_drelu_dbn_graph",
 ]
