@@ -192,6 +192,8 @@ class CudnnKernels:
 
     def __init__(self) -> None:
         self._plans: dict[tuple[Any, ...], _Plan | None] = {}
+        #: the (x, w, geometry, device) calls whose backward plans are built: one lookup a call
+        self._prepared: set[tuple[Any, ...]] = set()
         self._lock = threading.Lock()
 
     def counts(self) -> dict[str, tuple[int, int]]:
@@ -209,6 +211,7 @@ class CudnnKernels:
                 if p is not None:
                     p.plan.close()
             self._plans.clear()
+            self._prepared.clear()
 
     def _plan(self, key: tuple[Any, ...], builds: Sequence[tuple[Any, Any]],
               device: int) -> _Plan:
@@ -321,13 +324,17 @@ class CudnnKernels:
         weight ``w``, the output's gradient channels-last as the backward makes it; raises
         `KernelRefused` where cuDNN has no engine for one (so the forward runs the model's modules
         and the backward never meets a refusal)."""
-        lx, lw = _layout(x), _layout(w)
         d = x.device.index
+        seen = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), w.dtype, g, d)
+        if seen in self._prepared:
+            return
+        lx, lw = _layout(x), _layout(w)
         spatial = conv_output_size(x.shape[2:], w.shape[2:], g.stride, g.padding, g.dilation)
         shape = (x.shape[0], w.shape[0], *spatial)
         ldy = (shape, _channels_last_strides(shape), x.dtype)
         self._sbr_wgrad_plan(lx, ldy, lw, g, d)
         self._dgrad_plan(ldy, lw, lx, g, d)
+        self._prepared.add(seen)  # once both have plans (a refusal is remembered with the plans)
 
     def sbr_wgrad(self, x: Any, dy: Any, scale: Any, bias: Any, w: Any, g: Geometry) -> Any:
         dw = torch.empty_like(w)
