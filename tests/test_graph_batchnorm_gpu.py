@@ -192,7 +192,7 @@ def test_bn_finalize_matches_pytorch_batch_norm_statistics():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_scale_bias_relu_wgrad(dtype):
-    from pycudnn.cudnn.graph.batchnorm import build_sbr_wgrad_graph, channel_spec
+    from pycudnn.cudnn.graph.batchnorm import build_sbr_wgrad_graph
 
     x = _nhwc(N, C, HW, HW, dtype=dtype)
     dy = _nhwc(N, K, HW, HW, dtype=dtype)
