@@ -745,7 +745,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--infer-batch", type=int, default=128)
     ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
                     help="the train and graph parts' data type (cuDNN's batch-norm fusion "
-                         "graphs behind the \"chains\" side have backward engines in float16)")
+                         "graphs behind the \"chains\" side have backward engines in float16, "
+                         "in bfloat16 at some shapes only)")
     ap.add_argument("--warmup", type=int, default=3, help="first training steps, not timed")
     ap.add_argument("--steps", type=int, default=10, help="steps per timed block")
     ap.add_argument("--infer-steps", type=int, default=10)

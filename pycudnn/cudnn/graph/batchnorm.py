@@ -75,7 +75,8 @@ class FusionDtypes(NamedTuple):
 #: the combinations to try with the prologue, in order: those that got an engine on an H100 with
 #: cuDNN 9.19 (benchmarks/probes/bn_fusion_dtypes.py), the most engine configs first. In fp16
 #: the engines that take all four graphs want the scale and bias in the input's type; in bf16
-#: one engine (eng3) takes the forward graphs, with float32 statistics, and none the backward
+#: one engine (eng3) takes the forward graphs, with float32 statistics, and the backward graphs
+#: have engines at some shapes only
 PROLOGUE_DTYPES = (FusionDtypes("io", "io", "float32"), FusionDtypes("io", "float32", "float32"),
                    FusionDtypes("io", "io", "io"), FusionDtypes("float32", "io", "float32"))
 #: without the prologue only the statistics' precision varies (float32 takes fp16 and bf16)
