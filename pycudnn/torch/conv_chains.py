@@ -22,7 +22,7 @@ from pycudnn.cudnn import graph as G
 from pycudnn.errors import CudnnError, NoAlgorithmError
 from pycudnn.runtime.handle import get_handle
 from pycudnn.runtime.memory import callers_device, relaxed_capture_mode, restore_device
-from pycudnn.runtime.tensor.geometry import conv_output_size
+from pycudnn.runtime.tensor.geometry import channels_last_strides, conv_output_size
 
 from . import calls as _calls
 from .calls import (DTYPE_NAMES, autocast_dtype, autocast_enabled, c_apply, grad_enabled,
@@ -129,10 +129,6 @@ def _suggest(t: Any) -> Any:
 REFERENCE_KERNELS = ReferenceKernels()
 
 
-def _spec(uid: int, t: Any) -> G.TensorSpec:
-    return G.TensorSpec(uid, tuple(t.shape), tuple(t.stride()), DTYPE_NAMES[t.dtype])
-
-
 #: a tensor's shape, strides and dtype: what a plan is built for
 _Layout = tuple[tuple[int, ...], tuple[int, ...], Any]
 
@@ -145,9 +141,8 @@ def _layout_spec(uid: int, layout: _Layout) -> G.TensorSpec:
     return G.TensorSpec(uid, layout[0], layout[1], DTYPE_NAMES[layout[2]])
 
 
-def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    n, c, h, w = shape
-    return (h * w * c, 1, w * c, c)
+def _spec(uid: int, t: Any) -> G.TensorSpec:
+    return _layout_spec(uid, _layout(t))
 
 
 class _Plan(NamedTuple):
@@ -300,10 +295,8 @@ class CudnnKernels:
                                                g.stride, g.dilation)
             return build, lx[2] if st.operands == "io" else None
 
-        # the statistics' precision does not enter a weight gradient
-        settings = dict.fromkeys(st._replace(stats="float32") for st in G.PROLOGUE_DTYPES)
         return self._plan(("sbr_wgrad", lx, ldy, ldw, g, device),
-                          [builder(st) for st in settings], device)
+                          [builder(st) for st in G.WGRAD_DTYPES], device)
 
     def _dgrad_plan(self, ldy: _Layout, lw: _Layout, lx: _Layout, g: Geometry,
                     device: int) -> _Plan:
@@ -331,7 +324,7 @@ class CudnnKernels:
         lx, lw = _layout(x), _layout(w)
         spatial = conv_output_size(x.shape[2:], w.shape[2:], g.stride, g.padding, g.dilation)
         shape = (x.shape[0], w.shape[0], *spatial)
-        ldy = (shape, _channels_last_strides(shape), x.dtype)
+        ldy = (shape, channels_last_strides(shape), x.dtype)
         self._sbr_wgrad_plan(lx, ldy, lw, g, d)
         self._dgrad_plan(ldy, lw, lx, g, d)
         self._prepared.add(seen)  # once both have plans (a refusal is remembered with the plans)

@@ -16,7 +16,7 @@ reusable only with the same buffers; a small LRU keeps the packs of the last few
 
 from .build import (DIRECTIONS, Epilogue, OperationGraph, PointwiseStep, TensorSpec, bias_spec,
                     build_convolution_graph, build_pointwise_graph, nchw_strides, nhwc_strides)
-from .batchnorm import (PLAIN_DTYPES, PROLOGUE_DTYPES, FusionDtypes, ScaleBiasRelu,
+from .batchnorm import (PLAIN_DTYPES, PROLOGUE_DTYPES, WGRAD_DTYPES, FusionDtypes, ScaleBiasRelu,
                         build_bn_finalize_graph, build_conv_genstats_graph,
                         build_dgrad_drelu_dbn_graph, build_sbr_wgrad_graph, channel_spec)
 from .plan import (CandidateList, EngineConfig, ExecutionPlan, LazyCandidates, candidate_refusal,
@@ -28,6 +28,6 @@ __all__ = [
     "filter_candidates", "candidate_refusal", "first_plan",
     "nchw_strides", "nhwc_strides", "bias_spec", "DIRECTIONS", "PointwiseStep",
     "build_pointwise_graph", "ScaleBiasRelu", "FusionDtypes", "PROLOGUE_DTYPES", "PLAIN_DTYPES",
-    "channel_spec", "build_conv_genstats_graph",
+    "WGRAD_DTYPES", "channel_spec", "build_conv_genstats_graph",
     "build_bn_finalize_graph", "build_sbr_wgrad_graph", "build_dgrad_drelu_dbn_graph",
 ]

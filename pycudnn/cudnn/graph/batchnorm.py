@@ -37,9 +37,9 @@ from .build import (
     bias_spec,
 )
 
-__all__ = ["ScaleBiasRelu", "FusionDtypes", "PROLOGUE_DTYPES", "PLAIN_DTYPES", "channel_spec",
-           "build_conv_genstats_graph", "build_bn_finalize_graph", "build_sbr_wgrad_graph",
-           "build_dgrad_drelu_dbn_graph"]
+__all__ = ["ScaleBiasRelu", "FusionDtypes", "PROLOGUE_DTYPES", "WGRAD_DTYPES", "PLAIN_DTYPES",
+           "channel_spec", "build_conv_genstats_graph", "build_bn_finalize_graph",
+           "build_sbr_wgrad_graph", "build_dgrad_drelu_dbn_graph"]
 
 _DT_INT64 = 10
 
@@ -79,6 +79,8 @@ class FusionDtypes(NamedTuple):
 #: have engines at some shapes only
 PROLOGUE_DTYPES = (FusionDtypes("io", "io", "float32"), FusionDtypes("io", "float32", "float32"),
                    FusionDtypes("io", "io", "io"), FusionDtypes("float32", "io", "float32"))
+#: the weight gradient through the prologue: the same, its statistics' precision unused
+WGRAD_DTYPES = tuple(dict.fromkeys(d._replace(stats="float32") for d in PROLOGUE_DTYPES))
 #: without the prologue only the statistics' precision varies (float32 takes fp16 and bf16)
 PLAIN_DTYPES = (FusionDtypes("float32", "float32", "float32"),
                 FusionDtypes("float32", "float32", "io"))
