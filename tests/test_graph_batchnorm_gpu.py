@@ -18,6 +18,8 @@ from pycudnn.errors import CudnnError, NoAlgorithmError
 
 torch = pytest.importorskip("torch")
 
+from pycudnn.torch.calls import DTYPE_NAMES  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 BF16, HALF = 9, 2
@@ -37,28 +39,11 @@ def _handle() -> int:
     return get_handle(stream=torch.cuda.current_stream().cuda_stream)
 
 
-def _plan(graph: G.OperationGraph, io_dtype=None) -> G.ExecutionPlan:
-    """The first plan that finalizes, or a skip (with cuDNN's reasons) where NVIDIA does not
-    promise the pattern; on Ampere and Hopper a missing engine is a failure, for fp16 data
-    (NVIDIA's samples' type) and for the per-channel graph (``io_dtype`` None)."""
-    handle = _handle()
-    candidates = G.engine_configs(handle, graph, ("A", "FALLBACK"))
-    try:
-        plan, _ = G.first_plan(handle, candidates, max_attempts=8)
-    except NoAlgorithmError as exc:
-        if _supported_here() and io_dtype in (None, torch.float16):
-            raise
-        pytest.skip(f"no engine for {graph.description} on this GPU: {exc.failures[:2]}")
-    for c in candidates:
-        if c is not plan.config:
-            c.close()
-    return plan
-
-
-def _first_planned(builds, io_dtype):
+def _first_planned(builds, io_dtype=None):
     """The plan of the first ``(dtypes, build)`` whose graph has an engine, as the chains
     search them, and those dtypes; no engine for any: a failure where NVIDIA promises the
-    pattern (fp16 on Ampere and Hopper), else a skip naming what cuDNN said."""
+    pattern on Ampere and Hopper (fp16 data, NVIDIA's samples' type, or the per-channel graph:
+    ``io_dtype`` None), else a skip naming what cuDNN said."""
     handle = _handle()
     said = []
     for dtypes, build in builds:
@@ -71,16 +56,16 @@ def _first_planned(builds, io_dtype):
         try:
             plan, _ = G.first_plan(handle, candidates, max_attempts=8)
         except NoAlgorithmError as exc:
-            said.append((tuple(dtypes), len(candidates), exc.failures[:1]))
+            said.append((graph.description, tuple(dtypes), len(candidates), exc.failures[:1]))
             graph.close()
             continue
         for c in candidates:
             if c is not plan.config:
                 c.close()
         return plan, dtypes
-    if _supported_here() and io_dtype is torch.float16:
+    if _supported_here() and io_dtype in (None, torch.float16):
         pytest.fail(f"no data types of the table have an engine here: {said}")
-    pytest.skip(f"no engine for these data types on this GPU ({io_dtype}): {said}")
+    pytest.skip(f"no engine for these graphs on this GPU ({io_dtype}): {said}")
 
 
 def _run(plan: G.ExecutionPlan, tensors: dict) -> None:
@@ -132,7 +117,7 @@ def test_conv_genstats(dtype, prologue, ks):
         memory_format=torch.channels_last)
     sums, sqsums = _channels(torch.zeros(K), torch.zeros(K))
     scale, bias = _channels(torch.linspace(0.5, 1.5, C), torch.linspace(-0.5, 0.5, C))
-    io = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    io = DTYPE_NAMES[dtype]
 
     def build(dtypes):
         return lambda h: build_conv_genstats_graph(
@@ -171,8 +156,9 @@ def test_bn_finalize_matches_pytorch_batch_norm_statistics():
         data.sum((0, 2, 3)), (data * data).sum((0, 2, 3)), weight64, bias64, rm64, rv64)
     saved_mean, saved_inv_std, eq_scale, eq_bias = _channels(*(torch.zeros(C),) * 4)
     specs = [channel_spec(i, C) for i in range(1, 11)]
-    graph = build_bn_finalize_graph(_handle(), *specs, count=count, eps=eps, momentum=momentum)
-    _run(_plan(graph), {"sums": sums, "sqsums": sqsums, "weight": weight, "bias": bias,
+    plan, _ = _first_planned([((), lambda h: build_bn_finalize_graph(
+        h, *specs, count=count, eps=eps, momentum=momentum))])
+    _run(plan, {"sums": sums, "sqsums": sqsums, "weight": weight, "bias": bias,
                         "running_mean": rm, "running_var": rv, "saved_mean": saved_mean,
                         "saved_inv_std": saved_inv_std, "eq_scale": eq_scale, "eq_bias": eq_bias,
                         "running_mean_out": rm, "running_var_out": rv})
@@ -199,13 +185,13 @@ def test_scale_bias_relu_wgrad(dtype):
     dw = torch.empty(K, C, 3, 3, dtype=dtype, device="cuda").contiguous(
         memory_format=torch.channels_last)
     scale, bias = _channels(torch.linspace(0.5, 1.5, C), torch.linspace(-0.5, 0.5, C))
-    io = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    io = DTYPE_NAMES[dtype]
 
     def build(dtypes):
         return lambda h: build_sbr_wgrad_graph(h, _spec(1, x), _spec(2, dy), _spec(3, dw),
                                                dtypes.prologue(io, 4, C), 1, 1, 1)
 
-    plan, dtypes = _first_planned([(d, build(d)) for d in G.PROLOGUE_DTYPES], dtype)
+    plan, dtypes = _first_planned([(d, build(d)) for d in G.WGRAD_DTYPES], dtype)
     operand = dtype if dtypes.operands == "io" else torch.float32
     scale, bias = scale.to(operand), bias.to(operand)
     _run(plan, {"x": x, "dy": dy, "dw": dw, "scale": scale, "bias": bias})
@@ -234,9 +220,10 @@ def test_dgrad_drelu_dbn_gives_batch_norm_gradients(dtype):
     dweight, dbias, eq_dy, eq_x, eq_b = _channels(*(torch.zeros(C),) * 5)
     dx_relu = torch.empty_like(x)
     specs = [channel_spec(i, C) for i in range(5, 14)]
-    graph = build_dgrad_drelu_dbn_graph(_handle(), _spec(1, dy), _spec(2, w), _spec(3, x),
-                                        _spec(4, dx_relu), *specs, padding=1)
-    _run(_plan(graph, dtype), {"dy": dy, "w": w, "x": x, "dx_relu": dx_relu, "mean": mean,
+    plan, _ = _first_planned([((), lambda h: build_dgrad_drelu_dbn_graph(
+        h, _spec(1, dy), _spec(2, w), _spec(3, x), _spec(4, dx_relu), *specs, padding=1))],
+        dtype)
+    _run(plan, {"dy": dy, "w": w, "x": x, "dx_relu": dx_relu, "mean": mean,
                         "inv_std": inv_std, "weight": weight, "bias": bias, "dweight": dweight,
                         "dbias": dbias, "eq_scale_dy": eq_dy, "eq_scale_x": eq_x,
                         "eq_bias": eq_b})

@@ -34,6 +34,7 @@ from pycudnn.cudnn.graph.batchnorm import (build_bn_finalize_graph,
                                            build_sbr_wgrad_graph, channel_spec)
 from pycudnn.errors import CudnnError, NoAlgorithmError
 from pycudnn.runtime.handle import get_handle
+from pycudnn.torch.calls import DTYPE_NAMES
 
 CL = torch.channels_last
 #: (name, input channels, output channels, input size, kernel, stride): ResNet-50's BN-ReLU-conv
@@ -205,7 +206,7 @@ def layer(name: str, c: int, k: int, hw: int, ks: int, stride: int, n: int,
             "eq_scale": eq_scale, "eq_bias": eq_bias, "running_mean_out": run_m,
             "running_var_out": run_v})
         pieces["finalize"]()
-        io = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+        io = DTYPE_NAMES[dtype]
         scale_io, bias_io = eq_scale.to(dtype), eq_bias.to(dtype)
 
         def operands(d: G.FusionDtypes) -> dict[str, torch.Tensor]:
@@ -223,7 +224,7 @@ def layer(name: str, c: int, k: int, hw: int, ks: int, stride: int, n: int,
             (d, lambda d=d: Fused(build_sbr_wgrad_graph(
                 h, spec(1, x), spec(2, dy), spec(3, dw), d.prologue(io, 4, c), pad, stride, 1),
                 {"x": x, "dy": dy, "dw": dw, **operands(d)}))
-            for d in dict.fromkeys(d._replace(stats="float32") for d in G.PROLOGUE_DTYPES)])
+            for d in G.WGRAD_DTYPES])
         cast = "io" in (row["conv_genstats_dtypes"][0], row["sbr_wgrad_dtypes"][0])
         ds = [channel_spec(i, c) for i in range(5, 14)]
         pieces["dgrad_drelu_dbn"] = Fused(build_dgrad_drelu_dbn_graph(
