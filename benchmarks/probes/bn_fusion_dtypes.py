@@ -22,16 +22,16 @@ from pycudnn.cudnn import graph as G
 from pycudnn.cudnn.graph import batchnorm as BN
 from pycudnn.errors import NoAlgorithmError
 from pycudnn.runtime.handle import get_handle
+from pycudnn.torch.calls import DTYPE_NAMES
 
 N, C, K, HW = 4, 32, 64, 16
-NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 ROWS: list[dict] = []
 
 
 def spec(uid: int, shape: tuple[int, ...], dtype: torch.dtype) -> G.TensorSpec:
     t = torch.empty(*shape, dtype=dtype, device="cuda").contiguous(
         memory_format=torch.channels_last)
-    return G.TensorSpec(uid, tuple(t.shape), tuple(t.stride()), NAMES[dtype])
+    return G.TensorSpec(uid, tuple(t.shape), tuple(t.stride()), DTYPE_NAMES[dtype])
 
 
 def attempt(handle: int, case: str, build) -> None:
@@ -60,7 +60,7 @@ def main() -> None:
     h = get_handle(stream=torch.cuda.current_stream().cuda_stream)
     table = [BN.FusionDtypes(*d) for d in itertools.product(("io", "float32"), repeat=3)]
     for dtype in (torch.bfloat16, torch.float16):
-        io, name = NAMES[dtype], NAMES[dtype]
+        io = name = DTYPE_NAMES[dtype]
         for ks in (1, 3):
             x, w = spec(1, (N, C, HW, HW), dtype), spec(2, (K, C, ks, ks), dtype)
             y = spec(3, (N, K, HW, HW), dtype)
